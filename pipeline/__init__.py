@@ -1,0 +1,5 @@
+"""The read side: shard format, sample order, and the fast :class:`Loader`."""
+
+from .manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ManifestError, ShardInfo
+
+__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "Manifest", "ManifestError", "ShardInfo"]

@@ -1,0 +1,40 @@
+"""Small filesystem helpers shared by the rooms: atomic writes, hashing."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+from typing import IO, Iterator, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@contextlib.contextmanager
+def atomic_write(path: PathLike, mode: str = "wb") -> Iterator[IO]:
+    """Open ``path.tmp`` for writing and rename it over ``path`` on success.
+
+    A crash or kill leaves at most a ``.tmp`` file, never a partial ``path``.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def sha256_file(path: PathLike, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

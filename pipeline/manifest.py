@@ -1,0 +1,103 @@
+"""``stoker.json``: the per-split manifest that describes a set of shards.
+
+The loader sizes epochs from it without opening a tar; ``stoker verify`` checks
+shards against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .fsutil import PathLike, atomic_write, sha256_file
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "stoker.json"
+
+
+class ManifestError(ValueError):
+    """A missing, malformed or mismatching manifest or shard."""
+
+
+@dataclass
+class ShardInfo:
+    name: str
+    num_samples: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    num_samples: int
+    classes: list[str]
+    shards: list[ShardInfo]
+    pack: dict[str, Any] = field(default_factory=dict)
+    format: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        ordered = {k: d[k] for k in ("format", "num_samples", "classes", "shards", "pack")}
+        return json.dumps(ordered, indent=1, sort_keys=False) + "\n"
+
+    def save(self, split_dir: PathLike) -> Path:
+        path = Path(split_dir) / MANIFEST_NAME
+        with atomic_write(path, "w") as f:
+            f.write(self.to_json())
+        return path
+
+    @classmethod
+    def load(cls, split_dir: PathLike) -> "Manifest":
+        split_dir = Path(split_dir)
+        path = split_dir / MANIFEST_NAME if split_dir.is_dir() or not split_dir.name.endswith(".json") else split_dir
+        if not path.exists():
+            hint = ""
+            if split_dir.is_dir() and (split_dir / "train" / MANIFEST_NAME).exists():
+                hint = f" (did you mean {split_dir / 'train'}?)"
+            raise ManifestError(f"no {MANIFEST_NAME} in {split_dir}{hint}: pack it with `stoker pack` or index it with `stoker index`")
+        try:
+            d = json.loads(path.read_text())
+            if d.get("format") != FORMAT_VERSION:
+                raise ManifestError(f"{path}: format {d.get('format')!r} is not supported (expected {FORMAT_VERSION})")
+            shards = [ShardInfo(**s) for s in d["shards"]]
+            m = cls(
+                num_samples=int(d["num_samples"]),
+                classes=list(d["classes"]),
+                shards=shards,
+                pack=dict(d.get("pack", {})),
+                format=d["format"],
+            )
+        except ManifestError:
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            raise ManifestError(f"{path} is not a valid stoker manifest: {e}") from None
+        if sum(s.num_samples for s in m.shards) != m.num_samples:
+            raise ManifestError(f"{path}: shard counts do not add up to num_samples={m.num_samples}")
+        return m
+
+
+def idx_path(tar_path: PathLike) -> Path:
+    """``x/train-000001.tar`` → ``x/train-000001.idx``."""
+    p = Path(tar_path)
+    return p.with_suffix(".idx")
+
+
+def check_shards(split_dir: PathLike, manifest: Manifest, *, sha256: bool = False) -> None:
+    """Raise :class:`ManifestError` naming the first shard that is missing, has the
+    wrong size, lacks its ``.idx`` or (with ``sha256=True``) fails its checksum."""
+    split_dir = Path(split_dir)
+    for s in manifest.shards:
+        tar = split_dir / s.name
+        try:
+            size = os.path.getsize(tar)
+        except OSError:
+            raise ManifestError(f"shard {tar} is missing") from None
+        if size != s.bytes:
+            raise ManifestError(f"shard {tar} has {size} bytes, manifest says {s.bytes} (truncated or replaced?)")
+        if not idx_path(tar).exists():
+            raise ManifestError(f"index {idx_path(tar)} is missing (run `stoker index {tar}`)")
+        if sha256 and sha256_file(tar) != s.sha256:
+            raise ManifestError(f"shard {tar} fails its sha256 check (corrupt or replaced)")

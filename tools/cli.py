@@ -1,0 +1,67 @@
+"""The ``stoker`` command. Each subcommand lives in its own module exposing
+``HELP`` (one line), ``add_arguments(parser)`` and ``main(args) -> int``; modules
+keep heavy imports (torch, DALI) inside functions so ``stoker --help`` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+from stoker import __version__
+from stoker.pipeline.index import IdxFormatError
+from stoker.pipeline.manifest import ManifestError
+
+from .errors import CheckFailed, UsageError
+
+# name -> module (relative to stoker.tools); the order is the order in --help.
+COMMANDS = {
+    "pack": "pack",
+    "verify": "verify",
+    "index": "index",
+    "bench-pack": "bench_pack",
+    "bench": "bench",
+    "train": "train",
+    "bench-model": "bench_model",
+    "diagnose": "diagnose",
+    "demo": "demo",
+}
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stoker", description="Keep the GPU fed: pack, load, train, measure.")
+    parser.add_argument("--version", action="version", version=f"stoker {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, modname in COMMANDS.items():
+        try:
+            mod = importlib.import_module(f"stoker.tools.{modname}")
+        except ModuleNotFoundError as e:
+            if e.name == f"stoker.tools.{modname}":
+                continue  # command not built yet
+            raise
+        p = sub.add_parser(name, help=mod.HELP, description=(mod.__doc__ or mod.HELP).strip(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(_main=mod.main)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._main(args) or 0)
+    except UsageError as e:
+        print(f"stoker {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except (CheckFailed, ManifestError, IdxFormatError) as e:
+        print(f"stoker {args.command}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"stoker {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
