@@ -1,6 +1,14 @@
+import io
+import json
+import random
+from pathlib import Path
+
 import pytest
 
 from stoker.pipeline.deps import has_cuda
+from stoker.pipeline.manifest import Manifest
+from stoker.tools.shardwriter import ShardWriter
+from stoker.tools.synth import CLASSES, draw
 
 
 def pytest_collection_modifyitems(config, items):
@@ -10,3 +18,45 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def write_split(split_dir: Path, *, num_samples: int, samples_per_shard: int, seed: int = 0,
+                classes=CLASSES, min_side: int = 40, max_side: int = 96) -> Manifest:
+    """Write tiny procedural shards + manifest directly (no packer): a test fixture.
+
+    Sample ``i`` (global position) has label ``i % len(classes)`` and key ``f"{i:09d}"``.
+    """
+    from PIL import Image  # noqa: F401  (draw needs it)
+
+    split_dir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    shards = []
+    for start in range(0, num_samples, samples_per_shard):
+        with ShardWriter(split_dir / f"shard-{start // samples_per_shard:06d}.tar") as w:
+            for i in range(start, min(start + samples_per_shard, num_samples)):
+                label = i % len(classes)
+                size = (rng.randint(min_side, max_side), rng.randint(min_side, max_side))
+                buf = io.BytesIO()
+                draw(classes[label], size, rng).save(buf, "JPEG", quality=90)
+                meta = {"path": f"{classes[label]}/{i}.jpg", "width": size[0], "height": size[1],
+                        "class": classes[label]}
+                w.write(f"{i:09d}", {"jpg": buf.getvalue(), "cls": str(label).encode(),
+                                     "json": json.dumps(meta).encode()})
+        shards.append(w.info)
+    m = Manifest(num_samples=num_samples, classes=list(classes), shards=shards, pack={"fixture": True})
+    m.save(split_dir)
+    return m
+
+
+@pytest.fixture
+def tiny_shards(tmp_path):
+    """``tiny_shards(n=50, per_shard=16, val=0)`` → dataset root with ``train/`` (and ``val/``)."""
+
+    def make(n: int = 50, per_shard: int = 16, val: int = 0, seed: int = 0) -> Path:
+        root = tmp_path / "data"
+        write_split(root / "train", num_samples=n, samples_per_shard=per_shard, seed=seed)
+        if val:
+            write_split(root / "val", num_samples=val, samples_per_shard=per_shard, seed=seed + 1)
+        return root
+
+    return make
