@@ -1,0 +1,316 @@
+"""Pack an image folder (or a CSV/TSV of ``path,label``) into WebDataset tar shards.
+
+SRC is an ImageFolder tree (one subfolder per class, class index = sorted folder
+name, symlinks followed), a tree with ``train/`` and ``val/`` subtrees, or a
+CSV/TSV of ``path,label`` rows (paths relative to the CSV's folder). OUT gets
+``train/`` (and ``val/``): shards ``train-000000.tar`` with one DALI ``.idx`` each
+and a ``stoker.json`` manifest, plus ``rejects.jsonl`` listing inputs that could
+not be packed. Every image is checked and, unless it is already a baseline RGB
+JPEG within the size limits, decoded, turned upright and RGB, resized down and
+re-encoded, so every sample decodes in DALI.
+
+The run is deterministic (same SRC and --seed: byte-identical shards), parallel,
+and resumable: after a crash or kill, rerun the same command. With --part I/N, N
+machines pack disjoint slices into one OUT; then `stoker pack --merge OUT`.
+
+examples:
+  stoker pack ~/data/imagenet /fast/imagenet-shards
+  stoker pack photos/ out/ --val-fraction 0.1 --short-side 0 --max-side 512
+  stoker pack labels.csv out/ --part 3/8   # on 8 machines, then: stoker pack --merge out/
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Iterator, Optional
+
+from stoker import __version__
+
+from .errors import CheckFailed, UsageError
+from .packjournal import (Journal, claim, is_merged, journal_path, merge, part_status, read_settings,
+                          shard_name, shard_record, state_dir)
+from .packsource import Item, Source, part_range, scan
+from .sanitize import PIL_MAX_PIXELS, Sanitized, Settings, sanitize
+
+HELP = "pack an image folder or CSV into WebDataset shards + DALI .idx + stoker.json"
+DEFAULT_SHARD_SIZE = 256 * 1000**2
+CHUNK = 8  # images per worker task: amortizes inter-process overhead
+
+
+def parse_size(text: str) -> int:
+    """``"256MB"`` / ``"1GB"`` / ``"1.5G"`` / ``"4096"`` -> bytes (decimal units; KiB etc. binary)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*", text.lower())
+    if not m or (m.group(3) and not m.group(2)):
+        raise UsageError(f"--shard-size {text!r} is not a size like 256MB, 1GB or 1000000")
+    base = 1024 if m.group(3) else 1000
+    n = int(float(m.group(1)) * base ** " kmgt".index(m.group(2) or " "))
+    if n < 1:
+        raise UsageError(f"--shard-size {text!r} must be positive")
+    return n
+
+
+def parse_part(text: Optional[str]) -> tuple[int, int]:
+    if text is None:
+        return 0, 1
+    m = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not m or not int(m.group(1)) < int(m.group(2)):
+        raise UsageError(f"--part {text!r} should be I/N with 0 <= I < N, e.g. 0/4")
+    return int(m.group(1)), int(m.group(2))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", nargs="?", metavar="SRC", help="image folder, train/+val/ tree, or CSV/TSV of path,label")
+    p.add_argument("out", nargs="?", metavar="OUT", help="output folder (created)")
+    g = p.add_argument_group("images")
+    g.add_argument("--short-side", type=int, default=256, metavar="PX",
+                   help="resize down so the shorter side is at most PX (0: keep the size; default 256)")
+    g.add_argument("--max-side", type=int, default=0, metavar="PX",
+                   help="resize down so the longer side is at most PX (default: no limit)")
+    g.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images (default 90)")
+    g.add_argument("--reencode", action="store_true",
+                   help="re-encode every image, even baseline RGB JPEGs that could be copied as they are")
+    g.add_argument("--max-pixels", type=int, default=PIL_MAX_PIXELS, metavar="N",
+                   help=f"reject images larger than N pixels, before decoding (default {PIL_MAX_PIXELS:,})")
+    g = p.add_argument_group("shards")
+    g.add_argument("--shard-size", default="256MB", metavar="SIZE",
+                   help="start a new shard before one would exceed SIZE (256MB, 1GB, bytes; default 256MB)")
+    g.add_argument("--samples-per-shard", type=int, default=0, metavar="N",
+                   help="exactly N samples per shard (overrides --shard-size)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the sample shuffle and val split (default 0)")
+    g.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
+                   help="put a seeded fraction F of each class into val/ (when SRC has no val/ folder)")
+    g = p.add_argument_group("running")
+    g.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help=f"worker processes (default: all cores, {os.cpu_count()})")
+    g.add_argument("--part", metavar="I/N", help="pack only part I of N of the shuffled list (0-based)")
+    g.add_argument("--merge", metavar="OUT", help="write the manifests of OUT once all its --part runs finished")
+    g.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def _check_out(src: Path, out: Path) -> None:
+    rs, ro = src.resolve(), out.resolve()
+    base = rs if rs.is_dir() else rs.parent
+    if ro == base or base in ro.parents:
+        raise UsageError(f"OUT {out} is inside SRC {src}; put it elsewhere")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"OUT {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".stoker-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to OUT {out}: {e.strerror or e}") from None
+
+
+def _settings_identity(args, src: Path, source: Source, settings: Settings, shard_size: int, parts: int) -> dict:
+    """Everything that determines the bytes of the pack: equal dicts -> equal output."""
+    return {
+        "format": 1,
+        "stoker_version": __version__,
+        "source": str(src.resolve()),
+        "seed": args.seed,
+        "short_side": settings.short_side,
+        "max_side": settings.max_side,
+        "quality": settings.quality,
+        "reencode": settings.reencode,
+        "max_pixels": settings.max_pixels,
+        "shard_size": 0 if args.samples_per_shard else shard_size,
+        "samples_per_shard": args.samples_per_shard,
+        "val_fraction": args.val_fraction,
+        "parts": parts,
+        "classes": source.classes,
+        "splits": {s: {"num_inputs": len(items), "digest": source.digest(s), "skipped": source.skipped.get(s, 0)}
+                   for s, items in source.splits.items()},
+    }
+
+
+def _sanitize_chunk(chunk: list[str], settings: Settings) -> list[Sanitized]:
+    return [sanitize(path, settings) for path in chunk]
+
+
+def _results(items: list[Item], settings: Settings, workers: int) -> Iterator[Sanitized]:
+    """Sanitize ``items`` in order. With workers > 1, a bounded window of chunks is in
+    flight in a process pool, so memory stays flat however long the list."""
+    paths = [it.path for it in items]
+    chunks = [paths[i:i + CHUNK] for i in range(0, len(paths), CHUNK)]
+    if workers <= 1:
+        for c in chunks:
+            yield from _sanitize_chunk(c, settings)
+        return
+    import multiprocessing as mp
+
+    fn = partial(_sanitize_chunk, settings=settings)
+    with mp.get_context("spawn" if sys.platform == "darwin" else "fork").Pool(workers) as pool:
+        pending: collections.deque = collections.deque()
+        it = iter(chunks)
+        for c in it:
+            pending.append(pool.apply_async(fn, (c,)))
+            if len(pending) >= 4 * workers:
+                break
+        while pending:
+            res = pending.popleft().get()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(pool.apply_async(fn, (nxt,)))
+            yield from res
+
+
+def _sample_bytes(components: dict[str, bytes]) -> int:
+    return sum(512 + len(v) + (-len(v) % 512) for v in components.values())
+
+
+def pack_part(out: Path, split: str, items: list[Item], classes: list[str], *, start: int, end: int,
+              part: int, parts: int, settings: Settings, shard_size: int, samples_per_shard: int,
+              workers: int, progress: bool) -> dict:
+    """Pack ``items[start:end]`` of one split into shards, resuming from the journal.
+
+    Returns this run's counts: packed, rejected, copied, shards, bytes.
+    """
+    from tqdm import tqdm
+
+    from .shardwriter import ShardWriter
+
+    split_dir = out / split
+    split_dir.mkdir(parents=True, exist_ok=True)
+    prefix = shard_name(split, 0, part, parts)[: -len("000000.tar")]
+    for stale in split_dir.glob(prefix + "*.tmp"):  # a shard or index from a killed run
+        stale.unlink()
+    journal = Journal(journal_path(out, split, part, parts))
+    nshards, pos, done = part_status(journal.load())
+    pos = max(pos, start)
+    stats = {"packed": 0, "rejected": 0, "copied": 0, "shards": 0, "bytes": 0}
+    if done:
+        return stats
+    bar = tqdm(total=end - start, initial=pos - start, desc=f"{split}" + (f" {part}/{parts}" if parts > 1 else ""),
+               unit="img", file=sys.stderr, disable=None if progress else True, smoothing=0.05, dynamic_ncols=True)
+    writer: Optional[ShardWriter] = None
+    rejects: list[tuple[str, str]] = []
+
+    def close(end_pos: int) -> None:
+        nonlocal writer, nshards, rejects
+        info = None
+        if writer is not None:
+            writer.__exit__(None, None, None)
+            info = writer.info
+            writer = None
+            nshards += 1
+            stats["shards"] += 1
+            stats["bytes"] += info.bytes
+        journal.append(shard_record(info, end_pos, rejects))
+        rejects = []
+
+    try:
+        for i, res in enumerate(_results(items[pos:end], settings, workers), start=pos):
+            it = items[i]
+            bar.update(1)
+            if res.jpg is None:
+                rejects.append((it.rel, res.reason))
+                stats["rejected"] += 1
+                continue
+            meta = {"path": it.rel, "width": res.width, "height": res.height, "class": classes[it.label]}
+            comps = {"cls": str(it.label).encode(), "jpg": res.jpg, "json": json.dumps(meta).encode()}
+            if writer is not None and (
+                    len(writer) >= samples_per_shard if samples_per_shard
+                    else writer.bytes_written + _sample_bytes(comps) + 1024 > shard_size):
+                close(i)
+            if writer is None:
+                writer = ShardWriter(out / split / shard_name(split, nshards, part, parts)).__enter__()
+            writer.write(f"{i:09d}", comps)
+            stats["packed"] += 1
+            stats["copied"] += res.copied
+        if writer is not None or rejects:
+            close(end)
+        journal.append({"done": True, "end": end})
+    except BaseException:
+        if writer is not None:  # leave no half shard under a .tmp name
+            writer.__exit__(*sys.exc_info())
+        raise
+    finally:
+        bar.close()
+    return stats
+
+
+def _print_summary(out: Path, totals: dict, run: dict, seconds: float) -> None:
+    print(f"{'split':6} {'packed':>9} {'rejected':>9} {'skipped':>8} {'shards':>7} {'bytes':>14}")
+    for split, t in totals.items():
+        print(f"{split:6} {t['samples']:>9,} {t['rejected']:>9,} {t['skipped']:>8,} {t['shards']:>7,} {t['bytes']:>14,}")
+    n = sum(r["packed"] + r["rejected"] for r in run.values())
+    rate = n / seconds if seconds > 0 else 0.0
+    copied = sum(r["copied"] for r in run.values())
+    print(f"this run: {n:,} images in {seconds:.1f} s ({rate:,.0f} images/s), {copied:,} copied as they were")
+    rej = sum(t["rejected"] for t in totals.values())
+    if rej:
+        print(f"{rej:,} rejected inputs listed in {out / 'rejects.jsonl'}")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.merge:
+        if args.src or args.out:
+            raise UsageError("--merge OUT takes no SRC/OUT arguments")
+        out = Path(args.merge)
+        totals = merge(out)
+        _print_summary(out, totals, {}, 0.0)
+        return _strict(args, totals)
+    if not args.src or not args.out:
+        raise UsageError("need SRC and OUT (or --merge OUT)")
+    part, parts = parse_part(args.part)
+    try:
+        settings = Settings(short_side=args.short_side, max_side=args.max_side, quality=args.quality,
+                            reencode=args.reencode, max_pixels=args.max_pixels)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    shard_size = parse_size(args.shard_size)
+    if args.samples_per_shard < 0:
+        raise UsageError(f"--samples-per-shard must be >= 0, got {args.samples_per_shard}")
+    if not 0.0 <= args.val_fraction < 1.0:
+        raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
+    if args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    src, out = Path(args.src), Path(args.out)
+    if not src.exists():
+        raise UsageError(f"SRC {src} does not exist")
+    _check_out(src, out)
+    t0 = time.perf_counter()
+    source = scan(src, seed=args.seed, val_fraction=args.val_fraction)
+    identity = _settings_identity(args, src, source, settings, shard_size, parts)
+    claim(out, identity)
+    if parts == 1 and is_merged(out, identity):
+        n = sum(len(v) for v in source.splits.values())
+        print(f"{out} is up to date ({n:,} inputs, nothing to do)")
+        return 0
+    run = {}
+    for split, items in source.splits.items():
+        start, end = part_range(len(items), part, parts)
+        run[split] = pack_part(out, split, items, source.classes, start=start, end=end, part=part, parts=parts,
+                               settings=settings, shard_size=shard_size, samples_per_shard=args.samples_per_shard,
+                               workers=args.workers, progress=not args.quiet)
+    seconds = time.perf_counter() - t0
+    if parts > 1:
+        for split, r in run.items():
+            print(f"{split} part {part}/{parts}: {r['packed']:,} packed, {r['rejected']:,} rejected, "
+                  f"{r['shards']} shards this run")
+        print(f"part {part}/{parts} done in {seconds:.1f} s; when every part is done: stoker pack --merge {out}")
+        return 0
+    totals = merge(out)
+    _print_summary(out, totals, run, seconds)
+    return _strict(args, totals)
+
+
+def _strict(args, totals: dict) -> int:
+    rejected = sum(t["rejected"] for t in totals.values())
+    if args.strict and rejected:
+        raise CheckFailed(f"{rejected} input(s) rejected (--strict); see rejects.jsonl")
+    return 0
+
+
+__all__ = ["main", "add_arguments", "HELP", "pack_part", "parse_size", "parse_part", "read_settings", "state_dir"]

@@ -1,0 +1,166 @@
+"""Crash-safe bookkeeping of ``stoker pack``: the settings of a pack, one progress
+journal per (split, part), and the merge that turns finished journals into the
+manifests and ``rejects.jsonl``.
+
+Layout under OUT::
+
+    .stoker-pack/settings.json          what is being packed (written once)
+    .stoker-pack/train-p0of1.jsonl      one line per finished shard, then {"done": ...}
+
+A journal line is appended and fsynced right after its shard was renamed into
+place, so after a crash the journal says exactly which shards are complete and
+where in the input list to continue. Lines hold no timestamps: an interrupted and
+an uninterrupted run leave identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+from stoker.pipeline.fsutil import atomic_write
+from stoker.pipeline.manifest import Manifest, ShardInfo
+
+from .errors import UsageError
+
+STATE_DIR = ".stoker-pack"
+SETTINGS_NAME = "settings.json"
+REJECTS_NAME = "rejects.jsonl"
+
+
+def state_dir(out: Path) -> Path:
+    return out / STATE_DIR
+
+
+def shard_name(split: str, index: int, part: int, parts: int) -> str:
+    """``train-000003.tar``, or ``train-p1of4-000003.tar`` for a part of a split pack."""
+    if parts == 1:
+        return f"{split}-{index:06d}.tar"
+    return f"{split}-p{part}of{parts}-{index:06d}.tar"
+
+
+def journal_path(out: Path, split: str, part: int, parts: int) -> Path:
+    return state_dir(out) / f"{split}-p{part}of{parts}.jsonl"
+
+
+def read_settings(out: Path) -> Optional[dict]:
+    path = state_dir(out) / SETTINGS_NAME
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        raise UsageError(f"{path} is damaged; remove {state_dir(out)} and the shards to start over") from None
+
+
+def claim(out: Path, settings: dict) -> bool:
+    """Record ``settings`` as OUT's pack, or check they match the recorded ones.
+
+    Returns True when OUT already held this pack. Raises UsageError when OUT holds
+    a different pack, or holds files that are not a stoker pack at all.
+    """
+    old = read_settings(out)
+    if old is not None:
+        if old != settings:
+            diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+            raise UsageError(f"OUT {out} already holds a different pack (differs in: {', '.join(diff)}); "
+                             f"use another OUT or delete it")
+        return True
+    if out.exists() and any(not e.name.startswith(".") for e in os.scandir(out)):
+        raise UsageError(f"OUT {out} is not empty and holds no stoker pack; use an empty or new folder")
+    state_dir(out).mkdir(parents=True, exist_ok=True)
+    with atomic_write(state_dir(out) / SETTINGS_NAME, "w") as f:
+        f.write(json.dumps(settings, indent=1, sort_keys=True) + "\n")
+    return False
+
+
+class Journal:
+    """Append-only progress log of one (split, part)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def load(self) -> list[dict]:
+        """Complete records so far; a torn last line (crash mid-write) is cut off."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        keep = raw[: raw.rfind(b"\n") + 1]
+        if len(keep) != len(raw):
+            with open(self.path, "r+b") as f:
+                f.truncate(len(keep))
+        return [json.loads(line) for line in keep.decode().splitlines() if line.strip()]
+
+    def append(self, record: dict) -> None:
+        with open(self.path, "ab") as f:
+            f.write((json.dumps(record, sort_keys=True) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def shard_record(info: ShardInfo, end: int, rejects: list[tuple[str, str]]) -> dict:
+    return {"shard": asdict(info) if info else None, "end": end, "rejects": [list(r) for r in rejects]}
+
+
+def part_status(records: list[dict]) -> tuple[int, int, bool]:
+    """(shards written, input position to continue from, finished) of a journal."""
+    shards = sum(1 for r in records if r.get("shard"))
+    end = records[-1]["end"] if records else 0
+    done = bool(records) and bool(records[-1].get("done"))
+    return shards, end, done
+
+
+def merge(out: Path, *, pack_fields: Optional[dict] = None) -> dict[str, Any]:
+    """Write ``OUT/<split>/stoker.json`` for every split and ``OUT/rejects.jsonl`` from
+    the journals of all parts. Raises UsageError naming the parts not finished.
+
+    Returns per-split totals: ``{split: {"samples", "rejected", "skipped", "shards", "bytes"}}``.
+    """
+    settings = read_settings(out)
+    if settings is None:
+        raise UsageError(f"{out} holds no stoker pack in progress (no {STATE_DIR}/{SETTINGS_NAME})")
+    parts = settings["parts"]
+    journals: dict[str, list[list[dict]]] = {}
+    missing = []
+    for split in settings["splits"]:
+        journals[split] = []
+        for part in range(parts):
+            records = Journal(journal_path(out, split, part, parts)).load()
+            if not part_status(records)[2]:
+                missing.append(f"{part}/{parts}" + ("" if len(settings["splits"]) == 1 else f" ({split})"))
+            journals[split].append(records)
+    if missing:
+        raise UsageError(f"cannot merge {out}: parts not finished: {', '.join(missing)}")
+    totals: dict[str, Any] = {}
+    rejects: list[tuple[str, str]] = []
+    manifests = {}
+    for split, per_part in journals.items():
+        shards = [ShardInfo(**r["shard"]) for records in per_part for r in records if r.get("shard")]
+        split_rejects = [tuple(x) for records in per_part for r in records for x in r.get("rejects", [])]
+        rejects.extend(split_rejects)
+        info = settings["splits"][split]
+        pack = {k: v for k, v in settings.items() if k not in ("splits", "classes")}
+        pack.update(split=split, num_inputs=info["num_inputs"], rejected=len(split_rejects),
+                    skipped=info["skipped"], **(pack_fields or {}))
+        m = Manifest(num_samples=sum(s.num_samples for s in shards), classes=list(settings["classes"]),
+                     shards=shards, pack=pack)
+        manifests[split] = m
+        totals[split] = {"samples": m.num_samples, "rejected": len(split_rejects), "skipped": info["skipped"],
+                         "shards": len(shards), "bytes": sum(s.bytes for s in shards)}
+    for split, m in manifests.items():
+        (out / split).mkdir(parents=True, exist_ok=True)
+        m.save(out / split)
+    with atomic_write(out / REJECTS_NAME, "w") as f:
+        for path, reason in rejects:
+            f.write(json.dumps({"path": path, "reason": reason}, ensure_ascii=False) + "\n")
+    return totals
+
+
+def is_merged(out: Path, settings: dict) -> bool:
+    """True when every split's manifest and rejects.jsonl exist (the pack is finished)."""
+    return (out / REJECTS_NAME).exists() and all(
+        (out / split / "stoker.json").exists() for split in settings["splits"])
