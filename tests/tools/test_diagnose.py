@@ -1,0 +1,267 @@
+import json
+import math
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from stoker.model.audit import audit_model
+from stoker.tools import cli
+from stoker.tools.diagnose import _next_steps, _verdict, format_report, run_diagnosis
+from stoker.tools.diagnose_measure import measure_loader, measure_transfer
+
+
+class SlowLoader:
+    """A loader that sleeps before every batch: deliberately the bottleneck."""
+
+    def __init__(self, *, batch=4, crop=16, batches=4, sleep=0.0):
+        self.batch, self.crop, self.batches, self.sleep = batch, crop, batches, sleep
+        self.epochs = []
+        g = torch.Generator().manual_seed(0)
+        self.images = torch.randint(0, 256, (batch, 3, crop, crop), dtype=torch.uint8, generator=g)
+        self.labels = torch.randint(0, 10, (batch,), generator=g)
+
+    def set_epoch(self, e):
+        self.epochs.append(e)
+
+    def __len__(self):
+        return self.batches
+
+    def __iter__(self):
+        for _ in range(self.batches):
+            if self.sleep:
+                time.sleep(self.sleep)
+            yield self.images, self.labels
+
+
+def light_model():
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 10))
+
+
+def heavy_model():
+    # ~0.2 GFLOP forward per 16x16 image: a few images/s on a CPU core.
+    return nn.Sequential(nn.Conv2d(3, 192, 3, padding=1), nn.ReLU(), nn.Conv2d(192, 192, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(192, 192, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(192, 10))
+
+
+FIGURES = ("images_per_s",)
+
+
+def _run(loader, model, **kw):
+    kw = {"batch_size": 4, "crop": 16, "device": "cpu", "seconds": 0.3, "warmup_batches": 1, **kw}
+    return run_diagnosis(loader, model, **kw)
+
+
+def test_slow_loader_is_loader_bound():
+    rep = _run(SlowLoader(sleep=0.1), light_model(), channels_last="off")
+    v = rep["verdict"]
+    assert v["label"] == "loader-bound"
+    assert v["stages"]["loader"] < 45  # 4 images per 0.1 s sleep
+    assert v["ratio"] == pytest.approx(v["stages"]["model"] / v["stages"]["loader"])
+    assert v["ratio"] > 3
+    # The model idles waiting for batches end to end.
+    assert rep["end_to_end"]["data_wait_fraction"] > 0.5
+    assert "loader-bound" in format_report(rep)
+
+
+def test_heavy_model_is_model_bound_and_batch_size_is_measured():
+    rep = _run(SlowLoader(), heavy_model())
+    v = rep["verdict"]
+    assert v["label"] == "model-bound"
+    assert v["ratio"] == pytest.approx(v["stages"]["loader"] / v["stages"]["model"])
+    assert rep["end_to_end"]["data_wait_fraction"] < 0.5
+    # Conv model: channels_last measured; no native bf16 here: AMP skipped with the reason (or measured).
+    assert rep["model"]["channels_last"]["images_per_s"] > 0
+    assert rep["model"]["fp32_batch_x2"]["batch_size"] == 8
+    assert "AMP" in format_report(rep)
+    ids = [s["id"] for s in rep["next_steps"] + rep["not_helping"]]
+    assert "channels_last" in ids and "batch_size" in ids
+
+
+def test_report_is_json_with_every_figure():
+    rep = _run(SlowLoader(sleep=0.01), light_model(), amp="bf16")
+    d = json.loads(json.dumps(rep))
+    for key in ("environment", "settings", "loader", "model", "end_to_end", "transfer", "audit", "verdict",
+                "next_steps", "not_helping"):
+        assert key in d
+    assert d["loader"]["images_per_s"] > 0 and d["loader"]["batch_shape"] == [4, 3, 16, 16]
+    assert d["model"]["fp32"]["images_per_s"] > 0
+    assert d["model"]["amp"]["images_per_s"] > 0 and d["model"]["amp"]["amp"] == "bf16"
+    assert d["model"]["channels_last"]["applies"] is False  # no convolutions
+    assert 0 <= d["end_to_end"]["data_wait_fraction"] <= 1
+    assert d["transfer"]["bytes_uint8"] == 4 * 3 * 16 * 16
+    assert d["transfer"]["bytes_float32"] == 4 * d["transfer"]["bytes_uint8"]
+    assert d["audit"]["total_params"] == 3 * 16 * 16 * 10 + 10
+    env = d["environment"]
+    assert env["torch"] == torch.__version__ and env["cpu_count"] >= 1
+    assert isinstance(env["pillow"]["simd"], bool) and "gpu" in env
+
+
+def test_measure_loader_runs_over_epochs():
+    loader = SlowLoader(batches=2)
+    r = measure_loader(loader, seconds=0.05, warmup_batches=3)
+    assert r["images"] == 4 * r["batches"] and r["images_per_s"] > 0
+    assert len(loader.epochs) >= 2  # warm-up alone needs a second epoch
+    with pytest.raises(ValueError, match="seconds"):
+        measure_loader(loader, seconds=0)
+
+
+def test_transfer_bytes_on_cpu():
+    t = measure_transfer([64, 3, 224, 224], device="cpu")
+    assert t["bytes_uint8"] == 64 * 3 * 224 * 224 == t["bytes_float32"] // 4
+    assert t["applies"] is False and t["uint8_images_per_s"] is None
+
+
+def test_transfer_bound_verdict():
+    v = _verdict({"loader": 900.0, "model": 1200.0, "transfer": 300.0}, {"images_per_s": 280.0,
+                                                                         "data_wait_fraction": 0.7})
+    assert v["label"] == "transfer-bound" and v["next"] == "loader"
+    assert v["ratio"] == pytest.approx(3.0)
+    v = _verdict({"loader": 100.0, "model": 105.0}, {"images_per_s": 90.0, "data_wait_fraction": 0.3})
+    assert v["balanced"] and "balanced" in v["text"]
+
+
+def _report_net():
+    from stoker.model.nets import build_model
+
+    return build_model("report", 1)
+
+
+def test_report_network_flatten_head_step_and_flag():
+    net = _report_net()
+    audit = audit_model(net, input_size=(3, 224, 224))
+    stages = {"loader": 850.0, "model": 120.0}
+    model_r = {"fp32": {"images_per_s": 120.0}, "amp": {"images_per_s": 300.0},
+               "channels_last": {"images_per_s": 90.0}, "fp32_batch_x2": {"images_per_s": 130.0}}
+    transfer = {"applies": False}
+    steps, others = _next_steps(stages, model_r, transfer, audit, 64, torch.device("cuda"), "bf16", [], [])
+    assert [s["id"] for s in steps][:2] == ["amp", "batch_size"]
+    assert steps[0]["est_speedup"] == pytest.approx(2.5) and steps[0]["rank"] == 1
+    assert "bfloat16" in steps[0]["action"]
+    head = next(s for s in steps + others if s["id"] == "flatten_head")
+    assert "301,057" in head["title"] and "61%" in head["title"] and not head["measured"]
+    assert "AdaptiveAvgPool2d" in head["action"]
+    cl = next(s for s in others if s["id"] == "channels_last")
+    assert cl["stage_speedup"] == pytest.approx(0.75)
+    # Loader-side hints only pay up to the model's rate.
+    steps, _ = _next_steps({"loader": 100.0, "model": 150.0}, {"fp32": {"images_per_s": 150.0}}, transfer, audit,
+                           64, torch.device("cpu"), None, [],
+                           [{"id": "pack_smaller", "title": "t", "action": "a", "est_loader_speedup": 3.0,
+                             "basis": "b"}])
+    assert steps[0]["id"] == "pack_smaller" and steps[0]["est_speedup"] == pytest.approx(1.5)
+
+
+def test_uint8_transfer_step_when_float_batches_cross_the_bus():
+    audit = audit_model(light_model(), input_size=(3, 16, 16))
+    transfer = {"applies": True, "loader_dtype": "float32", "uint8_images_per_s": 4000.0,
+                "float32_images_per_s": 1000.0}
+    steps, _ = _next_steps({"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
+                           {"fp32": {"images_per_s": 3000.0}}, transfer, audit, 64, torch.device("cuda"), None, [], [])
+    assert steps[0]["id"] == "uint8_transfer" and steps[0]["est_speedup"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("kw", [dict(amp="fp8"), dict(channels_last="yes"), dict(seconds=0), dict(batch_size=0)])
+def test_run_diagnosis_validates(kw):
+    with pytest.raises(ValueError):
+        _run(SlowLoader(), light_model(), **kw)
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+@pytest.fixture
+def shards(tiny_shards):
+    return tiny_shards(n=24, per_shard=8)
+
+
+def _cli(capsys, *argv):
+    rc = cli.main(["diagnose", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("no_such_module_xyz:build", "cannot import no_such_module_xyz"),
+    ("nocolon", "must look like"),
+    ("json:no_such_factory", "has no attribute"),
+    ("math:pi", "not a callable"),
+    ("collections:OrderedDict", "not a torch.nn.Module"),
+])
+def test_bad_model_is_one_line_exit_2(capsys, shards, spec, needle):
+    rc, out, err = _cli(capsys, shards, "--model", spec, "--batch-size", 4)
+    assert rc == 2
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+def test_model_file_factory_errors(capsys, shards, tmp_path):
+    f = tmp_path / "net.py"
+    f.write_text("import torch\nraise ImportError('needs timm')\n")
+    rc, _, err = _cli(capsys, shards, "--model", f"{f}:build", "--batch-size", 4)
+    assert rc == 2 and "needs timm" in err and err.count("\n") == 1
+    f.write_text("def build(num_classes):\n    raise RuntimeError('bad width')\n")
+    rc, _, err = _cli(capsys, shards, "--model", f"{f}:build", "--batch-size", 4)
+    assert rc == 2 and "factory raised RuntimeError: bad width" in err
+
+
+def test_model_file_factory_loads(tmp_path):
+    from stoker.tools.diagnose import build_user_model
+
+    f = tmp_path / "mynet.py"
+    f.write_text("from torch import nn\ndef build(num_classes):\n    return nn.Linear(4, num_classes)\n")
+    net = build_user_model(f"{f}:build", 7)
+    assert isinstance(net, nn.Linear) and net.out_features == 7
+
+
+def test_bad_data_and_flags(capsys, tmp_path, shards):
+    rc, _, err = _cli(capsys, tmp_path / "nope")
+    assert rc == 2 and "not a folder" in err
+    (tmp_path / "empty").mkdir()
+    rc, _, err = _cli(capsys, tmp_path / "empty")
+    assert rc == 2 and "neither stoker shards" in err
+    rc, _, err = _cli(capsys, shards, "--batch-size", "1000")
+    assert rc == 2 and "larger than the 24 samples" in err
+    rc, _, err = _cli(capsys, shards, "--arch", "no_such_net", "--batch-size", 4)
+    assert rc == 2 and "unknown arch" in err and err.count("\n") == 1
+
+
+def _loader_available():
+    try:
+        from stoker.pipeline import Loader  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_loader = pytest.mark.skipif(not _loader_available(), reason="stoker.pipeline.Loader not built yet")
+
+
+@needs_loader
+@pytest.mark.slow
+def test_cli_end_to_end_on_shards_json(capsys, shards, tmp_path):
+    f = tmp_path / "tiny.py"
+    f.write_text("from torch import nn\n"
+                 "def build(num_classes):\n"
+                 "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),"
+                 " nn.Linear(4, num_classes))\n")
+    rc, out, err = _cli(capsys, shards, "--model", f"{f}:build", "--batch-size", 4, "--crop", 32,
+                        "--seconds", 0.2, "--device", "cpu", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["data"]["kind"] == "stoker shards" and d["data"]["samples"] == 24
+    assert d["loader"]["batch_shape"] == [4, 3, 32, 32] and d["loader"]["dtype"] == "uint8"
+    assert d["verdict"]["label"] in ("loader-bound", "model-bound")
+    for fig in (d["loader"]["images_per_s"], d["model"]["fp32"]["images_per_s"], d["end_to_end"]["images_per_s"],
+                d["verdict"]["ratio"]):
+        assert math.isfinite(fig) and fig > 0
+    assert d["audit"]["total_params"] == 3 * 4 * 9 + 4 + 4 * 6 + 6
+    assert "loader alone" in err  # progress goes to stderr, JSON alone to stdout
+
+
+@needs_loader
+@pytest.mark.slow
+def test_cli_human_report_on_shards(capsys, shards):
+    rc, out, err = _cli(capsys, shards / "train", "--arch", "resnet18", "--batch-size", 4, "--crop", 32,
+                        "--seconds", 0.2, "--channels-last", "off")
+    assert rc == 0, err
+    assert "verdict:" in out and "environment" in out and "largest layers" in out

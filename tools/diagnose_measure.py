@@ -1,0 +1,302 @@
+"""The measurements behind ``stoker diagnose``, each bounded in time.
+
+Every function takes plain objects (any iterable loader yielding ``(images, labels)``,
+any ``nn.Module``) so tests can hand in a deliberately slow loader or heavy model.
+Throughputs are images per second; warm-up (graph building, oneDNN/cuDNN autotuning)
+is excluded. When a single step takes longer than the time budget, the warm-up step
+itself is the measurement (``single_step: True``), so a very slow model still costs
+about one step per figure instead of minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from contextlib import nullcontext
+from typing import Callable, Iterable, Optional
+
+import torch
+from torch import nn
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _images_of(batch):
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
+def _batches(loader: Iterable):
+    """Loop over ``loader`` epoch after epoch (calling ``set_epoch`` when it has one)."""
+    epoch = 0
+    while True:
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        n = 0
+        for batch in loader:
+            n += 1
+            yield batch
+        if n == 0:
+            raise ValueError("the loader yielded no batch (fewer samples than one batch with drop_last?)")
+        epoch += 1
+
+
+def measure_loader(loader: Iterable, *, seconds: float = 5.0, warmup_batches: int = 2) -> dict:
+    """Images per second of ``loader`` alone (nothing done with the batches).
+
+    Args:
+        loader: Yields ``(images, labels)`` (or just images); iterated again, epoch after
+            epoch, until ``seconds`` have passed after the warm-up.
+        seconds: Time budget of the timed part.
+        warmup_batches: Batches excluded from the timing (pipeline start-up).
+
+    Returns:
+        ``images_per_s``, ``batches``, ``images``, ``seconds``, and the last batch's
+        ``batch_shape``, ``dtype`` and ``device``.
+    """
+    if seconds <= 0:
+        raise ValueError(f"seconds={seconds} must be > 0")
+    if warmup_batches < 0:
+        raise ValueError(f"warmup_batches={warmup_batches} must be >= 0")
+    it = _batches(loader)
+    x = None
+    for _ in range(warmup_batches):
+        x = _images_of(next(it))
+    images = batches = 0
+    t0 = time.perf_counter()
+    while True:
+        x = _images_of(next(it))
+        images += int(x.shape[0])
+        batches += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            break
+    if isinstance(x, torch.Tensor):
+        _sync(x.device)
+    elapsed = time.perf_counter() - t0
+    return {"images_per_s": images / elapsed, "batches": batches, "images": images, "seconds": elapsed,
+            "batch_shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""), "device": str(x.device)}
+
+
+def _loss(out, labels: torch.Tensor) -> torch.Tensor:
+    if isinstance(out, (tuple, list)):  # e.g. torchvision's InceptionOutputs
+        out = out[0]
+    if out.dim() == 2 and out.shape[1] == 1:  # one output: regression, as in the report's loop
+        return nn.functional.mse_loss(out.float().squeeze(1), labels.float())
+    if out.dim() == 2:
+        return nn.functional.cross_entropy(out.float(), labels % out.shape[1])
+    return out.float().mean()
+
+
+class TrainStep:
+    """One SGD training step of ``model``: normalize uint8 on the device, forward, loss, backward, step.
+
+    Float batches (a torchvision pipeline's output) go to the model as they are; uint8 batches
+    pass through :class:`stoker.model.Normalize` first, unless the model already has one.
+    No host sync inside a step (the loss stays on the device).
+
+    Args:
+        model: The network; moved to ``device`` (and to channels_last when asked) in place.
+        device: Where the step runs.
+        amp: ``None`` (fp32), ``"bf16"`` or ``"fp16"`` (autocast; fp16 with a GradScaler on CUDA).
+        channels_last: Convert the model and each batch to channels_last.
+    """
+
+    def __init__(self, model: nn.Module, *, device, amp: Optional[str] = None, channels_last: bool = False,
+                 lr: float = 0.01) -> None:
+        from stoker.model.normalize import Normalize, has_normalize
+
+        if amp not in (None, "bf16", "fp16"):
+            raise ValueError(f"amp={amp!r} must be None, 'bf16' or 'fp16'")
+        self.device = torch.device(device)
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.model = model.to(self.device, memory_format=self.memory_format).train()
+        self.normalize = None if has_normalize(model) else Normalize().to(self.device)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.9)
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+        self.scaler = (torch.amp.GradScaler("cuda") if amp == "fp16" and self.device.type == "cuda" else None)
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        images = images.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        if images.dim() == 4:
+            images = images.contiguous(memory_format=self.memory_format)
+        ctx = (torch.autocast(device_type=self.device.type, dtype=self.dtype) if self.dtype is not None
+               else nullcontext())
+        with ctx:
+            x = self.normalize(images) if (self.normalize is not None and images.dtype == torch.uint8) else images
+            loss = _loss(self.model(x), labels)
+        self.opt.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.opt.step()
+        return loss.detach()
+
+    def restore(self) -> None:
+        """Put the model back in contiguous memory format (after a channels_last measurement)."""
+        if self.memory_format is torch.channels_last:
+            self.model.to(memory_format=torch.contiguous_format)
+
+
+def _timed_steps(step: Callable[[], object], *, seconds: float, warmup: int, device: torch.device,
+                 per_step: int) -> dict:
+    t0 = time.perf_counter()
+    for _ in range(max(warmup, 1)):
+        step()
+    _sync(device)
+    warm = time.perf_counter() - t0
+    if warm >= seconds:  # one step is over budget: the warm-up is the measurement
+        steps = max(warmup, 1)
+        return {"images_per_s": steps * per_step / warm, "steps": steps, "seconds": warm, "single_step": True}
+    steps = 0
+    t0 = time.perf_counter()
+    while True:
+        step()
+        steps += 1
+        if time.perf_counter() - t0 >= seconds:
+            break
+    _sync(device)
+    elapsed = time.perf_counter() - t0
+    return {"images_per_s": steps * per_step / elapsed, "steps": steps, "seconds": elapsed, "single_step": False}
+
+
+def measure_model_alone(model: nn.Module, *, batch_size: int, crop: int, device, amp: Optional[str] = None,
+                        channels_last: bool = False, seconds: float = 5.0, warmup: int = 2) -> dict:
+    """Training images/s of ``model`` on a synthetic uint8 batch already on ``device``.
+
+    The same :class:`TrainStep` as :func:`measure_end_to_end`, so the two figures compare
+    like for like. An out-of-memory error is returned as ``{"error": ...}``.
+    """
+    device = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    images = torch.randint(0, 256, (batch_size, 3, crop, crop), dtype=torch.uint8, generator=gen).to(device)
+    labels = torch.randint(0, 1000, (batch_size,), generator=gen).to(device)
+    step = TrainStep(model, device=device, amp=amp, channels_last=channels_last)
+    try:
+        r = _timed_steps(lambda: step(images, labels), seconds=seconds, warmup=warmup, device=device,
+                         per_step=batch_size)
+    except torch.OutOfMemoryError as e:
+        r = {"images_per_s": None, "error": f"out of memory: {str(e).splitlines()[0]}"}
+    finally:
+        step.restore()
+        del step
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    r.update(batch_size=batch_size, amp=amp or "off", channels_last=channels_last)
+    return r
+
+
+def measure_end_to_end(loader: Iterable, model: nn.Module, *, device, amp: Optional[str] = None,
+                       channels_last: bool = False, seconds: float = 5.0, warmup_batches: int = 2) -> dict:
+    """Training images/s with batches from ``loader``, and the data-wait fraction.
+
+    The data-wait fraction is the time blocked in ``next(loader)`` over the total: near 1
+    means the model idles waiting for data (loader-bound), near 0 means the loader keeps up.
+    On CUDA the step is asynchronous, so the GPU's work overlaps the next ``next()``
+    exactly as in a training loop.
+    """
+    device = torch.device(device)
+    it = _batches(loader)
+    step = TrainStep(model, device=device, amp=amp, channels_last=channels_last)
+    try:
+        for _ in range(warmup_batches):
+            images, labels = next(it)[:2]
+            step(images, labels)
+        _sync(device)
+        wait = 0.0
+        steps = images_n = 0
+        t0 = time.perf_counter()
+        while True:
+            tw = time.perf_counter()
+            images, labels = next(it)[:2]
+            wait += time.perf_counter() - tw
+            step(images, labels)
+            steps += 1
+            images_n += int(images.shape[0])
+            if time.perf_counter() - t0 >= seconds:
+                break
+        _sync(device)
+        elapsed = time.perf_counter() - t0
+    finally:
+        step.restore()
+    return {"images_per_s": images_n / elapsed, "steps": steps, "images": images_n, "seconds": elapsed,
+            "data_wait_s": wait, "data_wait_fraction": wait / elapsed, "amp": amp or "off",
+            "channels_last": channels_last}
+
+
+def measure_transfer(batch_shape, *, device, seconds: float = 1.0) -> dict:
+    """Host→device bytes per batch for uint8 vs float32, and (on CUDA) the copy rate of each.
+
+    On a CPU device nothing crosses a bus: only the byte counts are given.
+    """
+    n = 1
+    for s in batch_shape:
+        n *= int(s)
+    out = {"batch_shape": [int(s) for s in batch_shape], "bytes_uint8": n, "bytes_float32": 4 * n,
+           "uint8_images_per_s": None, "float32_images_per_s": None, "applies": False}
+    device = torch.device(device)
+    if device.type != "cuda":
+        return out
+    out["applies"] = True
+    per_batch = int(batch_shape[0])
+    for dtype, key in ((torch.uint8, "uint8_images_per_s"), (torch.float32, "float32_images_per_s")):
+        host = torch.empty(tuple(batch_shape), dtype=dtype).pin_memory()
+        dev = torch.empty(tuple(batch_shape), dtype=dtype, device=device)
+        out[key] = _timed_steps(lambda: dev.copy_(host, non_blocking=True), seconds=seconds / 2, warmup=2,
+                                device=device, per_step=per_batch)["images_per_s"]
+    return out
+
+
+def _dist_version(*names: str) -> Optional[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in names:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def cpu_bf16() -> bool:
+    """True when this CPU has native bf16 math (AVX512-BF16 or AMX), so CPU autocast can pay off."""
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # older torch
+        return False
+
+
+def environment() -> dict:
+    """Versions and hardware facts that explain the figures."""
+    from stoker.pipeline.deps import HAS_DALI, pillow_info
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count()
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torchvision": _dist_version("torchvision"),
+        "dali": _dist_version("nvidia-dali-cuda120", "nvidia-dali-cuda110", "nvidia-dali-cuda130",
+                              "nvidia-dali") if HAS_DALI else None,
+        "pillow": pillow_info(),
+        "cpu_count": os.cpu_count(),
+        "usable_cores": cores,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_bf16": cpu_bf16(),
+        "gpu": gpu,
+        "cuda": torch.version.cuda if gpu else None,
+        "gpu_bf16": bool(gpu and torch.cuda.is_bf16_supported()),
+    }
