@@ -1,0 +1,151 @@
+"""Networks: the inception-block net done right, the report's original, and torchvision's.
+
+The slow-training report that motivates stoker used one inception block at full input
+resolution followed by ``MaxPool2d`` and ``flatten`` into a 301,056-input ``Linear``
+(:class:`ReportNet`, kept for ``stoker diagnose`` comparisons). :class:`InceptionNet`
+keeps the block but puts a cheap strided stem in front and ends with global average
+pooling and a small head: any input size, < 1 M parameters, ~10x fewer FLOPs.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+#: Names :func:`build_model` accepts besides torchvision's classification models.
+STOKER_ARCHS = ("inception", "report")
+
+
+class ConvBNReLU(nn.Sequential):
+    """``Conv2d(bias=False)`` + ``BatchNorm2d`` + ``ReLU``, 'same' padding."""
+
+    def __init__(self, in_ch: int, out_ch: int, kernel_size: int = 1, stride: int = 1) -> None:
+        super().__init__(
+            nn.Conv2d(in_ch, out_ch, kernel_size, stride=stride, padding=kernel_size // 2, bias=False),
+            nn.BatchNorm2d(out_ch),
+            nn.ReLU(inplace=True),
+        )
+
+
+class InceptionBlock(nn.Module):
+    """The report's block: four branches concatenated to 384 channels, same H x W.
+
+    1x1→3x3→3x3 (64/96/96), 1x1→3x3 (64/96), 1x1 (96), 3x3 avg-pool→1x1 (96).
+    """
+
+    out_channels = 384
+
+    def __init__(self, in_ch: int) -> None:
+        super().__init__()
+        self.branch_3x3dbl = nn.Sequential(ConvBNReLU(in_ch, 64, 1), ConvBNReLU(64, 96, 3), ConvBNReLU(96, 96, 3))
+        self.branch_3x3 = nn.Sequential(ConvBNReLU(in_ch, 64, 1), ConvBNReLU(64, 96, 3))
+        self.branch_1x1 = ConvBNReLU(in_ch, 96, 1)
+        self.branch_pool = nn.Sequential(nn.AvgPool2d(3, stride=1, padding=1), ConvBNReLU(in_ch, 96, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.branch_3x3dbl(x), self.branch_3x3(x), self.branch_1x1(x), self.branch_pool(x)], 1)
+
+
+class InceptionNet(nn.Module):
+    """The report's inception block, done right: stem → block → global pool → Linear.
+
+    Args:
+        num_classes: Outputs of the head (1 for regression).
+        in_channels: Input channels.
+        stem: Put two stride-2 ``ConvBNReLU`` (3x3, 32 then 64 channels) before the block,
+            so the block runs at 1/4 resolution (16x fewer FLOPs in the block). ``False``
+            runs the block on the raw image, exactly as in the report.
+        dropout: Dropout before the head (0 disables it).
+    """
+
+    def __init__(self, num_classes: int = 1000, *, in_channels: int = 3, stem: bool = True,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        if num_classes < 1:
+            raise ValueError(f"num_classes={num_classes} must be >= 1")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout={dropout} must be in [0, 1)")
+        self.stem = (nn.Sequential(ConvBNReLU(in_channels, 32, 3, stride=2), ConvBNReLU(32, 64, 3, stride=2))
+                     if stem else nn.Identity())
+        self.block = InceptionBlock(64 if stem else in_channels)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.fc = nn.Linear(InceptionBlock.out_channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.block(self.stem(x)))
+        return self.fc(self.dropout(torch.flatten(x, 1)))
+
+
+class ReportNet(nn.Module):
+    """The report's ORIGINAL network, for comparisons (``stoker diagnose``): do not train with it.
+
+    The inception block at full input resolution, ``MaxPool2d(8)`` (224 → 28), flatten to
+    384*28*28 = 301,056 features, ``Linear(301056, num_outputs)``. At 224 with one output
+    it has 496,769 parameters, 301,057 of them in the Linear.
+
+    Args:
+        num_outputs: Outputs of the Linear (the report regressed one value).
+        image_size: Input side the Linear is sized for (a multiple of 8).
+        in_channels: Input channels.
+    """
+
+    def __init__(self, num_outputs: int = 1, *, image_size: int = 224, in_channels: int = 3) -> None:
+        super().__init__()
+        if image_size < 8 or image_size % 8:
+            raise ValueError(f"image_size={image_size} must be a positive multiple of 8")
+        if num_outputs < 1:
+            raise ValueError(f"num_outputs={num_outputs} must be >= 1")
+        self.image_size = image_size
+        self.block = InceptionBlock(in_channels)
+        self.pool = nn.MaxPool2d(8)
+        side = image_size // 8
+        self.fc = nn.Linear(InceptionBlock.out_channels * side * side, num_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-2:] != (self.image_size, self.image_size):
+            raise ValueError(f"ReportNet(image_size={self.image_size}) needs {self.image_size}x{self.image_size} "
+                             f"input, got {tuple(x.shape[-2:])}")
+        return self.fc(torch.flatten(self.pool(self.block(x)), 1))
+
+
+def torchvision_archs() -> list[str]:
+    """Names of torchvision's classification models (``resnet50``, ...)."""
+    import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def build_model(arch: str, num_classes: int, *, image_size: Optional[int] = None) -> nn.Module:
+    """A randomly initialised network by name (no weight downloads).
+
+    Args:
+        arch: ``"inception"`` (:class:`InceptionNet`), ``"report"`` (:class:`ReportNet`) or
+            any torchvision classification model name (``"resnet18"``, ``"resnet50"``, ...).
+        num_classes: Outputs of the head.
+        image_size: Input side; only ``"report"`` needs it (its Linear is sized by it, 224
+            when None).
+
+    Raises:
+        ValueError: Unknown ``arch`` (the message lists the choices) or bad sizes.
+    """
+    if arch == "inception":
+        return InceptionNet(num_classes)
+    if arch == "report":
+        return ReportNet(num_classes, image_size=image_size or 224)
+    names = torchvision_archs()
+    if arch not in names:
+        raise ValueError(f"unknown arch {arch!r}: choose from {', '.join(STOKER_ARCHS + tuple(names))}")
+    import torchvision
+
+    kwargs: dict = {"weights": None, "num_classes": num_classes}
+    if arch in ("inception_v3", "googlenet"):
+        kwargs.update(aux_logits=False, init_weights=True)  # aux heads off: plain logits out
+    return torchvision.models.get_model(arch, **kwargs)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of parameters (trainable or not) of ``model``."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,134 @@
+"""How fast does the model alone train? ``stoker bench-model``.
+
+Trains each model on a synthetic uint8 batch that is already on the device (no data
+loading at all) and reports images/s for fp32 vs bf16 vs fp16 autocast, with and without
+channels_last and torch.compile: the ceiling the loader has to keep up with, and which
+settings to train with. Warm-up and compilation are not timed.
+
+examples:
+  stoker bench-model                                   # GPU: resnet50 + inception, 256 x 224
+  stoker bench-model --device cpu --batch-size 8 --image-size 64 --amp fp32,bf16
+  stoker bench-model --models resnet18,inception --compile both --json > bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import sys
+from typing import Any, Optional
+
+from .errors import UsageError
+
+HELP = "model-only training speed: fp32/bf16/fp16 x channels_last x compile on synthetic batches"
+
+_AMP_NAMES = {"fp32": "off", "off": "off", "bf16": "bf16", "fp16": "fp16"}
+_BOTH = {"off": [False], "on": [True], "both": [False, True]}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default="resnet50,inception",
+                   help="comma-separated: inception, report, or torchvision names (default: %(default)s)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
+    p.add_argument("--batch-size", type=int, default=None, help="default: 256 on GPU, 16 on CPU")
+    p.add_argument("--image-size", type=int, default=None, help="default: 224 on GPU, 64 on CPU")
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--amp", default=None, help="comma-separated fp32,bf16,fp16 (default: all three on GPU, fp32,bf16 on CPU)")
+    p.add_argument("--channels-last", choices=tuple(_BOTH), default="both", help="default: both")
+    p.add_argument("--compile", choices=tuple(_BOTH), default=None, help="default: both on GPU, off on CPU")
+    p.add_argument("--seconds", type=float, default=None, help="timed seconds per setting (default: 5 on GPU, 1 on CPU)")
+    p.add_argument("--steps-min", type=int, default=5, help="timed steps per setting at least (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def run_bench(*, models: list[str], device: str = "auto", batch_size: Optional[int] = None,
+              image_size: Optional[int] = None, num_classes: int = 1000, amps: Optional[list[str]] = None,
+              channels_last: str = "both", compile: Optional[str] = None, seconds: Optional[float] = None,
+              steps_min: int = 5, progress: bool = True) -> dict[str, Any]:
+    """Measure every combination; a setting that fails gets an ``error`` instead of figures."""
+    import torch
+    from tqdm import tqdm
+
+    from stoker.model.nets import build_model
+    from stoker.model.throughput import measure_model
+    from stoker.model.train import resolve_device
+
+    dev = resolve_device(device)
+    gpu = dev.type == "cuda"
+    batch_size = batch_size or (256 if gpu else 16)
+    image_size = image_size or (224 if gpu else 64)
+    amps = amps or (["fp32", "bf16", "fp16"] if gpu else ["fp32", "bf16"])
+    compile = compile or ("both" if gpu else "off")
+    seconds = seconds if seconds is not None else (5.0 if gpu else 1.0)
+    for a in amps:
+        if a not in _AMP_NAMES:
+            raise ValueError(f"amp {a!r} is not one of fp32, bf16, fp16")
+    for m in models:
+        build_model(m, num_classes, image_size=image_size)  # unknown names fail before any timing
+
+    combos = [(m, a, cl, co) for m in models for a in amps for cl in _BOTH[channels_last] for co in _BOTH[compile]]
+    rows = []
+    for m, a, cl, co in tqdm(combos, desc="bench-model", unit="setting", disable=not progress, file=sys.stderr):
+        row: dict[str, Any] = {"model": m, "amp": a, "channels_last": cl, "compile": co}
+        try:
+            torch.manual_seed(0)
+            net = build_model(m, num_classes, image_size=image_size)
+            r = measure_model(net, batch_size=batch_size, image_size=image_size, device=dev,
+                              amp=_AMP_NAMES[a], channels_last=cl, compile=co, seconds=seconds, steps_min=steps_min)
+            row.update({k: r[k] for k in ("images_per_s", "step_ms", "steps", "first_step_s", "params", "peak_mem_mb")})
+        except Exception as e:  # one setting failing (no fp16 kernel, compiler missing) must not end the table
+            row["error"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        finally:
+            if gpu:
+                torch.cuda.empty_cache()
+        rows.append(row)
+    for r in rows:  # speed-up vs the same model's plain fp32 row
+        base = next((b for b in rows if b["model"] == r["model"] and b["amp"] == "fp32" and not b["channels_last"]
+                     and not b["compile"] and "images_per_s" in b), None)
+        r["speedup"] = r["images_per_s"] / base["images_per_s"] if base and "images_per_s" in r else None
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if gpu else f"CPU {platform.processor() or platform.machine()} x {torch.get_num_threads()} threads",
+        "torch": torch.__version__,
+        "batch_size": batch_size,
+        "image_size": image_size,
+        "num_classes": num_classes,
+        "seconds": seconds,
+        "rows": rows,
+    }
+
+
+def format_table(res: dict[str, Any]) -> str:
+    lines = [f"stoker bench-model: {res['device_name']}, torch {res['torch']}, {res['date']}",
+             f"batch {res['batch_size']} x {res['image_size']}x{res['image_size']} synthetic uint8 on {res['device']}, "
+             f"forward + backward + SGD step",
+             "",
+             f"{'model':<14}{'amp':<6}{'channels_last':<15}{'compile':<9}{'images/s':>10}{'ms/step':>10}{'vs fp32':>9}"]
+    for r in res["rows"]:
+        head = f"{r['model']:<14}{r['amp']:<6}{'yes' if r['channels_last'] else 'no':<15}{'yes' if r['compile'] else 'no':<9}"
+        if "error" in r:
+            lines.append(head + f"  failed: {r['error'][:80]}")
+        else:
+            sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
+            lines.append(head + f"{r['images_per_s']:>10.1f}{r['step_ms']:>10.1f}{sp:>9}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    amps = [a.strip() for a in args.amp.split(",") if a.strip()] if args.amp else None
+    if not models:
+        raise UsageError("--models is empty")
+    try:
+        res = run_bench(models=models, device=args.device, batch_size=args.batch_size, image_size=args.image_size,
+                        num_classes=args.num_classes, amps=amps, channels_last=args.channels_last,
+                        compile=args.compile, seconds=args.seconds, steps_min=args.steps_min,
+                        progress=args.progress)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(json.dumps(res, indent=1) if args.json else format_table(res))
+    return 0

@@ -1,0 +1,121 @@
+"""Train a network on packed shards: ``stoker train DATA --out RUN``.
+
+Reads DATA/train (and DATA/val when present) through the stoker Loader; uint8 batches
+are normalized on the device. Under ``torchrun --nproc_per_node N`` the same command
+runs DDP (nccl on GPU, gloo on CPU; --batch-size is per process). RUN/ receives
+config.json, metrics.jsonl, last.pt (every --ckpt-every steps and each epoch end),
+best.pt (best val top-1) and, with --plot, curves.png. SIGTERM/Ctrl-C write a checkpoint
+and exit; --resume continues exactly where the run stopped, mid-epoch included.
+
+examples:
+  stoker train data/ --out runs/a --epochs 10 --batch-size 128 --crop 160
+  stoker train data/ --out runs/a --epochs 10 --batch-size 128 --crop 160 --resume
+  torchrun --nproc_per_node 2 -m stoker.tools.cli train data/ --out runs/ddp
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from .errors import CheckFailed, UsageError
+
+HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)"
+
+
+# Same values as stoker.model.train's (imported there with torch; `stoker --help` must stay instant).
+AMP_CHOICES = ("auto", "bf16", "fp16", "off")
+OPTIMIZERS = ("sgd", "adamw")
+TASKS = ("classify", "regress")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data", metavar="DATA", help="dataset root holding train/ (and val/) packed by `stoker pack`")
+    p.add_argument("--out", required=True, metavar="RUN", help="run directory (created)")
+    p.add_argument("--arch", default="inception",
+                   help="inception (default), report (the original slow net), or a torchvision model name (resnet50, ...)")
+    p.add_argument("--task", choices=TASKS, default="classify",
+                   help="classify (cross-entropy) or regress (one output, MSE on the label value)")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=64, help="per process (default: %(default)s)")
+    p.add_argument("--crop", type=int, default=224, help="training/validation crop side (default: %(default)s)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: sgd 0.1 x global batch/256, adamw 1e-3)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD (Nesterov) momentum")
+    p.add_argument("--weight-decay", type=float, default=None, help="default: sgd 5e-5, adamw 0.05 (not on norms/biases)")
+    p.add_argument("--warmup-epochs", type=float, default=1.0, help="linear warm-up, then cosine decay to 0")
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--amp", choices=AMP_CHOICES, default="auto",
+                   help="auto: bf16 on GPUs that have it, else fp16 + GradScaler; off on CPU (default: auto)")
+    p.add_argument("--channels-last", action="store_true", help="model and batches in channels_last memory format")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
+    p.add_argument("--backend", default="auto", help="Loader backend: auto, dali, pil (default: auto)")
+    p.add_argument("--threads", type=int, default=None, help="Loader decode threads (default: the Loader's choice)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic algorithms (bit-identical reruns and resumes; slower on GPU)")
+    p.add_argument("--log-every", type=int, default=20, help="steps between loss reads / metrics lines (default: %(default)s)")
+    p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps too (default: epoch ends only)")
+    p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
+                   help="continue from RUN/last.pt, or from CKPT")
+    p.add_argument("--plot", action="store_true", help="write RUN/curves.png (needs matplotlib)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    from stoker.model.checkpoint import CheckpointError
+    from stoker.model.train import TrainConfig, train
+    from stoker.pipeline.manifest import ManifestError
+
+    try:
+        summary = train(TrainConfig.from_any(args))
+    except (ManifestError, KeyboardInterrupt):
+        raise
+    except CheckpointError as e:
+        raise CheckFailed(str(e)) from None
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        raise UsageError(str(e)) from None
+    if summary["world_size"] > 1 and _rank() != 0:
+        return 0
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(format_summary(summary))
+    if summary["interrupted"]:
+        return 128 + int(getattr(signal, summary["interrupted"]))
+    return 0
+
+
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
+def format_summary(s: dict) -> str:
+    """A few human lines from :func:`stoker.model.train.train`'s summary."""
+    def pct(v):
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    ips = "-" if s["images_per_s"] is None else f"{s['images_per_s']:.0f}"
+    lines = [
+        f"run        {s['run_dir']}  ({s['arch']}, {s['device']}, amp {s['amp']}, {s['world_size']} process(es))",
+        f"steps      {s['steps']}/{s['total_steps']} in {s['seconds']:.1f} s"
+        + (f"  (stopped by {s['interrupted']}; continue with --resume)" if s["interrupted"] else ""),
+        f"speed      {ips} images/s, data wait {pct(s['data_wait'])} of train time",
+        f"loss       train {s['train_loss']:.4f}" + (f", val {s['val_loss']:.4f}" if s["val_loss"] is not None else ""),
+    ]
+    if s["val_top1"] is not None:
+        lines.append(f"val        top-1 {pct(s['val_top1'])}, top-5 {pct(s['val_top5'])} ({s['val_samples']} samples)")
+    lines.append(f"checkpoint {s['checkpoint']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from .cli import main as cli_main
+
+    sys.exit(cli_main(["train", *sys.argv[1:]]))
