@@ -354,8 +354,7 @@ def format_report(rep: dict) -> str:
         if r is None:
             continue
         if r.get("images_per_s") is not None:
-            extra = " (one step, over budget)" if r.get("single_step") else ""
-            lines.append(f"  {label:<24}{_f(r['images_per_s']):>9}   ({r['steps']} steps{extra})")
+            lines.append(f"  {label:<24}{_f(r['images_per_s']):>9}   ({r['steps']} steps)")
         elif r.get("error"):
             lines.append(f"  {label:<24}{'-':>9}   {r['error']}")
         else:

@@ -3,9 +3,8 @@
 Every function takes plain objects (any iterable loader yielding ``(images, labels)``,
 any ``nn.Module``) so tests can hand in a deliberately slow loader or heavy model.
 Throughputs are images per second; warm-up (graph building, oneDNN/cuDNN autotuning)
-is excluded. When a single step takes longer than the time budget, the warm-up step
-itself is the measurement (``single_step: True``), so a very slow model still costs
-about one step per figure instead of minutes.
+is excluded. A measurement stops at the first batch or step that ends after its time
+budget, so a model whose single step outlasts the budget costs one timed step.
 """
 
 from __future__ import annotations
@@ -148,14 +147,9 @@ class TrainStep:
 
 def _timed_steps(step: Callable[[], object], *, seconds: float, warmup: int, device: torch.device,
                  per_step: int) -> dict:
-    t0 = time.perf_counter()
-    for _ in range(max(warmup, 1)):
+    for _ in range(warmup):
         step()
     _sync(device)
-    warm = time.perf_counter() - t0
-    if warm >= seconds:  # one step is over budget: the warm-up is the measurement
-        steps = max(warmup, 1)
-        return {"images_per_s": steps * per_step / warm, "steps": steps, "seconds": warm, "single_step": True}
     steps = 0
     t0 = time.perf_counter()
     while True:
@@ -165,32 +159,30 @@ def _timed_steps(step: Callable[[], object], *, seconds: float, warmup: int, dev
             break
     _sync(device)
     elapsed = time.perf_counter() - t0
-    return {"images_per_s": steps * per_step / elapsed, "steps": steps, "seconds": elapsed, "single_step": False}
+    return {"images_per_s": steps * per_step / elapsed, "steps": steps, "seconds": elapsed}
 
 
 def measure_model_alone(model: nn.Module, *, batch_size: int, crop: int, device, amp: Optional[str] = None,
                         channels_last: bool = False, seconds: float = 5.0, warmup: int = 2) -> dict:
     """Training images/s of ``model`` on a synthetic uint8 batch already on ``device``.
 
-    The same :class:`TrainStep` as :func:`measure_end_to_end`, so the two figures compare
-    like for like. An out-of-memory error is returned as ``{"error": ...}``.
+    :func:`stoker.model.throughput.measure_model` (the same figure as ``stoker bench-model``)
+    on a copy of ``model``, timed for ``seconds`` and at least one step after ``warmup``
+    untimed steps. An out-of-memory error is returned as ``{"images_per_s": None, "error": ...}``.
     """
+    from stoker.model.throughput import measure_model
+
     device = torch.device(device)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    images = torch.randint(0, 256, (batch_size, 3, crop, crop), dtype=torch.uint8, generator=gen).to(device)
-    labels = torch.randint(0, 1000, (batch_size,), generator=gen).to(device)
-    step = TrainStep(model, device=device, amp=amp, channels_last=channels_last)
     try:
-        r = _timed_steps(lambda: step(images, labels), seconds=seconds, warmup=warmup, device=device,
-                         per_step=batch_size)
+        r = measure_model(model, batch_size=batch_size, image_size=crop, device=device, amp=amp or "off",
+                          channels_last=channels_last, compile=False, seconds=seconds, steps_min=1,
+                          warmup_steps=max(1, warmup))
     except torch.OutOfMemoryError as e:
-        r = {"images_per_s": None, "error": f"out of memory: {str(e).splitlines()[0]}"}
+        r = {"images_per_s": None, "error": f"out of memory: {str(e).splitlines()[0]}",
+             "batch_size": batch_size, "amp": amp or "off", "channels_last": channels_last}
     finally:
-        step.restore()
-        del step
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    r.update(batch_size=batch_size, amp=amp or "off", channels_last=channels_last)
     return r
 
 
