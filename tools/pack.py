@@ -98,11 +98,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_out(src: Path, out: Path) -> None:
     rs, ro = src.resolve(), out.resolve()
-    base = rs if rs.is_dir() else rs.parent
-    if ro == base or base in ro.parents:
+    if rs.is_dir() and (ro == rs or rs in ro.parents):  # it would pack its own output
         raise UsageError(f"OUT {out} is inside SRC {src}; put it elsewhere")
     if out.exists() and not out.is_dir():
-        raise UsageError(f"OUT {out} exists and is not a folder")
+        raise UsageError(f"cannot write to OUT {out}: it exists and is not a folder")
+    parent = ro
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write to OUT {out}: {parent} is not a writable folder")
+
+
+def _make_out(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".stoker-write-test"
@@ -143,9 +150,9 @@ def _results(items: list[Item], settings: Settings, workers: int) -> Iterator[Sa
     flight in a process pool, so memory stays flat however long the list."""
     paths = [it.path for it in items]
     chunks = [paths[i:i + CHUNK] for i in range(0, len(paths), CHUNK)]
-    if workers <= 1:
-        for c in chunks:
-            yield from _sanitize_chunk(c, settings)
+    if workers <= 1:  # one at a time: a shard is written as soon as its images are ready
+        for path in paths:
+            yield sanitize(path, settings)
         return
     import multiprocessing as mp
 
@@ -282,6 +289,7 @@ def main(args: argparse.Namespace) -> int:
     _check_out(src, out)
     t0 = time.perf_counter()
     source = scan(src, seed=args.seed, val_fraction=args.val_fraction)
+    _make_out(out)
     identity = _settings_identity(args, src, source, settings, shard_size, parts)
     claim(out, identity)
     if parts == 1 and is_merged(out, identity):
