@@ -1,0 +1,125 @@
+"""The pillow backend: mmap'd shards + pillow(-simd) + torch DataLoader worker processes.
+
+Same order, same crop boxes and flips as the DALI backend (:mod:`.augment`), same output.
+Used where DALI is not installed (macOS, Windows) and for debugging. Also home of the
+pillow resize stage the DALI CPU path uses: pillow-simd's resize is ~4x faster than
+DALI's CPU resize on this class of machine (see the README's bench section).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Iterator
+
+import numpy as np
+
+from . import augment
+from .samples import SampleIndex, image_size
+
+# A whole batch is one DataLoader item, so worker→parent traffic is one tensor per batch.
+
+
+def resize_into(out: np.ndarray, k: int, im, crop: int, flip: bool, box=None, chw: bool = True) -> None:
+    """Resize ``im`` (a PIL image; ``box`` = ``(x, y, w, h)`` region, whole image when
+    ``None``) to ``crop`` x ``crop`` with antialiased bilinear (torchvision's
+    ``RandomResizedCrop`` default), flip, and write it into ``out[k]``
+    (``[N, 3, crop, crop]`` when ``chw`` else ``[N, crop, crop, 3]``)."""
+    from PIL import Image
+
+    if box is not None:
+        x, y, w, h = box
+        im = im.resize((crop, crop), Image.BILINEAR, box=(x, y, x + w, y + h))
+    elif im.size != (crop, crop):
+        im = im.resize((crop, crop), Image.BILINEAR)
+    if flip:
+        im = im.transpose(Image.FLIP_LEFT_RIGHT)
+    if chw:
+        # three plane copies: much cheaper than a strided HWC→CHW transpose of the batch
+        for c, plane in enumerate(im.split()):
+            out[k, c] = np.asarray(plane)
+    else:
+        out[k] = np.asarray(im)
+
+
+def decode_region(data, box, crop: int):
+    """Decode ``data`` (encoded bytes) with JPEG DCT scaling (pillow's ``draft``) when the
+    crop box is at least twice the output size, as FFCV does; returns ``(image, box)``
+    with the box in the decoded image's pixels."""
+    from PIL import Image
+
+    im = Image.open(io.BytesIO(data))
+    W, H = im.size
+    x, y, w, h = (int(v) for v in box)
+    if im.format == "JPEG" and min(w, h) >= 2 * crop:
+        im.draft("RGB", (max(1, -(-W * crop // w)), max(1, -(-H * crop // h))))
+        sx, sy = im.size[0] / W, im.size[1] / H
+        box = (x * sx, y * sy, w * sx, h * sy)
+    if im.mode != "RGB":
+        im = im.convert("RGB")
+    return im, box
+
+
+class PilBatches:
+    """A map-style dataset whose items are whole batches: ``(epoch, ids) → (images, labels,
+    bad)``, where ``bad`` is a bool mask of samples that failed to decode (dropped)."""
+
+    def __init__(self, index: SampleIndex, *, crop: int, train: bool, seed: int, chw: bool):
+        self.index, self.crop, self.train, self.seed, self.chw = index, crop, train, seed, chw
+
+    def __getitem__(self, item):
+        import torch
+
+        epoch, ids = item
+        ids = np.asarray(ids, np.int64)
+        enc, wh = self.index.images(ids)
+        bad = wh[:, 0] == 0
+        if self.train:
+            boxes, flips = augment.random_resized_crop(wh, ids, seed=self.seed, epoch=epoch)
+        else:
+            boxes, flips = augment.center_crop(wh, self.crop), np.zeros(len(ids), bool)
+        shape = (len(ids), 3, self.crop, self.crop) if self.chw else (len(ids), self.crop, self.crop, 3)
+        images = torch.empty(shape, dtype=torch.uint8)
+        if torch.utils.data.get_worker_info() is not None:
+            images.share_memory_()  # allocated in shm: no copy when sent to the parent
+        out = images.numpy()
+        k = 0
+        for j in range(len(ids)):
+            if bad[j]:
+                continue
+            try:
+                im, box = decode_region(enc[j], boxes[j], self.crop)
+                resize_into(out, k, im, self.crop, bool(flips[j]), box=box, chw=self.chw)
+            except Exception:  # noqa: BLE001 - any decoder failure means: skip and count
+                bad[j] = True
+                continue
+            k += 1
+        labels = torch.from_numpy(self.index.labels(ids[~bad]))
+        return images[:k], labels, torch.from_numpy(bad)
+
+    def __len__(self) -> int:  # not used: the sampler yields the items
+        return 0
+
+
+def _identity(x):
+    return x
+
+
+def iterate(index: SampleIndex, batches: list, *, epoch: int, crop: int, train: bool, seed: int,
+            chw: bool, workers: int, prefetch: int, pin_memory: bool,
+            ) -> Iterator[tuple]:
+    """Yield ``(images, labels, consumed, num_bad)`` for ``batches`` (arrays of positions)."""
+    import torch
+
+    dataset = PilBatches(index, crop=crop, train=train, seed=seed, chw=chw)
+    items = [(epoch, b) for b in batches]
+    kw = {}
+    if workers > 0:
+        kw = {"prefetch_factor": max(1, prefetch), "multiprocessing_context": "fork"
+              if "fork" in torch.multiprocessing.get_all_start_methods() else None}
+    dl = torch.utils.data.DataLoader(dataset, sampler=items, batch_size=None, num_workers=workers,
+                                     pin_memory=pin_memory, collate_fn=_identity, **kw)
+    for (images, labels, bad), ids in zip(dl, batches):
+        yield images, labels, len(ids), int(bad.sum())
+
+
+__all__ = ["PilBatches", "iterate", "resize_into", "decode_region", "image_size"]

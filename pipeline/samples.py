@@ -1,0 +1,290 @@
+"""Random access to the samples of one split, by global position, out of mmap'd tars.
+
+The ``.idx`` files give each member's data offset and size, so a sample is read with
+two slices of a memory map: no tar scanning, no per-sample Python objects kept around.
+Bookkeeping is a handful of flat numpy arrays (``BYTES_PER_SAMPLE`` bytes per sample).
+
+A cheap structural guard (:func:`image_size`) reads the image header: JPEG SOI, a frame
+header and EOI; PNG signature, IHDR and IEND. It yields the stored width and height
+(which the crop parameters need before decoding) and rejects truncated or foreign bytes
+without decoding them.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .fsutil import PathLike
+from .index import IdxFormatError, IDX_VERSION, split_key
+from .manifest import Manifest, check_shards, idx_path
+
+#: component names (case-insensitive) read as the image, in order of preference
+IMAGE_EXTS = ("jpg", "jpeg", "png")
+KIND_NONE, KIND_JPEG, KIND_PNG = 0, 1, 2
+_KIND = {"jpg": KIND_JPEG, "jpeg": KIND_JPEG, "png": KIND_PNG}
+
+#: bytes of index arrays per sample: img offset (8) + size (4) + cls offset (8) + cls size (2)
+#: + kind (1) [+ json offset (8) + size (4) when ``with_json``]
+BYTES_PER_SAMPLE = 23
+
+_PNG_SIG = b"\x89PNG\r\n\x1a\n"
+# JPEG start-of-frame markers carry the image size; C4 (DHT), C8 (JPG), CC (DAC) do not.
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def _parse_idx(path: Path, with_json: bool):
+    """Fast ``.idx`` parse into per-sample arrays (no per-component objects)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.readline().split()
+            lines = f.read().split(b"\n")
+    except OSError as e:
+        raise IdxFormatError(f"cannot read index {path}: {e.strerror}") from None
+    if len(head) != 2 or head[0] != IDX_VERSION.encode() or not head[1].isdigit():
+        raise IdxFormatError(f"index {path}: first line should be '{IDX_VERSION} <count>'")
+    if lines and not lines[-1]:
+        lines.pop()
+    n = len(lines)
+    if n != int(head[1]):
+        raise IdxFormatError(f"index {path} declares {int(head[1])} samples but lists {n}")
+    img_off = np.zeros(n, np.int64)
+    img_size = np.zeros(n, np.uint32)
+    cls_off = np.zeros(n, np.int64)
+    cls_size = np.zeros(n, np.uint16)
+    kind = np.zeros(n, np.uint8)
+    js_off = np.zeros(n, np.int64) if with_json else None
+    js_size = np.zeros(n, np.uint32) if with_json else None
+    for i, line in enumerate(lines):
+        fields = line.split()
+        if not fields or len(fields) % 4:
+            raise IdxFormatError(f"index {path} line {i + 2}: expected groups of 'ext offset size name'")
+        try:
+            for j in range(0, len(fields), 4):
+                ext = fields[j].decode().lower()
+                if ext in _KIND and not kind[i]:
+                    kind[i] = _KIND[ext]
+                    img_off[i] = int(fields[j + 1])
+                    img_size[i] = int(fields[j + 2])
+                elif ext == "cls":
+                    cls_off[i] = int(fields[j + 1])
+                    cls_size[i] = min(int(fields[j + 2]), 65535)
+                elif with_json and ext == "json":
+                    js_off[i] = int(fields[j + 1])
+                    js_size[i] = int(fields[j + 2])
+        except ValueError:
+            raise IdxFormatError(f"index {path} line {i + 2}: offset/size are not integers") from None
+    return img_off, img_size, cls_off, cls_size, kind, js_off, js_size
+
+
+def image_size(buf, start: int = 0, size: Optional[int] = None) -> Optional[tuple[int, int]]:
+    """``(width, height)`` of a JPEG or PNG in ``buf[start:start+size]``, or ``None`` when
+    the bytes are not a structurally complete JPEG/PNG (truncated, foreign, empty).
+
+    Reads only the headers (and the last bytes for the end marker): microseconds.
+    """
+    end = len(buf) if size is None else start + size
+    if end - start < 24:
+        return None
+    if buf[start] == 0xFF and buf[start + 1] == 0xD8:
+        # EOI must end the data (allow trailing padding some writers add)
+        tail = bytes(buf[max(start, end - 64):end])
+        if b"\xff\xd9" not in tail:
+            return None
+        pos = start + 2
+        while pos + 9 <= end:
+            if buf[pos] != 0xFF:
+                return None
+            marker = buf[pos + 1]
+            if marker == 0xFF:  # fill byte
+                pos += 1
+                continue
+            if marker in _SOF:
+                h, w = struct.unpack_from(">HH", buf, pos + 5)
+                return (w, h) if w and h else None
+            if marker == 0xD8 or 0xD0 <= marker <= 0xD7 or marker == 0x01:
+                pos += 2  # markers without a length
+                continue
+            if marker in (0xD9, 0xDA):  # EOI or scan data before any frame header
+                return None
+            (seglen,) = struct.unpack_from(">H", buf, pos + 2)
+            pos += 2 + seglen
+        return None
+    if bytes(buf[start:start + 8]) == _PNG_SIG and bytes(buf[start + 12:start + 16]) == b"IHDR":
+        if b"IEND" not in bytes(buf[max(start, end - 16):end]):
+            return None
+        w, h = struct.unpack_from(">II", buf, start + 16)
+        return (w, h) if w and h else None
+    return None
+
+
+class SampleIndex:
+    """All samples of a split, addressable by global position ``0 .. len-1``.
+
+    Args:
+        split_dir: a directory with ``stoker.json``, the shards and their ``.idx`` files.
+        manifest: the loaded manifest (loaded from ``split_dir`` when ``None``).
+        with_json: also index the ``json`` component (for :meth:`meta`).
+
+    Samples with no image (``jpg``/``jpeg``/``png``) or no ``cls`` component, and those
+    listed in the manifest's ``pack["skip"]`` (global positions or keys, as written by
+    ``stoker index`` for undecodable samples of foreign shards), are marked invalid:
+    :attr:`valid` holds the positions the loader draws from, :attr:`num_skipped` counts
+    the rest.
+    """
+
+    def __init__(self, split_dir: PathLike, manifest: Optional[Manifest] = None, *, with_json: bool = False):
+        self.split_dir = Path(split_dir)
+        self.manifest = manifest if manifest is not None else Manifest.load(self.split_dir)
+        self.with_json = with_json
+        self.shard_names = [s.name for s in self.manifest.shards]
+        parts = [_parse_idx(idx_path(self.split_dir / name), with_json) for name in self.shard_names]
+        for name, part, info in zip(self.shard_names, parts, self.manifest.shards):
+            if len(part[0]) != info.num_samples:
+                raise IdxFormatError(
+                    f"index of shard {self.split_dir / name} lists {len(part[0])} samples, "
+                    f"manifest says {info.num_samples}")
+        cat = lambda k, dt: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, dt)  # noqa: E731
+        self.img_off = cat(0, np.int64)
+        self.img_size = cat(1, np.uint32)
+        self.cls_off = cat(2, np.int64)
+        self.cls_size = cat(3, np.uint16)
+        self.kind = cat(4, np.uint8)
+        self.json_off = cat(5, np.int64) if with_json else None
+        self.json_size = cat(6, np.uint32) if with_json else None
+        counts = np.array([len(p[0]) for p in parts], np.int64)
+        #: global position where each shard starts (plus the total at the end)
+        self.shard_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        bad = (self.kind == KIND_NONE) | (self.cls_size == 0)
+        bad |= self._manifest_skips()
+        self.num_skipped = int(bad.sum())
+        #: positions the loader draws from (``arange(len)`` when nothing is skipped)
+        self.valid = np.flatnonzero(~bad).astype(np.int64)
+        self._maps: dict[int, mmap.mmap] = {}
+
+    def _manifest_skips(self) -> np.ndarray:
+        mask = np.zeros(len(self), bool)
+        skip = self.manifest.pack.get("skip") or []
+        ints = [s for s in skip if isinstance(s, int)]
+        keys = {s for s in skip if isinstance(s, str)}
+        if ints:
+            a = np.asarray(ints, np.int64)
+            mask[a[(a >= 0) & (a < len(self))]] = True
+        for i in range(len(self)) if keys else ():
+            if self.key(i) in keys:
+                mask[i] = True
+        return mask
+
+    def __len__(self) -> int:
+        return int(self.shard_start[-1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the per-sample arrays (the bookkeeping bound in the docs)."""
+        arrays = [self.img_off, self.img_size, self.cls_off, self.cls_size, self.kind, self.valid]
+        if self.with_json:
+            arrays += [self.json_off, self.json_size]
+        return sum(a.nbytes for a in arrays)
+
+    # pickling (DataLoader workers with the spawn start method): maps are reopened lazily
+    def __getstate__(self):
+        d = self.__dict__.copy()
+        d["_maps"] = {}
+        return d
+
+    def shard_of(self, i: int) -> int:
+        return int(np.searchsorted(self.shard_start, i, side="right") - 1)
+
+    def shard_path(self, i: int) -> Path:
+        return self.split_dir / self.shard_names[self.shard_of(i)]
+
+    def _map(self, shard: int) -> mmap.mmap:
+        m = self._maps.get(shard)
+        if m is None:
+            with open(self.split_dir / self.shard_names[shard], "rb") as f:
+                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if hasattr(mmap, "MADV_RANDOM"):
+                m.madvise(mmap.MADV_RANDOM)  # samples are read out of order
+            self._maps[shard] = m
+        return m
+
+    def image(self, i: int) -> np.ndarray:
+        """The encoded image bytes of sample ``i`` as a zero-copy uint8 view of the map."""
+        m = self._map(self.shard_of(i))
+        return np.frombuffer(m, np.uint8, int(self.img_size[i]), int(self.img_off[i]))
+
+    def images(self, idx: np.ndarray) -> tuple[list, np.ndarray]:
+        """Encoded views and ``(width, height)`` for many samples; ``wh`` is ``(0, 0)`` for a
+        sample that fails the structural guard."""
+        shards = np.searchsorted(self.shard_start, idx, side="right") - 1
+        out, wh = [], np.zeros((len(idx), 2), np.int64)
+        for k, (i, s) in enumerate(zip(idx.tolist(), shards.tolist())):
+            m = self._maps.get(s) or self._map(s)
+            off, size = int(self.img_off[i]), int(self.img_size[i])
+            dims = image_size(m, off, size)
+            if dims is not None:
+                wh[k] = dims
+            out.append(np.frombuffer(m, np.uint8, size, off))
+        return out, wh
+
+    def label(self, i: int) -> int:
+        m = self._map(self.shard_of(i))
+        off = int(self.cls_off[i])
+        return int(m[off:off + int(self.cls_size[i])])
+
+    def labels(self, idx: np.ndarray) -> np.ndarray:
+        shards = np.searchsorted(self.shard_start, idx, side="right") - 1
+        out = np.empty(len(idx), np.int64)
+        for k, (i, s) in enumerate(zip(idx.tolist(), shards.tolist())):
+            m = self._maps.get(s) or self._map(s)
+            off = int(self.cls_off[i])
+            out[k] = int(m[off:off + int(self.cls_size[i])])
+        return out
+
+    def key(self, i: int) -> str:
+        """The WebDataset key, read from the image member's tar header (512 bytes before it)."""
+        m = self._map(self.shard_of(i))
+        off = int(self.img_off[i] if self.kind[i] else self.cls_off[i]) - 512
+        raw = m[off:off + 100].split(b"\0", 1)[0]
+        prefix = m[off + 345:off + 500].split(b"\0", 1)[0]  # ustar prefix field
+        name = (prefix + b"/" + raw if prefix else raw).decode("utf-8", "replace")
+        return split_key(name)[0]
+
+    def meta(self, i: int) -> bytes:
+        """The raw ``json`` component (``b""`` when absent); needs ``with_json=True``."""
+        if not self.with_json:
+            raise ValueError("meta() needs SampleIndex(..., with_json=True)")
+        m = self._map(self.shard_of(i))
+        off = int(self.json_off[i])
+        return bytes(m[off:off + int(self.json_size[i])])
+
+    def describe(self, i: int) -> str:
+        """``"shard-000001.tar key 000000017"``, for messages."""
+        return f"{self.shard_path(i)} key {self.key(i)}"
+
+    def close(self) -> None:
+        for m in self._maps.values():
+            try:
+                m.close()
+            except BufferError:  # a view handed out is still alive; the GC closes it
+                pass
+        self._maps.clear()
+
+
+def open_split(split_dir: PathLike, *, sha256: bool = False, with_json: bool = False) -> SampleIndex:
+    """Load the manifest, check every shard (size, ``.idx``; ``sha256`` optional) and index it.
+
+    Raises:
+        ManifestError: naming the first missing, truncated or corrupt shard.
+    """
+    split_dir = Path(split_dir)
+    manifest = Manifest.load(split_dir)
+    check_shards(split_dir, manifest, sha256=sha256)
+    return SampleIndex(split_dir, manifest, with_json=with_json)
+
+
+__all__ = ["SampleIndex", "open_split", "image_size", "BYTES_PER_SAMPLE", "IMAGE_EXTS"]
