@@ -91,6 +91,8 @@ def _to_cpu(obj: Any) -> Any:
         return [_to_cpu(v) for v in obj]
     if isinstance(obj, tuple):
         return tuple(_to_cpu(v) for v in obj)
+    if isinstance(obj, str) and type(obj) is not str:
+        return str(obj)  # e.g. torch.__version__ (TorchVersion): weights_only refuses the subclass
     return obj
 
 

@@ -460,7 +460,7 @@ class _Run:
             "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
             "warmup_steps": self.warmup_steps, "params": count_parameters(net),
             "has_val": self.val_loader is not None,
-            "torch": torch.__version__, "stoker": _stoker_version(),
+            "torch": str(torch.__version__), "stoker": _stoker_version(),
         }
 
         self.start_epoch, self.step, self.epoch_step = 0, 0, 0

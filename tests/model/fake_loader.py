@@ -7,6 +7,8 @@ and after a resume). Order comes from :mod:`stoker.pipeline.order`, like the rea
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any, Optional
 
 import torch
@@ -18,7 +20,8 @@ class FakeLoader:
     def __init__(self, path: str, *, batch_size: int, train: bool, crop: int, device: str = "cpu", seed: int = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None, backend: str = "auto",
                  threads: Optional[int] = None, drop_last: Optional[bool] = None, channels_last: bool = False,
-                 num_samples: int = 48, num_classes: int = 6) -> None:
+                 num_samples: int = 48, num_classes: int = 6, signal_at: Optional[int] = None,
+                 signum: int = signal.SIGTERM) -> None:
         self.path, self.batch_size, self.train, self.crop = path, batch_size, train, crop
         self.device, self.seed = torch.device(device), seed
         self.rank, self.world_size = rank or 0, world_size or 1
@@ -26,6 +29,8 @@ class FakeLoader:
         self.channels_last = channels_last
         self.num_samples, self.num_classes = num_samples, num_classes
         self.epoch, self.position = 0, 0  # position: batches already handed out this epoch
+        # Test hook: send ourselves `signum` when handing out the `signal_at`-th train batch (1-based, all epochs).
+        self.signal_at, self.signum, self.handed_out = signal_at, signum, 0
 
     def _indices(self):
         return rank_indices(self.num_samples, seed=self.seed, epoch=self.epoch, rank=self.rank,
@@ -52,6 +57,10 @@ class FakeLoader:
         while self.position < n:
             sel = idx[self.position * self.batch_size:(self.position + 1) * self.batch_size]
             self.position += 1
+            if self.train:
+                self.handed_out += 1
+                if self.handed_out == self.signal_at:
+                    os.kill(os.getpid(), self.signum)
             x = torch.stack([self.sample(i) for i in sel]).to(self.device)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)

@@ -1,0 +1,63 @@
+import pytest
+import torch
+from torchvision.transforms import Normalize as TVNormalize
+
+from stoker.model import IMAGENET_MEAN, IMAGENET_STD, Normalize, with_normalize
+from stoker.model.normalize import has_normalize
+
+
+def _batch(n=2, side=17, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, 3, side, side), dtype=torch.uint8, generator=g)
+
+
+def test_matches_torchvision_normalize():
+    x = _batch()
+    ours = Normalize()(x)
+    ref = TVNormalize(IMAGENET_MEAN, IMAGENET_STD)(x.float() / 255)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_custom_stats_and_buffers_follow_state_dict():
+    n = Normalize(mean=(0.5, 0.25, 0.0), std=(0.5, 0.5, 1.0))
+    x = _batch(side=5)
+    torch.testing.assert_close(n(x), TVNormalize((0.5, 0.25, 0.0), (0.5, 0.5, 1.0))(x.float() / 255))
+    sd = n.state_dict()
+    assert set(sd) == {"mean", "std"}
+    torch.testing.assert_close(sd["mean"].flatten(), torch.tensor([127.5, 63.75, 0.0]))
+
+
+def test_keeps_channels_last():
+    x = _batch(side=9).contiguous(memory_format=torch.channels_last)
+    y = Normalize()(x)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    assert not y.is_contiguous()
+
+
+def test_returns_autocast_dtype_under_autocast():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = Normalize()(_batch())
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), Normalize()(_batch()), rtol=1e-2, atol=1e-2)
+
+
+def test_with_normalize_takes_uint8():
+    net = torch.nn.Conv2d(3, 4, 1)
+    model = with_normalize(net)
+    assert has_normalize(model) and not has_normalize(net)
+    x = _batch()
+    torch.testing.assert_close(model(x), net(TVNormalize(IMAGENET_MEAN, IMAGENET_STD)(x.float() / 255)),
+                               rtol=1e-5, atol=1e-5)
+    assert "net.weight" in model.state_dict()
+
+
+@pytest.mark.parametrize("kw", [dict(std=(0.2, 0.0, 0.2)), dict(mean=(0.5, 0.5), std=(0.2, 0.2, 0.2))])
+def test_bad_stats_rejected(kw):
+    with pytest.raises(ValueError, match="std"):
+        Normalize(**kw)
+
+
+def test_wrong_channels_rejected():
+    with pytest.raises(ValueError, match="expects an N x 3"):
+        Normalize()(torch.zeros(1, 4, 2, 2, dtype=torch.uint8))
