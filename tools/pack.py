@@ -141,6 +141,18 @@ def _settings_identity(args, src: Path, source: Source, settings: Settings, shar
     }
 
 
+def _worker_init() -> None:
+    """Workers leave Ctrl-C to the main process and die with it, even on kill -9."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _sanitize_chunk(chunk: list[str], settings: Settings) -> list[Sanitized]:
     return [sanitize(path, settings) for path in chunk]
 
@@ -157,7 +169,7 @@ def _results(items: list[Item], settings: Settings, workers: int) -> Iterator[Sa
     import multiprocessing as mp
 
     fn = partial(_sanitize_chunk, settings=settings)
-    with mp.get_context("spawn" if sys.platform == "darwin" else "fork").Pool(workers) as pool:
+    with mp.get_context("spawn" if sys.platform == "darwin" else "fork").Pool(workers, _worker_init) as pool:
         pending: collections.deque = collections.deque()
         it = iter(chunks)
         for c in it:
