@@ -122,7 +122,7 @@ def _make_out(out: Path) -> None:
 def _settings_identity(args, src: Path, source: Source, settings: Settings, shard_size: int, parts: int) -> dict:
     """Everything that determines the bytes of the pack: equal dicts -> equal output."""
     return {
-        "format": 1,
+        "journal_format": 1,
         "stoker_version": __version__,
         "source": str(src.resolve()),
         "seed": args.seed,

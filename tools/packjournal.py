@@ -143,7 +143,7 @@ def merge(out: Path, *, pack_fields: Optional[dict] = None) -> dict[str, Any]:
         split_rejects = [tuple(x) for records in per_part for r in records for x in r.get("rejects", [])]
         rejects.extend(split_rejects)
         info = settings["splits"][split]
-        pack = {k: v for k, v in settings.items() if k not in ("splits", "classes")}
+        pack = {k: v for k, v in settings.items() if k not in ("splits", "classes", "journal_format")}
         pack.update(split=split, num_inputs=info["num_inputs"], rejected=len(split_rejects),
                     skipped=info["skipped"], **(pack_fields or {}))
         m = Manifest(num_samples=sum(s.num_samples for s in shards), classes=list(settings["classes"]),
