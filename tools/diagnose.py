@@ -230,13 +230,15 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
     ``speedup = min(stages after) / min(stages now)``. Measured when we measured the
     changed stage, an estimate otherwise (``measured: False`` and the basis).
     """
+    import torch
+
     now = min(stages.values())
     cands = []
 
-    def add(id_, stage, rate, title, action, basis, measured=True, note=None):
+    def add(id_, stage, rate, title, action, basis, measured=True, note=None, drops=()):
         if rate is None:
             return
-        after = dict(stages)
+        after = {k: v for k, v in stages.items() if k not in drops}
         after[stage] = rate
         cands.append({"id": id_, "stage": stage, "title": title, "action": action,
                       f"{stage}_images_per_s_after": rate, "est_speedup": min(after.values()) / now,
@@ -251,17 +253,17 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
     add("amp", "model", _rate(r), f"Train with AMP ({amp_flag})",
         f"with {autocast}: loss = loss_fn(model(x), y)" + (" + torch.amp.GradScaler" if amp_flag == "fp16" else "")
         + f"   |   stoker train --amp {amp_flag}",
-        f"model alone {_rate(r) or 0:,.0f} vs {m0:,.0f} img/s fp32 (measured)")
+        f"model alone {_rate(r) or 0:,.0f} vs {m0:,.0f} img/s fp32")
     r = model_r.get("channels_last", {})
     add("channels_last", "model", _rate(r), "Use channels_last memory format",
         "model = model.to(memory_format=torch.channels_last); Loader(..., channels_last=True)"
         "   |   stoker train --channels-last",
-        f"model alone {_rate(r) or 0:,.0f} vs {m0:,.0f} img/s (measured)")
+        f"model alone {_rate(r) or 0:,.0f} vs {m0:,.0f} img/s")
     r = model_r.get("amp_channels_last", {})
     if _rate(r) and _rate(r) > 1.05 * max(_rate(model_r.get("amp")) or 0, _rate(model_r.get("channels_last")) or 0):
         add("amp_channels_last", "model", _rate(r), f"AMP ({amp_flag}) and channels_last together",
             f"both changes above   |   stoker train --amp {amp_flag} --channels-last",
-            f"model alone {_rate(r):,.0f} vs {m0:,.0f} img/s (measured)")
+            f"model alone {_rate(r):,.0f} vs {m0:,.0f} img/s")
     r = model_r.get("fp32_batch_x2", {})
     if r.get("error"):
         cands.append({"id": "batch_size", "stage": "model", "title": f"Batch size {2 * batch_size}",
@@ -271,7 +273,7 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
         add("batch_size", "model", _rate(r), f"Batch size {2 * batch_size} (from {batch_size})",
             f"Loader(..., batch_size={2 * batch_size}) and scale the learning rate by 2"
             f"   |   stoker train --batch-size {2 * batch_size}",
-            f"model alone {_rate(r) or 0:,.0f} vs {m0:,.0f} img/s at batch {batch_size} (measured)")
+            f"model alone {_rate(r) or 0:,.0f} vs {m0:,.0f} img/s at batch {batch_size}")
     if audit.flatten_head and audit.dominant is not None:
         d = audit.dominant
         share = d.flop_share or 0.0
@@ -287,10 +289,13 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
 
     # Loader side: measured alternatives, then estimates handed in by the caller.
     for alt in alt_r:
-        basis = f"loader alone {alt['result']['images_per_s']:,.0f} vs {stages['loader']:,.0f} img/s (measured)"
+        basis = f"loader alone {alt['result']['images_per_s']:,.0f} vs {stages['loader']:,.0f} img/s"
         if alt.get("basis_note"):
             basis += f"; {alt['basis_note']}"
-        add(alt["id"], "loader", alt["result"]["images_per_s"], alt["title"], alt["action"], basis)
+        # A loader that yields on the model's device takes the bus out of the pipeline.
+        on_device = torch.device(alt["result"]["device"]).type == device.type
+        add(alt["id"], "loader", alt["result"]["images_per_s"], alt["title"], alt["action"], basis,
+            drops=("transfer",) if on_device else ())
     for h in hints:
         add(h["id"], "loader", stages["loader"] * h["est_loader_speedup"], h["title"], h["action"], h["basis"],
             measured=False)
@@ -301,7 +306,7 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
             "model = stoker.model.with_normalize(model); stop ToTensor()/Normalize() in the loader "
             "(stoker's Loader yields uint8 on the device)",
             f"host→device copy {transfer['uint8_images_per_s']:,.0f} img/s uint8 vs "
-            f"{transfer['float32_images_per_s']:,.0f} img/s float32 (measured)")
+            f"{transfer['float32_images_per_s']:,.0f} img/s float32")
 
     helping = [c for c in cands if c["est_speedup"] is not None and c["est_speedup"] >= 1.02]
     others = [c for c in cands if c not in helping]
@@ -342,10 +347,11 @@ def format_report(rep: dict) -> str:
             lines.append(f"  {k}: {val}")
     lines.append("")
     lines.append("measured (images/s)")
-    lines.append(f"  loader alone            {_f(ld['images_per_s']):>9}   ({ld['batches']} batches, "
+    lines.append(f"  {'loader alone':<30}{_f(ld['images_per_s']):>9}   ({ld['batches']} batches, "
                  f"{ld['dtype']} {'x'.join(map(str, ld['batch_shape']))} on {ld['device']})")
     for alt in rep.get("loader_alternatives", []):
-        lines.append(f"  loader: {alt['title'][:40]:<40} {_f(alt['result']['images_per_s']):>9}")
+        lines.append(f"  {'loader: ' + alt['title']:<30}{_f(alt['result']['images_per_s']):>9}   "
+                     f"({alt['result']['batches']} batches)")
     names = {"fp32": "model alone, fp32", "amp": f"model alone, AMP {s.get('amp_measured') or ''}",
              "channels_last": "model alone, channels_last",
              "amp_channels_last": "model alone, AMP + ch_last", "fp32_batch_x2": "model alone, fp32, 2x batch"}
@@ -354,12 +360,12 @@ def format_report(rep: dict) -> str:
         if r is None:
             continue
         if r.get("images_per_s") is not None:
-            lines.append(f"  {label:<24}{_f(r['images_per_s']):>9}   ({r['steps']} steps)")
+            lines.append(f"  {label:<30}{_f(r['images_per_s']):>9}   ({r['steps']} step{'s' if r['steps'] != 1 else ''})")
         elif r.get("error"):
-            lines.append(f"  {label:<24}{'-':>9}   {r['error']}")
+            lines.append(f"  {label:<30}{'-':>9}   {r['error']}")
         else:
-            lines.append(f"  {label:<24}{'-':>9}   {r.get('why', '')}")
-    lines.append(f"  end to end              {_f(e2e['images_per_s']):>9}   data wait {e2e['data_wait_fraction']:.0%} "
+            lines.append(f"  {label:<30}{'-':>9}   {r.get('why', '')}")
+    lines.append(f"  {'end to end, loader + model':<30}{_f(e2e['images_per_s']):>9}   data wait {e2e['data_wait_fraction']:.0%} "
                  f"of {e2e['seconds']:.1f} s")
     lines.append(f"  host→device per batch: {tr['bytes_uint8'] / 1e6:,.1f} MB as uint8, "
                  f"{tr['bytes_float32'] / 1e6:,.1f} MB as float32"
@@ -401,7 +407,7 @@ def format_report(rep: dict) -> str:
         lines.append(f"no gain now (the {v['bound']} bounds training, or the change is slower)")
         for c in rep["not_helping"]:
             sp = c.get("stage_speedup")
-            lines.append(f"  - {c['title']}: {c['stage']} {'x' + format(sp, '.2f') if sp else ''} "
+            lines.append(f"  - {c['title']}: {c['stage']} stage {format(sp, '.2f') + 'x' if sp else '?'} "
                          f"({c['basis']})" + (f"; {c['note']}" if c.get("note") else ""))
     return "\n".join(lines)
 
@@ -549,21 +555,17 @@ def torchvision_loader(root: Path, *, batch_size: int, crop: int, workers: int, 
 
 
 def _quick_pack(root: Path, n: int, tmp: Path, seed: int = 0) -> Path:
-    """Pack ``n`` images of ImageFolder ``root`` (the same share of every class) into ``tmp``; return OUT/train."""
+    """Pack ``n`` random images of ImageFolder ``root`` (symlinked into ``tmp``) with the
+    default settings; return the packed split folder."""
     import random
 
     from . import cli
 
-    classes = sorted(d for d in root.iterdir() if d.is_dir())
-    files = {c: sorted(f for f in c.iterdir() if f.suffix.lower() in IMAGE_EXTS) for c in classes}
-    total = sum(len(v) for v in files.values())
-    rng = random.Random(seed)
+    files = sorted(f for c in root.iterdir() if c.is_dir() for f in c.iterdir() if f.suffix.lower() in IMAGE_EXTS)
     src = tmp / "src"
-    for c, fs in files.items():
-        k = max(1, round(n * len(fs) / total)) if fs else 0
-        (src / c.name).mkdir(parents=True)
-        for f in rng.sample(fs, min(k, len(fs))):
-            (src / c.name / f.name).symlink_to(f.resolve())
+    for f in random.Random(seed).sample(files, min(n, len(files))):
+        (src / f.parent.name).mkdir(parents=True, exist_ok=True)
+        (src / f.parent.name / f.name).symlink_to(f.resolve())
     rc = cli.main(["pack", str(src), str(tmp / "out"), "-q"])
     if rc not in (0, None):
         raise UsageError(f"packing a sample of {root} failed (exit {rc}); try `stoker pack` on it directly")

@@ -35,10 +35,17 @@ def _batches(loader: Iterable):
     while True:
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
+        inner = iter(loader)
         n = 0
-        for batch in loader:
-            n += 1
-            yield batch
+        try:
+            for batch in inner:
+                n += 1
+                yield batch
+        finally:
+            # Stopped mid-epoch (generator closed): let the loader's iterator shut down now,
+            # before the next measurement starts a new one.
+            if hasattr(inner, "close"):
+                inner.close()
         if n == 0:
             raise ValueError("the loader yielded no batch (fewer samples than one batch with drop_last?)")
         epoch += 1
@@ -77,6 +84,7 @@ def measure_loader(loader: Iterable, *, seconds: float = 5.0, warmup_batches: in
     if isinstance(x, torch.Tensor):
         _sync(x.device)
     elapsed = time.perf_counter() - t0
+    it.close()
     return {"images_per_s": images / elapsed, "batches": batches, "images": images, "seconds": elapsed,
             "batch_shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""), "device": str(x.device)}
 
@@ -218,6 +226,7 @@ def measure_end_to_end(loader: Iterable, model: nn.Module, *, device, amp: Optio
         _sync(device)
         elapsed = time.perf_counter() - t0
     finally:
+        it.close()
         step.restore()
     return {"images_per_s": images_n / elapsed, "steps": steps, "images": images_n, "seconds": elapsed,
             "data_wait_s": wait, "data_wait_fraction": wait / elapsed, "amp": amp or "off",

@@ -159,6 +159,13 @@ def test_uint8_transfer_step_when_float_batches_cross_the_bus():
     steps, _ = _next_steps({"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
                            {"fp32": {"images_per_s": 3000.0}}, transfer, audit, 64, torch.device("cuda"), None, [], [])
     assert steps[0]["id"] == "uint8_transfer" and steps[0]["est_speedup"] == pytest.approx(2.0)
+    # stoker's Loader yields uint8 already on the GPU: no bus stage left, the model bounds.
+    alt = [{"id": "pack", "title": "stoker pack", "action": "stoker pack SRC OUT",
+            "result": {"images_per_s": 5000.0, "device": "cuda:0"}}]
+    steps, _ = _next_steps({"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
+                           {"fp32": {"images_per_s": 3000.0}}, transfer, audit, 64, torch.device("cuda"), None, alt, [])
+    assert [s["id"] for s in steps] == ["pack", "uint8_transfer"]
+    assert steps[0]["est_speedup"] == pytest.approx(3.0) and steps[0]["measured"]
 
 
 @pytest.mark.parametrize("kw", [dict(amp="fp8"), dict(channels_last="yes"), dict(seconds=0), dict(batch_size=0)])
