@@ -1,10 +1,10 @@
-"""Benchmark ``stoker pack`` against a plain packing loop on the same images.
+"""Benchmark stoker pack against a plain packing loop on the same images.
 
 The plain loop is what a stock script does: webdataset's ShardWriter fed by
-Pillow (``Image.open``, ``convert("RGB")``, ``resize`` to the same short side with
-the same bicubic filter, ``save`` as JPEG at the same quality, no draft mode),
+Pillow (Image.open, convert("RGB"), resize to the same short side with
+the same bicubic filter, save as JPEG at the same quality, no draft mode),
 parallelized the same way (a process pool, ordered results). stoker runs with
-``--reencode`` so both sides decode, resize and encode every image: equal work.
+--reencode so both sides decode, resize and encode every image: equal work.
 Each worker count from 1 to N is run side by side, and the table reports images/s,
 images/s per worker, the stoker/plain ratio and the scaling over 1 worker.
 

@@ -1,12 +1,12 @@
-"""Make foreign WebDataset shards loadable by stoker: write a DALI ``.idx`` next to
-each tar and a ``stoker.json`` in their folder.
+"""Make foreign WebDataset shards loadable by stoker: write a DALI .idx next to
+each tar and a stoker.json in their folder.
 
 Works on tars written by webdataset's ShardWriter/TarWriter, GNU tar, or anything
 with WebDataset's key rule (members sharing a name up to the first dot form one
-sample). Keys can be anything; images may be ``jpg``, ``jpeg``, ``png`` or ``webp``;
-labels come from ``cls`` members (integers as text). Unless ``--no-check``, every
+sample). Keys can be anything; images may be jpg, jpeg, png or webp;
+labels come from cls members (integers as text). Unless --no-check, every
 image is decoded once and samples that do not decode, or lack an image or a
-label, are listed in the manifest under ``pack.skip`` as ``[shard, index]`` so the
+label, are listed in the manifest under pack.skip as [shard, index] so the
 loader leaves them out.
 
 examples:

@@ -1,10 +1,10 @@
-"""Pack an image folder (or a CSV/TSV of ``path,label``) into WebDataset tar shards.
+"""Pack an image folder (or a CSV/TSV of path,label) into WebDataset tar shards.
 
 SRC is an ImageFolder tree (one subfolder per class, class index = sorted folder
-name, symlinks followed), a tree with ``train/`` and ``val/`` subtrees, or a
-CSV/TSV of ``path,label`` rows (paths relative to the CSV's folder). OUT gets
-``train/`` (and ``val/``): shards ``train-000000.tar`` with one DALI ``.idx`` each
-and a ``stoker.json`` manifest, plus ``rejects.jsonl`` listing inputs that could
+name, symlinks followed), a tree with train/ and val/ subtrees, or a
+CSV/TSV of path,label rows (paths relative to the CSV's folder). OUT gets
+train/ (and val/): shards train-000000.tar with one DALI .idx each
+and a stoker.json manifest, plus rejects.jsonl listing inputs that could
 not be packed. Every image is checked and, unless it is already a baseline RGB
 JPEG within the size limits, decoded, turned upright and RGB, resized down and
 re-encoded, so every sample decodes in DALI.

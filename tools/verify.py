@@ -1,6 +1,6 @@
-"""Check packed shards against their ``stoker.json``: size and sha256 of every shard,
-tar integrity, ``.idx`` equal to a fresh scan of the tar, labels in range, and
-every image decoding as RGB (or ``--sample K`` random images per split).
+"""Check packed shards against their stoker.json: size and sha256 of every shard,
+tar integrity, .idx equal to a fresh scan of the tar, labels in range, and
+every image decoding as RGB (or --sample K random images per split).
 
 DIR is a pack's OUT (all its splits) or one split folder. Prints one table row per
 shard and exits 1 naming the shard and sample of every problem found.
