@@ -35,8 +35,7 @@ from typing import Iterator, Optional
 from stoker import __version__
 
 from .errors import CheckFailed, UsageError
-from .packjournal import (Journal, claim, is_merged, journal_path, merge, part_status, read_settings,
-                          shard_name, shard_record, state_dir)
+from .packjournal import Journal, claim, is_merged, journal_path, merge, part_status, shard_name, shard_record
 from .packsource import Item, Source, part_range, scan
 from .sanitize import PIL_MAX_PIXELS, Sanitized, Settings, sanitize
 
@@ -160,15 +159,14 @@ def _sanitize_chunk(chunk: list[str], settings: Settings) -> list[Sanitized]:
 def _results(items: list[Item], settings: Settings, workers: int) -> Iterator[Sanitized]:
     """Sanitize ``items`` in order. With workers > 1, a bounded window of chunks is in
     flight in a process pool, so memory stays flat however long the list."""
-    paths = [it.path for it in items]
-    chunks = [paths[i:i + CHUNK] for i in range(0, len(paths), CHUNK)]
     if workers <= 1:  # one at a time: a shard is written as soon as its images are ready
-        for path in paths:
-            yield sanitize(path, settings)
+        for it in items:
+            yield sanitize(it.path, settings)
         return
     import multiprocessing as mp
 
     fn = partial(_sanitize_chunk, settings=settings)
+    chunks = ([it.path for it in items[i:i + CHUNK]] for i in range(0, len(items), CHUNK))
     with mp.get_context("spawn" if sys.platform == "darwin" else "fork").Pool(workers, _worker_init) as pool:
         pending: collections.deque = collections.deque()
         it = iter(chunks)
@@ -242,7 +240,7 @@ def pack_part(out: Path, split: str, items: list[Item], classes: list[str], *, s
                     len(writer) >= samples_per_shard if samples_per_shard
                     else writer.bytes_written + _sample_bytes(comps) + 1024 > shard_size):
                 close(i)
-            if writer is None:
+            if writer is None:  # entered and exited by hand: shards roll over mid-loop
                 writer = ShardWriter(out / split / shard_name(split, nshards, part, parts)).__enter__()
             writer.write(f"{i:09d}", comps)
             stats["packed"] += 1
@@ -332,5 +330,3 @@ def _strict(args, totals: dict) -> int:
         raise CheckFailed(f"{rejected} input(s) rejected (--strict); see rejects.jsonl")
     return 0
 
-
-__all__ = ["main", "add_arguments", "HELP", "pack_part", "parse_size", "parse_part", "read_settings", "state_dir"]

@@ -1,5 +1,4 @@
 import io
-import json
 import shutil
 import subprocess
 import sys

@@ -1,5 +1,4 @@
 import hashlib
-import io
 import json
 import os
 import shutil

@@ -1,4 +1,3 @@
-import json
 from pathlib import Path
 
 from stoker.pipeline.index import read_idx
