@@ -156,29 +156,46 @@ def _sanitize_chunk(chunk: list[str], settings: Settings) -> list[Sanitized]:
     return [sanitize(path, settings) for path in chunk]
 
 
-def _results(items: list[Item], settings: Settings, workers: int) -> Iterator[Sanitized]:
-    """Sanitize ``items`` in order. With workers > 1, a bounded window of chunks is in
-    flight in a process pool, so memory stays flat however long the list."""
-    if workers <= 1:  # one at a time: a shard is written as soon as its images are ready
-        for it in items:
-            yield sanitize(it.path, settings)
-        return
-    import multiprocessing as mp
+class _Sanitizer:
+    """Sanitizes items in order: in this process (workers=1), or in a process pool with
+    a bounded window of chunks in flight, so memory stays flat however long the list.
 
-    fn = partial(_sanitize_chunk, settings=settings)
-    chunks = ([it.path for it in items[i:i + CHUNK]] for i in range(0, len(items), CHUNK))
-    with mp.get_context("spawn" if sys.platform == "darwin" else "fork").Pool(workers, _worker_init) as pool:
+    The pool is forked on ``__enter__``, before the progress bar starts its thread.
+    """
+
+    def __init__(self, settings: Settings, workers: int):
+        self.settings, self.workers, self.pool = settings, workers, None
+
+    def __enter__(self) -> "_Sanitizer":
+        if self.workers > 1:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("spawn" if sys.platform == "darwin" else "fork")
+            self.pool = ctx.Pool(self.workers, _worker_init)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+    def results(self, items: list[Item]) -> Iterator[Sanitized]:
+        if self.pool is None:  # one at a time: a shard is written as soon as its images are ready
+            for it in items:
+                yield sanitize(it.path, self.settings)
+            return
+        fn = partial(_sanitize_chunk, settings=self.settings)
+        chunks = ([it.path for it in items[i:i + CHUNK]] for i in range(0, len(items), CHUNK))
         pending: collections.deque = collections.deque()
-        it = iter(chunks)
-        for c in it:
-            pending.append(pool.apply_async(fn, (c,)))
-            if len(pending) >= 4 * workers:
+        for c in chunks:
+            pending.append(self.pool.apply_async(fn, (c,)))
+            if len(pending) >= 4 * self.workers:
                 break
         while pending:
             res = pending.popleft().get()
-            nxt = next(it, None)
+            nxt = next(chunks, None)
             if nxt is not None:
-                pending.append(pool.apply_async(fn, (nxt,)))
+                pending.append(self.pool.apply_async(fn, (nxt,)))
             yield from res
 
 
@@ -208,12 +225,11 @@ def pack_part(out: Path, split: str, items: list[Item], classes: list[str], *, s
     stats = {"packed": 0, "rejected": 0, "copied": 0, "shards": 0, "bytes": 0}
     if done:
         return stats
-    bar = tqdm(total=end - start, initial=pos - start, desc=f"{split}" + (f" {part}/{parts}" if parts > 1 else ""),
-               unit="img", file=sys.stderr, disable=None if progress else True, smoothing=0.05, dynamic_ncols=True)
     writer: Optional[ShardWriter] = None
     rejects: list[tuple[str, str]] = []
 
     def close(end_pos: int) -> None:
+        """Finish the open shard (if any) and journal it with the rejects of its range."""
         nonlocal writer, nshards, rejects
         info = None
         if writer is not None:
@@ -226,34 +242,36 @@ def pack_part(out: Path, split: str, items: list[Item], classes: list[str], *, s
         journal.append(shard_record(info, end_pos, rejects))
         rejects = []
 
-    try:
-        for i, res in enumerate(_results(items[pos:end], settings, workers), start=pos):
-            it = items[i]
-            bar.update(1)
-            if res.jpg is None:
-                rejects.append((it.rel, res.reason))
-                stats["rejected"] += 1
-                continue
-            meta = {"path": it.rel, "width": res.width, "height": res.height, "class": classes[it.label]}
-            comps = {"cls": str(it.label).encode(), "jpg": res.jpg, "json": json.dumps(meta).encode()}
-            if writer is not None and (
-                    len(writer) >= samples_per_shard if samples_per_shard
-                    else writer.bytes_written + _sample_bytes(comps) + 1024 > shard_size):
-                close(i)
-            if writer is None:  # entered and exited by hand: shards roll over mid-loop
-                writer = ShardWriter(out / split / shard_name(split, nshards, part, parts)).__enter__()
-            writer.write(f"{i:09d}", comps)
-            stats["packed"] += 1
-            stats["copied"] += res.copied
-        if writer is not None or rejects:
-            close(end)
-        journal.append({"done": True, "end": end})
-    except BaseException:
-        if writer is not None:  # leave no half shard under a .tmp name
-            writer.__exit__(*sys.exc_info())
-        raise
-    finally:
-        bar.close()
+    desc = split + (f" {part}/{parts}" if parts > 1 else "")
+    with _Sanitizer(settings, workers) as sanitizer, tqdm(
+            total=end - start, initial=pos - start, desc=desc, unit="img", file=sys.stderr,
+            disable=None if progress else True, smoothing=0.05, dynamic_ncols=True) as bar:
+        try:
+            for i, res in enumerate(sanitizer.results(items[pos:end]), start=pos):
+                it = items[i]
+                bar.update(1)
+                if res.jpg is None:
+                    rejects.append((it.rel, res.reason))
+                    stats["rejected"] += 1
+                    continue
+                meta = {"path": it.rel, "width": res.width, "height": res.height, "class": classes[it.label]}
+                comps = {"cls": str(it.label).encode(), "jpg": res.jpg, "json": json.dumps(meta).encode()}
+                if writer is not None and (
+                        len(writer) >= samples_per_shard if samples_per_shard
+                        else writer.bytes_written + _sample_bytes(comps) + 1024 > shard_size):
+                    close(i)
+                if writer is None:  # entered and exited by hand: shards roll over mid-loop
+                    writer = ShardWriter(out / split / shard_name(split, nshards, part, parts)).__enter__()
+                writer.write(f"{i:09d}", comps)
+                stats["packed"] += 1
+                stats["copied"] += res.copied
+            if writer is not None or rejects:
+                close(end)
+            journal.append({"done": True, "end": end})
+        except BaseException:
+            if writer is not None:  # leave no half shard under a .tmp name
+                writer.__exit__(*sys.exc_info())
+            raise
     return stats
 
 
