@@ -17,6 +17,8 @@ examples:
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import os
 import sys
 import tarfile
@@ -39,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--classes", metavar="NAMES",
                    help="class names: comma-separated, or @FILE with one per line (default: '0'..'max cls')")
     p.add_argument("--no-check", action="store_true", help="do not decode the images (faster; nothing is skipped)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes indexing shards in parallel")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
@@ -76,48 +79,78 @@ def _class_names(spec: str | None) -> list[str] | None:
     return names
 
 
+def index_one(tar: str, check: bool) -> dict:
+    """Write ``tar``'s .idx and return what the manifest needs: its ShardInfo, the
+    samples to skip as ``(index, reason)``, image extensions seen, the largest label."""
+    tar_path = Path(tar)
+    try:
+        samples = scan_tar(tar_path)
+    except (tarfile.TarError, OSError) as e:
+        return {"error": f"{tar} is not a readable tar: {e}"}
+    write_idx(idx_path(tar_path), samples)
+    skips: list[tuple[int, str]] = []
+    exts: set[str] = set()
+    max_label = -1
+    with open(tar_path, "rb") as f:
+        for i, sample in enumerate(samples):
+            comps = {c.ext: c for c in sample}
+            img = next((comps[e] for e in IMAGE_EXTS if e in comps), None)
+            why = None
+            if img is None:
+                why = "no image"
+            elif "cls" not in comps:
+                why = "no cls label"
+            else:
+                exts.add(img.ext)
+                f.seek(comps["cls"].offset)
+                raw = f.read(comps["cls"].size).strip()
+                if not raw.isdigit():
+                    why = "cls is not an integer"
+                else:
+                    max_label = max(max_label, int(raw))
+                    if check:
+                        f.seek(img.offset)
+                        if decode_check(f.read(img.size), require_rgb=False):
+                            why = "image does not decode"
+            if why:
+                skips.append((i, why))
+    info = ShardInfo(tar_path.name, len(samples), os.path.getsize(tar_path), sha256_file(tar_path))
+    return {"info": info, "skips": skips, "exts": exts, "max_label": max_label}
+
+
+def _index_job(job: tuple[str, bool]) -> dict:
+    return index_one(*job)
+
+
 def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     tars = _tars(args.shards)
     classes = _class_names(args.classes)
-    shards: list[ShardInfo] = []
-    skip: list[list] = []
-    reasons: dict[str, int] = {}
-    exts: set[str] = set()
-    max_label = -1
-    bar = tqdm(tars, desc="index", unit="shard", file=sys.stderr, disable=None if not args.quiet else True)
-    for tar in bar:
-        try:
-            samples = scan_tar(tar)
-        except (tarfile.TarError, OSError) as e:
-            raise CheckFailed(f"{tar} is not a readable tar: {e}") from None
-        write_idx(idx_path(tar), samples)
-        with open(tar, "rb") as f:
-            for i, sample in enumerate(samples):
-                comps = {c.ext: c for c in sample}
-                img = next((comps[e] for e in IMAGE_EXTS if e in comps), None)
-                why = None
-                if img is None:
-                    why = "no image"
-                elif "cls" not in comps:
-                    why = "no cls label"
-                else:
-                    exts.add(img.ext)
-                    f.seek(comps["cls"].offset)
-                    raw = f.read(comps["cls"].size).strip()
-                    if not raw.isdigit():
-                        why = "cls is not an integer"
-                    else:
-                        max_label = max(max_label, int(raw))
-                        if not args.no_check:
-                            f.seek(img.offset)
-                            if decode_check(f.read(img.size), require_rgb=False):
-                                why = "image does not decode"
-                if why:
-                    skip.append([tar.name, i])
-                    reasons[why] = reasons.get(why, 0) + 1
-        shards.append(ShardInfo(tar.name, len(samples), os.path.getsize(tar), sha256_file(tar)))
+    if args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    jobs = [(str(t), not args.no_check) for t in tars]
+    bar = tqdm(total=len(jobs), desc="index", unit="shard", file=sys.stderr, disable=None if not args.quiet else True)
+    with contextlib.ExitStack() as stack:
+        if args.workers > 1 and len(jobs) > 1:
+            import multiprocessing as mp
+
+            pool = stack.enter_context(mp.get_context("fork").Pool(min(args.workers, len(jobs))))
+            results = pool.imap(_index_job, jobs)
+        else:
+            results = map(_index_job, jobs)
+        found = []
+        for r in results:
+            if "error" in r:
+                raise CheckFailed(r["error"])
+            found.append(r)
+            bar.update(1)
+    bar.close()
+    shards = [r["info"] for r in found]
+    skip = [[r["info"].name, i] for r in found for i, _ in r["skips"]]
+    reasons = collections.Counter(why for r in found for _, why in r["skips"])
+    exts = set().union(*(r["exts"] for r in found))
+    max_label = max(r["max_label"] for r in found)
     if classes is None:
         classes = [str(i) for i in range(max_label + 1)]
     elif max_label >= len(classes):
