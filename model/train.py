@@ -417,6 +417,8 @@ class _Run:
         if cfg.task == "classify" and num_classes < 2:
             raise ValueError(f"{train_dir}: {num_classes} class(es); classification needs at least 2")
 
+        net = build_model(cfg.arch, self.num_outputs, image_size=cfg.crop)  # a bad --arch fails before any I/O
+
         lkw = dict(batch_size=cfg.batch_size, crop=cfg.crop, device=str(self.device), seed=cfg.seed,
                    rank=self.dist.rank, world_size=self.dist.world_size, backend=cfg.backend,
                    threads=cfg.threads, channels_last=cfg.channels_last)
@@ -435,7 +437,6 @@ class _Run:
         wd = cfg.weight_decay if cfg.weight_decay is not None else (5e-5 if cfg.optimizer == "sgd" else 0.05)
 
         mf = torch.channels_last if cfg.channels_last else torch.contiguous_format
-        net = build_model(cfg.arch, self.num_outputs, image_size=cfg.crop)
         self.raw = with_normalize(net).to(self.device, memory_format=mf)
         self.optimizer = make_optimizer(self.raw, cfg.optimizer, lr=lr, momentum=cfg.momentum, weight_decay=wd)
         warm, total = self.warmup_steps, self.total_steps

@@ -40,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", choices=tuple(_BOTH), default=None, help="default: both on GPU, off on CPU")
     p.add_argument("--seconds", type=float, default=None, help="timed seconds per setting (default: 5 on GPU, 1 on CPU)")
     p.add_argument("--steps-min", type=int, default=5, help="timed steps per setting at least (default: %(default)s)")
+    p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("--no-progress", dest="progress", action="store_false")
 
@@ -47,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_bench(*, models: list[str], device: str = "auto", batch_size: Optional[int] = None,
               image_size: Optional[int] = None, num_classes: int = 1000, amps: Optional[list[str]] = None,
               channels_last: str = "both", compile: Optional[str] = None, seconds: Optional[float] = None,
-              steps_min: int = 5, progress: bool = True) -> dict[str, Any]:
+              steps_min: int = 5, warmup_steps: int = 3, progress: bool = True) -> dict[str, Any]:
     """Measure every combination; a setting that fails gets an ``error`` instead of figures."""
     import torch
     from tqdm import tqdm
@@ -77,7 +78,8 @@ def run_bench(*, models: list[str], device: str = "auto", batch_size: Optional[i
             torch.manual_seed(0)
             net = build_model(m, num_classes, image_size=image_size)
             r = measure_model(net, batch_size=batch_size, image_size=image_size, device=dev,
-                              amp=_AMP_NAMES[a], channels_last=cl, compile=co, seconds=seconds, steps_min=steps_min)
+                              amp=_AMP_NAMES[a], channels_last=cl, compile=co, seconds=seconds, steps_min=steps_min,
+                              warmup_steps=warmup_steps)
             row.update({k: r[k] for k in ("images_per_s", "step_ms", "steps", "first_step_s", "params", "peak_mem_mb")})
         except Exception as e:  # one setting failing (no fp16 kernel, compiler missing) must not end the table
             row["error"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
@@ -98,6 +100,7 @@ def run_bench(*, models: list[str], device: str = "auto", batch_size: Optional[i
         "image_size": image_size,
         "num_classes": num_classes,
         "seconds": seconds,
+        "warmup_steps": warmup_steps,
         "rows": rows,
     }
 
@@ -127,7 +130,7 @@ def main(args: argparse.Namespace) -> int:
         res = run_bench(models=models, device=args.device, batch_size=args.batch_size, image_size=args.image_size,
                         num_classes=args.num_classes, amps=amps, channels_last=args.channels_last,
                         compile=args.compile, seconds=args.seconds, steps_min=args.steps_min,
-                        progress=args.progress)
+                        warmup_steps=args.warmup_steps, progress=args.progress)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(json.dumps(res, indent=1) if args.json else format_table(res))

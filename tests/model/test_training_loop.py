@@ -6,17 +6,16 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import write_split
 from fake_loader import factory
-from stoker.model import TrainConfig, build_model, load_checkpoint, resolve_amp, train, with_normalize
+from stoker.model import TrainConfig, build_model, load_checkpoint, resolve_amp, with_normalize
+from stoker.model.train import train
 from stoker.model.checkpoint import CheckpointError
 from stoker.model.train import lr_factor, weights_digest
-
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(autouse=True)
@@ -142,21 +141,24 @@ def test_lr_schedule_shape():
 
 
 DDP_SCRIPT = """
-import json, os, sys
-sys.path.insert(0, {here!r})
-from fake_loader import factory
+import json, os
 from stoker.model.train import train
-s = train(dict(data={data!r}, out={out!r}, epochs=2, batch_size=4, crop=16, num_classes=6, log_every=3,
-               progress=False, ckpt_every=4), loader_factory=factory(num_samples=37))
+s = train(dict(data={data!r}, out={out!r}, epochs=2, batch_size=4, crop=16, log_every=3, progress=False,
+               ckpt_every=4, threads=1))
 with open(os.path.join({out!r}, "rank%s.json" % os.environ["RANK"]), "w") as f:
     json.dump(s, f)
 """
 
 
-def test_ddp_two_ranks_gloo_keep_identical_weights(data, tmp_path):
+@pytest.mark.slow
+def test_ddp_two_ranks_gloo_keep_identical_weights(tmp_path):
+    """torchrun, 2 processes, gloo, the real Loader: same weights on both ranks, val counted once."""
+    data = tmp_path / "data"
+    write_split(data / "train", num_samples=37, samples_per_shard=16)
+    write_split(data / "val", num_samples=37, samples_per_shard=16, seed=1)
     out = tmp_path / "ddp"
     script = tmp_path / "ddp_train.py"
-    script.write_text(DDP_SCRIPT.format(here=str(HERE), data=str(data), out=str(out)))
+    script.write_text(DDP_SCRIPT.format(data=str(data), out=str(out)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                         str(script)], env=env, capture_output=True, text=True, timeout=240)
@@ -173,5 +175,8 @@ def test_ddp_two_ranks_gloo_keep_identical_weights(data, tmp_path):
     m = with_normalize(build_model("inception", 6))
     m.load_state_dict(ck["model"])
     assert weights_digest(m) == r0["weights_sha256"]  # rank 0 wrote what both ranks hold
+    torch.manual_seed(0)  # the run's seed: these are its initial weights
+    m0 = with_normalize(build_model("inception", 6))
+    assert weights_digest(m0) != r0["weights_sha256"]  # and it trained
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == len(set(lines))  # one writer: no duplicated rows

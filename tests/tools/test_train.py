@@ -1,0 +1,139 @@
+"""`stoker train` end to end on tiny shards with the real Loader: run files, kill -9 + --resume, refusals."""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import write_split
+from stoker.model import load_checkpoint
+from stoker.tools.cli import main as cli
+
+ARGS = ["--epochs", "2", "--batch-size", "8", "--crop", "32", "--log-every", "2", "--ckpt-every", "4",
+        "--deterministic", "--no-progress", "--json", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train") / "data"
+    write_split(root / "train", num_samples=48, samples_per_shard=16)  # 6 steps per epoch
+    write_split(root / "val", num_samples=21, samples_per_shard=16, seed=1)
+    return root
+
+
+@pytest.fixture(scope="module")
+def full_run(data):
+    """One uninterrupted run (in-process), shared by the tests below."""
+    run = data.parent / "full"
+    return run, _in_process(["train", str(data), "--out", str(run), "--plot", *ARGS])
+
+
+def _in_process(argv):
+    out = io.StringIO()
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # what the subprocesses use (OMP_NUM_THREADS=1): same arithmetic, and faster here
+    try:
+        with contextlib.redirect_stdout(out):
+            rc = cli(argv)
+    finally:
+        torch.set_num_threads(n)
+    assert rc == 0
+    return json.loads(out.getvalue())
+
+
+def _env(**extra):
+    return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+
+
+def _stoker(*args, **env):
+    return subprocess.run([sys.executable, "-m", "stoker.tools.cli", *args], env=_env(**env),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_end_to_end_writes_config_metrics_checkpoints(data, full_run):
+    run, s = full_run
+    assert s["steps"] == 12 and s["interrupted"] is None and s["val_samples"] == 21
+    assert s["images_per_s"] > 0 and 0 <= s["data_wait"] <= 1
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["arch"] == "inception" and cfg["num_classes"] == 6 and cfg["amp"] == "off"
+    assert cfg["classes"][0] == "circles" and cfg["steps_per_epoch"] == 6 and cfg["deterministic"] is True
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in rows} == {"train", "val"}
+    assert [r["n"] for r in rows if r["kind"] == "val"] == [21, 21]
+    assert all(k in rows[0] for k in ("step", "images_per_s", "data_wait", "loss", "lr"))
+    last = load_checkpoint(run / "last.pt", arch="inception", num_outputs=6)
+    assert last["step"] == 12 and last["epoch_complete"] and set(last) >= {
+        "model", "optimizer", "scaler", "scheduler", "loader", "rng", "config", "epoch", "step"}
+    assert (run / "best.pt").exists() and (run / "curves.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_kill9_mid_epoch_then_resume_reaches_the_same_weights(data, full_run):
+    full, s = full_run
+    run = data.parent / "killed"
+    # SIGKILL right after step 9: the last checkpoint is step 8 (epoch 2, batch 2 of 6), step 9 is lost
+    p = _stoker("train", str(data), "--out", str(run), *ARGS, STOKER_TEST_KILL_AT_STEP="9")
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    ck = load_checkpoint(run / "last.pt")
+    assert ck["step"] == 8 and not ck["epoch_complete"] and ck["loader"]["position"] == 16
+    assert not list(run.glob("*.tmp"))
+    r = _in_process(["train", str(data), "--out", str(run), *ARGS, "--resume"])  # a fresh process is not needed
+    assert r["steps"] == 12 and r["steps"] - 8 == 4
+    assert json.loads((run / "config.json").read_text())["resumed_from"]["step"] == 8
+    assert r["weights_sha256"] == s["weights_sha256"]
+    a, b = load_checkpoint(full / "last.pt")["model"], load_checkpoint(run / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _one_line_error(capsys, argv, rc):
+    assert cli(argv) == rc
+    err = capsys.readouterr().err.strip().splitlines()
+    err = [line for line in err if not line.startswith("stoker train: epoch")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_tampered_checkpoint_is_refused(data, full_run, tmp_path, capsys):
+    full, _ = full_run
+    run = tmp_path / "run"
+    run.mkdir()
+    raw = bytearray((full / "last.pt").read_bytes())
+    w = load_checkpoint(full / "last.pt")["model"]["net.fc.weight"]
+    at = raw.find(w.reshape(-1)[:4].numpy().tobytes())
+    raw[at + 1] ^= 0x40
+    (run / "last.pt").write_bytes(bytes(raw))
+    msg = _one_line_error(capsys, ["train", str(data), "--out", str(run), *ARGS, "--resume"], 1)
+    assert "digest mismatch" in msg and "last.pt" in msg
+
+
+def test_checkpoint_of_another_arch_is_refused(data, full_run, tmp_path, capsys):
+    full, _ = full_run
+    msg = _one_line_error(capsys, ["train", str(data), "--out", str(tmp_path / "r"), *ARGS, "--arch", "resnet18",
+                                   "--resume", str(full / "last.pt")], 1)
+    assert "arch 'inception'" in msg and "resnet18" in msg
+
+
+def test_usage_errors_are_one_line(data, tmp_path, capsys):
+    assert "no train/" in _one_line_error(capsys, ["train", str(tmp_path), "--out", str(tmp_path / "r")], 2)
+    msg = _one_line_error(capsys, ["train", str(data), "--out", str(tmp_path / "r"), "--arch", "resnet5O"], 2)
+    assert "unknown arch 'resnet5O'" in msg and "resnet50" in msg
+    assert "batch_size=0" in _one_line_error(capsys, ["train", str(data), "--out", str(tmp_path / "r"),
+                                                       "--batch-size", "0"], 2)
+    assert "--batch-size" in _one_line_error(capsys, ["train", str(data), "--out", str(tmp_path / "r"),
+                                                       "--batch-size", "100"], 2)
+
+
+def test_choices_match_the_model_module():
+    import importlib
+
+    mt = importlib.import_module("stoker.model.train")
+    tt = importlib.import_module("stoker.tools.train")
+
+    assert (tt.AMP_CHOICES, tt.OPTIMIZERS, tt.TASKS) == (mt.AMP_CHOICES, mt.OPTIMIZERS, mt.TASKS)
