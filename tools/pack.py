@@ -279,10 +279,11 @@ def _print_summary(out: Path, totals: dict, run: dict, seconds: float) -> None:
     print(f"{'split':6} {'packed':>9} {'rejected':>9} {'skipped':>8} {'shards':>7} {'bytes':>14}")
     for split, t in totals.items():
         print(f"{split:6} {t['samples']:>9,} {t['rejected']:>9,} {t['skipped']:>8,} {t['shards']:>7,} {t['bytes']:>14,}")
-    n = sum(r["packed"] + r["rejected"] for r in run.values())
-    rate = n / seconds if seconds > 0 else 0.0
-    copied = sum(r["copied"] for r in run.values())
-    print(f"this run: {n:,} images in {seconds:.1f} s ({rate:,.0f} images/s), {copied:,} copied as they were")
+    if run:  # not after --merge
+        n = sum(r["packed"] + r["rejected"] for r in run.values())
+        rate = n / seconds if seconds > 0 else 0.0
+        copied = sum(r["copied"] for r in run.values())
+        print(f"this run: {n:,} images in {seconds:.1f} s ({rate:,.0f} images/s), {copied:,} copied as they were")
     rej = sum(t["rejected"] for t in totals.values())
     if rej:
         print(f"{rej:,} rejected inputs listed in {out / 'rejects.jsonl'}")
