@@ -77,9 +77,10 @@ def decode_check(data: bytes, *, require_rgb: bool = True) -> Optional[str]:
 
 
 def verify_shard(split_dir: str, split: str, info: ShardInfo, num_classes: int, check: Optional[list[int]],
-                 skip: list[int]) -> ShardReport:
+                 skip: list[int], require_rgb: bool = True) -> ShardReport:
     """Check one shard; ``check`` lists the sample indices to decode (None: all),
-    ``skip`` the ones the manifest marks as known-bad."""
+    ``skip`` the ones the manifest marks as known-bad. Packed shards must hold RGB
+    JPEGs; foreign (indexed) ones only need to decode."""
     tar = Path(split_dir) / info.name
     rep = ShardReport(split, info.name, skipped=len(skip))
     where = f"{split}/{info.name}"
@@ -125,7 +126,7 @@ def verify_shard(split_dir: str, split: str, info: ShardInfo, num_classes: int, 
                 if not raw.isdigit() or (num_classes and int(raw) >= num_classes):
                     rep.problems.append(f"{label}: label {raw[:20]!r} is not a class index below {num_classes}")
             f.seek(img.offset)
-            err = decode_check(f.read(img.size))
+            err = decode_check(f.read(img.size), require_rgb=require_rgb)
             if err:
                 rep.bad += 1
                 rep.problems.append(f"{label}: {err}")
@@ -174,7 +175,8 @@ def main(args: argparse.Namespace) -> int:
                 picks.setdefault(k, []).append(g - starts[k])
         for k, s in enumerate(m.shards):
             check = picks.get(k, []) if args.sample else None
-            jobs.append((str(split_dir), split_dir.name, s, len(m.classes), check, skips.get(s.name, [])))
+            jobs.append((str(split_dir), split_dir.name, s, len(m.classes), check, skips.get(s.name, []),
+                         "indexed_by" not in m.pack))
     reports: list[ShardReport] = []
     bar = tqdm(total=len(jobs), desc="verify", unit="shard", file=sys.stderr, disable=None if not args.quiet else True)
     if args.workers > 1 and len(jobs) > 1:

@@ -68,13 +68,16 @@ def test_index_gnu_tar_with_png_and_class_names(tmp_path, capsys):
         (files / f"s{i}.png").write_bytes(buf.getvalue())
         (files / f"s{i}.cls").write_text(str(i % 2))
     (files / "s9.png").write_bytes(buf.getvalue())  # no label
+    Image.new("LA", (8, 8)).save(files / "s5.png")  # not RGB: fine for DALI
+    (files / "s5.cls").write_text("1")
     names = sorted(p.name for p in files.iterdir())
     (tmp_path / "shards").mkdir()
     subprocess.run(["tar", "cf", str(tmp_path / "shards" / "gnu.tar"), "-C", str(files), *names], check=True)
     assert cli(["index", str(tmp_path / "shards" / "gnu.tar"), "--classes", "cat,dog", "-q"]) == 0
     m = Manifest.load(tmp_path / "shards")
-    assert m.classes == ["cat", "dog"] and m.num_samples == 5 and m.pack["skip"] == [["gnu.tar", 4]]
+    assert m.classes == ["cat", "dog"] and m.num_samples == 6 and m.pack["skip"] == [["gnu.tar", 5]]
     assert "1 no cls label" in capsys.readouterr().out
+    assert cli(["verify", str(tmp_path / "shards"), "-q"]) == 0
 
 
 def test_index_usage_errors(tmp_path, capsys):
