@@ -77,7 +77,7 @@ def plain_pack(src: Path, out: Path, *, workers: int, short_side: int, quality: 
 
     source = scan(src, seed=0)
     items = source.splits["train"]
-    jobs = [(it.path, short_side, quality) for it in items]
+    jobs = [(source.path(it), short_side, quality) for it in items]
     out.mkdir(parents=True, exist_ok=True)
     n = 0
     with contextlib.ExitStack() as stack:
@@ -116,7 +116,7 @@ def _image_folder(src: Path, dst: Path, limit: int) -> int:
     subdirs = [e for e in os.scandir(src) if e.is_dir() and not e.name.startswith(".")]
     if subdirs:
         source = scan(src, seed=0)
-        items = [(it.path, it.rel.replace("/", "__"), source.classes[it.label])
+        items = [(source.path(it), it.rel.replace("/", "__"), source.classes[it.label])
                  for split in source.splits.values() for it in split]
     else:
         items = [(str(src / e.name), e.name, "all") for e in sorted(os.scandir(src), key=lambda e: e.name)

@@ -163,8 +163,8 @@ class _Sanitizer:
     The pool is forked on ``__enter__``, before the progress bar starts its thread.
     """
 
-    def __init__(self, settings: Settings, workers: int):
-        self.settings, self.workers, self.pool = settings, workers, None
+    def __init__(self, settings: Settings, workers: int, base: Path):
+        self.settings, self.workers, self.base, self.pool = settings, workers, str(base), None
 
     def __enter__(self) -> "_Sanitizer":
         if self.workers > 1:
@@ -182,10 +182,11 @@ class _Sanitizer:
     def results(self, items: list[Item]) -> Iterator[Sanitized]:
         if self.pool is None:  # one at a time: a shard is written as soon as its images are ready
             for it in items:
-                yield sanitize(it.path, self.settings)
+                yield sanitize(os.path.join(self.base, it.rel), self.settings)
             return
         fn = partial(_sanitize_chunk, settings=self.settings)
-        chunks = ([it.path for it in items[i:i + CHUNK]] for i in range(0, len(items), CHUNK))
+        chunks = ([os.path.join(self.base, it.rel) for it in items[i:i + CHUNK]]
+                  for i in range(0, len(items), CHUNK))
         pending: collections.deque = collections.deque()
         for c in chunks:
             pending.append(self.pool.apply_async(fn, (c,)))
@@ -203,10 +204,10 @@ def _sample_bytes(components: dict[str, bytes]) -> int:
     return sum(512 + len(v) + (-len(v) % 512) for v in components.values())
 
 
-def pack_part(out: Path, split: str, items: list[Item], classes: list[str], *, start: int, end: int,
+def pack_part(out: Path, split: str, source: Source, *, start: int, end: int,
               part: int, parts: int, settings: Settings, shard_size: int, samples_per_shard: int,
               workers: int, progress: bool) -> dict:
-    """Pack ``items[start:end]`` of one split into shards, resuming from the journal.
+    """Pack items ``[start, end)`` of one split into shards, resuming from the journal.
 
     Returns this run's counts: packed, rejected, copied, shards, bytes.
     """
@@ -243,7 +244,8 @@ def pack_part(out: Path, split: str, items: list[Item], classes: list[str], *, s
         rejects = []
 
     desc = split + (f" {part}/{parts}" if parts > 1 else "")
-    with _Sanitizer(settings, workers) as sanitizer, tqdm(
+    items, classes = source.splits[split], source.classes
+    with _Sanitizer(settings, workers, source.base) as sanitizer, tqdm(
             total=end - start, initial=pos - start, desc=desc, unit="img", file=sys.stderr,
             disable=None if progress else True, smoothing=0.05, dynamic_ncols=True) as bar:
         try:
@@ -328,7 +330,7 @@ def main(args: argparse.Namespace) -> int:
     run = {}
     for split, items in source.splits.items():
         start, end = part_range(len(items), part, parts)
-        run[split] = pack_part(out, split, items, source.classes, start=start, end=end, part=part, parts=parts,
+        run[split] = pack_part(out, split, source, start=start, end=end, part=part, parts=parts,
                                settings=settings, shard_size=shard_size, samples_per_shard=args.samples_per_shard,
                                workers=args.workers, progress=not args.quiet)
     seconds = time.perf_counter() - t0

@@ -22,24 +22,27 @@ from .sanitize import IMAGE_EXTS
 SPLITS = ("train", "val")
 
 
-@dataclass(slots=True)  # a million of these stay in memory during a pack
+@dataclass(slots=True)  # a million of these stay in memory during a pack: keep them small
 class Item:
-    """One input: ``rel`` path (posix, relative to SRC, or as written in the CSV),
-    absolute ``path`` to read, class ``label`` index."""
+    """One input: ``rel`` path (posix; relative to SRC, or as written in the CSV) and
+    class ``label`` index. The file is ``Source.base / rel``."""
 
     rel: str
-    path: str
     label: int
 
 
 @dataclass
 class Source:
-    """A scanned SRC: class names and, per split, the shuffled items and skip counts."""
+    """A scanned SRC: class names and, per split, the shuffled items and skip counts.
+    ``base`` is the folder item paths are relative to (SRC, or the CSV's folder)."""
 
-    root: Path
+    base: Path
     classes: list[str]
     splits: dict[str, list[Item]]
     skipped: dict[str, int] = field(default_factory=dict)
+
+    def path(self, item: Item) -> str:
+        return os.path.join(self.base, item.rel)
 
     def digest(self, split: str) -> str:
         """sha256 of a split's (shuffled) sample list: identifies the input of a pack."""
@@ -86,7 +89,7 @@ def _scan_folder(root: Path, split_root: Path, classes: list[str], skipped: list
     index = {c: i for i, c in enumerate(classes)}
     for cls in _class_dirs(split_root):
         for p in _walk_files(split_root / cls, skipped):
-            items.append(Item(p.relative_to(root).as_posix(), str(p), index[cls]))
+            items.append(Item(p.relative_to(root).as_posix(), index[cls]))
     return items
 
 
@@ -123,8 +126,7 @@ def scan(src: Path, *, seed: int, val_fraction: float = 0.0) -> Source:
         classes, rows = _scan_csv(src)
         index = {c: i for i, c in enumerate(classes)}
         base = src.parent
-        items = [Item(Path(p).as_posix(), str(base / p), index[lab] if lab in index else int(lab))
-                 for p, lab in rows]
+        items = [Item(Path(p).as_posix(), index[lab] if lab in index else int(lab)) for p, lab in rows]
         splits = {"train": items}
     else:
         top = _class_dirs(src)
@@ -145,13 +147,14 @@ def scan(src: Path, *, seed: int, val_fraction: float = 0.0) -> Source:
             classes = top
             skipped["train"][0] += _loose_files(src)
             splits = {"train": _scan_folder(src, src, classes, skipped["train"])}
+        base = src
     if not any(splits.values()):
         raise UsageError(f"SRC {src} holds no images")
     if val_fraction:
         splits["train"], splits["val"] = stratified_split(splits["train"], val_fraction, seed)
     for items in splits.values():
         random.Random(seed).shuffle(items)
-    return Source(src, classes, splits, {s: skipped[s][0] for s in splits})
+    return Source(base, classes, splits, {s: skipped[s][0] for s in splits})
 
 
 def stratified_split(items: list[Item], fraction: float, seed: int) -> tuple[list[Item], list[Item]]:
