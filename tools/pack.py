@@ -221,7 +221,7 @@ def pack_part(out: Path, split: str, source: Source, *, start: int, end: int,
     for stale in split_dir.glob(prefix + "*.tmp"):  # a shard or index from a killed run
         stale.unlink()
     journal = Journal(journal_path(out, split, part, parts))
-    nshards, pos, done = part_status(journal.load())
+    nshards, pos, done = part_status(journal.load(repair=True))
     pos = max(pos, start)
     stats = {"packed": 0, "rejected": 0, "copied": 0, "shards": 0, "bytes": 0}
     if done:

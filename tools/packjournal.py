@@ -83,14 +83,15 @@ class Journal:
     def __init__(self, path: Path):
         self.path = path
 
-    def load(self) -> list[dict]:
-        """Complete records so far; a torn last line (crash mid-write) is cut off."""
+    def load(self, *, repair: bool = False) -> list[dict]:
+        """Complete records so far. A torn last line (crash mid-write) is ignored, and
+        with ``repair`` (only the part's own writer may) cut off the file."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return []
         keep = raw[: raw.rfind(b"\n") + 1]
-        if len(keep) != len(raw):
+        if repair and len(keep) != len(raw):
             with open(self.path, "r+b") as f:
                 f.truncate(len(keep))
         return [json.loads(line) for line in keep.decode().splitlines() if line.strip()]
