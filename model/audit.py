@@ -43,6 +43,7 @@ class LayerAudit:
         flops: forward FLOPs per image of this module (children included), or None when
             they could not be counted.
         flop_share: ``flops / flops_per_image`` or None.
+        out_shape: output shape per image (``[C, H, W]`` for a conv), when recorded.
     """
 
     name: str
@@ -52,6 +53,7 @@ class LayerAudit:
     param_share: float
     flops: Optional[int] = None
     flop_share: Optional[float] = None
+    out_shape: Optional[list] = None
 
 
 @dataclass
@@ -70,6 +72,8 @@ class ModelAudit:
         dominant_share: the threshold used.
         flatten_head: True when ``dominant`` is a Linear fed by a flattened feature map
             (replace with ``AdaptiveAvgPool2d(1)`` + a small Linear).
+        full_res_flop_share: share of the forward FLOPs done by layers whose output keeps the
+            input's full height and width (no downsampling before them), or None.
         flop_error: why FLOPs are missing, if they are.
     """
 
@@ -83,6 +87,7 @@ class ModelAudit:
     dominant: Optional[LayerAudit] = None
     dominant_share: float = 0.5
     flatten_head: bool = False
+    full_res_flop_share: Optional[float] = None
     flop_error: Optional[str] = None
 
     def largest(self, n: int = 5) -> list:
@@ -126,10 +131,20 @@ def _count_flops(model: nn.Module, input_size: Sequence[int], input_dtype: torch
 
     root = type(model).__name__
     errors = []
+    shapes: dict = {}
+
+    def hook(path):
+        def record(module, args, out):
+            if isinstance(out, torch.Tensor):
+                shapes[path] = list(out.shape[1:])
+        return record
+
+    handles = [m.register_forward_hook(hook(path)) for path, m in model.named_modules()]
     was_training = model.training
     model.eval()  # BatchNorm refuses a batch of 1 in train mode; FLOPs are the same
     try:
         for method in ("meta", "real"):
+            shapes.clear()
             try:
                 counter = FlopCounterMode(display=False, depth=None)
                 if method == "meta":
@@ -157,12 +172,14 @@ def _count_flops(model: nn.Module, input_size: Sequence[int], input_dtype: torch
                     else:
                         continue
                     per_module[path] = int(sum(ops.values()))
-                return int(counter.get_total_flops()), per_module, method, None
+                return int(counter.get_total_flops()), per_module, dict(shapes), method, None
             except Exception as e:  # noqa: BLE001 - any failure just means "try the next way"
                 errors.append(f"{method}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     finally:
         model.train(was_training)
-    return None, {}, None, "; ".join(errors)
+        for h in handles:
+            h.remove()
+    return None, {}, {}, None, "; ".join(errors)
 
 
 def _example(input_size: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
@@ -210,11 +227,18 @@ def audit_model(model: nn.Module, *, input_size: Sequence[int] = (3, 224, 224),
         total += p.numel()
         trainable += p.numel() if p.requires_grad else 0
 
-    flops_total, per_module, method, err = (None, {}, None, "skipped")
+    flops_total, per_module, shapes, method, err = (None, {}, {}, None, "skipped")
     if count_flops:
-        flops_total, per_module, method, err = _count_flops(model, input_size, input_dtype)
+        flops_total, per_module, shapes, method, err = _count_flops(model, input_size, input_dtype)
 
     modules = dict(model.named_modules())
+    # Work done at the input's full spatial size (leaf layers whose output keeps H x W).
+    full_res = None
+    if flops_total and len(input_size) == 3:
+        leaves = [p for p, m in modules.items() if not any(True for _ in m.children())]
+        done = sum(per_module.get(p, 0) for p in leaves
+                   if len(shapes.get(p, ())) == 3 and tuple(shapes[p][-2:]) == input_size[-2:])
+        full_res = done / flops_total
     layers = []
     for path, n in owned.items():
         mod = modules[path]
@@ -222,7 +246,8 @@ def audit_model(model: nn.Module, *, input_size: Sequence[int] = (3, 224, 224),
         layers.append(LayerAudit(
             name=path, kind=type(mod).__name__, detail=mod.extra_repr(), params=n,
             param_share=n / total if total else 0.0, flops=f,
-            flop_share=(f / flops_total) if (f is not None and flops_total) else None))
+            flop_share=(f / flops_total) if (f is not None and flops_total) else None,
+            out_shape=shapes.get(path)))
     layers.sort(key=lambda la: (-la.params, la.name))
 
     dominant = layers[0] if layers and layers[0].param_share >= dominant_share else None
@@ -231,4 +256,4 @@ def audit_model(model: nn.Module, *, input_size: Sequence[int] = (3, 224, 224),
     return ModelAudit(model=type(model).__name__, total_params=total, trainable_params=trainable,
                       input_size=input_size, flops_per_image=flops_total, flop_method=method,
                       layers=layers, dominant=dominant, dominant_share=dominant_share,
-                      flatten_head=flatten_head, flop_error=err)
+                      flatten_head=flatten_head, full_res_flop_share=full_res, flop_error=err)

@@ -22,6 +22,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -43,6 +44,10 @@ BALANCED = 1.15
 
 
 # ----------------------------------------------------------------------------- the core
+
+class DiagnoseError(Exception):
+    """The measurement cannot go on (e.g. the model does not fit at this batch size)."""
+
 
 def _resolve_amp(amp: str, device) -> tuple[Optional[str], str]:
     """``(dtype or None, why)`` for the AMP measurement on ``device``."""
@@ -129,6 +134,13 @@ def run_diagnosis(loader: Iterable, model, *, batch_size: int, crop: int, device
     say(f"loader alone ({seconds:g} s)")
     loader_r = measure_loader(loader, seconds=seconds, warmup_batches=warmup_batches)
 
+    # Alternatives right after, so the loader figures compare side by side in time.
+    alt_r = []
+    for alt in alternatives or []:
+        say(f"loader: {alt['title']} ({seconds:g} s)")
+        r = measure_loader(alt["loader"], seconds=seconds, warmup_batches=warmup_batches)
+        alt_r.append({k: v for k, v in alt.items() if k != "loader"} | {"result": r})
+
     amp_dtype, amp_why = _resolve_amp(amp, device)
     cl = channels_last == "on" or (channels_last == "auto" and _has_conv(model))
     cl_why = {"on": "--channels-last on", "off": "--channels-last off"}.get(
@@ -141,17 +153,23 @@ def run_diagnosis(loader: Iterable, model, *, batch_size: int, crop: int, device
     if amp_dtype and cl:
         configs.append(("amp_channels_last", amp_dtype, True))
     model_r: dict = {}
+    warm = warmup_batches
     for key, a, c in configs:
         say(f"model alone, {a or 'fp32'}{' channels_last' if c else ''} ({seconds:g} s)")
         model_r[key] = measure_model_alone(model, batch_size=batch_size, crop=crop, device=device, amp=a,
-                                           channels_last=c, seconds=seconds, warmup=warmup_batches)
+                                           channels_last=c, seconds=seconds, warmup=warm)
+        if (model_r[key].get("step_ms") or 0) > 1000 * seconds:
+            warm = 1  # a step outlasts the budget: one warm-up step is plenty, and saves minutes
+    if model_r["fp32"].get("images_per_s") is None:
+        raise DiagnoseError(f"the model does not train at batch {batch_size} on {device}: "
+                            f"{model_r['fp32'].get('error')}; try a smaller batch size")
     model_r.setdefault("amp", {"applies": False, "why": amp_why})
     model_r["amp"].setdefault("why", amp_why)
     model_r.setdefault("channels_last", {"applies": False, "why": cl_why})
     model_r["channels_last"].setdefault("why", cl_why)
 
     say(f"end to end, loader + model ({seconds:g} s)")
-    e2e = measure_end_to_end(loader, model, device=device, seconds=seconds, warmup_batches=warmup_batches)
+    e2e = measure_end_to_end(loader, model, device=device, seconds=seconds, warmup_batches=min(warm, warmup_batches))
 
     batch_dev = torch.device(loader_r["device"])
     transfer = measure_transfer(loader_r["batch_shape"], device=device, seconds=min(seconds, 2.0))
@@ -170,13 +188,7 @@ def run_diagnosis(loader: Iterable, model, *, batch_size: int, crop: int, device
     if verdict["bound"] == "model" and model_r["fp32"].get("images_per_s"):
         say(f"model alone, fp32, batch {2 * batch_size} ({seconds:g} s)")
         model_r["fp32_batch_x2"] = measure_model_alone(model, batch_size=2 * batch_size, crop=crop, device=device,
-                                                       seconds=seconds, warmup=warmup_batches)
-
-    alt_r = []
-    for alt in alternatives or []:
-        say(f"loader: {alt['title']} ({seconds:g} s)")
-        r = measure_loader(alt["loader"], seconds=seconds, warmup_batches=warmup_batches)
-        alt_r.append({k: v for k, v in alt.items() if k != "loader"} | {"result": r})
+                                                       seconds=seconds, warmup=warm)
 
     steps, not_helping = _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
                                      alt_r, (data or {}).get("loader_hints", []))
@@ -207,14 +219,14 @@ def _verdict(stages: dict, e2e: dict) -> dict:
     slow = stages[bound]
     nxt = order[1]
     ratio = stages[nxt] / slow if slow else float("inf")
-    figures = ", ".join(f"{k} {stages[k]:,.0f} img/s" for k in ("loader", "transfer", "model") if k in stages)
+    figures = ", ".join(f"{k} {_f(stages[k])} img/s" for k in ("loader", "transfer", "model") if k in stages)
     text = f"{bound}-bound: {figures}; {nxt} is {ratio:.1f}x faster than {bound}"
     if ratio < BALANCED:
         text += (f" (balanced within {BALANCED - 1:.0%}: speeding up {bound} alone gains at most "
                  f"{ratio:.2f}x before {nxt} bounds)")
     wait = e2e.get("data_wait_fraction")
     if wait is not None:
-        text += f". End to end {e2e['images_per_s']:,.0f} img/s, {wait:.0%} of the time waiting for data"
+        text += f". End to end {_f(e2e['images_per_s'])} img/s, {wait:.0%} of the time waiting for data"
         if e2e["images_per_s"] < 0.8 * slow:
             text += (f" ({e2e['images_per_s'] / slow:.0%} of the {bound}'s own rate: loader and model do not "
                      "overlap — no prefetch, or both share the same CPU cores)")
@@ -253,17 +265,17 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
     add("amp", "model", _rate(r), f"Train with AMP ({amp_flag})",
         f"with {autocast}: loss = loss_fn(model(x), y)" + (" + torch.amp.GradScaler" if amp_flag == "fp16" else "")
         + f"   |   stoker train --amp {amp_flag}",
-        f"model alone {_rate(r) or 0:,.0f} vs {m0:,.0f} img/s fp32")
+        f"model alone {_f(_rate(r) or 0)} vs {_f(m0)} img/s fp32")
     r = model_r.get("channels_last", {})
     add("channels_last", "model", _rate(r), "Use channels_last memory format",
         "model = model.to(memory_format=torch.channels_last); Loader(..., channels_last=True)"
         "   |   stoker train --channels-last",
-        f"model alone {_rate(r) or 0:,.0f} vs {m0:,.0f} img/s")
+        f"model alone {_f(_rate(r) or 0)} vs {_f(m0)} img/s")
     r = model_r.get("amp_channels_last", {})
     if _rate(r) and _rate(r) > 1.05 * max(_rate(model_r.get("amp")) or 0, _rate(model_r.get("channels_last")) or 0):
         add("amp_channels_last", "model", _rate(r), f"AMP ({amp_flag}) and channels_last together",
             f"both changes above   |   stoker train --amp {amp_flag} --channels-last",
-            f"model alone {_rate(r):,.0f} vs {m0:,.0f} img/s")
+            f"model alone {_f(_rate(r))} vs {_f(m0)} img/s")
     r = model_r.get("fp32_batch_x2", {})
     if r.get("error"):
         cands.append({"id": "batch_size", "stage": "model", "title": f"Batch size {2 * batch_size}",
@@ -273,7 +285,7 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
         add("batch_size", "model", _rate(r), f"Batch size {2 * batch_size} (from {batch_size})",
             f"Loader(..., batch_size={2 * batch_size}) and scale the learning rate by 2"
             f"   |   stoker train --batch-size {2 * batch_size}",
-            f"model alone {_rate(r) or 0:,.0f} vs {m0:,.0f} img/s at batch {batch_size}")
+            f"model alone {_f(_rate(r) or 0)} vs {_f(m0)} img/s at batch {batch_size}")
     if audit.flatten_head and audit.dominant is not None:
         d = audit.dominant
         share = d.flop_share or 0.0
@@ -287,9 +299,23 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
             note=f"the gain is {d.params:,} fewer parameters ({d.param_share:.0%}): a model that generalizes "
                  "instead of memorizing, and any input size; speed barely changes")
 
+    fr = audit.full_res_flop_share
+    if fr is not None and fr >= 0.5:
+        # Two stride-2 layers first: the same layers then see 1/16 of the pixels.
+        factor = 1 / (1 - fr + fr / 16)
+        h, w = audit.input_size[-2:]
+        add("stem", "model", m0 * factor,
+            f"Downsample before the heavy layers: {fr:.0%} of the forward FLOPs run at the full {h}x{w} "
+            "input resolution",
+            "put a stride-2 stem first, e.g. nn.Sequential(Conv2d(3, 32, 3, stride=2, padding=1), BatchNorm2d(32), "
+            "ReLU(), Conv2d(32, 64, 3, stride=2, padding=1), BatchNorm2d(64), ReLU()), as stoker's --arch "
+            "inception does for the report's block",
+            f"estimate: those layers see 16x fewer pixels ({fr:.0%} of {audit.flops_per_image / 1e9:.2f} GFLOPs); "
+            "the stem's own cost and changed channel counts not counted", measured=False)
+
     # Loader side: measured alternatives, then estimates handed in by the caller.
     for alt in alt_r:
-        basis = f"loader alone {alt['result']['images_per_s']:,.0f} vs {stages['loader']:,.0f} img/s"
+        basis = f"loader alone {_f(alt['result']['images_per_s'])} vs {_f(stages['loader'])} img/s"
         if alt.get("basis_note"):
             basis += f"; {alt['basis_note']}"
         # A loader that yields on the model's device takes the bus out of the pipeline.
@@ -305,8 +331,8 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
             "Send uint8 batches and normalize on the GPU (4x fewer bytes)",
             "model = stoker.model.with_normalize(model); stop ToTensor()/Normalize() in the loader "
             "(stoker's Loader yields uint8 on the device)",
-            f"host→device copy {transfer['uint8_images_per_s']:,.0f} img/s uint8 vs "
-            f"{transfer['float32_images_per_s']:,.0f} img/s float32")
+            f"host→device copy {_f(transfer['uint8_images_per_s'])} img/s uint8 vs "
+            f"{_f(transfer['float32_images_per_s'])} img/s float32")
 
     helping = [c for c in cands if c["est_speedup"] is not None and c["est_speedup"] >= 1.02]
     others = [c for c in cands if c not in helping]
@@ -321,8 +347,13 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
 
 # ----------------------------------------------------------------------------- text report
 
-def _f(x, fmt="{:,.0f}"):
-    return "-" if x is None else fmt.format(x)
+def _f(x, fmt=None):
+    """A figure for humans: images/s get 3 significant digits below 100, none above."""
+    if x is None:
+        return "-"
+    if fmt is None:
+        fmt = "{:,.0f}" if abs(x) >= 100 else "{:.1f}" if abs(x) >= 10 else "{:.2f}" if abs(x) >= 1 else "{:.3f}"
+    return fmt.format(x)
 
 
 def format_report(rep: dict) -> str:
@@ -344,13 +375,15 @@ def format_report(rep: dict) -> str:
         for k, val in d.items():
             if k == "pack" and isinstance(val, dict):
                 val = ", ".join(f"{x}={val[x]}" for x in ("short_side", "max_side", "quality", "source") if x in val)
+            elif isinstance(val, dict):
+                val = ", ".join(f"{x}={y}" for x, y in val.items())
             lines.append(f"  {k}: {val}")
     lines.append("")
     lines.append("measured (images/s)")
     lines.append(f"  {'loader alone':<30}{_f(ld['images_per_s']):>9}   ({ld['batches']} batches, "
                  f"{ld['dtype']} {'x'.join(map(str, ld['batch_shape']))} on {ld['device']})")
     for alt in rep.get("loader_alternatives", []):
-        lines.append(f"  {'loader: ' + alt['title']:<30}{_f(alt['result']['images_per_s']):>9}   "
+        lines.append(f"  {'loader: ' + alt.get('label', alt['id']):<30}{_f(alt['result']['images_per_s']):>9}   "
                      f"({alt['result']['batches']} batches)")
     names = {"fp32": "model alone, fp32", "amp": f"model alone, AMP {s.get('amp_measured') or ''}",
              "channels_last": "model alone, channels_last",
@@ -386,7 +419,10 @@ def format_report(rep: dict) -> str:
     if au["dominant"]:
         dm = au["dominant"]
         lines.append(f"  FLAG: {dm['name']} ({dm['kind']}) holds {dm['params']:,} of {au['total_params']:,} "
-                     f"parameters ({dm['param_share']:.0%})")
+                     f"parameters ({dm['param_share']:.0%})"
+                     + (": a flatten head (see next steps)" if au["flatten_head"] else
+                        ": a classifier over many classes on a small network, which is expected"
+                        if dm["kind"] == "Linear" else ""))
     lines.append("")
     lines.append(f"verdict: {v['label'].upper()} ({v['ratio']:.1f}x)")
     lines.append(f"  {v['text']}")
@@ -418,7 +454,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", metavar="DATA", help="stoker shards (split folder or `stoker pack` OUT) or an ImageFolder")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--arch", default="inception",
-                   help="stoker network ('inception', 'report') or torchvision model name (default inception)")
+                   help="stoker network ('inception'; 'report': the report's original network, one regressed "
+                        "output) or a torchvision model name (default inception)")
     g.add_argument("--model", metavar="MODULE:FACTORY",
                    help="your network: 'package.module:factory' or 'path/to/file.py:factory'; FACTORY() (given "
                         "num_classes= when it takes it) returns an nn.Module taking normalized float NCHW input")
@@ -566,7 +603,8 @@ def _quick_pack(root: Path, n: int, tmp: Path, seed: int = 0) -> Path:
     for f in random.Random(seed).sample(files, min(n, len(files))):
         (src / f.parent.name).mkdir(parents=True, exist_ok=True)
         (src / f.parent.name / f.name).symlink_to(f.resolve())
-    rc = cli.main(["pack", str(src), str(tmp / "out"), "-q"])
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the report (--json) alone
+        rc = cli.main(["pack", str(src), str(tmp / "out"), "-q"])
     if rc not in (0, None):
         raise UsageError(f"packing a sample of {root} failed (exit {rc}); try `stoker pack` on it directly")
     return tmp / "out" / "train"
@@ -630,11 +668,13 @@ def main(args: argparse.Namespace) -> int:
                     "pack": manifest.pack, "loader": _describe(loader),
                     "loader_hints": _loader_hints(manifest, args.crop)}
             if args.threads is not None and args.threads < cores:
-                alternatives.append({"id": "threads", "title": f"Loader threads {cores} (from {args.threads})",
+                alternatives.append({"id": "threads", "label": f"{cores} threads",
+                                     "title": f"Loader threads {cores} (from {args.threads})",
                                      "action": f"Loader(..., threads={cores})",
                                      "loader": _stoker_loader(path, args, device, threads=cores)})
             if device.startswith("cuda") and args.decode == "cpu":
-                alternatives.append({"id": "decode_mixed", "title": 'Decode on the GPU (decode="mixed")',
+                alternatives.append({"id": "decode_mixed", "label": 'decode="mixed"',
+                                     "title": 'Decode on the GPU (decode="mixed")',
                                      "action": 'Loader(..., decode="mixed")',
                                      "loader": _stoker_loader(path, args, device, decode="mixed")})
         else:
@@ -654,14 +694,17 @@ def main(args: argparse.Namespace) -> int:
                 sub = argparse.Namespace(**{**vars(args),
                                             "batch_size": min(args.batch_size, Manifest.load(split).num_samples)})
                 alternatives.append({
-                    "id": "pack", "title": "stoker pack + stoker Loader",
+                    "id": "pack", "label": "after stoker pack", "title": "Pack with stoker pack, load with stoker's Loader",
                     "action": f"stoker pack {path} OUT; then Loader('OUT/train', batch_size={args.batch_size}, "
                               f"crop={args.crop}, device={device!r})",
                     "loader": _stoker_loader(split, sub, device),
                     "basis_note": f"on {n} of the images, packed with defaults"})
-        rep = run_diagnosis(loader, model, batch_size=args.batch_size, crop=args.crop, device=device,
-                            seconds=args.seconds, amp=args.amp, channels_last=args.channels_last,
-                            data=data, alternatives=alternatives, progress=say)
+        try:
+            rep = run_diagnosis(loader, model, batch_size=args.batch_size, crop=args.crop, device=device,
+                                seconds=args.seconds, amp=args.amp, channels_last=args.channels_last,
+                                data=data, alternatives=alternatives, progress=say)
+        except DiagnoseError as e:
+            raise UsageError(str(e)) from None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -679,7 +722,9 @@ def _build_model(args, num_classes: int):
     from stoker.model.nets import build_model
 
     try:
-        return build_model(args.arch, num_classes, **({"image_size": args.crop} if args.arch == "report" else {}))
+        if args.arch == "report":  # as in the report: one regressed output, Linear sized by the crop
+            return build_model("report", 1, image_size=args.crop)
+        return build_model(args.arch, num_classes)
     except ValueError as e:
         raise UsageError(f"--arch: {e}") from None
 

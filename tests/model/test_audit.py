@@ -7,30 +7,10 @@ from torch import nn
 from stoker.model.audit import audit_model
 
 
-def _cbr(i, o, k):
-    return nn.Sequential(nn.Conv2d(i, o, k, padding=k // 2, bias=False), nn.BatchNorm2d(o), nn.ReLU())
-
-
-class _Block(nn.Module):
-    """The report's inception block (Conv(bias=False) + BN + ReLU branches, 384 channels)."""
-
-    def __init__(self):
-        super().__init__()
-        self.b1 = nn.Sequential(_cbr(3, 64, 1), _cbr(64, 96, 3), _cbr(96, 96, 3))
-        self.b2 = nn.Sequential(_cbr(3, 64, 1), _cbr(64, 96, 3))
-        self.b3 = _cbr(3, 96, 1)
-        self.b4 = nn.Sequential(nn.AvgPool2d(3, 1, 1), _cbr(3, 96, 1))
-
-    def forward(self, x):
-        return torch.cat([self.b1(x), self.b2(x), self.b3(x), self.b4(x)], 1)
-
-
 def report_net() -> nn.Module:
     """The original slow network: inception block + MaxPool + flatten + Linear(301056, 1)."""
-    try:
-        from stoker.model.nets import build_model
-    except ImportError:
-        return nn.Sequential(_Block(), nn.MaxPool2d(8), nn.Flatten(), nn.Linear(301056, 1))
+    from stoker.model.nets import build_model
+
     return build_model("report", num_classes=1)
 
 
@@ -48,6 +28,16 @@ def test_report_network_linear_is_flagged_with_its_share():
     assert a.dominant.flops == 2 * 301_056
     assert a.flops_per_image > 1e9
     assert a.heaviest(1)[0].kind == "Conv2d"
+    # Its block runs at the full 224x224: nearly all the work, where a stem would cut 16x.
+    assert a.full_res_flop_share > 0.99
+    assert a.heaviest(1)[0].out_shape == [96, 224, 224]
+
+
+def test_downsampled_network_has_no_full_resolution_work():
+    from stoker.model.nets import build_model
+
+    a = audit_model(build_model("inception", 10), input_size=(3, 64, 64))
+    assert a.full_res_flop_share == 0.0
 
 
 def test_params_add_up_and_shared_weights_count_once():
