@@ -35,7 +35,8 @@ from typing import Iterator, Optional
 from stoker import __version__
 
 from .errors import CheckFailed, UsageError
-from .packjournal import Journal, claim, is_merged, journal_path, merge, part_status, shard_name, shard_record
+from .packjournal import (Journal, claim, is_merged, journal_path, merge, part_status, shard_name, shard_record,
+                          state_dir)
 from .packsource import Item, Source, part_range, scan
 from .sanitize import PIL_MAX_PIXELS, Sanitized, Settings, sanitize
 
@@ -204,13 +205,19 @@ def _sample_bytes(components: dict[str, bytes]) -> int:
     return sum(512 + len(v) + (-len(v) % 512) for v in components.values())
 
 
-def pack_part(out: Path, split: str, source: Source, *, start: int, end: int,
-              part: int, parts: int, settings: Settings, shard_size: int, samples_per_shard: int,
-              workers: int, progress: bool) -> dict:
-    """Pack items ``[start, end)`` of one split into shards, resuming from the journal.
+def pack_part(out: Path, split: str, source: Source, *, part: int, parts: int, **kw) -> dict:
+    """Pack part ``part`` of ``parts`` of one split into shards, resuming from the
+    journal; ``kw`` as :func:`_pack_part_locked`. Returns this run's counts: packed,
+    rejected, copied, shards, bytes."""
+    start, end = part_range(len(source.splits[split]), part, parts)
+    state_dir(out).mkdir(parents=True, exist_ok=True)
+    with _lock(journal_path(out, split, part, parts).with_suffix(".lock"), f"{split} part {part}/{parts}"):
+        return _pack_part_locked(out, split, source, start=start, end=end, part=part, parts=parts, **kw)
 
-    Returns this run's counts: packed, rejected, copied, shards, bytes.
-    """
+
+def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end: int, part: int, parts: int,
+                      settings: Settings, shard_size: int, samples_per_shard: int, workers: int,
+                      progress: bool) -> dict:
     from tqdm import tqdm
 
     from .shardwriter import ShardWriter
@@ -277,6 +284,22 @@ def pack_part(out: Path, split: str, source: Source, *, start: int, end: int,
     return stats
 
 
+def _lock(path: Path, what: str):
+    """Hold an exclusive lock on ``path`` while packing, so a second run of the same
+    part (a double-submitted job) stops with a usage error instead of racing."""
+    f = open(path, "a")
+    try:
+        import fcntl
+
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:  # no fcntl (Windows): run unguarded
+        pass
+    except OSError:
+        f.close()
+        raise UsageError(f"{what} of {path.parent.parent} is being packed by another process") from None
+    return f
+
+
 def _print_summary(out: Path, totals: dict, run: dict, seconds: float) -> None:
     print(f"{'split':6} {'packed':>9} {'rejected':>9} {'skipped':>8} {'shards':>7} {'bytes':>14}")
     for split, t in totals.items():
@@ -328,9 +351,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"{out} is up to date ({n:,} inputs, nothing to do)")
         return 0
     run = {}
-    for split, items in source.splits.items():
-        start, end = part_range(len(items), part, parts)
-        run[split] = pack_part(out, split, source, start=start, end=end, part=part, parts=parts,
+    for split in source.splits:
+        run[split] = pack_part(out, split, source, part=part, parts=parts,
                                settings=settings, shard_size=shard_size, samples_per_shard=args.samples_per_shard,
                                workers=args.workers, progress=not args.quiet)
     seconds = time.perf_counter() - t0

@@ -291,3 +291,17 @@ def test_idx_matches_tar_scan(tmp_path):
     pack(src, tmp_path / "out", "--samples-per-shard", "5")
     for tar in (tmp_path / "out" / "train").glob("*.tar"):
         assert read_idx(tar.with_suffix(".idx")) == index_tar(tar)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs fcntl")
+def test_same_part_twice_at_once_is_refused(tmp_path, capsys):
+    import fcntl
+
+    src = folder(tmp_path / "src", per_class=1)
+    state = tmp_path / "out" / ".stoker-pack"
+    state.mkdir(parents=True)
+    with open(state / "train-p0of1.lock", "a") as held:  # another process packing this part
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert pack(src, tmp_path / "out") == 2
+    assert "being packed by another process" in capsys.readouterr().err
+    assert pack(src, tmp_path / "out") == 0
