@@ -253,16 +253,15 @@ class Loader:
 
 class _PilRunner:
     def __init__(self, loader: Loader):
-        self.l = loader
+        from .pil_backend import PilRunner
+
+        l = self.l = loader
+        self.runner = PilRunner(l.index, crop=l.crop, train=l.train, chw=not l.channels_last, workers=l.threads, prefetch=l.prefetch,
+                                pin_memory=l.device.type == "cuda")
 
     def iterate(self, batches: list, epoch: int):
-        from . import pil_backend
-
         l = self.l
-        pin = l.device.type == "cuda"
-        for images, labels, consumed, bad in pil_backend.iterate(
-                l.index, batches, epoch=epoch, crop=l.crop, train=l.train, seed=l.seed,
-                chw=not l.channels_last, workers=l.threads, prefetch=l.prefetch, pin_memory=pin):
+        for images, labels, consumed, bad in self.runner.iterate(batches, epoch, l.seed):
             if l.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC memory → NCHW shape, channels_last
             yield (images.to(l.device, non_blocking=True), labels.to(l.device, non_blocking=True),

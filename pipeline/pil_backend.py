@@ -60,21 +60,21 @@ def decode_region(data, box, crop: int):
 
 
 class PilBatches:
-    """A map-style dataset whose items are whole batches: ``(epoch, ids) → (images, labels,
+    """A map-style dataset whose items are whole batches: ``(epoch, seed, ids) → (images, labels,
     bad)``, where ``bad`` is a bool mask of samples that failed to decode (dropped)."""
 
-    def __init__(self, index: SampleIndex, *, crop: int, train: bool, seed: int, chw: bool):
-        self.index, self.crop, self.train, self.seed, self.chw = index, crop, train, seed, chw
+    def __init__(self, index: SampleIndex, *, crop: int, train: bool, chw: bool):
+        self.index, self.crop, self.train, self.chw = index, crop, train, chw
 
     def __getitem__(self, item):
         import torch
 
-        epoch, ids = item
+        epoch, seed, ids = item
         ids = np.asarray(ids, np.int64)
         enc, wh = self.index.images(ids)
         bad = wh[:, 0] == 0
         if self.train:
-            boxes, flips = augment.random_resized_crop(wh, ids, seed=self.seed, epoch=epoch)
+            boxes, flips = augment.random_resized_crop(wh, ids, seed=seed, epoch=epoch)
         else:
             boxes, flips = augment.center_crop(wh, self.crop), np.zeros(len(ids), bool)
         shape = (len(ids), 3, self.crop, self.crop) if self.chw else (len(ids), self.crop, self.crop, 3)
@@ -104,22 +104,50 @@ def _identity(x):
     return x
 
 
-def iterate(index: SampleIndex, batches: list, *, epoch: int, crop: int, train: bool, seed: int,
-            chw: bool, workers: int, prefetch: int, pin_memory: bool,
-            ) -> Iterator[tuple]:
-    """Yield ``(images, labels, consumed, num_bad)`` for ``batches`` (arrays of positions)."""
-    import torch
+class _Plan:
+    """The sampler: this epoch's ``(epoch, seed, ids)`` items, replaced each epoch, so one
+    DataLoader (and its worker processes) serves every epoch."""
 
-    dataset = PilBatches(index, crop=crop, train=train, seed=seed, chw=chw)
-    items = [(epoch, b) for b in batches]
-    kw = {}
-    if workers > 0:
-        kw = {"prefetch_factor": max(1, prefetch), "multiprocessing_context": "fork"
-              if "fork" in torch.multiprocessing.get_all_start_methods() else None}
-    dl = torch.utils.data.DataLoader(dataset, sampler=items, batch_size=None, num_workers=workers,
-                                     pin_memory=pin_memory, collate_fn=_identity, **kw)
-    for (images, labels, bad), ids in zip(dl, batches):
-        yield images, labels, len(ids), int(bad.sum())
+    def __init__(self):
+        self.items: list = []
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
 
 
-__all__ = ["PilBatches", "iterate", "resize_into", "decode_region", "image_size"]
+class PilRunner:
+    """Persistent pillow worker processes fed batches of sample positions."""
+
+    def __init__(self, index: SampleIndex, *, crop: int, train: bool, chw: bool,
+                 workers: int, prefetch: int, pin_memory: bool):
+        import sys
+
+        import torch
+
+        self.plan = _Plan()
+        dataset = PilBatches(index, crop=crop, train=train, chw=chw)
+        kw = {}
+        if workers > 0:
+            # fork is cheapest, but forking a process where DALI's native threads run can
+            # deadlock the child (a lock held mid-fork): use a fork server then.
+            methods = torch.multiprocessing.get_all_start_methods()
+            method = "fork" if "fork" in methods and "nvidia.dali.backend_impl" not in sys.modules else None
+            if method is None and "forkserver" in methods:
+                method = "forkserver"
+            kw = {"prefetch_factor": max(1, prefetch), "persistent_workers": True,
+                  "multiprocessing_context": method}
+        self.dl = torch.utils.data.DataLoader(dataset, sampler=self.plan, batch_size=None,
+                                              num_workers=workers, pin_memory=pin_memory,
+                                              collate_fn=_identity, **kw)
+
+    def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[tuple]:
+        """Yield ``(images, labels, consumed, num_bad)`` for ``batches`` (arrays of positions)."""
+        self.plan.items = [(epoch, seed, b) for b in batches]
+        for (images, labels, bad), ids in zip(self.dl, batches):
+            yield images, labels, len(ids), int(bad.sum())
+
+
+__all__ = ["PilBatches", "PilRunner", "resize_into", "decode_region", "image_size"]

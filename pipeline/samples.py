@@ -35,6 +35,9 @@ BYTES_PER_SAMPLE = 23
 _PNG_SIG = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers carry the image size; C4 (DHT), C8 (JPG), CC (DAC) do not.
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# ... and the ones both decoders (libjpeg-turbo in DALI and pillow) handle: 8-bit Huffman
+# baseline, extended, progressive. Lossless / arithmetic / 12-bit count as undecodable.
+_SOF_OK = frozenset({0xC0, 0xC1, 0xC2})
 
 
 def _parse_idx(path: Path, with_json: bool):
@@ -96,7 +99,7 @@ def image_size(buf, start: int = 0, size: Optional[int] = None) -> Optional[tupl
         if b"\xff\xd9" not in tail:
             return None
         pos = start + 2
-        while pos + 9 <= end:
+        while pos + 10 <= end:
             if buf[pos] != 0xFF:
                 return None
             marker = buf[pos + 1]
@@ -104,6 +107,8 @@ def image_size(buf, start: int = 0, size: Optional[int] = None) -> Optional[tupl
                 pos += 1
                 continue
             if marker in _SOF:
+                if marker not in _SOF_OK or buf[pos + 4] != 8 or buf[pos + 9] not in (1, 3, 4):
+                    return None
                 h, w = struct.unpack_from(">HH", buf, pos + 5)
                 return (w, h) if w and h else None
             if marker == 0xD8 or 0xD0 <= marker <= 0xD7 or marker == 0x01:
@@ -131,7 +136,7 @@ class SampleIndex:
         with_json: also index the ``json`` component (for :meth:`meta`).
 
     Samples with no image (``jpg``/``jpeg``/``png``) or no ``cls`` component, and those
-    listed in the manifest's ``pack["skip"]`` (global positions or keys, as written by
+    listed in the manifest's ``pack["skip"]`` (``[shard, index]`` pairs, as written by
     ``stoker index`` for undecodable samples of foreign shards), are marked invalid:
     :attr:`valid` holds the positions the loader draws from, :attr:`num_skipped` counts
     the rest.
@@ -141,6 +146,7 @@ class SampleIndex:
         self.split_dir = Path(split_dir)
         self.manifest = manifest if manifest is not None else Manifest.load(self.split_dir)
         self.with_json = with_json
+        self._maps: dict[int, mmap.mmap] = {}
         self.shard_names = [s.name for s in self.manifest.shards]
         parts = [_parse_idx(idx_path(self.split_dir / name), with_json) for name in self.shard_names]
         for name, part, info in zip(self.shard_names, parts, self.manifest.shards):
@@ -164,16 +170,22 @@ class SampleIndex:
         self.num_skipped = int(bad.sum())
         #: positions the loader draws from (``arange(len)`` when nothing is skipped)
         self.valid = np.flatnonzero(~bad).astype(np.int64)
-        self._maps: dict[int, mmap.mmap] = {}
 
     def _manifest_skips(self) -> np.ndarray:
+        """``pack["skip"]`` entries: ``[shard name, index in shard]`` (what ``stoker index``
+        writes), a global position (int) or a sample key (str)."""
         mask = np.zeros(len(self), bool)
-        skip = self.manifest.pack.get("skip") or []
-        ints = [s for s in skip if isinstance(s, int)]
-        keys = {s for s in skip if isinstance(s, str)}
-        if ints:
-            a = np.asarray(ints, np.int64)
-            mask[a[(a >= 0) & (a < len(self))]] = True
+        keys = set()
+        shard_no = {name: k for k, name in enumerate(self.shard_names)}
+        for s in self.manifest.pack.get("skip") or []:
+            if isinstance(s, (list, tuple)) and len(s) == 2 and s[0] in shard_no:
+                k = shard_no[s[0]]
+                if 0 <= int(s[1]) < self.shard_start[k + 1] - self.shard_start[k]:
+                    mask[self.shard_start[k] + int(s[1])] = True
+            elif isinstance(s, int) and 0 <= s < len(self):
+                mask[s] = True
+            elif isinstance(s, str):
+                keys.add(s)
         for i in range(len(self)) if keys else ():
             if self.key(i) in keys:
                 mask[i] = True

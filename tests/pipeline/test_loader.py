@@ -1,0 +1,246 @@
+import io
+import random
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from stoker.pipeline import Loader, ManifestError
+from stoker.pipeline.deps import HAS_DALI
+from stoker.pipeline.manifest import Manifest
+from stoker.tools.shardwriter import ShardWriter
+from stoker.tools.synth import CLASSES, draw
+
+from conftest import write_split
+
+BACKENDS = ["pil"] + (["dali"] if HAS_DALI else [])
+needs_dali = pytest.mark.skipif(not HAS_DALI, reason="nvidia-dali not installed")
+CROP = 32
+
+
+@pytest.fixture
+def split(tmp_path):
+    """50 samples in 4 shards whose labels are their global positions (unique)."""
+    path = tmp_path / "train"
+    write_split(path, num_samples=50, samples_per_shard=16, classes=list(CLASSES) * 10)
+    return path
+
+
+def run(loader, epoch=None):
+    if epoch is not None:
+        loader.set_epoch(epoch)
+    images, labels = [], []
+    for x, y in loader:
+        images.append(x)
+        labels.append(y)
+    return images, labels
+
+
+def flat(labels):
+    return torch.cat(labels).tolist()
+
+
+def make(split, **kw):
+    kw.setdefault("batch_size", 8)
+    kw.setdefault("crop", CROP)
+    kw.setdefault("threads", 0 if kw.get("backend") == "pil" else 1)  # pil: in-process
+    return Loader(split, **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_train_epoch_is_a_fresh_permutation(split, backend):
+    loader = make(split, backend=backend, drop_last=False)
+    images, labels = run(loader, 0)
+    assert len(images) == len(loader) == 7
+    got = flat(labels)
+    assert sorted(got) == list(range(50))
+    assert got == loader.indices().tolist()  # labels are positions here
+    _, labels1 = run(loader, 1)
+    assert sorted(flat(labels1)) == list(range(50)) and flat(labels1) != got
+    x = images[0]
+    assert x.shape == (8, 3, CROP, CROP) and x.dtype == torch.uint8 and x.device.type == "cpu"
+    assert x.is_contiguous() and labels[0].dtype == torch.int64
+    assert images[-1].shape[0] == 2  # drop_last=False keeps the partial batch
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_drop_last_default_train_true_val_false(split, backend):
+    train = make(split, backend=backend)
+    assert train.drop_last and len(train) == 6
+    assert [len(y) for y in run(train)[1]] == [8] * 6
+    val = make(split, backend=backend, train=False)
+    assert not val.drop_last and len(val) == 7
+    assert flat(run(val)[1]) == list(range(50))  # val: stored order, every sample once
+
+
+def test_ranks_disjoint_and_covering(split):
+    for world in (2, 3):
+        train = [make(split, backend="pil", rank=r, world_size=world, seed=5, drop_last=False)
+                 for r in range(world)]
+        seen = [flat(run(ld, 2)[1]) for ld in train]
+        assert len({len(s) for s in seen}) == 1 and len({len(ld) for ld in train}) == 1
+        union = [i for s in seen for i in s]
+        assert len(union) == len(set(union)) == 50 // world * world
+        val = [make(split, backend="pil", train=False, rank=r, world_size=world) for r in range(world)]
+        vseen = [i for ld in val for i in flat(run(ld)[1])]
+        assert sorted(vseen) == list(range(50))
+
+
+@needs_dali
+def test_dali_and_pil_give_same_order_and_similar_pixels(split):
+    for train in (True, False):
+        d_images, d_labels = run(make(split, backend="dali", train=train, seed=7), 3)
+        p_images, p_labels = run(make(split, backend="pil", train=train, seed=7), 3)
+        assert flat(d_labels) == flat(p_labels)
+        diff = (torch.cat(d_images).float() - torch.cat(p_images).float()).abs().mean()
+        assert diff < 6, diff  # same crop boxes and flips; decoders differ in rounding only
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resume_mid_epoch_equals_uninterrupted(split, backend):
+    whole_images, whole_labels = run(make(split, backend=backend, seed=1), 4)
+    first = make(split, backend=backend, seed=1, threads=1)  # pil: a worker process
+    first.set_epoch(4)
+    it = iter(first)
+    for _ in range(2):
+        next(it)
+    state = first.state_dict()
+    assert state == {"seed": 1, "epoch": 4, "position": 16, "world_size": 1, "num_samples": 50}
+    second = make(split, backend=backend, seed=999)
+    second.load_state_dict(state)
+    second.set_epoch(4)  # a training loop calls this on resume: it must not restart the epoch
+    rest_images, rest_labels = run(second)
+    assert flat(rest_labels) == flat(whole_labels[2:])
+    for a, b in zip(rest_images, whole_images[2:]):
+        assert torch.equal(a, b)  # same crops: the augmentation is a function of (seed, epoch, sample)
+    assert second.state_dict()["position"] == 48
+
+
+@needs_dali
+def test_abandoned_iteration_continues_and_next_epoch_follows(split):
+    loader = make(split, backend="dali")
+    _, whole = run(make(split, backend="dali"), 0)
+    it = iter(loader)
+    first = [next(it)[1] for _ in range(3)]
+    rest = run(loader)[1]  # a new iteration continues the epoch (the DALI queue was drained)
+    assert flat(first + rest) == flat(whole)
+    _, again = run(loader)  # finished epoch, no set_epoch: the next epoch
+    assert loader.epoch == 1 and flat(again) == flat(run(make(split, backend="dali"), 1)[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_channels_last_same_values(split, backend):
+    a = run(make(split, backend=backend, channels_last=True), 0)[0][0]
+    b = run(make(split, backend=backend), 0)[0][0]
+    assert a.shape == (8, 3, CROP, CROP) and a.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_val_matches_reference_center_crop(split, backend):
+    from PIL import Image
+
+    from stoker.pipeline.samples import SampleIndex
+
+    images, labels = run(make(split, backend=backend, train=False, batch_size=50), 0)
+    idx = SampleIndex(split)
+    worst = 0.0
+    for k in range(0, 50, 7):
+        im = Image.open(io.BytesIO(idx.image(k).tobytes())).convert("RGB")
+        short = round(CROP / 0.875)
+        w, h = im.size
+        im = im.resize((round(w * short / min(w, h)), round(h * short / min(w, h))), Image.BILINEAR)
+        left, top = (im.size[0] - CROP) // 2, (im.size[1] - CROP) // 2
+        ref = torch.from_numpy(np.array(im.crop((left, top, left + CROP, top + CROP)))).permute(2, 0, 1)
+        # compare 8x8 means: sub-pixel placement differences of sharp synthetic edges vanish,
+        # a wrong region, scale or flip does not
+        pool = lambda t: torch.nn.functional.avg_pool2d(t.float()[None], 8)  # noqa: E731
+        worst = max(worst, (pool(images[0][k]) - pool(ref)).abs().mean().item())
+        off = torch.roll(ref, shifts=CROP // 4, dims=2)
+        assert (pool(images[0][k]) - pool(ref)).abs().mean() < (pool(images[0][k]) - pool(off)).abs().mean()
+    assert worst < 8, worst
+
+
+def _shards_with_bad_samples(path):
+    path.mkdir()
+    rng = random.Random(0)
+    with ShardWriter(path / "a.tar") as w:
+        for i in range(12):
+            buf = io.BytesIO()
+            draw(CLASSES[i % 6], (48, 40), rng).save(buf, "JPEG", quality=90)
+            data = buf.getvalue()
+            if i == 3:
+                data = data[: len(data) // 2]  # truncated
+            if i == 7:
+                data = b"<html>not found</html>" * 4  # foreign bytes
+            w.write(f"s{i}", {"jpg": data, "cls": str(i).encode()})
+    Manifest(num_samples=12, classes=[str(i) for i in range(12)], shards=[w.info]).save(path)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_undecodable_samples_are_skipped_and_counted(tmp_path, backend):
+    _shards_with_bad_samples(tmp_path / "bad")
+    loader = make(tmp_path / "bad", backend=backend, batch_size=4, drop_last=False)
+    with pytest.warns(RuntimeWarning, match="skipped 2 undecodable"):
+        _, labels = run(loader, 0)
+    assert sorted(flat(labels)) == [0, 1, 2, 4, 5, 6, 8, 9, 10, 11]
+    assert loader.skipped == 2 and loader.state_dict()["position"] == 12
+
+
+def test_manifest_problems_are_named_before_the_first_batch(split):
+    shard = split / "shard-000002.tar"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-512])
+    with pytest.raises(ManifestError, match="shard-000002.tar"):
+        make(split)
+    shard.write_bytes(data[:1000] + bytes([data[1000] ^ 1]) + data[1001:])  # same size, one bit
+    make(split)  # size check passes
+    with pytest.raises(ManifestError, match="shard-000002.tar.*sha256"):
+        make(split, sha256=True)
+    shard.unlink()
+    with pytest.raises(ManifestError, match="shard-000002.tar is missing"):
+        make(split)
+
+
+def test_bad_arguments_are_named(split):
+    for kw, word in [({"batch_size": 0}, "batch_size=0"), ({"backend": "tf"}, "backend='tf'"),
+                     ({"decode": "gpu"}, "decode='gpu'"), ({"device": "tpu"}, "device='tpu'"),
+                     ({"rank": 2, "world_size": 2}, "rank=2"), ({"crop": -1}, "crop=-1")]:
+        with pytest.raises(ValueError, match=word.replace("(", r"\(")):
+            Loader(split, **{"batch_size": 8, **kw})
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="mixed"):
+            Loader(split, batch_size=8, decode="mixed")
+        with pytest.raises(ValueError, match="CUDA"):
+            Loader(split, batch_size=8, device="cuda")
+    loader = make(split)
+    with pytest.raises(ValueError, match="world_size=2"):
+        loader.load_state_dict({"seed": 0, "epoch": 0, "position": 0, "world_size": 2, "num_samples": 50})
+
+
+@needs_dali
+def test_memory_flat_over_epochs(split):
+    import resource
+
+    loader = make(split, backend="dali", batch_size=16)
+    for e in range(3):
+        run(loader, e)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for e in range(3, 12):
+        run(loader, e)
+    grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kb < 64 * 1024, grown_kb
+
+
+@pytest.mark.gpu
+def test_mixed_decode_on_gpu(split):
+    loader = make(split, backend="dali", device="cuda", decode="mixed")
+    images, labels = run(loader, 0)
+    assert images[0].device.type == "cuda" and labels[0].device.type == "cuda"
+    assert images[0].shape == (8, 3, CROP, CROP) and images[0].dtype == torch.uint8
+    cpu_images, cpu_labels = run(make(split, backend="dali", decode="cpu"), 0)
+    assert flat(labels) == flat(cpu_labels)
+    diff = (images[0].cpu().float() - cpu_images[0].float()).abs().mean()
+    assert diff < 8
+    warnings.simplefilter("ignore")
