@@ -4,7 +4,8 @@ The slow-training report that motivates stoker used one inception block at full 
 resolution followed by ``MaxPool2d`` and ``flatten`` into a 301,056-input ``Linear``
 (:class:`ReportNet`, kept for ``stoker diagnose`` comparisons). :class:`InceptionNet`
 keeps the block but puts a cheap strided stem in front and ends with global average
-pooling and a small head: any input size, < 1 M parameters, ~10x fewer FLOPs.
+pooling and a small head: any input size, < 1 M parameters, 13x fewer FLOPs at 224
+(1.48 vs 19.5 GFLOP per image, forward).
 """
 
 from __future__ import annotations

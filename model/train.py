@@ -101,7 +101,8 @@ class TrainConfig:
     ``batch_size`` is per process (the global batch is ``batch_size * world_size``).
     ``lr=None`` picks 0.1 x global_batch/256 for SGD, 1e-3 for AdamW;
     ``weight_decay=None`` picks 5e-5 for SGD, 0.05 for AdamW (never on norms and biases).
-    ``ckpt_every=0`` checkpoints at epoch ends only. ``resume``: ``"auto"`` (RUN/last.pt)
+    ``threads`` goes to the Loader; ``torch_threads`` sets ``torch.set_num_threads`` (CPU
+    training: leave cores to the loader). ``ckpt_every=0`` checkpoints at epoch ends only. ``resume``: ``"auto"`` (RUN/last.pt)
     or a checkpoint path. ``num_classes=None`` reads the class list from the train manifest.
     """
 
@@ -126,6 +127,7 @@ class TrainConfig:
     deterministic: bool = False
     backend: str = "auto"
     threads: Optional[int] = None
+    torch_threads: Optional[int] = None
     log_every: int = 20
     ckpt_every: int = 0
     resume: Optional[str] = None
@@ -154,6 +156,8 @@ class TrainConfig:
             raise ValueError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
         if self.warmup_epochs < 0:
             raise ValueError(f"warmup_epochs={self.warmup_epochs} must be >= 0")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"torch_threads={self.torch_threads} must be >= 1")
         if self.num_classes is not None and self.num_classes < 1:
             raise ValueError(f"num_classes={self.num_classes} must be >= 1")
 
@@ -392,6 +396,8 @@ class _Run:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.amp = resolve_amp(cfg.amp, self.device)
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
         if cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for determinism
             torch.use_deterministic_algorithms(True)
@@ -583,6 +589,11 @@ class _Run:
                     if kill_at and self.step == kill_at:
                         os.kill(os.getpid(), signal.SIGKILL)
                     if stopped and not end_of_epoch:
+                        # Close the abandoned iteration now, while the loader's pipeline is alive
+                        # (left to the garbage collector it may run after DALI shut down at exit).
+                        close = getattr(it, "close", None)
+                        if close is not None:
+                            close()
                         break
                 if stopped and self.epoch_step < self.steps_per_epoch:
                     break

@@ -54,6 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
     p.add_argument("--backend", default="auto", help="Loader backend: auto, dali, pil (default: auto)")
     p.add_argument("--threads", type=int, default=None, help="Loader decode threads (default: the Loader's choice)")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="torch intra-op threads (CPU training; default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic algorithms (bit-identical reruns and resumes; slower on GPU)")
