@@ -271,7 +271,30 @@ def test_cli_end_to_end_on_shards_json(capsys, shards, tmp_path):
 @needs_loader
 @pytest.mark.slow
 def test_cli_human_report_on_shards(capsys, shards):
-    rc, out, err = _cli(capsys, shards / "train", "--arch", "resnet18", "--batch-size", 4, "--crop", 32,
+    rc, out, err = _cli(capsys, shards / "train", "--arch", "inception", "--batch-size", 4, "--crop", 32,
                         "--seconds", 0.2, "--channels-last", "off")
     assert rc == 0, err
     assert "verdict:" in out and "environment" in out and "largest layers" in out
+
+
+@needs_loader
+@pytest.mark.slow
+def test_cli_image_folder_measures_torchvision_and_a_packed_sample(capsys, tmp_path, monkeypatch):
+    import tempfile
+
+    from stoker.tools.synth import make_image_folder
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+
+    make_image_folder(tmp_path / "imgs", per_class=3, min_side=40, max_side=80, seed=0)
+    rc, out, err = _cli(capsys, tmp_path / "imgs", "--arch", "resnet18", "--batch-size", 4, "--crop", 32,
+                        "--seconds", 0.2, "--workers", 0, "--pack-sample", 8, "--channels-last", "off", "--json")
+    assert rc == 0, err
+    d = json.loads(out)  # stdout holds the JSON alone (the pack summary goes to stderr)
+    assert d["data"]["kind"] == "ImageFolder" and d["data"]["samples"] == 18
+    assert d["loader"]["dtype"] == "float32"  # the torchvision pipeline as users run it
+    (alt,) = d["loader_alternatives"]
+    assert alt["id"] == "pack" and alt["result"]["dtype"] == "uint8" and alt["result"]["images_per_s"] > 0
+    assert any(s["id"] == "pack" for s in d["next_steps"] + d["not_helping"])
+    assert not list((tmp_path / "tmp").iterdir())  # the packed sample is removed
