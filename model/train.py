@@ -231,14 +231,20 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup_steps) / span)))
 
 
-def make_optimizer(model: nn.Module, name: str, *, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
-    """SGD (Nesterov momentum) or AdamW; no weight decay on norms and biases (1-D tensors)."""
+def make_optimizer(model: nn.Module, name: str, *, lr: float, momentum: float, weight_decay: float,
+                   fused: bool = False) -> torch.optim.Optimizer:
+    """SGD (Nesterov momentum) or AdamW; no weight decay on norms and biases (1-D tensors).
+
+    ``fused=True`` (used on CUDA) also lets an fp16 GradScaler skip its per-step
+    ``found_inf.item()`` host sync: the fused kernels check for infs on the device.
+    """
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    kw = {"fused": True} if fused else {}
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=momentum > 0)
-    return torch.optim.AdamW(groups, lr=lr)
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=momentum > 0, **kw)
+    return torch.optim.AdamW(groups, lr=lr, **kw)
 
 
 def weights_digest(model: nn.Module) -> str:
@@ -444,7 +450,8 @@ class _Run:
 
         mf = torch.channels_last if cfg.channels_last else torch.contiguous_format
         self.raw = with_normalize(net).to(self.device, memory_format=mf)
-        self.optimizer = make_optimizer(self.raw, cfg.optimizer, lr=lr, momentum=cfg.momentum, weight_decay=wd)
+        self.optimizer = make_optimizer(self.raw, cfg.optimizer, lr=lr, momentum=cfg.momentum, weight_decay=wd,
+                                        fused=self.device.type == "cuda")
         warm, total = self.warmup_steps, self.total_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, warmup_steps=warm, total_steps=total))
