@@ -295,7 +295,7 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
             f"model) with adaptive pooling",
             f"nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(C, {d.detail.split('out_features=')[-1].split(',')[0]}))"
             " in place of flatten + Linear  (stoker's --arch inception does this)",
-            f"estimate from FLOPs: this layer does {share:.2%} of the forward FLOPs", measured=False,
+            f"from FLOPs: this layer does {share:.2%} of the forward FLOPs", measured=False,
             note=f"the gain is {d.params:,} fewer parameters ({d.param_share:.0%}): a model that generalizes "
                  "instead of memorizing, and any input size; speed barely changes")
 
@@ -310,7 +310,7 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
             "put a stride-2 stem first, e.g. nn.Sequential(Conv2d(3, 32, 3, stride=2, padding=1), BatchNorm2d(32), "
             "ReLU(), Conv2d(32, 64, 3, stride=2, padding=1), BatchNorm2d(64), ReLU()), as stoker's --arch "
             "inception does for the report's block",
-            f"estimate: those layers see 16x fewer pixels ({fr:.0%} of {audit.flops_per_image / 1e9:.2f} GFLOPs); "
+            f"those layers would see 16x fewer pixels ({fr:.0%} of {audit.flops_per_image / 1e9:.2f} GFLOPs); "
             "the stem's own cost and changed channel counts not counted", measured=False)
 
     # Loader side: measured alternatives, then estimates handed in by the caller.
@@ -443,8 +443,9 @@ def format_report(rep: dict) -> str:
         lines.append(f"no gain now (the {v['bound']} bounds training, or the change is slower)")
         for c in rep["not_helping"]:
             sp = c.get("stage_speedup")
+            how = "measured" if c["measured"] else "estimate"
             lines.append(f"  - {c['title']}: {c['stage']} stage {format(sp, '.2f') + 'x' if sp else '?'} "
-                         f"({c['basis']})" + (f"; {c['note']}" if c.get("note") else ""))
+                         f"({how}: {c['basis']})" + (f"; {c['note']}" if c.get("note") else ""))
     return "\n".join(lines)
 
 
