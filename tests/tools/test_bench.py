@@ -1,0 +1,49 @@
+import json
+
+import pytest
+
+from stoker.pipeline.deps import HAS_DALI
+from stoker.tools import cli
+from stoker.tools.synth import make_image_folder
+
+TINY = ["--seconds", "2", "--epochs", "1", "--warmup", "1", "--batch-size", "8", "--crop", "32", "--workers", "1"]
+
+
+@pytest.mark.slow
+def test_bench_json_has_every_column(tiny_shards, tmp_path, capsys):
+    root = tiny_shards(n=48, per_shard=16)
+    src = make_image_folder(tmp_path / "src", per_class=8, min_side=40, max_side=80)
+    plot = tmp_path / "bench.png"
+    assert cli.main(["bench", str(root), "--images", str(src), "--json", "--plot", str(plot), *TINY]) == 0
+    result = json.loads(capsys.readouterr().out)
+    kinds = [r["pipeline"] for r in result["rows"]]
+    expected = ["torchvision", "wds", "stoker-pil", "ceiling"]
+    if HAS_DALI:
+        expected += ["dali-reader", "stoker-dali"]
+    assert set(expected) <= set(kinds)
+    assert result["baseline"] == "torchvision" and result["data"].endswith("train")
+    for r in result["rows"]:
+        assert "error" not in r, r
+        assert r["img_s"] > 0 and r["images"] > 0 and r["peak_rss"] > 0 and r["cpu_pct"] > 0
+        if r["pipeline"] != "ceiling":
+            assert r["ratio"] > 0
+    by = {r["pipeline"]: r for r in result["rows"]}
+    assert by["torchvision"]["bytes_per_batch"] == 8 * 3 * 32 * 32 * 4  # float32
+    assert by["stoker-pil"]["bytes_per_batch"] == 8 * 3 * 32 * 32  # uint8
+    assert {"vs_torchvision", "of_ceiling"} <= set(result["summary"])
+    assert any("FFCV" in n for n in result["notes"]) or "ffcv" in kinds
+    assert plot.stat().st_size > 1000
+
+
+def test_bench_table_and_usage_errors(tiny_shards, tmp_path, capsys):
+    root = tiny_shards(n=32, per_shard=16)
+    assert cli.main(["bench", str(root / "train"), "--only", "stoker-pil,ceiling", *TINY]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "img/s" in lines[1] and "CPU %" in lines[1] and "peak RSS" in lines[1] and "bytes/batch" in lines[1]
+    assert any(line.startswith("(5) stoker Loader (pil)") for line in lines)
+    assert any(line.startswith("decode-only ceiling") for line in lines)
+    assert "24.0 KB" in out  # 8 x 3 x 32 x 32 uint8 per batch
+    assert cli.main(["bench", str(tmp_path), *TINY]) == 2
+    assert cli.main(["bench", str(root), "--only", "nope", *TINY]) == 2
+    assert "unknown pipeline" in capsys.readouterr().err
