@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import collections
 import os
+import queue
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
@@ -319,7 +321,7 @@ class _DaliRunner:
             boxes, flips = augment.random_resized_crop(wh, ids, seed=l.seed, epoch=epoch)
         else:
             boxes, flips = augment.center_crop(wh, l.crop), np.zeros(len(ids), bool)
-        self._meta.append((l.index.labels(ids), flips, consumed, nbad))
+        self._meta.append((l.index.labels(ids), flips, consumed, nbad, ids))
         anchors = boxes[:, :2].astype(np.float32)
         shapes = boxes[:, 2:].astype(np.float32)
         if self.resize_in_graph:
@@ -354,39 +356,88 @@ class _DaliRunner:
             images = images.permute(0, 3, 1, 2)
         return images.to(l.device, non_blocking=True)
 
-    def iterate(self, batches: list, epoch: int):
+    def _produce(self, out_q, stop):
+        """Run the pipeline and the pillow stage; put finished batches on ``out_q``."""
         import torch
 
-        if self.pipe is None:
-            self._build()
-        self._plan = iter([(epoch, b) for b in batches])
-        self._meta.clear()
-        self._carry = (0, 0)
+        def put(item) -> None:  # never blocks past a consumer that has gone
+            while not stop.is_set():
+                try:
+                    out_q.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    pass
+
         done = False
         try:
-            while True:
+            while not stop.is_set():
                 try:
                     (out,) = self.pipe.run()
                 except StopIteration:
                     done = True
                     break
-                labels, flips, consumed, nbad = self._meta.popleft()
+                labels, flips, consumed, nbad, _ = self._meta.popleft()
                 images = self._finish(out, flips)
-                yield images, torch.from_numpy(labels).to(self.l.device, non_blocking=True), consumed, nbad
-            consumed, nbad = self._carry
-            if consumed:
-                self.l.position += consumed
-                self.l.skipped += nbad
+                labels = torch.from_numpy(labels).to(self.l.device, non_blocking=True)
+                put((images, labels, consumed, nbad))
+            if done:
+                put(_END)
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, naming the shards
+            if self._meta:
+                shards = sorted({str(self.l.index.shard_path(int(i))) for i in self._meta[0][4]})
+                e = RuntimeError(f"DALI failed on a batch from {', '.join(shards)} "
+                                 f"(run `stoker verify` on them): {e}")
+            put(_Failure(e))
+            done = True  # the pipeline is not drained after an error; it is rebuilt
+            self.pipe = None
         finally:
-            if not done:  # abandoned mid-epoch: stop feeding, drain what DALI prefetched
+            if not done and self.pipe is not None:  # abandoned: stop feeding, drain the queue
                 self._plan = iter(())
                 try:
                     while True:
                         self.pipe.run()
                 except StopIteration:
                     pass
-            self.pipe.reset()
+            if self.pipe is not None:
+                self.pipe.reset()
             self._meta.clear()
+
+    def iterate(self, batches: list, epoch: int):
+        if self.pipe is None:
+            self._build()
+        self._plan = iter([(epoch, b) for b in batches])
+        self._meta.clear()
+        self._carry = (0, 0)
+        # A producer thread runs DALI and the pillow resize while the caller trains on the
+        # previous batch (pillow and DALI release the GIL while they work).
+        out_q: queue.Queue = queue.Queue(maxsize=max(1, self.l.prefetch - 1))
+        stop = threading.Event()
+        worker = threading.Thread(target=self._produce, args=(out_q, stop), daemon=True,
+                                  name="stoker-loader")
+        worker.start()
+        try:
+            while True:
+                item = out_q.get()
+                if item is _END:
+                    break
+                if isinstance(item, _Failure):
+                    raise item.error
+                yield item
+            consumed, nbad = self._carry
+            if consumed:
+                self.l.position += consumed
+                self.l.skipped += nbad
+        finally:
+            stop.set()
+            worker.join()
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+_END = object()
 
 
 __all__ = ["Loader", "BACKENDS", "DECODES"]
