@@ -30,11 +30,14 @@ def _images_of(batch):
 
 
 def _batches(loader: Iterable):
-    """Loop over ``loader`` epoch after epoch (calling ``set_epoch`` when it has one)."""
-    epoch = 0
+    """Loop over ``loader`` epoch after epoch, from wherever it stands now.
+
+    A loader with ``set_epoch`` (stoker's Loader) first finishes the epoch a previous
+    measurement left half read, then goes on with the next epochs.
+    """
+    epoch = getattr(loader, "epoch", 0)
+    empty = 0
     while True:
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
         inner = iter(loader)
         n = 0
         try:
@@ -46,9 +49,12 @@ def _batches(loader: Iterable):
             # before the next measurement starts a new one.
             if hasattr(inner, "close"):
                 inner.close()
-        if n == 0:
+        empty = empty + 1 if n == 0 else 0
+        if empty == 2:  # a fresh epoch gave nothing either
             raise ValueError("the loader yielded no batch (fewer samples than one batch with drop_last?)")
         epoch += 1
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
 
 
 def measure_loader(loader: Iterable, *, seconds: float = 5.0, warmup_batches: int = 2) -> dict:

@@ -101,9 +101,37 @@ def test_measure_loader_runs_over_epochs():
     loader = SlowLoader(batches=2)
     r = measure_loader(loader, seconds=0.05, warmup_batches=3)
     assert r["images"] == 4 * r["batches"] and r["images_per_s"] > 0
-    assert len(loader.epochs) >= 2  # warm-up alone needs a second epoch
+    assert loader.epochs[:1] == [1]  # warm-up alone needs a second epoch
+    assert loader.epochs == list(range(1, len(loader.epochs) + 1))
     with pytest.raises(ValueError, match="seconds"):
         measure_loader(loader, seconds=0)
+
+
+class _Resumable(SlowLoader):
+    """Like stoker's Loader: iterating again continues a half-read epoch."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.epoch, self.position = 0, 0
+
+    def set_epoch(self, e):
+        super().set_epoch(e)
+        if e != self.epoch:
+            self.epoch, self.position = e, 0
+
+    def __iter__(self):
+        while self.position < self.batches:
+            self.position += 1
+            yield self.images, self.labels
+
+
+def test_measurements_continue_a_half_read_epoch_then_go_on():
+    loader = _Resumable(batches=3)
+    it = iter(loader)
+    for _ in range(3):  # read to the end without finishing the generator: nothing left in epoch 0
+        next(it)
+    r = measure_loader(loader, seconds=0.01, warmup_batches=4)
+    assert r["batches"] >= 1 and loader.epochs[:2] == [1, 2]
 
 
 def test_transfer_bytes_on_cpu():
