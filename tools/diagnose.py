@@ -225,14 +225,21 @@ def _verdict(stages: dict, e2e: dict) -> dict:
         text += (f" (balanced within {BALANCED - 1:.0%}: speeding up {bound} alone gains at most "
                  f"{ratio:.2f}x before {nxt} bounds)")
     wait = e2e.get("data_wait_fraction")
+    consistent = None
     if wait is not None:
         text += f". End to end {_f(e2e['images_per_s'])} img/s, {wait:.0%} of the time waiting for data"
         if e2e["images_per_s"] < 0.8 * slow:
             text += (f" ({e2e['images_per_s'] / slow:.0%} of the {bound}'s own rate: loader and model do not "
                      "overlap — no prefetch, or both share the same CPU cores)")
+        # The data-wait fraction is the end-to-end view of the same question.
+        consistent = not ((bound == "loader" and wait < 0.2) or (bound == "model" and wait > 0.5))
+        if not consistent:
+            text += (f". Caution: end to end the data wait ({wait:.0%}) points the other way — the stages slow "
+                     "each other down when run together (on a CPU they share the cores), so judge changes by the "
+                     "end-to-end figure")
     return {"bound": bound, "label": f"{bound}-bound", "ratio": ratio, "next": nxt, "stages": stages,
             "balanced": ratio < BALANCED, "end_to_end_images_per_s": e2e.get("images_per_s"),
-            "data_wait_fraction": wait, "text": text}
+            "data_wait_fraction": wait, "consistent": consistent, "text": text}
 
 
 def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype, alt_r, hints):

@@ -147,6 +147,10 @@ def test_transfer_bound_verdict():
     assert v["ratio"] == pytest.approx(3.0)
     v = _verdict({"loader": 100.0, "model": 105.0}, {"images_per_s": 90.0, "data_wait_fraction": 0.3})
     assert v["balanced"] and "balanced" in v["text"]
+    assert v["consistent"]
+    # Loader-bound on paper, but end to end the model hardly ever waits: say so.
+    v = _verdict({"loader": 500.0, "model": 900.0}, {"images_per_s": 150.0, "data_wait_fraction": 0.03})
+    assert v["label"] == "loader-bound" and v["consistent"] is False and "Caution" in v["text"]
 
 
 def _report_net():
