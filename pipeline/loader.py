@@ -16,6 +16,7 @@ same crops.
 from __future__ import annotations
 
 import collections
+import operator
 import os
 import queue
 import threading
@@ -185,7 +186,11 @@ class Loader:
         """Select the epoch the next iteration reads. A different epoch starts at its first
         batch; the current one continues where it stopped (after :meth:`load_state_dict`)
         or, if it was finished, starts over."""
-        if not isinstance(epoch, int) or epoch < 0:
+        try:
+            epoch = operator.index(epoch)
+        except TypeError:
+            raise ValueError(f"epoch={epoch!r} must be a non-negative integer") from None
+        if epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be a non-negative integer")
         if epoch != self.epoch or self._finished:
             self.epoch, self.position, self.skipped, self._finished = epoch, 0, 0, False

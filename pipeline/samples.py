@@ -29,8 +29,8 @@ KIND_NONE, KIND_JPEG, KIND_PNG = 0, 1, 2
 _KIND = {"jpg": KIND_JPEG, "jpeg": KIND_JPEG, "png": KIND_PNG}
 
 #: bytes of index arrays per sample: img offset (8) + size (4) + cls offset (8) + cls size (2)
-#: + kind (1) [+ json offset (8) + size (4) when ``with_json``]
-BYTES_PER_SAMPLE = 23
+#: + kind (1) + loadable-position list (8) [+ json offset (8) + size (4) when ``with_json``]
+BYTES_PER_SAMPLE = 31
 
 _PNG_SIG = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers carry the image size; C4 (DHT), C8 (JPG), CC (DAC) do not.

@@ -8,7 +8,7 @@ import pytest
 
 from stoker.pipeline import augment
 from stoker.pipeline.manifest import Manifest
-from stoker.pipeline.samples import SampleIndex, image_size, open_split
+from stoker.pipeline.samples import BYTES_PER_SAMPLE, SampleIndex, image_size, open_split
 from stoker.tools.shardwriter import ShardWriter
 from stoker.tools.synth import draw
 
@@ -47,6 +47,7 @@ def test_bookkeeping_is_at_most_64_bytes_per_sample(tiny_shards):
     for with_json in (False, True):
         idx = SampleIndex(root / "train", with_json=with_json)
         assert idx.nbytes / len(idx) <= 64 - 16  # leaves room for the epoch order (2 x int64)
+        assert idx.nbytes == len(idx) * (BYTES_PER_SAMPLE + 12 * with_json)
 
 
 def test_image_size_guard():
