@@ -265,6 +265,11 @@ def test_bad_data_and_flags(capsys, tmp_path, shards):
     assert rc == 2 and "larger than the 24 samples" in err
     rc, _, err = _cli(capsys, shards, "--arch", "no_such_net", "--batch-size", 4)
     assert rc == 2 and "unknown arch" in err and err.count("\n") == 1
+    rc, _, err = _cli(capsys, shards, "--seconds", 0)
+    assert rc == 2 and "--seconds" in err
+    if not torch.cuda.is_available():
+        rc, _, err = _cli(capsys, shards, "--device", "cuda", "--batch-size", 4)
+        assert rc == 2 and "no CUDA device" in err
 
 
 def _loader_available():
