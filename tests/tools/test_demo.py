@@ -1,0 +1,22 @@
+import json
+
+from stoker.tools.cli import main
+
+
+def test_demo_runs_end_to_end_on_tiny_settings(tmp_path, capsys):
+    assert main(["demo", "--tiny", "--cache", str(tmp_path), "--json"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out[out.index("{"):])
+    # 6 classes x 12 images + the 9 odd-but-valid nasty files; the 4 broken ones rejected.
+    assert result["packed"]["train"] == 6 * 12 + 9
+    assert result["rejected"] == 4
+    assert result["loader"]["stoker_images_per_s"] > 0 and result["loader"]["torchvision_images_per_s"] > 0
+    assert result["train"]["steps"] >= 1
+    assert 0.0 <= result["train"]["val_top1"] <= 1.0
+    assert (tmp_path / "runs").is_dir() and any((tmp_path / "runs").glob("*/last.pt"))
+
+
+def test_demo_bad_setting_is_one_line(tmp_path, capsys):
+    assert main(["demo", "--per-class", "0", "--cache", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--per-class" in err
