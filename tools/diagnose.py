@@ -266,8 +266,9 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
 
     dev = device.type
     m0 = stages["model"]
-    autocast = f"torch.autocast(device_type={dev!r}, dtype=torch.{ {'bf16': 'bfloat16', 'fp16': 'float16'}.get(amp_dtype, 'bfloat16')})"
     amp_flag = amp_dtype or "bf16"
+    torch_dtype = {"bf16": "bfloat16", "fp16": "float16"}[amp_flag]
+    autocast = f"torch.autocast(device_type={dev!r}, dtype=torch.{torch_dtype})"
     r = model_r.get("amp", {})
     add("amp", "model", _rate(r), f"Train with AMP ({amp_flag})",
         f"with {autocast}: loss = loss_fn(model(x), y)" + (" + torch.amp.GradScaler" if amp_flag == "fp16" else "")
@@ -295,13 +296,14 @@ def _next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
             f"model alone {_f(_rate(r) or 0)} vs {_f(m0)} img/s at batch {batch_size}")
     if audit.flatten_head and audit.dominant is not None:
         d = audit.dominant
+        out_features = d.detail.split("out_features=")[-1].split(",")[0]
         share = d.flop_share or 0.0
         rate = m0 / (1 - share) if share < 1 else None
         add("flatten_head", "model", rate,
             f"Replace the flatten head '{d.name}' ({d.kind}, {d.params:,} parameters, {d.param_share:.0%} of the "
             f"model) with adaptive pooling",
-            f"nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(C, {d.detail.split('out_features=')[-1].split(',')[0]}))"
-            " in place of flatten + Linear  (stoker's --arch inception does this)",
+            f"nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(C, {out_features})) in place of "
+            "flatten + Linear  (stoker's --arch inception does this)",
             f"from FLOPs: this layer does {share:.2%} of the forward FLOPs", measured=False,
             note=f"the gain is {d.params:,} fewer parameters ({d.param_share:.0%}): a model that generalizes "
                  "instead of memorizing, and any input size; speed barely changes")
