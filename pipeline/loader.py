@@ -15,12 +15,15 @@ same crops.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import operator
 import os
 import queue
+import sys
 import threading
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
@@ -161,7 +164,8 @@ class Loader:
         self.epoch = 0
         self.position = 0
         self._finished = False
-        self._active: Optional[Iterator] = None
+        # weak: an iterator the caller drops is closed at once (its producer thread stops)
+        self._active: Optional[weakref.ref] = None
         self._runner = None
 
     # ---- order ---------------------------------------------------------------------------
@@ -213,17 +217,22 @@ class Loader:
         if state.get("num_samples", self.num_samples) != self.num_samples:
             raise ValueError(f"state was saved for num_samples={state['num_samples']}, "
                              f"{self.path} has {self.num_samples}")
-        if self._active is not None:
-            self._active.close()
+        self._close_active()
         self.seed, self.epoch, self.position = int(state["seed"]), int(state["epoch"]), int(state["position"])
         self.skipped, self._finished = 0, False
 
     # ---- iteration -----------------------------------------------------------------------
     def __iter__(self) -> Iterator:
-        if self._active is not None:
-            self._active.close()  # an abandoned iteration: drain it, keep its position
-        self._active = self._iterate()
-        return self._active
+        self._close_active()  # an abandoned iteration: drain it, keep its position
+        it = self._iterate()
+        self._active = weakref.ref(it)
+        return it
+
+    def _close_active(self) -> None:
+        it = self._active() if self._active is not None else None
+        self._active = None
+        if it is not None:
+            it.close()
 
     def _iterate(self):
         if self._finished:  # iterated again without set_epoch: the next epoch
@@ -232,10 +241,14 @@ class Loader:
         stop = len(idx) - len(idx) % self.batch_size if self.drop_last else len(idx)
         batches = [idx[s:min(s + self.batch_size, stop)] for s in range(self.position, stop, self.batch_size)]
         runner = self._get_runner()
-        for images, labels, consumed, bad in runner.iterate(batches, self.epoch):
-            self.position += consumed
-            self.skipped += bad
-            yield images, labels
+        inner = runner.iterate(batches, self.epoch)
+        try:
+            for images, labels, consumed, bad in inner:
+                self.position += consumed
+                self.skipped += bad
+                yield images, labels
+        finally:
+            inner.close()  # now, not whenever the GC gets to it: stops the producer in order
         self.position = max(self.position, stop)
         self._finished = True
         self._active = None
@@ -285,9 +298,14 @@ class _DaliRunner:
         self._plan: Iterator = iter(())
         self._meta: collections.deque = collections.deque()
         self._carry = (0, 0)
+        self._stop: Optional[threading.Event] = None
+        self._worker: Optional[threading.Thread] = None
 
     def _build(self):
-        from .dali_graph import build_pipeline
+        from .dali_graph import build_pipeline  # imports DALI, which registers its atexit teardown
+
+        _register_atexit()  # after DALI's: atexit runs last-registered first
+        _RUNNERS.add(self)
 
         l = self.l
         device_id = None
@@ -389,11 +407,14 @@ class _DaliRunner:
             if done:
                 put(_END)
         except Exception as e:  # noqa: BLE001 - handed to the consumer, naming the shards
-            if self._meta:
+            if stop.is_set():  # nobody is listening (abandoned, or interpreter exit)
+                e = None
+            elif self._meta:
                 shards = sorted({str(self.l.index.shard_path(int(i))) for i in self._meta[0][4]})
                 e = RuntimeError(f"DALI failed on a batch from {', '.join(shards)} "
                                  f"(run `stoker verify` on them): {e}")
-            put(_Failure(e))
+            if e is not None:
+                put(_Failure(e))
             done = True  # the pipeline is not drained after an error; it is rebuilt
             self.pipe = None
         finally:
@@ -404,6 +425,8 @@ class _DaliRunner:
                         self.pipe.run()
                 except StopIteration:
                     pass
+                except Exception:  # noqa: BLE001 - torn down (interpreter exit): rebuild if used again
+                    self.pipe = None
             if self.pipe is not None:
                 self.pipe.reset()
             self._meta.clear()
@@ -420,6 +443,7 @@ class _DaliRunner:
         stop = threading.Event()
         worker = threading.Thread(target=self._produce, args=(out_q, stop), daemon=True,
                                   name="stoker-loader")
+        self._stop, self._worker = stop, worker
         worker.start()
         try:
             while True:
@@ -434,8 +458,46 @@ class _DaliRunner:
                 self.l.position += consumed
                 self.l.skipped += nbad
         finally:
-            stop.set()
+            self._halt(stop, worker)
+
+    def _halt(self, stop: threading.Event, worker: threading.Thread) -> None:
+        """Stop the producer thread and wait for it (it drains DALI's queue first)."""
+        stop.set()
+        # While the interpreter finalizes, a daemon thread can no longer run: joining it would
+        # hang. The atexit hook below has already stopped it in that case.
+        if not sys.is_finalizing() and worker is not threading.current_thread():
             worker.join()
+        if self._worker is worker:
+            self._stop = self._worker = None
+
+    def shutdown(self) -> None:
+        """Stop an abandoned iteration's producer before DALI tears its pipelines down."""
+        stop, worker = self._stop, self._worker
+        if stop is not None and worker is not None:
+            self._halt(stop, worker)
+
+
+#: DALI runners alive in this process (weak: a runner goes with its Loader)
+_RUNNERS: "weakref.WeakSet[_DaliRunner]" = weakref.WeakSet()
+_ATEXIT_REGISTERED = False
+
+
+def _shutdown_runners() -> None:
+    for runner in list(_RUNNERS):
+        try:
+            runner.shutdown()
+        except Exception:  # noqa: BLE001 - exiting anyway; never print a traceback here
+            pass
+
+
+def _register_atexit() -> None:
+    """Register :func:`_shutdown_runners` once, after DALI is imported: atexit handlers run in
+    reverse order, so producer threads stop before DALI shuts its pipelines down (a thread
+    still running a pipeline then would hit a torn-down one)."""
+    global _ATEXIT_REGISTERED
+    if not _ATEXIT_REGISTERED:
+        atexit.register(_shutdown_runners)
+        _ATEXIT_REGISTERED = True
 
 
 class _Failure:

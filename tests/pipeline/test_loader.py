@@ -242,3 +242,46 @@ def test_mixed_decode_on_gpu(split):
     assert flat(labels) == flat(cpu_labels)
     diff = (images[0].cpu().float() - cpu_images[0].float()).abs().mean()
     assert diff < 8
+
+
+EXIT_SCRIPT = """
+import gc, sys, threading
+from stoker.pipeline import Loader
+
+split, mode = sys.argv[1], sys.argv[2]
+loader = Loader(split, batch_size=4, crop=16, backend="dali", threads=1, prefetch=3)
+if mode == "break":  # abandoned mid-epoch, still referenced when the interpreter exits
+    for i, (x, y) in enumerate(loader):
+        if i == 1:
+            break
+elif mode == "drop":  # the iterator is dropped: its producer thread must stop at once
+    it = iter(loader)
+    next(it)
+    del it
+    print(sum(t.name == "stoker-loader" for t in threading.enumerate()))
+elif mode == "torn":  # DALI's pipelines torn down first (its atexit hook), the iterator dropped after
+    from nvidia.dali import pipeline
+
+    it = iter(loader)
+    next(it)
+    pipeline._shutdown_pipelines()
+    del it
+    gc.collect()
+    print(sum(t.name == "stoker-loader" for t in threading.enumerate()))
+"""
+
+
+@needs_dali
+@pytest.mark.parametrize("mode", ["break", "drop", "torn"])
+def test_abandoned_dali_iteration_exits_without_tracebacks(split, tmp_path, mode):
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_check.py"
+    script.write_text(EXIT_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(split), mode], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr[-3000:]
+    if mode != "break":
+        assert proc.stdout.split() == ["0"], proc.stdout  # no producer thread left running
