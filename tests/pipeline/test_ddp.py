@@ -3,9 +3,13 @@ disjoint, equal-sized and take the same number of steps."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+
+import pytest
 
 from stoker.pipeline.deps import HAS_DALI
 from stoker.tools.synth import CLASSES
@@ -37,6 +41,48 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+def run_in_group(cmd, *, timeout, env=None):
+    """``subprocess.run`` for a launcher with children (torchrun and its ranks): it runs in its
+    own process group, killed as a whole on timeout or failure, so no rank outlives the test."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, even when torchrun is gone
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for its (killed) parent to be reaped counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_run_in_group_kills_grandchildren_on_timeout(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    # a parent that starts a long-lived child (like torchrun and a rank) and waits for it
+    cmd = ["sh", "-c", f"sleep 300 & echo $! > {pid_file}; wait"]
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_in_group(cmd, timeout=2)
+    child = int(pid_file.read_text())
+    for _ in range(50):  # SIGKILL is delivered asynchronously
+        if not _alive(child):
+            break
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
 def test_torchrun_two_gloo_ranks(tmp_path):
     split = tmp_path / "val"
     write_split(split, num_samples=23, samples_per_shard=8, classes=list(CLASSES) * 4)  # unique labels
@@ -44,10 +90,10 @@ def test_torchrun_two_gloo_ranks(tmp_path):
     script.write_text(SCRIPT)
     out = tmp_path / "out.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
+    proc = run_in_group(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(script), str(split), str(out), "dali" if HAS_DALI else "pil"],
-        capture_output=True, text=True, timeout=120, env=env)
+        timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = json.loads(out.read_text())
     val = [sorted(i for b in r["val"]["labels"] for i in b) for r in ranks]
