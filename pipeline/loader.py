@@ -86,6 +86,24 @@ class Loader:
             measured ~2x faster here) or ``"dali"`` (``fn.resize`` inside the graph).
         sha256: verify every shard's checksum before the first batch (reads all data).
 
+    Samples that fail at run time (the image header check; with ``backend="pil"`` also the
+    decoder, while DALI raises, naming the batch's shards and keys) are dropped from
+    their batch and counted in :attr:`skipped`; the batches themselves are fixed slices of this
+    rank's order, so ``len(loader)`` is exactly the number of batches an epoch yields and the
+    position in ``state_dict`` stays a sample count. A batch may then be smaller than
+    ``batch_size``. When *no* sample of a batch passes the header check:
+
+    * train: the batch is filled with stand-ins, the next samples of this rank's epoch order
+      that pass it (wrapping around). Every rank still takes ``len(loader)`` steps (DDP's
+      collectives stay matched) and never trains on an empty batch; those few samples are
+      seen twice this epoch.
+    * val: an empty batch (``[0, 3, crop, crop]``, no labels) is yielded in its place, so
+      every loadable sample is counted exactly once and ``len`` holds; evaluation loops
+      that sum counts handle it.
+
+    Merging it into the next batch instead would shift every later batch boundary and leave
+    that rank one step short, which hangs a DDP job at its next collective.
+
     Raises:
         ManifestError: a shard is missing, truncated or (with ``sha256``) corrupt; names it.
         ValueError: a bad argument value, named in the message.
@@ -167,6 +185,7 @@ class Loader:
         # weak: an iterator the caller drops is closed at once (its producer thread stops)
         self._active: Optional[weakref.ref] = None
         self._runner = None
+        self._order = np.zeros(0, np.int64)
 
     # ---- order ---------------------------------------------------------------------------
     def _rank_count(self) -> int:
@@ -237,7 +256,7 @@ class Loader:
     def _iterate(self):
         if self._finished:  # iterated again without set_epoch: the next epoch
             self.epoch, self.position, self.skipped, self._finished = self.epoch + 1, 0, 0, False
-        idx = self.indices()
+        idx = self._order = self.indices()
         stop = len(idx) - len(idx) % self.batch_size if self.drop_last else len(idx)
         batches = [idx[s:min(s + self.batch_size, stop)] for s in range(self.position, stop, self.batch_size)]
         runner = self._get_runner()
@@ -255,6 +274,23 @@ class Loader:
         if self.skipped:
             warnings.warn(f"stoker Loader {self.path}: epoch {self.epoch}: skipped {self.skipped} "
                           f"undecodable sample(s) on rank {self.rank}", RuntimeWarning, stacklevel=2)
+
+    def _stand_in(self, planned: np.ndarray) -> np.ndarray:
+        """Samples for a train batch none of whose samples is loadable: the next ones in this
+        rank's epoch order (wrapping around) that pass the header guard."""
+        order = self._order
+        start = int(np.flatnonzero(order == planned[-1])[0]) + 1
+        picked: list = []
+        for s in range(0, len(order), 64):
+            chunk = np.roll(order, -start)[s:s + 64]
+            _, wh = self.index.images(chunk)
+            picked.extend(chunk[wh[:, 0] > 0][: len(planned) - len(picked)].tolist())
+            if len(picked) == len(planned):
+                break
+        if not picked:
+            raise RuntimeError(f"stoker Loader {self.path}: no sample of rank {self.rank}'s share "
+                               f"passes the image header check (run `stoker verify {self.path}`)")
+        return np.asarray(picked, np.int64)
 
     def _get_runner(self):
         if self._runner is None:
@@ -281,7 +317,9 @@ class _PilRunner:
 
     def iterate(self, batches: list, epoch: int):
         l = self.l
-        for images, labels, consumed, bad in self.runner.iterate(batches, epoch, l.seed):
+        for (images, labels, consumed, bad), ids in zip(self.runner.iterate(batches, epoch, l.seed), batches):
+            if not len(labels) and l.train:  # nothing loadable: stand-ins, decoded here (rare)
+                images, labels, _ = self.runner.dl.dataset[(epoch, l.seed, l._stand_in(ids))]
             if l.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC memory → NCHW shape, channels_last
             yield (images.to(l.device, non_blocking=True), labels.to(l.device, non_blocking=True),
@@ -297,7 +335,7 @@ class _DaliRunner:
         self.resize_in_graph = loader.decode == "mixed" or loader.cpu_resize == "dali"
         self._plan: Iterator = iter(())
         self._meta: collections.deque = collections.deque()
-        self._carry = (0, 0)
+        self._carry: list = []
         self._stop: Optional[threading.Event] = None
         self._worker: Optional[threading.Thread] = None
 
@@ -323,33 +361,49 @@ class _DaliRunner:
     def _source(self):
         """DALI's batch callback: called ahead of consumption (prefetch), in order."""
         l = self.l
-        consumed, nbad = self._carry
+        empties = self._carry  # val batches with no loadable sample: yielded empty, in order
         while True:
             try:
                 epoch, ids = next(self._plan)
             except StopIteration:
-                self._carry = (consumed, nbad)  # trailing all-bad batches: reported at the end
+                self._carry = empties  # trailing all-bad batches: yielded at the end
                 raise
             enc, wh = l.index.images(ids)
-            consumed += len(ids)
+            consumed, nbad = len(ids), 0
             ok = wh[:, 0] > 0  # header guard: truncated / foreign bytes never reach the decoder
             if not ok.all():
-                nbad += int((~ok).sum())
+                nbad = int((~ok).sum())
+                planned = ids
                 ids, wh = ids[ok], wh[ok]
                 enc = [e for e, k in zip(enc, ok) if k]
+                if not len(ids) and l.train:  # stand-ins keep every rank's step count
+                    ids = l._stand_in(planned)
+                    enc, wh = l.index.images(ids)
             if len(ids):
                 break
-        self._carry = (0, 0)
+            empties = empties + [(consumed, nbad)]
+        self._carry = []
         if l.train:
             boxes, flips = augment.random_resized_crop(wh, ids, seed=l.seed, epoch=epoch)
         else:
             boxes, flips = augment.center_crop(wh, l.crop), np.zeros(len(ids), bool)
-        self._meta.append((l.index.labels(ids), flips, consumed, nbad, ids))
+        self._meta.append((l.index.labels(ids), flips, consumed, nbad, ids, empties))
         anchors = boxes[:, :2].astype(np.float32)
         shapes = boxes[:, 2:].astype(np.float32)
         if self.resize_in_graph:
             return enc, anchors, shapes, flips.astype(np.int32)
         return enc, anchors, shapes
+
+    def _empty(self, consumed: int, nbad: int):
+        """A val batch none of whose samples passed the header guard: yielded with no samples."""
+        import torch
+
+        l, c = self.l, self.l.crop
+        images = torch.empty((0, c, c, 3) if l.channels_last else (0, 3, c, c), dtype=torch.uint8)
+        if l.channels_last:
+            images = images.permute(0, 3, 1, 2)
+        return (images.to(l.device), torch.empty(0, dtype=torch.int64, device=l.device),
+                consumed, nbad)
 
     def _finish(self, out, flips):
         """DALI output → torch on the loader's device."""
@@ -400,11 +454,16 @@ class _DaliRunner:
                 except StopIteration:
                     done = True
                     break
-                labels, flips, consumed, nbad, _ = self._meta.popleft()
+                labels, flips, consumed, nbad, _, empties = self._meta.popleft()
+                for item in empties:
+                    put(self._empty(*item))
                 images = self._finish(out, flips)
                 labels = torch.from_numpy(labels).to(self.l.device, non_blocking=True)
                 put((images, labels, consumed, nbad))
             if done:
+                for item in self._carry:
+                    put(self._empty(*item))
+                self._carry = []
                 put(_END)
         except Exception as e:  # noqa: BLE001 - handed to the consumer, naming the shards
             if stop.is_set():  # nobody is listening (abandoned, or interpreter exit)
@@ -436,7 +495,7 @@ class _DaliRunner:
             self._build()
         self._plan = iter([(epoch, b) for b in batches])
         self._meta.clear()
-        self._carry = (0, 0)
+        self._carry = []
         # A producer thread runs DALI and the pillow resize while the caller trains on the
         # previous batch (pillow and DALI release the GIL while they work).
         out_q: queue.Queue = queue.Queue(maxsize=max(1, self.l.prefetch - 1))
@@ -453,10 +512,6 @@ class _DaliRunner:
                 if isinstance(item, _Failure):
                     raise item.error
                 yield item
-            consumed, nbad = self._carry
-            if consumed:
-                self.l.position += consumed
-                self.l.skipped += nbad
         finally:
             self._halt(stop, worker)
 

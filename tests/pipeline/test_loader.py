@@ -1,5 +1,6 @@
 import io
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -285,3 +286,43 @@ def test_abandoned_dali_iteration_exits_without_tracebacks(split, tmp_path, mode
     assert "Traceback" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr[-3000:]
     if mode != "break":
         assert proc.stdout.split() == ["0"], proc.stdout  # no producer thread left running
+
+
+def _garble(split, positions):
+    """Overwrite the image bytes of ``positions`` with garbage of the same size: the manifest's
+    size check passes, the header guard fails."""
+    from stoker.pipeline.samples import SampleIndex
+
+    idx = SampleIndex(split)
+    for i in positions:
+        path, off, size = idx.shard_path(int(i)), int(idx.img_off[i]), int(idx.img_size[i])
+        idx.close()
+        with open(path, "r+b") as f:
+            f.seek(off)
+            f.write(bytes(range(256)) * (size // 256) + bytes(size % 256))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_with_no_loadable_sample_keeps_len_exact(split, backend):
+    val = make(split, backend=backend, train=False)
+    train = [make(split, backend=backend, rank=r, world_size=2, seed=3) for r in range(2)]
+    train[0].set_epoch(2)
+    garbled = list(range(8, 16)) + train[0].indices()[8:16].tolist()  # val batch 1, rank 0's train batch 1
+    _garble(split, garbled)
+    with pytest.warns(RuntimeWarning, match="skipped"):
+        _, labels = run(val)
+    assert len(labels) == len(val) == 7 and len(labels[1]) == 0  # an empty batch in its place
+    assert flat(labels) == [i for i in range(50) if i not in garbled]  # the rest exactly once
+    assert val.state_dict()["position"] == 50
+    steps = []
+    for ld in train:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            _, labels = run(ld, 2)
+        steps.append(len(labels))
+        assert all(len(y) > 0 for y in labels)  # train: never an empty batch
+        if ld is train[0]:
+            assert len(labels[1]) == 8  # the garbled batch: stand-ins from the rank's order
+        assert not set(flat(labels)) & set(garbled)
+    assert steps == [len(train[0]), len(train[1])] == [3, 3]  # both ranks take the same steps
+    assert train[0].skipped >= 8
