@@ -434,6 +434,26 @@ class _DaliRunner:
             images = images.permute(0, 3, 1, 2)
         return images.to(l.device, non_blocking=True)
 
+    def _describe_failure(self, ids: np.ndarray, error: BaseException) -> str:
+        """One line for a DALI error on the batch ``ids``: its shards and sample keys (the
+        failing one when DALI says which), and what to run."""
+        import re
+
+        index, split = self.l.index, self.l.path
+        shards = sorted({index.shard_names[index.shard_of(int(i))] for i in ids})
+        keys = [index.key(int(i)) for i in ids]
+        text = str(error)
+        m = re.search(r"sample #(\d+)", text)
+        if m and int(m.group(1)) < len(keys):
+            what = f"sample key {keys[int(m.group(1))]} does not decode"
+        else:
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            what = (lines[-1] if lines else type(error).__name__)[:200]
+        shown = ", ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
+        return (f"DALI failed on a batch of {split} (shards {', '.join(shards)}; keys {shown}): "
+                f"{what}; run `stoker verify {split}` to find corrupt samples "
+                f"(`stoker index {split}` rewrites the manifest to skip undecodable ones)")
+
     def _produce(self, out_q, stop):
         """Run the pipeline and the pillow stage; put finished batches on ``out_q``."""
         import torch
@@ -469,9 +489,7 @@ class _DaliRunner:
             if stop.is_set():  # nobody is listening (abandoned, or interpreter exit)
                 e = None
             elif self._meta:
-                shards = sorted({str(self.l.index.shard_path(int(i))) for i in self._meta[0][4]})
-                e = RuntimeError(f"DALI failed on a batch from {', '.join(shards)} "
-                                 f"(run `stoker verify` on them): {e}")
+                e = RuntimeError(self._describe_failure(self._meta[0][4], e))
             if e is not None:
                 put(_Failure(e))
             done = True  # the pipeline is not drained after an error; it is rebuilt

@@ -326,3 +326,26 @@ def test_batch_with_no_loadable_sample_keeps_len_exact(split, backend):
         assert not set(flat(labels)) & set(garbled)
     assert steps == [len(train[0]), len(train[1])] == [3, 3]  # both ranks take the same steps
     assert train[0].skipped >= 8
+
+
+@needs_dali
+def test_dali_decode_failure_is_one_line_naming_shard_and_keys(tmp_path):
+    path = tmp_path / "scan"
+    path.mkdir()
+    rng = random.Random(0)
+    with ShardWriter(path / "a.tar") as w:
+        for i in range(8):
+            buf = io.BytesIO()
+            draw(CLASSES[i % 6], (48, 40), rng).save(buf, "JPEG", quality=90)
+            data = bytearray(buf.getvalue())
+            if i == 5:  # headers intact (passes the guard), the scan names a component that does not exist
+                data[data.find(b"\xff\xda") + 5] = 0x77
+            w.write(f"s{i}", {"jpg": bytes(data), "cls": str(i).encode()})
+    Manifest(num_samples=8, classes=[str(i) for i in range(8)], shards=[w.info]).save(path)
+    loader = make(path, backend="dali", train=False, batch_size=4)
+    with pytest.raises(RuntimeError) as info:
+        run(loader)
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    assert "a.tar" in msg and "keys s4, s5, s6, s7" in msg and "key s5 does not decode" in msg, msg
+    assert "stoker verify" in msg and "stoker index" in msg, msg
