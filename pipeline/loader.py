@@ -279,10 +279,11 @@ class Loader:
         """Samples for a train batch none of whose samples is loadable: the next ones in this
         rank's epoch order (wrapping around) that pass the header guard."""
         order = self._order
-        start = int(np.flatnonzero(order == planned[-1])[0]) + 1
+        start = int(np.flatnonzero(order == planned[-1])[0]) + 1  # rare: a linear search is fine
+        order = np.roll(order, -start)
         picked: list = []
         for s in range(0, len(order), 64):
-            chunk = np.roll(order, -start)[s:s + 64]
+            chunk = order[s:s + 64]
             _, wh = self.index.images(chunk)
             picked.extend(chunk[wh[:, 0] > 0][: len(planned) - len(picked)].tolist())
             if len(picked) == len(planned):
