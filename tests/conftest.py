@@ -1,6 +1,9 @@
 import io
 import json
+import os
 import random
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -60,3 +63,19 @@ def tiny_shards(tmp_path):
         return root
 
     return make
+
+
+def run_in_group(cmd, *, timeout, env=None):
+    """``subprocess.run`` for a launcher with children (torchrun and its ranks): it runs in its
+    own process group, killed as a whole on timeout or failure, so no rank outlives the test."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, even when torchrun is gone
+        except ProcessLookupError:
+            pass
+        proc.communicate()

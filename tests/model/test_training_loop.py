@@ -4,13 +4,12 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import write_split
+from conftest import run_in_group, write_split
 from fake_loader import factory
 from stoker.model import TrainConfig, build_model, load_checkpoint, resolve_amp, with_normalize
 from stoker.model.train import train
@@ -150,22 +149,6 @@ with open(os.path.join({out!r}, "rank%s.json" % os.environ["RANK"]), "w") as f:
 """
 
 
-def _run_in_group(cmd, *, timeout, env=None):
-    """torchrun in its own process group, killed as a whole on timeout or failure: no rank
-    outlives the test (same helper as tests/pipeline/test_ddp.py, which tests it)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-
-
 @pytest.mark.slow
 def test_ddp_two_ranks_gloo_keep_identical_weights(tmp_path):
     """torchrun, 2 processes, gloo, the real Loader: same weights on both ranks, val counted once."""
@@ -176,7 +159,7 @@ def test_ddp_two_ranks_gloo_keep_identical_weights(tmp_path):
     script = tmp_path / "ddp_train.py"
     script.write_text(DDP_SCRIPT.format(data=str(data), out=str(out)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = _run_in_group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    p = run_in_group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                        str(script)], env=env, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))

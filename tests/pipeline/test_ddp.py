@@ -3,7 +3,6 @@ disjoint, equal-sized and take the same number of steps."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ import pytest
 from stoker.pipeline.deps import HAS_DALI
 from stoker.tools.synth import CLASSES
 
-from conftest import write_split
+from conftest import run_in_group, write_split
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -39,22 +38,6 @@ SCRIPT = textwrap.dedent("""
             json.dump(gathered, f)
     dist.destroy_process_group()
 """)
-
-
-def run_in_group(cmd, *, timeout, env=None):
-    """``subprocess.run`` for a launcher with children (torchrun and its ranks): it runs in its
-    own process group, killed as a whole on timeout or failure, so no rank outlives the test."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, even when torchrun is gone
-        except ProcessLookupError:
-            pass
-        proc.communicate()
 
 
 def _alive(pid: int) -> bool:
