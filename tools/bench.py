@@ -155,16 +155,24 @@ def _shards(data: str) -> list[str]:
     return [str(Path(data) / s.name) for s in m.shards]
 
 
-def _run_torchvision(cfg):
+def torchvision_loader(root, *, batch_size: int, crop: int, workers: int, pin_memory: bool = False):
+    """The usual torchvision pipeline, column (1) and ``stoker diagnose``'s ImageFolder case:
+    ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize + DataLoader, float32 batches.
+    Returns ``(loader, dataset)``."""
     import torch
     from torchvision import datasets, transforms
 
-    tf = transforms.Compose([transforms.RandomResizedCrop(cfg["crop"]), transforms.RandomHorizontalFlip(),
-                             transforms.ToTensor(),
-                             transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
-    ds = datasets.ImageFolder(cfg["images"], transform=tf)
-    dl = torch.utils.data.DataLoader(ds, batch_size=cfg["batch_size"], shuffle=True, drop_last=True,
-                                     num_workers=cfg["workers"], persistent_workers=True)
+    from stoker.model.normalize import IMAGENET_MEAN, IMAGENET_STD
+
+    tf = transforms.Compose([transforms.RandomResizedCrop(crop), transforms.RandomHorizontalFlip(),
+                             transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    ds = datasets.ImageFolder(str(root), transform=tf)
+    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers,
+                                       drop_last=True, pin_memory=pin_memory, persistent_workers=workers > 0), ds
+
+
+def _run_torchvision(cfg):
+    dl, _ = torchvision_loader(cfg["images"], batch_size=cfg["batch_size"], crop=cfg["crop"], workers=cfg["workers"])
     return _timed(_epochs(lambda e: iter(dl), cfg["epochs"] + 1), cfg)
 
 

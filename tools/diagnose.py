@@ -587,20 +587,6 @@ def _device(arg: Optional[str]) -> str:
     return str(dev)
 
 
-def torchvision_loader(root: Path, *, batch_size: int, crop: int, workers: int, pin_memory: bool):
-    """The usual torchvision pipeline: ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize + DataLoader."""
-    import torch
-    from torchvision import datasets, transforms
-
-    from stoker.model.normalize import IMAGENET_MEAN, IMAGENET_STD
-
-    tf = transforms.Compose([transforms.RandomResizedCrop(crop), transforms.RandomHorizontalFlip(),
-                             transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-    ds = datasets.ImageFolder(str(root), transform=tf)
-    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers,
-                                       drop_last=True, pin_memory=pin_memory, persistent_workers=workers > 0), ds
-
-
 def _quick_pack(root: Path, n: int, tmp: Path, seed: int = 0) -> Path:
     """Pack ``n`` random images of ImageFolder ``root`` (symlinked into ``tmp``) with the
     default settings; return the packed split folder."""
@@ -689,6 +675,8 @@ def main(args: argparse.Namespace) -> int:
                                      "loader": _stoker_loader(path, args, device, decode="mixed")})
         else:
             workers = args.workers if args.workers is not None else cores
+            from .bench import torchvision_loader
+
             loader, _ = torchvision_loader(path, batch_size=args.batch_size, crop=args.crop, workers=workers,
                                            pin_memory=device.startswith("cuda"))
             data = {"kind": "ImageFolder", "path": str(path), "samples": num_samples, "classes": num_classes,
