@@ -45,8 +45,6 @@ BEST = "best.pt"
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
 PLOT = "curves.png"
-# Test hook: SIGKILL ourselves right after this global step (simulates a crash, `kill -9`).
-_KILL_ENV = "STOKER_TEST_KILL_AT_STEP"
 
 
 # --------------------------------------------------------------------------- devices, AMP
@@ -521,7 +519,6 @@ class _Run:
         from tqdm import tqdm
 
         cfg, dev, d = self.cfg, self.device, self.dist
-        kill_at = int(os.environ.get(_KILL_ENV, "0") or 0)
         windows: list[tuple[int, float, float]] = []  # (images, seconds, wait seconds) per log window
         last_loss = float("nan")
         val: Optional[dict] = None
@@ -593,8 +590,6 @@ class _Run:
                         stopped = signals.received  # one process: stop at once, no vote needed
                     if (cfg.ckpt_every and self.step % cfg.ckpt_every == 0 and not end_of_epoch) or (stopped and not end_of_epoch):
                         self.checkpoint(epoch=epoch, epoch_step=self.epoch_step, epoch_complete=False)
-                    if kill_at and self.step == kill_at:
-                        os.kill(os.getpid(), signal.SIGKILL)
                     if stopped and not end_of_epoch:
                         # Close the abandoned iteration now, while the loader's pipeline is alive
                         # (left to the garbage collector it may run after DALI shut down at exit).
