@@ -162,20 +162,27 @@ def test_val_matches_reference_center_crop(split, backend):
     assert worst < 8, worst
 
 
-def _shards_with_bad_samples(path):
+def _shard_of(path, n, spoil=lambda i, data: data):
+    """One shard of ``n`` small JPEGs, keys ``s0..``, label = index; ``spoil(i, bytes)`` may damage one."""
     path.mkdir()
     rng = random.Random(0)
     with ShardWriter(path / "a.tar") as w:
-        for i in range(12):
+        for i in range(n):
             buf = io.BytesIO()
             draw(CLASSES[i % 6], (48, 40), rng).save(buf, "JPEG", quality=90)
-            data = buf.getvalue()
-            if i == 3:
-                data = data[: len(data) // 2]  # truncated
-            if i == 7:
-                data = b"<html>not found</html>" * 4  # foreign bytes
-            w.write(f"s{i}", {"jpg": data, "cls": str(i).encode()})
-    Manifest(num_samples=12, classes=[str(i) for i in range(12)], shards=[w.info]).save(path)
+            w.write(f"s{i}", {"jpg": spoil(i, buf.getvalue()), "cls": str(i).encode()})
+    Manifest(num_samples=n, classes=[str(i) for i in range(n)], shards=[w.info]).save(path)
+
+
+def _shards_with_bad_samples(path):
+    def spoil(i, data):
+        if i == 3:
+            return data[: len(data) // 2]  # truncated
+        if i == 7:
+            return b"<html>not found</html>" * 4  # foreign bytes
+        return data
+
+    _shard_of(path, 12, spoil)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -330,18 +337,14 @@ def test_batch_with_no_loadable_sample_keeps_len_exact(split, backend):
 
 @needs_dali
 def test_dali_decode_failure_is_one_line_naming_shard_and_keys(tmp_path):
+    def spoil(i, data):
+        if i == 5:  # headers intact (passes the guard), the scan names a component that does not exist
+            data = bytearray(data)
+            data[data.find(b"\xff\xda") + 5] = 0x77
+        return bytes(data)
+
     path = tmp_path / "scan"
-    path.mkdir()
-    rng = random.Random(0)
-    with ShardWriter(path / "a.tar") as w:
-        for i in range(8):
-            buf = io.BytesIO()
-            draw(CLASSES[i % 6], (48, 40), rng).save(buf, "JPEG", quality=90)
-            data = bytearray(buf.getvalue())
-            if i == 5:  # headers intact (passes the guard), the scan names a component that does not exist
-                data[data.find(b"\xff\xda") + 5] = 0x77
-            w.write(f"s{i}", {"jpg": bytes(data), "cls": str(i).encode()})
-    Manifest(num_samples=8, classes=[str(i) for i in range(8)], shards=[w.info]).save(path)
+    _shard_of(path, 8, spoil)
     loader = make(path, backend="dali", train=False, batch_size=4)
     with pytest.raises(RuntimeError) as info:
         run(loader)
