@@ -1,4 +1,3 @@
-import io
 import json
 import os
 import random
@@ -11,7 +10,7 @@ import pytest
 from stoker.pipeline.deps import has_cuda
 from stoker.pipeline.manifest import Manifest
 from stoker.tools.shardwriter import ShardWriter
-from stoker.tools.synth import CLASSES, draw
+from stoker.tools.synth import CLASSES, draw, encode
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,8 +28,6 @@ def write_split(split_dir: Path, *, num_samples: int, samples_per_shard: int, se
 
     Sample ``i`` (global position) has label ``i % len(classes)`` and key ``f"{i:09d}"``.
     """
-    from PIL import Image  # noqa: F401  (draw needs it)
-
     split_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     shards = []
@@ -39,11 +36,9 @@ def write_split(split_dir: Path, *, num_samples: int, samples_per_shard: int, se
             for i in range(start, min(start + samples_per_shard, num_samples)):
                 label = i % len(classes)
                 size = (rng.randint(min_side, max_side), rng.randint(min_side, max_side))
-                buf = io.BytesIO()
-                draw(classes[label], size, rng).save(buf, "JPEG", quality=90)
                 meta = {"path": f"{classes[label]}/{i}.jpg", "width": size[0], "height": size[1],
                         "class": classes[label]}
-                w.write(f"{i:09d}", {"jpg": buf.getvalue(), "cls": str(label).encode(),
+                w.write(f"{i:09d}", {"jpg": encode(draw(classes[label], size, rng), quality=90), "cls": str(label).encode(),
                                      "json": json.dumps(meta).encode()})
         shards.append(w.info)
     m = Manifest(num_samples=num_samples, classes=list(classes), shards=shards, pack={"fixture": True})

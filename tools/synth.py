@@ -62,15 +62,10 @@ def draw(cls: str, size: tuple[int, int], rng: random.Random):
     return im
 
 
-def _jpeg(im, **kw) -> bytes:
+def encode(im, fmt: str = "JPEG", **save_kw) -> bytes:
+    """``im`` saved as ``fmt`` (JPEG, PNG, ...) into bytes."""
     buf = io.BytesIO()
-    im.save(buf, "JPEG", **kw)
-    return buf.getvalue()
-
-
-def _png(im) -> bytes:
-    buf = io.BytesIO()
-    im.save(buf, "PNG")
+    im.save(buf, fmt, **save_kw)
     return buf.getvalue()
 
 
@@ -97,16 +92,16 @@ def nasty_files(rng: random.Random) -> dict[str, bytes]:
     rgba.putalpha(Image.linear_gradient("L").resize(base.size))
     exif = Image.Exif()
     exif[0x0112] = 6  # orientation: rotate 90 CW to display
-    good = _jpeg(base)
+    good = encode(base)
     return {
-        "gray.jpg": _jpeg(base.convert("L")),
-        "cmyk.jpg": _jpeg(base.convert("CMYK")),
-        "rgba.png": _png(rgba),
-        "gray16.png": _png(gray16),
-        "palette.png": _png(base.convert("P", palette=Image.Palette.ADAPTIVE)),
-        "png_named.JPEG": _png(base),
-        "exif_rotated.jpg": _jpeg(base, exif=exif.tobytes()),
-        "progressive.jpg": _jpeg(base, progressive=True),
+        "gray.jpg": encode(base.convert("L")),
+        "cmyk.jpg": encode(base.convert("CMYK")),
+        "rgba.png": encode(rgba, "PNG"),
+        "gray16.png": encode(gray16, "PNG"),
+        "palette.png": encode(base.convert("P", palette=Image.Palette.ADAPTIVE), "PNG"),
+        "png_named.JPEG": encode(base, "PNG"),
+        "exif_rotated.jpg": encode(base, exif=exif.tobytes()),
+        "progressive.jpg": encode(base, progressive=True),
         "odd name, with spaces & ünïcode's.jpg": good,
         "bad_truncated.jpg": good[: len(good) // 2],
         "bad_zero.jpg": b"",
@@ -140,7 +135,7 @@ def make_image_folder(
             im = draw(cls, size, rng)
             if rng.random() < 0.1:
                 im = im.convert("L")
-            (d / f"{cls}_{i:05d}.jpg").write_bytes(_jpeg(im, quality=quality))
+            (d / f"{cls}_{i:05d}.jpg").write_bytes(encode(im, quality=quality))
     if nasty:
         for name, data in nasty_files(rng).items():
             (root / classes[0] / name).write_bytes(data)

@@ -10,7 +10,7 @@ from stoker.pipeline import Loader, ManifestError
 from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.manifest import Manifest
 from stoker.tools.shardwriter import ShardWriter
-from stoker.tools.synth import CLASSES, draw
+from stoker.tools.synth import CLASSES, draw, encode
 
 from conftest import write_split
 
@@ -168,9 +168,8 @@ def _shard_of(path, n, spoil=lambda i, data: data):
     rng = random.Random(0)
     with ShardWriter(path / "a.tar") as w:
         for i in range(n):
-            buf = io.BytesIO()
-            draw(CLASSES[i % 6], (48, 40), rng).save(buf, "JPEG", quality=90)
-            w.write(f"s{i}", {"jpg": spoil(i, buf.getvalue()), "cls": str(i).encode()})
+            data = encode(draw(CLASSES[i % 6], (48, 40), rng), quality=90)
+            w.write(f"s{i}", {"jpg": spoil(i, data), "cls": str(i).encode()})
     Manifest(num_samples=n, classes=[str(i) for i in range(n)], shards=[w.info]).save(path)
 
 

@@ -6,19 +6,7 @@ import pytest
 from PIL import Image
 
 from stoker.tools.sanitize import Settings, sanitize, sanitize_bytes, target_size
-from stoker.tools.synth import bomb_png, draw, nasty_files
-
-
-def jpeg(im, **kw) -> bytes:
-    buf = io.BytesIO()
-    im.save(buf, "JPEG", **kw)
-    return buf.getvalue()
-
-
-def png(im) -> bytes:
-    buf = io.BytesIO()
-    im.save(buf, "PNG")
-    return buf.getvalue()
+from stoker.tools.synth import bomb_png, draw, encode, nasty_files
 
 
 def decode(data: bytes) -> Image.Image:
@@ -53,7 +41,7 @@ def test_nasty_inputs_rejected_with_reason_or_made_baseline_rgb(short_side):
 
 
 def test_baseline_rgb_jpeg_within_limits_is_copied_unless_reencode():
-    data = jpeg(draw("circles", (120, 90), random.Random(1)), quality=80)
+    data = encode(draw("circles", (120, 90), random.Random(1)), quality=80)
     r = sanitize_bytes(data, Settings(short_side=256))
     assert r.copied and r.jpg == data and (r.width, r.height) == (120, 90)
     r2 = sanitize_bytes(data, Settings(short_side=256, reencode=True))
@@ -62,8 +50,8 @@ def test_baseline_rgb_jpeg_within_limits_is_copied_unless_reencode():
     r3 = sanitize_bytes(data, Settings(short_side=45))
     assert not r3.copied and decode(r3.jpg).size == (60, 45)
     # progressive or grayscale -> re-encoded even when small
-    assert not sanitize_bytes(jpeg(draw("circles", (80, 60), random.Random(1)), progressive=True), Settings()).copied
-    assert not sanitize_bytes(jpeg(Image.new("L", (80, 60), 7)), Settings()).copied
+    assert not sanitize_bytes(encode(draw("circles", (80, 60), random.Random(1)), progressive=True), Settings()).copied
+    assert not sanitize_bytes(encode(Image.new("L", (80, 60), 7)), Settings()).copied
 
 
 def test_exif_rotated_comes_out_upright_with_marker_in_place():
@@ -71,7 +59,7 @@ def test_exif_rotated_comes_out_upright_with_marker_in_place():
     upright.paste((255, 0, 0), (0, 0, 60, 60))  # red marker at the top-left of the upright picture
     exif = Image.Exif()
     exif[0x0112] = 6  # "rotate 90 CW to display": store the picture rotated 90 CCW
-    data = jpeg(upright.transpose(Image.Transpose.ROTATE_90), quality=95, exif=exif.tobytes())
+    data = encode(upright.transpose(Image.Transpose.ROTATE_90), quality=95, exif=exif.tobytes())
     assert decode(data).size == (160, 240)
     for short_side in (0, 40):  # with and without the draft-mode resize path
         r = sanitize_bytes(data, Settings(short_side=short_side))
@@ -87,7 +75,7 @@ def test_exif_rotated_comes_out_upright_with_marker_in_place():
 def test_cmyk_colours_survive():
     rgb = Image.new("RGB", (96, 64), (200, 40, 90))
     rgb.paste((30, 180, 60), (48, 0, 96, 64))
-    r = sanitize_bytes(jpeg(rgb.convert("CMYK"), quality=95), Settings(short_side=0))
+    r = sanitize_bytes(encode(rgb.convert("CMYK"), quality=95), Settings(short_side=0))
     out = np.asarray(decode(r.jpg), dtype=np.float64)
     ref = np.asarray(rgb, dtype=np.float64)
     assert np.abs(out[:, :40].mean((0, 1)) - ref[:, :40].mean((0, 1))).max() < 8
@@ -97,20 +85,20 @@ def test_cmyk_colours_survive():
 def test_alpha_composited_on_white_and_16bit_scaled():
     rgba = Image.new("RGBA", (32, 32), (255, 0, 0, 255))
     rgba.paste((0, 0, 0, 0), (0, 0, 16, 32))  # left half fully transparent
-    out = np.asarray(decode(sanitize_bytes(png(rgba), Settings(short_side=0)).jpg), dtype=int)
+    out = np.asarray(decode(sanitize_bytes(encode(rgba, "PNG"), Settings(short_side=0)).jpg), dtype=int)
     assert (out[:, :12] > 235).all()  # white, not black
     assert np.allclose(out[:, 20:].mean((0, 1)), (255, 0, 0), atol=12)
 
     g16 = Image.new("I;16", (32, 32))
     g16.putdata([60000] * (32 * 32))
-    out = np.asarray(decode(sanitize_bytes(png(g16), Settings(short_side=0)).jpg), dtype=int)
+    out = np.asarray(decode(sanitize_bytes(encode(g16, "PNG"), Settings(short_side=0)).jpg), dtype=int)
     assert abs(out.mean() - 60000 / 256) < 3
 
 
 def test_pixel_limit_checked_before_decoding():
     r = sanitize_bytes(bomb_png(5000, 4000), Settings(max_pixels=1_000_000))
     assert r.reason == "too many pixels (5000x4000)"
-    r = sanitize_bytes(jpeg(Image.new("RGB", (40, 30))), Settings(max_pixels=1000))
+    r = sanitize_bytes(encode(Image.new("RGB", (40, 30))), Settings(max_pixels=1000))
     assert r.reason == "too many pixels (40x30)"
 
 
@@ -137,5 +125,5 @@ def test_settings_validate_eagerly():
 
 
 def test_output_is_deterministic():
-    data = png(draw("rings", (150, 100), random.Random(3)))
+    data = encode(draw("rings", (150, 100), random.Random(3)), "PNG")
     assert sanitize_bytes(data, Settings(short_side=64)).jpg == sanitize_bytes(data, Settings(short_side=64)).jpg
