@@ -23,10 +23,10 @@ from .fsutil import PathLike
 from .index import IdxFormatError, IDX_VERSION, split_key
 from .manifest import Manifest, check_shards, idx_path
 
-#: component names (case-insensitive) read as the image, in order of preference
-IMAGE_EXTS = ("jpg", "jpeg", "png")
 KIND_NONE, KIND_JPEG, KIND_PNG = 0, 1, 2
 _KIND = {"jpg": KIND_JPEG, "jpeg": KIND_JPEG, "png": KIND_PNG}
+#: component names (case-insensitive) the loader reads as the image; verify/index use the same
+IMAGE_EXTS = tuple(_KIND)
 
 #: bytes of index arrays per sample: img offset (8) + size (4) + cls offset (8) + cls size (2)
 #: + kind (1) + loadable-position list (8) [+ json offset (8) + size (4) when ``with_json``]

@@ -3,7 +3,7 @@ each tar and a stoker.json in their folder.
 
 Works on tars written by webdataset's ShardWriter/TarWriter, GNU tar, or anything
 with WebDataset's key rule (members sharing a name up to the first dot form one
-sample). Keys can be anything; images may be jpg, jpeg, png or webp;
+sample). Keys can be anything; images may be jpg, jpeg or png (what the loader decodes);
 labels come from cls members (integers as text). Unless --no-check, every
 image is decoded once and samples that do not decode, or lack an image or a
 label, are listed in the manifest under pack.skip as [shard, index] so the
@@ -29,9 +29,10 @@ from stoker.pipeline.fsutil import sha256_file
 from stoker.pipeline.index import write_idx
 from stoker.pipeline.index import index_tar as scan_tar
 from stoker.pipeline.manifest import Manifest, ShardInfo, idx_path
+from stoker.pipeline.samples import IMAGE_EXTS
 
 from .errors import CheckFailed, UsageError
-from .verify import IMAGE_EXTS, decode_check
+from .verify import decode_check
 
 HELP = "write .idx files and a stoker.json for foreign WebDataset shards"
 
@@ -93,7 +94,7 @@ def index_one(tar: str, check: bool) -> dict:
     max_label = -1
     with open(tar_path, "rb") as f:
         for i, sample in enumerate(samples):
-            comps = {c.ext: c for c in sample}
+            comps = {c.ext.lower(): c for c in sample}
             img = next((comps[e] for e in IMAGE_EXTS if e in comps), None)
             why = None
             if img is None:

@@ -25,11 +25,11 @@ from typing import Optional
 from stoker.pipeline.fsutil import sha256_file
 from stoker.pipeline.index import IdxFormatError, index_tar, read_idx, sample_key
 from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
+from stoker.pipeline.samples import IMAGE_EXTS
 
 from .errors import CheckFailed, UsageError
 
 HELP = "check shards against stoker.json: checksums, tar, .idx, and that every image decodes"
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 
 
 @dataclass
@@ -113,7 +113,7 @@ def verify_shard(split_dir: str, split: str, info: ShardInfo, num_classes: int, 
         for i in todo:
             if i in skip_set:
                 continue
-            comps = {c.ext: c for c in samples[i]}
+            comps = {c.ext.lower(): c for c in samples[i]}
             label = f"{where} sample {i} (key {sample_key(samples[i])})"
             img = next((comps[e] for e in IMAGE_EXTS if e in comps), None)
             if img is None:

@@ -88,3 +88,25 @@ def test_index_usage_errors(tmp_path, capsys):
     assert "is not a file" in err and "names only 1 classes" in err
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
     assert cli(["index", str(tmp_path / "junk.tar"), "-q"]) == 1
+
+
+def test_index_skips_images_the_loader_cannot_read(tmp_path, capsys):
+    """A WebP sample (Pillow decodes it, the loader does not) is marked to skip, not passed."""
+    import webdataset as wds
+
+    from stoker.pipeline import Loader
+
+    folder = tmp_path / "webp"
+    folder.mkdir()
+    buf = io.BytesIO()
+    Image.new("RGB", (24, 16), (0, 90, 0)).save(buf, "WEBP")
+    with wds.TarWriter(str(folder / "mixed.tar")) as sink:
+        for i in range(4):
+            sink.write({"__key__": f"k{i}", "jpg": jpeg((i * 40, 0, 0)), "cls": i % 2})
+        sink.write({"__key__": "k4", "webp": buf.getvalue(), "cls": 1})
+    assert cli(["index", str(folder / "mixed.tar"), "-q"]) == 0
+    capsys.readouterr()
+    m = Manifest.load(folder)
+    assert m.pack["skip"] == [["mixed.tar", 4]]
+    loader = Loader(folder, batch_size=2, train=False, crop=16, backend="pil", threads=0)
+    assert sum(len(labels) for _, labels in loader) == 4
