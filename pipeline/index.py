@@ -17,6 +17,8 @@ from typing import Iterable, List, Sequence
 from .fsutil import PathLike, atomic_write
 
 IDX_VERSION = "v1.2"
+#: component names (case-insensitive) read as a sample's image: what the loader decodes
+IMAGE_EXTS = ("jpg", "jpeg", "png")
 
 
 class IdxFormatError(ValueError):

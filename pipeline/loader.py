@@ -189,9 +189,8 @@ class Loader:
 
     # ---- order ---------------------------------------------------------------------------
     def _rank_count(self) -> int:
-        if self.train:
-            return self.num_samples // self.world_size
-        return len(range(self.rank, self.num_samples, self.world_size))
+        return order.samples_per_rank(self.num_samples, rank=self.rank, world_size=self.world_size,
+                                      train=self.train)
 
     def __len__(self) -> int:
         """Batches this rank yields in a whole epoch (the same on every rank for train)."""

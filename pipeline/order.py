@@ -16,11 +16,11 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     return rng.permutation(num_samples).astype(np.int64)
 
 
-def samples_per_rank(num_samples: int, world_size: int, *, train: bool) -> int:
-    """How many samples ``rank`` 0 gets (train: equal for every rank)."""
+def samples_per_rank(num_samples: int, *, rank: int, world_size: int, train: bool) -> int:
+    """``len(rank_indices(...))`` without building it (train: equal for every rank)."""
     if train:
         return num_samples // world_size
-    return -(-num_samples // world_size)
+    return len(range(rank, num_samples, world_size))
 
 
 def rank_indices(num_samples: int, *, seed: int, epoch: int, rank: int, world_size: int, train: bool) -> np.ndarray:

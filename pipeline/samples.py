@@ -20,13 +20,11 @@ from typing import Optional
 import numpy as np
 
 from .fsutil import PathLike
-from .index import IdxFormatError, IDX_VERSION, split_key
+from .index import IDX_VERSION, IMAGE_EXTS, IdxFormatError, split_key
 from .manifest import Manifest, check_shards, idx_path
 
 KIND_NONE, KIND_JPEG, KIND_PNG = 0, 1, 2
-_KIND = {"jpg": KIND_JPEG, "jpeg": KIND_JPEG, "png": KIND_PNG}
-#: component names (case-insensitive) the loader reads as the image; verify/index use the same
-IMAGE_EXTS = tuple(_KIND)
+_KIND = {ext: KIND_PNG if ext == "png" else KIND_JPEG for ext in IMAGE_EXTS}
 
 #: bytes of index arrays per sample: img offset (8) + size (4) + cls offset (8) + cls size (2)
 #: + kind (1) + loadable-position list (8) [+ json offset (8) + size (4) when ``with_json``]
@@ -299,4 +297,4 @@ def open_split(split_dir: PathLike, *, sha256: bool = False, with_json: bool = F
     return SampleIndex(split_dir, manifest, with_json=with_json)
 
 
-__all__ = ["SampleIndex", "open_split", "image_size", "BYTES_PER_SAMPLE", "IMAGE_EXTS"]
+__all__ = ["SampleIndex", "open_split", "image_size", "BYTES_PER_SAMPLE"]

@@ -26,10 +26,9 @@ from pathlib import Path
 
 from stoker import __version__
 from stoker.pipeline.fsutil import sha256_file
-from stoker.pipeline.index import write_idx
+from stoker.pipeline.index import IMAGE_EXTS, write_idx
 from stoker.pipeline.index import index_tar as scan_tar
 from stoker.pipeline.manifest import Manifest, ShardInfo, idx_path
-from stoker.pipeline.samples import IMAGE_EXTS
 
 from .errors import CheckFailed, UsageError
 from .verify import decode_check

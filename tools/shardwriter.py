@@ -14,7 +14,7 @@ import tarfile
 from pathlib import Path
 from typing import Mapping
 
-from stoker.pipeline.index import Component, Sample, format_idx
+from stoker.pipeline.index import Component, Sample, write_idx
 from stoker.pipeline.manifest import ShardInfo, idx_path
 
 BLOCK = 512
@@ -90,10 +90,7 @@ class ShardWriter:
         f.flush()
         os.fsync(f.fileno())
         f.close()
-        idx = idx_path(self.path)
-        idx_tmp = idx.with_name(idx.name + ".tmp")
-        idx_tmp.write_text(format_idx(self.samples))
         # The .idx lands first: a .tar under its final name always has its index.
-        os.replace(idx_tmp, idx)
+        write_idx(idx_path(self.path), self.samples)
         os.replace(self.tmp, self.path)
         self.info = ShardInfo(self.path.name, len(self.samples), self._pos, self._sha.hexdigest())

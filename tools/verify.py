@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Optional
 
 from stoker.pipeline.fsutil import sha256_file
-from stoker.pipeline.index import IdxFormatError, index_tar, read_idx, sample_key
+from stoker.pipeline.index import IMAGE_EXTS, IdxFormatError, index_tar, read_idx, sample_key
 from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
-from stoker.pipeline.samples import IMAGE_EXTS
 
 from .errors import CheckFailed, UsageError
 

@@ -63,3 +63,13 @@ def test_rank_slices_disjoint_equal_train_exact_val(n, world):
     assert len(set(flat.tolist())) == len(flat) == (n // world) * world
     val = [rank_indices(n, seed=0, epoch=3, rank=r, world_size=world, train=False) for r in range(world)]
     assert sorted(np.concatenate(val).tolist()) == list(range(n))
+
+
+@pytest.mark.parametrize("n,world", [(10, 3), (101, 4), (7, 1), (2, 3)])
+def test_samples_per_rank_matches_rank_indices(n, world):
+    from stoker.pipeline.order import samples_per_rank
+
+    for train in (True, False):
+        for r in range(world):
+            idx = rank_indices(n, seed=0, epoch=0, rank=r, world_size=world, train=train)
+            assert samples_per_rank(n, rank=r, world_size=world, train=train) == len(idx)
