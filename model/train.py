@@ -13,7 +13,6 @@ that sync, ``wait / window`` is the fraction of the run spent waiting for data.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -34,6 +33,7 @@ from stoker.pipeline.fsutil import atomic_write
 
 from .checkpoint import (CheckpointError, StopSignals, load_checkpoint, load_model_state, rng_state,
                          save_checkpoint, set_rng_state)
+from .checkpoint import digest as checkpoint_digest
 from .nets import build_model, count_parameters
 from .normalize import with_normalize
 
@@ -247,13 +247,7 @@ def make_optimizer(model: nn.Module, name: str, *, lr: float, momentum: float, w
 
 def weights_digest(model: nn.Module) -> str:
     """sha256 over the state_dict tensors (names, dtypes, shapes, bytes): equal digests = equal weights."""
-    h = hashlib.sha256()
-    for k, v in model.state_dict().items():
-        t = v.detach().cpu().contiguous()
-        h.update(f"{k}|{t.dtype}|{tuple(t.shape)};".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
+    return checkpoint_digest(model.state_dict())
 
 
 def _loss_fn(task: str, label_smoothing: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-#: the external source's name; the loader and the graph share it
-SOURCE_NAME = "stoker_samples"
-
+from .augment import RATIO, SCALE, VAL_CROP_FRACTION
 
 def build_pipeline(source: Callable, *, batch_size: int, crop: int, decode: str = "cpu",
                    threads: int = 2, prefetch: int = 2, device_id: Optional[int] = None,
@@ -95,13 +93,12 @@ def reader_pipeline(paths: list, index_paths: list, *, batch_size: int, crop: in
             dtypes=[types.UINT8, types.UINT8])
         if train:
             images = fn.decoders.image_random_crop(jpegs, device=decode, output_type=types.RGB,
-                                                   random_area=[0.08, 1.0],
-                                                   random_aspect_ratio=[3 / 4, 4 / 3])
+                                                   random_area=list(SCALE), random_aspect_ratio=list(RATIO))
             images = fn.resize(images, size=[crop, crop])
             mirror = fn.random.coin_flip()
         else:
             images = fn.decoders.image(jpegs, device=decode, output_type=types.RGB)
-            images = fn.resize(images, resize_shorter=round(crop / 0.875))
+            images = fn.resize(images, resize_shorter=round(crop / VAL_CROP_FRACTION))
             mirror = 0
         images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW",
                                           crop=[crop, crop], mirror=mirror)
@@ -110,4 +107,4 @@ def reader_pipeline(paths: list, index_paths: list, *, batch_size: int, crop: in
     return reader_graph(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed)
 
 
-__all__ = ["build_pipeline", "reader_pipeline", "SOURCE_NAME"]
+__all__ = ["build_pipeline", "reader_pipeline"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 
 
 def _importable(name: str) -> bool:
@@ -14,7 +15,14 @@ def _importable(name: str) -> bool:
 
 
 HAS_DALI: bool = _importable("nvidia.dali")
-HAS_FFCV: bool = _importable("ffcv")
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; all cores where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 @functools.lru_cache(maxsize=None)

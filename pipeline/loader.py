@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import collections
 import operator
-import os
 import queue
 import sys
 import threading
@@ -30,20 +29,13 @@ from typing import Any, Iterator, Optional, Union
 import numpy as np
 
 from . import augment, order
-from .deps import HAS_DALI, has_cuda
+from .deps import HAS_DALI, has_cuda, usable_cores
 from .fsutil import PathLike
 from .samples import SampleIndex, open_split
 
 BACKENDS = ("auto", "dali", "pil")
 DECODES = ("auto", "mixed", "cpu")
 CPU_RESIZES = ("pillow", "dali")
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
 
 
 def _dist_defaults() -> tuple[int, int]:
@@ -165,7 +157,7 @@ class Loader:
         self.path = Path(path)
         self.batch_size, self.train, self.crop, self.seed = batch_size, bool(train), crop, int(seed)
         self.backend, self.decode = backend, decode
-        self.threads = _cores() if threads is None else threads
+        self.threads = usable_cores() if threads is None else threads
         self.drop_last = self.train if drop_last is None else bool(drop_last)
         self.channels_last = bool(channels_last)
         self.hw_decoder_load, self.prefetch, self.cpu_resize = float(hw_decoder_load), prefetch, cpu_resize

@@ -352,8 +352,7 @@ def _fmt_bytes(n: float) -> str:
 
 
 def run_bench(args) -> dict:
-    from stoker.pipeline.deps import HAS_DALI
-    from stoker.pipeline.loader import _cores
+    from stoker.pipeline.deps import HAS_DALI, usable_cores
     from stoker.pipeline.manifest import MANIFEST_NAME
 
     data = Path(args.data)
@@ -370,7 +369,7 @@ def run_bench(args) -> dict:
     unknown = set(only) - set(LABELS)
     if unknown:
         raise UsageError(f"--only: unknown pipeline(s) {sorted(unknown)}; choose from {', '.join(LABELS)}")
-    cores = args.workers or _cores()
+    cores = args.workers or usable_cores()
     cfg = {"data": str(data), "images": args.images, "batch_size": args.batch_size, "crop": args.crop,
            "epochs": args.epochs, "seconds": args.seconds, "warmup": args.warmup, "workers": cores}
     notes = []

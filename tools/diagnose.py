@@ -34,6 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from stoker.pipeline.deps import usable_cores
+
 from .errors import UsageError
 
 HELP = "measure loader, model, transfer and end to end; say what bounds training and what to change"
@@ -574,17 +576,12 @@ def resolve_data(path: str) -> tuple[str, Path]:
 
 
 def _device(arg: Optional[str]) -> str:
-    import torch
+    from stoker.model.train import resolve_device
 
-    if arg is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        dev = torch.device(arg)
-    except RuntimeError:
-        raise UsageError(f"--device {arg!r} is not a device (cpu, cuda, cuda:1)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {arg}: no CUDA device here")
-    return str(dev)
+        return str(resolve_device(arg or "auto"))
+    except ValueError as e:
+        raise UsageError(f"--device: {e}") from None
 
 
 def _quick_pack(root: Path, n: int, tmp: Path, seed: int = 0) -> Path:
@@ -611,7 +608,9 @@ def _loader_hints(manifest, crop: int) -> list:
     pack = manifest.pack or {}
     if "short_side" not in pack:  # not made by `stoker pack`: sizes unknown
         return []
-    target = round(crop / 0.875)  # what a val resize needs; train crops need no more
+    from stoker.pipeline.augment import VAL_CROP_FRACTION
+
+    target = round(crop / VAL_CROP_FRACTION)  # what a val resize needs; train crops need no more
     side = pack.get("short_side") or (round(0.75 * pack["max_side"]) if pack.get("max_side") else 0)
     if side and side <= 1.5 * target:
         return []
@@ -637,7 +636,7 @@ def main(args: argparse.Namespace) -> int:
     kind, path = resolve_data(args.data)
     device = _device(args.device)
     say = (lambda line: print(f"stoker diagnose: {line}", file=sys.stderr, flush=True))
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
 
     # Cheap facts first, then the user's model (a bad --model fails before any loader starts).
     if kind == "shards":

@@ -19,10 +19,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from stoker.model.throughput import synchronize
 
 
 def _images_of(batch):
@@ -88,7 +85,7 @@ def measure_loader(loader: Iterable, *, seconds: float = 5.0, warmup_batches: in
         if elapsed >= seconds:
             break
     if isinstance(x, torch.Tensor):
-        _sync(x.device)
+        synchronize(x.device)
     elapsed = time.perf_counter() - t0
     it.close()
     return {"images_per_s": images / elapsed, "batches": batches, "images": images, "seconds": elapsed,
@@ -164,7 +161,7 @@ def _timed_steps(step: Callable[[], object], *, seconds: float, warmup: int, dev
                  per_step: int) -> dict:
     for _ in range(warmup):
         step()
-    _sync(device)
+    synchronize(device)
     steps = 0
     t0 = time.perf_counter()
     while True:
@@ -172,7 +169,7 @@ def _timed_steps(step: Callable[[], object], *, seconds: float, warmup: int, dev
         steps += 1
         if time.perf_counter() - t0 >= seconds:
             break
-    _sync(device)
+    synchronize(device)
     elapsed = time.perf_counter() - t0
     return {"images_per_s": steps * per_step / elapsed, "steps": steps, "seconds": elapsed}
 
@@ -217,7 +214,7 @@ def measure_end_to_end(loader: Iterable, model: nn.Module, *, device, amp: Optio
         for _ in range(warmup_batches):
             images, labels = next(it)[:2]
             step(images, labels)
-        _sync(device)
+        synchronize(device)
         wait = 0.0
         steps = images_n = 0
         t0 = time.perf_counter()
@@ -230,7 +227,7 @@ def measure_end_to_end(loader: Iterable, model: nn.Module, *, device, amp: Optio
             images_n += int(images.shape[0])
             if time.perf_counter() - t0 >= seconds:
                 break
-        _sync(device)
+        synchronize(device)
         elapsed = time.perf_counter() - t0
     finally:
         it.close()
@@ -284,12 +281,9 @@ def cpu_bf16() -> bool:
 
 def environment() -> dict:
     """Versions and hardware facts that explain the figures."""
-    from stoker.pipeline.deps import HAS_DALI, pillow_info
+    from stoker.pipeline.deps import HAS_DALI, pillow_info, usable_cores
 
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cores = os.cpu_count()
+    cores = usable_cores()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
         "python": sys.version.split()[0],
