@@ -193,7 +193,8 @@ def _run_wds(cfg):
     tf = transforms.Compose([transforms.RandomResizedCrop(cfg["crop"]), transforms.RandomHorizontalFlip(),
                              transforms.PILToTensor()])
     # explicit decoding of the declared keys only (no webdataset auto/pickle decoders)
-    ds = (wds.WebDataset(_shards(cfg["data"]), shardshuffle=len(_shards(cfg["data"])), empty_check=False,
+    tars = _shards(cfg["data"])
+    ds = (wds.WebDataset(tars, shardshuffle=len(tars), empty_check=False,
                          workersplitter=wds.split_by_worker)
           .shuffle(1000).to_tuple("jpg;jpeg;png", "cls").map(_wds_decode).map_tuple(tf, lambda c: c)
           .batched(cfg["batch_size"], partial=False))

@@ -37,10 +37,10 @@ from typing import Callable, Iterable, Optional
 from stoker.pipeline.deps import usable_cores
 
 from .errors import UsageError
+from .sanitize import IMAGE_EXTS
 
 HELP = "measure loader, model, transfer and end to end; say what bounds training and what to change"
 
-IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm"}
 # Within this factor the two slowest stages are "balanced": speeding up one alone gains little.
 BALANCED = 1.15
 
@@ -584,18 +584,14 @@ def _device(arg: Optional[str]) -> str:
         raise UsageError(f"--device: {e}") from None
 
 
-def _quick_pack(root: Path, n: int, tmp: Path, seed: int = 0) -> Path:
+def _quick_pack(root: Path, n: int, tmp: Path) -> Path:
     """Pack ``n`` random images of ImageFolder ``root`` (symlinked into ``tmp``) with the
     default settings; return the packed split folder."""
-    import random
-
     from . import cli
+    from .bench_pack import _image_folder
 
-    files = sorted(f for c in root.iterdir() if c.is_dir() for f in c.iterdir() if f.suffix.lower() in IMAGE_EXTS)
     src = tmp / "src"
-    for f in random.Random(seed).sample(files, min(n, len(files))):
-        (src / f.parent.name).mkdir(parents=True, exist_ok=True)
-        (src / f.parent.name / f.name).symlink_to(f.resolve())
+    _image_folder(root, src, n)
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the report (--json) alone
         rc = cli.main(["pack", str(src), str(tmp / "out"), "-q"])
     if rc not in (0, None):
