@@ -201,14 +201,11 @@ def stoker_pack(src: Path, out: Path, *, workers: int, short_side: int, quality:
     """Pack ``src`` with ``stoker pack --reencode``; returns the number of samples."""
     from stoker.pipeline.manifest import Manifest
 
-    from . import pack
+    from .cli import run_command
 
-    p = argparse.ArgumentParser()
-    pack.add_arguments(p)
-    args = p.parse_args([str(src), str(out), "--reencode", "--short-side", str(short_side),
-                         "--quality", str(quality), "--workers", str(workers), "-q"])
     with contextlib.redirect_stdout(io.StringIO()):
-        pack.main(args)
+        run_command(["pack", str(src), str(out), "--reencode", "--short-side", str(short_side),
+                     "--quality", str(quality), "--workers", str(workers), "-q"])
     return Manifest.load(out / "train").num_samples
 
 

@@ -47,6 +47,15 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_command(argv: Sequence[str]) -> None:
+    """Run a subcommand in this process, parsed exactly as on the command line; its errors
+    propagate, and a non-zero exit becomes a :class:`UsageError` naming the command."""
+    args = get_args_parser().parse_args(list(argv))
+    rc = args._main(args)
+    if rc:
+        raise UsageError(f"`stoker {' '.join(argv)}` exited {rc}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = get_args_parser()
     args = parser.parse_args(argv)

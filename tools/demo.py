@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from .cli import get_args_parser, run_command
 from .errors import UsageError
 
 HELP = "the main job on a built-in dataset: generate, pack, benchmark the loader, train, summarize"
@@ -58,16 +59,6 @@ def _generate(images: Path, *, per_class: int, val_per_class: int) -> None:
     os.replace(tmp, images)
 
 
-def _run_command(argv: list[str]) -> None:
-    """Run another stoker subcommand in this process (same parsing, same errors)."""
-    from .cli import get_args_parser
-
-    args = get_args_parser().parse_args(argv)
-    rc = args._main(args)
-    if rc:
-        raise UsageError(f"`stoker {' '.join(argv)}` exited {rc}")
-
-
 def main(args: argparse.Namespace) -> int:
     from stoker.pipeline.deps import has_cuda
     from stoker.pipeline.manifest import Manifest
@@ -93,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     _generate(images, per_class=args.per_class, val_per_class=max(4, args.per_class // 5))
 
     print(f"[2/4] pack: {shards}", flush=True)
-    _run_command(["pack", str(images), str(shards), "--quiet"])
+    run_command(["pack", str(images), str(shards), "--quiet"])
     train_m, val_m = Manifest.load(shards / "train"), Manifest.load(shards / "val")
     rejects = (shards / "rejects.jsonl").read_text().splitlines() if (shards / "rejects.jsonl").exists() else []
 
@@ -134,11 +125,9 @@ def _bench(shards: Path, images: Path, *, crop: int, batch_size: int, seconds: f
     from . import bench
 
     ours = "stoker-dali" if HAS_DALI else "stoker-pil"
-    p = argparse.ArgumentParser()
-    bench.add_arguments(p)
-    args = p.parse_args([str(shards), "--images", str(images), "--only", f"torchvision,{ours}",
-                         "--crop", str(crop), "--batch-size", str(batch_size), "--seconds", str(seconds),
-                         "--epochs", "3", "--warmup", "1"])
+    args = get_args_parser().parse_args([
+        "bench", str(shards), "--images", str(images), "--only", f"torchvision,{ours}", "--crop", str(crop),
+        "--batch-size", str(batch_size), "--seconds", str(seconds), "--epochs", "3", "--warmup", "1"])
     rows = {r["pipeline"]: r for r in bench.run_bench(args)["rows"]}
     for r in rows.values():
         if "img_s" not in r:

@@ -587,15 +587,13 @@ def _device(arg: Optional[str]) -> str:
 def _quick_pack(root: Path, n: int, tmp: Path) -> Path:
     """Pack ``n`` random images of ImageFolder ``root`` (symlinked into ``tmp``) with the
     default settings; return the packed split folder."""
-    from . import cli
     from .bench_pack import _image_folder
+    from .cli import run_command
 
     src = tmp / "src"
     _image_folder(root, src, n)
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the report (--json) alone
-        rc = cli.main(["pack", str(src), str(tmp / "out"), "-q"])
-    if rc not in (0, None):
-        raise UsageError(f"packing a sample of {root} failed (exit {rc}); try `stoker pack` on it directly")
+        run_command(["pack", str(src), str(tmp / "out"), "-q"])
     return tmp / "out" / "train"
 
 
