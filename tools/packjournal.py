@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from stoker.pipeline.fsutil import atomic_write
-from stoker.pipeline.manifest import Manifest, ShardInfo
+from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ShardInfo
 
 from .errors import UsageError
 
@@ -56,11 +56,11 @@ def read_settings(out: Path) -> Optional[dict]:
         raise UsageError(f"{path} is damaged; remove {state_dir(out)} and the shards to start over") from None
 
 
-def claim(out: Path, settings: dict) -> bool:
+def claim(out: Path, settings: dict) -> None:
     """Record ``settings`` as OUT's pack, or check they match the recorded ones.
 
-    Returns True when OUT already held this pack. Raises UsageError when OUT holds
-    a different pack, or holds files that are not a stoker pack at all.
+    Raises UsageError when OUT holds a different pack, or holds files that are not a
+    stoker pack at all.
     """
     old = read_settings(out)
     if old is not None:
@@ -68,13 +68,12 @@ def claim(out: Path, settings: dict) -> bool:
             diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
             raise UsageError(f"OUT {out} already holds a different pack (differs in: {', '.join(diff)}); "
                              f"use another OUT or delete it")
-        return True
+        return
     if out.exists() and any(not e.name.startswith(".") for e in os.scandir(out)):
         raise UsageError(f"OUT {out} is not empty and holds no stoker pack; use an empty or new folder")
     state_dir(out).mkdir(parents=True, exist_ok=True)
     with atomic_write(state_dir(out) / SETTINGS_NAME, "w") as f:
         f.write(json.dumps(settings, indent=1, sort_keys=True) + "\n")
-    return False
 
 
 class Journal:
@@ -115,7 +114,7 @@ def part_status(records: list[dict]) -> tuple[int, int, bool]:
     return shards, end, done
 
 
-def merge(out: Path, *, pack_fields: Optional[dict] = None) -> dict[str, Any]:
+def merge(out: Path) -> dict[str, Any]:
     """Write ``OUT/<split>/stoker.json`` for every split and ``OUT/rejects.jsonl`` from
     the journals of all parts. Raises UsageError naming the parts not finished.
 
@@ -146,7 +145,7 @@ def merge(out: Path, *, pack_fields: Optional[dict] = None) -> dict[str, Any]:
         info = settings["splits"][split]
         pack = {k: v for k, v in settings.items() if k not in ("splits", "classes", "journal_format")}
         pack.update(split=split, num_inputs=info["num_inputs"], rejected=len(split_rejects),
-                    skipped=info["skipped"], **(pack_fields or {}))
+                    skipped=info["skipped"])
         m = Manifest(num_samples=sum(s.num_samples for s in shards), classes=list(settings["classes"]),
                      shards=shards, pack=pack)
         manifests[split] = m
@@ -164,4 +163,4 @@ def merge(out: Path, *, pack_fields: Optional[dict] = None) -> dict[str, Any]:
 def is_merged(out: Path, settings: dict) -> bool:
     """True when every split's manifest and rejects.jsonl exist (the pack is finished)."""
     return (out / REJECTS_NAME).exists() and all(
-        (out / split / "stoker.json").exists() for split in settings["splits"])
+        (out / split / MANIFEST_NAME).exists() for split in settings["splits"])
