@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional, Union
 import numpy as np
 import torch
 
+from stoker import StokerError
 from stoker.pipeline.fsutil import atomic_write
 
 FORMAT = "stoker-checkpoint"
@@ -30,7 +31,7 @@ VERSION = 1
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(StokerError, ValueError):
     """A checkpoint that cannot be used: unreadable, tampered, or for another model. One line."""
 
 

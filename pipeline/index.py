@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Sequence
 
+from stoker import StokerError
+
 from .fsutil import PathLike, atomic_write
 
 IDX_VERSION = "v1.2"
@@ -21,7 +23,7 @@ IDX_VERSION = "v1.2"
 IMAGE_EXTS = ("jpg", "jpeg", "png")
 
 
-class IdxFormatError(ValueError):
+class IdxFormatError(StokerError, ValueError):
     """A malformed or mismatching ``.idx`` file."""
 
 

@@ -12,13 +12,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stoker import StokerError
+
 from .fsutil import PathLike, atomic_write, sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "stoker.json"
 
 
-class ManifestError(ValueError):
+class ManifestError(StokerError, ValueError):
     """A missing, malformed or mismatching manifest or shard."""
 
 

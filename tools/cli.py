@@ -9,11 +9,9 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
-from stoker import __version__
-from stoker.pipeline.index import IdxFormatError
-from stoker.pipeline.manifest import ManifestError
+from stoker import StokerError, __version__
 
-from .errors import CheckFailed, UsageError
+from .errors import UsageError
 
 # name -> module (relative to stoker.tools); the order is the order in --help.
 COMMANDS = {
@@ -61,12 +59,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args._main(args) or 0)
-    except UsageError as e:
-        print(f"stoker {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except (CheckFailed, ManifestError, IdxFormatError) as e:
-        print(f"stoker {args.command}: {e}", file=sys.stderr)
-        return 1
+    except StokerError as e:
+        label = "error: " if e.exit_code == 2 else ""
+        print(f"stoker {args.command}: {label}{e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print(f"stoker {args.command}: interrupted", file=sys.stderr)
         return 130

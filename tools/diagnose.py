@@ -36,7 +36,7 @@ from typing import Callable, Iterable, Optional
 
 from stoker.pipeline.deps import usable_cores
 
-from .errors import UsageError
+from .errors import StokerError, UsageError
 from .sanitize import IMAGE_EXTS
 
 HELP = "measure loader, model, transfer and end to end; say what bounds training and what to change"
@@ -47,7 +47,7 @@ BALANCED = 1.15
 
 # ----------------------------------------------------------------------------- the core
 
-class DiagnoseError(Exception):
+class DiagnoseError(StokerError):
     """The measurement cannot go on (e.g. the model does not fit at this batch size)."""
 
 

@@ -79,7 +79,9 @@ def main(args: argparse.Namespace) -> int:
         raise
     except CheckpointError as e:
         raise CheckFailed(str(e)) from None
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+    except FloatingPointError as e:  # a diverging loss: the run failed, the request was fine
+        raise CheckFailed(str(e)) from None
+    except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
     if summary["world_size"] > 1 and _rank() != 0:
         return 0
