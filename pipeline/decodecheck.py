@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 from typing import Optional
 
-__all__ = ["jpeg_copy_safe", "is_jpeg"]
+__all__ = ["is_jpeg", "jpeg_copy_safe"]
 
 MAX_SIDE = 65500  # libjpeg-turbo's JPEG_MAX_DIMENSION
 
@@ -135,9 +135,8 @@ def jpeg_copy_safe(data: bytes) -> Optional[str]:
                 return "no Huffman tables" if not have_dht else "no quantization tables"
             if not seg or seg[0] != len(frame[2]):
                 return "not a single interleaved scan"
-            if len(frame[2]) == 3:
-                if adobe_transform == 0 or bytes(frame[2]) == b"RGB":
-                    return "RGB colour transform"
+            if len(frame[2]) == 3 and (adobe_transform == 0 or bytes(frame[2]) == b"RGB"):
+                return "RGB colour transform"
             break
         elif not (0xE0 <= marker <= 0xEF or marker in (0xFE, 0xDD)):
             return f"unexpected marker 0xFF{marker:02X}"

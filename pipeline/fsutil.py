@@ -25,6 +25,12 @@ def atomic_write(path: PathLike, mode: str = "wb") -> Iterator[IO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        if e.filename is None:  # name the file (e.g. ENOSPC from write/fsync carries none)
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

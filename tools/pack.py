@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import errno
 import json
 import os
 import re
@@ -32,28 +33,43 @@ from functools import partial
 from pathlib import Path
 from typing import Iterator, Optional
 
-from stoker import __version__
+from stoker import StokerError, __version__
 
 from .errors import CheckFailed, UsageError
-from .packjournal import (Journal, claim, is_merged, journal_path, merge, part_status, shard_name, shard_record,
-                          state_dir)
-from .packsource import Item, Source, part_range, scan
-from .sanitize import PIL_MAX_PIXELS, Sanitized, Settings, sanitize
+from .packjournal import (
+    Journal,
+    claim,
+    is_merged,
+    journal_path,
+    merge,
+    part_status,
+    shard_name,
+    shard_record,
+    state_dir,
+)
+from .packsource import MAX_LABEL, Item, Source, display_path, part_range, scan
+from .sanitize import MAX_BYTES, PIL_MAX_PIXELS, Sanitized, Settings, sanitize
 
 HELP = "pack an image folder or CSV into WebDataset shards + DALI .idx + stoker.json"
 DEFAULT_SHARD_SIZE = 256 * 1000**2
 CHUNK = 8  # images per worker task: amortizes inter-process overhead
 
 
-def parse_size(text: str) -> int:
+class WriteFailed(StokerError):
+    """Writing OUT failed (disk full, quota, I/O error): exit 1; what was written is intact."""
+
+    exit_code = 1
+
+
+def parse_size(text: str, flag: str = "--shard-size") -> int:
     """``"256MB"`` / ``"1GB"`` / ``"1.5G"`` / ``"4096"`` -> bytes (decimal units; KiB etc. binary)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*", text.lower())
     if not m or (m.group(3) and not m.group(2)):
-        raise UsageError(f"--shard-size {text!r} is not a size like 256MB, 1GB or 1000000")
+        raise UsageError(f"{flag} {text!r} is not a size like 256MB, 1GB or 1000000")
     base = 1024 if m.group(3) else 1000
     n = int(float(m.group(1)) * base ** " kmgt".index(m.group(2) or " "))
     if n < 1:
-        raise UsageError(f"--shard-size {text!r} must be positive")
+        raise UsageError(f"{flag} {text!r} must be positive")
     return n
 
 
@@ -67,7 +83,9 @@ def parse_part(text: Optional[str]) -> tuple[int, int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", nargs="?", metavar="SRC", help="image folder, train/+val/ tree, or CSV/TSV of path,label")
+    p.add_argument("src", nargs="?", metavar="SRC",
+                   help="image folder, train/+val/ tree, or CSV/TSV of path,label (integer labels must be in "
+                        f"0..{MAX_LABEL:,}; other rows are rejected)")
     p.add_argument("out", nargs="?", metavar="OUT", help="output folder (created)")
     g = p.add_argument_group("images")
     g.add_argument("--short-side", type=int, default=256, metavar="PX",
@@ -79,6 +97,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="re-encode every image, even baseline RGB JPEGs that could be copied as they are")
     g.add_argument("--max-pixels", type=int, default=PIL_MAX_PIXELS, metavar="N",
                    help=f"reject images larger than N pixels, before decoding (default {PIL_MAX_PIXELS:,})")
+    g.add_argument("--max-file-size", default=f"{MAX_BYTES // 1024**2}MiB", metavar="SIZE",
+                   help=f"reject input files larger than SIZE, before reading them (default {MAX_BYTES // 1024**2}MiB)")
     g = p.add_argument_group("shards")
     g.add_argument("--shard-size", default="256MB", metavar="SIZE",
                    help="start a new shard before one would exceed SIZE (256MB, 1GB, bytes; default 256MB)")
@@ -86,7 +106,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="exactly N samples per shard (overrides --shard-size)")
     g.add_argument("--seed", type=int, default=0, help="seed of the sample shuffle and val split (default 0)")
     g.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
-                   help="put a seeded fraction F of each class into val/ (when SRC has no val/ folder)")
+                   help="put a seeded fraction F of the images into val/, stratified by class (when SRC has no "
+                        "val/ folder); classes too small to give one are filled from the others")
     g = p.add_argument_group("running")
     g.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help=f"worker processes (default: all cores, {os.cpu_count()})")
@@ -131,12 +152,14 @@ def _settings_identity(args, src: Path, source: Source, settings: Settings, shar
         "quality": settings.quality,
         "reencode": settings.reencode,
         "max_pixels": settings.max_pixels,
+        "max_bytes": settings.max_bytes,
         "shard_size": 0 if args.samples_per_shard else shard_size,
         "samples_per_shard": args.samples_per_shard,
         "val_fraction": args.val_fraction,
         "parts": parts,
         "classes": source.classes,
-        "splits": {s: {"num_inputs": len(items), "digest": source.digest(s), "skipped": source.skipped.get(s, 0)}
+        "splits": {s: {"num_inputs": len(items), "digest": source.digest(s), "skipped": source.skipped.get(s, 0),
+                       "scan_rejects": [list(r) for r in source.rejects.get(s, [])]}
                    for s, items in source.splits.items()},
     }
 
@@ -228,9 +251,14 @@ def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end:
     for stale in split_dir.glob(prefix + "*.tmp"):  # a shard or index from a killed run
         stale.unlink()
     journal = Journal(journal_path(out, split, part, parts))
-    nshards, pos, done = part_status(journal.load(repair=True))
+    records = journal.load(repair=True)
+    nshards, pos, done = part_status(records)
     pos = max(pos, start)
-    stats = {"packed": 0, "rejected": 0, "copied": 0, "shards": 0, "bytes": 0}
+    stats = {"packed": 0, "rejected": 0, "copied": 0, "shards": 0, "bytes": 0, "restored": 0}
+    damaged = _damaged_shards(split_dir, records, start)
+    if damaged:
+        stats["restored"] = _restore(split_dir, source.splits[split], source, damaged, settings=settings,
+                                     workers=workers)
     if done:
         return stats
     writer: Optional[ShardWriter] = None
@@ -260,10 +288,10 @@ def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end:
                 it = items[i]
                 bar.update(1)
                 if res.jpg is None:
-                    rejects.append((it.rel, res.reason))
+                    rejects.append((display_path(it.rel), res.reason))
                     stats["rejected"] += 1
                     continue
-                meta = {"path": it.rel, "width": res.width, "height": res.height, "class": classes[it.label]}
+                meta = {"path": display_path(it.rel), "width": res.width, "height": res.height, "class": classes[it.label]}
                 comps = {"cls": str(it.label).encode(), "jpg": res.jpg, "json": json.dumps(meta).encode()}
                 if writer is not None and (
                         len(writer) >= samples_per_shard if samples_per_shard
@@ -282,6 +310,54 @@ def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end:
                 writer.__exit__(*sys.exc_info())
             raise
     return stats
+
+
+def _damaged_shards(split_dir: Path, records: list[dict], start: int) -> list[tuple[int, int, dict]]:
+    """Journaled shards that are missing, have another size than journaled, or lack
+    their ``.idx``: ``(first input, end input, shard record)`` each. Stats only: cheap."""
+    from stoker.pipeline.manifest import idx_path
+
+    bad, first = [], start
+    for r in records:
+        info = r.get("shard")
+        if info:
+            tar = split_dir / info["name"]
+            try:
+                ok = tar.stat().st_size == info["bytes"] and idx_path(tar).stat().st_size > 0
+            except OSError:
+                ok = False
+            if not ok:
+                bad.append((first, r["end"], info))
+        first = r["end"]
+    return bad
+
+
+def _restore(split_dir: Path, items: list[Item], source: Source, damaged: list[tuple[int, int, dict]], *,
+             settings: Settings, workers: int) -> int:
+    """Rebuild journaled shards that were deleted or damaged after they were written:
+    the inputs of a shard's range are packed again into the same name (deterministic,
+    so byte-identical). Raises CheckFailed when the rebuilt bytes differ (SRC changed)."""
+    from stoker.pipeline.manifest import idx_path
+
+    from .shardwriter import ShardWriter
+
+    with _Sanitizer(settings, workers, source.base) as sanitizer:
+        for first, end, info in damaged:
+            path = split_dir / info["name"]
+            with ShardWriter(path) as writer:
+                for i, res in enumerate(sanitizer.results(items[first:end]), start=first):
+                    if res.jpg is not None:
+                        it = items[i]
+                        meta = {"path": display_path(it.rel), "width": res.width, "height": res.height,
+                                "class": source.classes[it.label]}
+                        writer.write(f"{i:09d}", {"cls": str(it.label).encode(), "jpg": res.jpg,
+                                                  "json": json.dumps(meta).encode()})
+            if writer.info.sha256 != info["sha256"]:
+                path.unlink(missing_ok=True)
+                idx_path(path).unlink(missing_ok=True)
+                raise CheckFailed(f"shard {path} was missing or damaged and rebuilds differently: the images in "
+                                  f"SRC changed since it was packed; delete {split_dir.parent} and pack again")
+    return len(damaged)
 
 
 def _lock(path: Path, what: str):
@@ -309,6 +385,7 @@ def _print_summary(out: Path, totals: dict, run: dict, seconds: float) -> None:
         rate = n / seconds if seconds > 0 else 0.0
         copied = sum(r["copied"] for r in run.values())
         print(f"this run: {n:,} images in {seconds:.1f} s ({rate:,.0f} images/s), {copied:,} copied as they were")
+    _note_empty(totals)
     rej = sum(t["rejected"] for t in totals.values())
     if rej:
         print(f"{rej:,} rejected inputs listed in {out / 'rejects.jsonl'}")
@@ -319,15 +396,19 @@ def main(args: argparse.Namespace) -> int:
         if args.src or args.out:
             raise UsageError("--merge OUT takes no SRC/OUT arguments")
         out = Path(args.merge)
-        totals = merge(out)
+        try:
+            totals = merge(out)
+        except OSError as e:
+            raise _write_failed(e, out) from None
         _print_summary(out, totals, {}, 0.0)
         return _strict(args, totals)
     if not args.src or not args.out:
         raise UsageError("need SRC and OUT (or --merge OUT)")
     part, parts = parse_part(args.part)
+    max_bytes = parse_size(args.max_file_size, "--max-file-size")
     try:
         settings = Settings(short_side=args.short_side, max_side=args.max_side, quality=args.quality,
-                            reencode=args.reencode, max_pixels=args.max_pixels)
+                            reencode=args.reencode, max_pixels=args.max_pixels, max_bytes=max_bytes)
     except ValueError as e:
         raise UsageError(str(e)) from None
     shard_size = parse_size(args.shard_size)
@@ -345,16 +426,37 @@ def main(args: argparse.Namespace) -> int:
     source = scan(src, seed=args.seed, val_fraction=args.val_fraction)
     _make_out(out)
     identity = _settings_identity(args, src, source, settings, shard_size, parts)
+    try:
+        return _pack(args, out, source, identity, settings, shard_size, part, parts, t0)
+    except OSError as e:
+        raise _write_failed(e, out) from None
+
+
+def _write_failed(e: OSError, out: Path) -> StokerError:
+    where = display_path(str(e.filename or out))
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return WriteFailed(f"disk full writing {where}: free space and rerun the same command "
+                           f"(finished shards are kept, nothing written is corrupt)")
+    return WriteFailed(f"cannot write {where}: {e.strerror or e}; fix it and rerun the same command "
+                       f"(finished shards are kept)")
+
+
+def _pack(args, out: Path, source: Source, identity: dict, settings: Settings, shard_size: int, part: int,
+          parts: int, t0: float) -> int:
     claim(out, identity)
-    if parts == 1 and is_merged(out, identity):
-        n = sum(len(v) for v in source.splits.values())
-        print(f"{out} is up to date ({n:,} inputs, nothing to do)")
-        return 0
     run = {}
     for split in source.splits:
         run[split] = pack_part(out, split, source, part=part, parts=parts,
                                settings=settings, shard_size=shard_size, samples_per_shard=args.samples_per_shard,
                                workers=args.workers, progress=not args.quiet)
+    restored = sum(r["restored"] for r in run.values())
+    if restored:
+        print(f"restored {restored} missing or damaged shard(s) of {out}", file=sys.stderr)
+    worked = any(r["packed"] or r["rejected"] or r["restored"] for r in run.values())
+    if parts == 1 and not worked and is_merged(out, identity):
+        n = sum(len(v) for v in source.splits.values())
+        print(f"{out} is up to date ({n:,} inputs, nothing to do)")
+        return 0
     seconds = time.perf_counter() - t0
     if parts > 1:
         for split, r in run.items():
@@ -365,6 +467,14 @@ def main(args: argparse.Namespace) -> int:
     totals = merge(out)
     _print_summary(out, totals, run, seconds)
     return _strict(args, totals)
+
+
+def _note_empty(totals: dict) -> None:
+    """One line per split that ends with no samples: never an empty split without a word."""
+    for split, t in totals.items():
+        if not t["samples"]:
+            why = f"all {t['rejected']:,} inputs were rejected" if t["rejected"] else "it has no input images"
+            print(f"note: {split}/ holds no samples: {why}", file=sys.stderr)
 
 
 def _strict(args, totals: dict) -> int:

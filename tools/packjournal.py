@@ -96,10 +96,15 @@ class Journal:
         return [json.loads(line) for line in keep.decode().splitlines() if line.strip()]
 
     def append(self, record: dict) -> None:
-        with open(self.path, "ab") as f:
-            f.write((json.dumps(record, sort_keys=True) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.path, "ab") as f:
+                f.write((json.dumps(record, sort_keys=True) + "\n").encode())
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:  # a torn line is cut off by the next load(repair=True)
+            if e.filename is None:
+                raise OSError(e.errno, e.strerror, str(self.path)) from e
+            raise
 
 
 def shard_record(info: ShardInfo, end: int, rejects: list[tuple[str, str]]) -> dict:
@@ -140,7 +145,14 @@ def merge(out: Path) -> dict[str, Any]:
     manifests = {}
     for split, per_part in journals.items():
         shards = [ShardInfo(**r["shard"]) for records in per_part for r in records if r.get("shard")]
-        split_rejects = [tuple(x) for records in per_part for r in records for x in r.get("rejects", [])]
+        for part, records in enumerate(per_part):
+            for r in records:
+                if r.get("shard") and not _shard_ok(out / split / r["shard"]["name"], r["shard"]["bytes"]):
+                    raise UsageError(f"cannot merge {out}: shard {out / split / r['shard']['name']} is missing or "
+                                     f"damaged; rerun part {part}/{parts} (stoker pack SRC OUT --part {part}/{parts}) "
+                                     f"to restore it")
+        split_rejects = [tuple(x) for x in settings["splits"][split].get("scan_rejects", [])]
+        split_rejects += [tuple(x) for records in per_part for r in records for x in r.get("rejects", [])]
         rejects.extend(split_rejects)
         info = settings["splits"][split]
         pack = {k: v for k, v in settings.items() if k not in ("splits", "classes", "journal_format")}
@@ -158,6 +170,16 @@ def merge(out: Path) -> dict[str, Any]:
         for path, reason in rejects:
             f.write(json.dumps({"path": path, "reason": reason}, ensure_ascii=False) + "\n")
     return totals
+
+
+def _shard_ok(tar: Path, size: int) -> bool:
+    """The shard exists with its journaled size and has a non-empty ``.idx`` (stats only)."""
+    from stoker.pipeline.manifest import idx_path
+
+    try:
+        return tar.stat().st_size == size and idx_path(tar).stat().st_size > 0
+    except OSError:
+        return False
 
 
 def is_merged(out: Path, settings: dict) -> bool:

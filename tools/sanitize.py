@@ -7,8 +7,12 @@ picklable values and never raises for a bad input.
 
 What happens to an image:
 
-* a baseline (non-progressive) RGB JPEG with no EXIF rotation that needs no resize
-  and decodes completely is copied byte for byte (unless ``reencode``);
+* only regular files are opened (a FIFO, socket or device is a reject, never read),
+  and files over ``max_bytes`` (default 256 MiB) are rejects, before they are read;
+* a JPEG that every Loader decoder reads identically
+  (:func:`stoker.pipeline.decodecheck.jpeg_copy_safe`: baseline SOF0 Huffman, 8-bit, one
+  scan, nothing after EOI), RGB, with no EXIF rotation, that needs no resize and decodes
+  completely is copied byte for byte (unless ``reencode``);
 * anything else is decoded with Pillow (JPEG draft mode when downscaling, so
   libjpeg-turbo decodes at 1/2, 1/4 or 1/8 scale in the DCT), rotated upright per
   its EXIF orientation, converted to RGB (alpha composited on white, 16-bit scaled
@@ -19,6 +23,8 @@ What happens to an image:
 from __future__ import annotations
 
 import io
+import os
+import stat
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -28,6 +34,7 @@ IMAGE_EXTS = frozenset(
     ".jpg .jpeg .jpe .jfif .png .bmp .gif .webp .tif .tiff .ppm .pgm .pbm .pnm .tga".split()
 )
 PIL_MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb threshold
+MAX_BYTES = 256 * 1024**2  # default input file size cap: far above any photo, far below RAM
 
 # EXIF orientation -> the transpose that makes the image upright (as ImageOps.exif_transpose).
 _ORIENT = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",
@@ -44,6 +51,7 @@ class Settings:
         quality: JPEG quality of re-encoded images (1-100).
         reencode: re-encode even images that could be copied byte for byte.
         max_pixels: reject images whose header declares more pixels than this.
+        max_bytes: reject input files larger than this many bytes (before reading them).
     """
 
     short_side: int = 256
@@ -51,6 +59,7 @@ class Settings:
     quality: int = 90
     reencode: bool = False
     max_pixels: int = PIL_MAX_PIXELS
+    max_bytes: int = MAX_BYTES
 
     def __post_init__(self) -> None:
         if self.short_side < 0:
@@ -61,6 +70,8 @@ class Settings:
             raise ValueError(f"quality must be in 1..100, got {self.quality}")
         if self.max_pixels < 1:
             raise ValueError(f"max_pixels must be >= 1, got {self.max_pixels}")
+        if self.max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
 
 
 class Sanitized(NamedTuple):
@@ -129,14 +140,45 @@ def encode_jpeg(im, quality: int) -> bytes:
     return buf.getvalue()
 
 
+def _kind(mode: int) -> str:
+    names = ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"),
+             (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+    return next((name for test, name in names if test(mode)), "special file")
+
+
+def read_input(path: str, max_bytes: int = MAX_BYTES) -> tuple[Optional[bytes], Optional[str]]:
+    """The bytes of the regular file ``path``, or ``(None, reason)``. A FIFO, socket,
+    device or folder is never read (it could block or never end); a file larger than
+    ``max_bytes`` is not read either."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"not a regular file ({_kind(st.st_mode)})"
+        if st.st_size > max_bytes:
+            return None, f"file too large ({st.st_size:,} bytes > {max_bytes:,})"
+        # O_NONBLOCK: if the path was swapped for a FIFO since the stat, open must not block.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        return None, f"unreadable: errno {e.errno} ({e.strerror})"
+    with os.fdopen(fd, "rb") as f:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None, f"not a regular file ({_kind(st.st_mode)})"
+            data = f.read(max_bytes + 1)
+        except OSError as e:
+            return None, f"unreadable: errno {e.errno} ({e.strerror})"
+    if len(data) > max_bytes:
+        return None, f"file too large (> {max_bytes:,} bytes)"
+    return data, None
+
+
 def sanitize(path: str, settings: Settings) -> Sanitized:
     """Read ``path`` and return its sanitized JPEG, or a reject reason. Never raises
     for a bad input (only for bugs)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        return Sanitized(None, reason=f"unreadable: errno {e.errno} ({e.strerror})")
+    data, reason = read_input(path, settings.max_bytes)
+    if data is None:
+        return Sanitized(None, reason=reason)
     return sanitize_bytes(data, settings)
 
 
@@ -168,6 +210,7 @@ def sanitize_bytes(data: bytes, settings: Settings) -> Sanitized:
 
 def _convert(im, data: bytes, settings: Settings) -> Sanitized:
     from PIL import Image
+    from stoker.pipeline.decodecheck import jpeg_copy_safe
 
     w, h = im.size
     if w < 1 or h < 1:
@@ -187,7 +230,7 @@ def _convert(im, data: bytes, settings: Settings) -> Sanitized:
     is_jpeg = im.format == "JPEG"
 
     if (is_jpeg and not settings.reencode and not resize and orientation == 1 and im.mode == "RGB"
-            and not im.info.get("progressive") and not im.info.get("progression")):
+            and jpeg_copy_safe(data) is None):
         # Candidate for copy-through: prove it decodes completely. A 1/8-scale draft
         # still entropy-decodes every scan (truncation shows) at a fraction of the cost.
         im.draft("RGB", (max(1, w // 8), max(1, h // 8)))

@@ -45,7 +45,10 @@ class ShardWriter:
         return self
 
     def _emit(self, data: bytes) -> None:
-        self._f.write(data)
+        try:
+            self._f.write(data)
+        except OSError as e:  # e.g. ENOSPC: name the shard
+            raise OSError(e.errno, e.strerror, str(self.tmp)) from e
         self._sha.update(data)
         self._pos += len(data)
 
@@ -80,16 +83,22 @@ class ShardWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
-            self._f.close()
+            if self._f is not None:
+                self._f.close()
             self.tmp.unlink(missing_ok=True)
             return
         end = 2 * BLOCK
         end += -(self._pos + end) % RECORD
         self._emit(b"\0" * end)
         f, self._f = self._f, None
-        f.flush()
-        os.fsync(f.fileno())
-        f.close()
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+        except OSError as e:
+            f.close()
+            self.tmp.unlink(missing_ok=True)
+            raise OSError(e.errno, e.strerror, str(self.tmp)) from e
         # The .idx lands first: a .tar under its final name always has its index.
         write_idx(idx_path(self.path), self.samples)
         os.replace(self.tmp, self.path)

@@ -1,6 +1,5 @@
 import hashlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -9,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from stoker.pipeline.index import index_tar, read_idx
 from stoker.pipeline.manifest import Manifest, check_shards
 from stoker.tools.cli import main as cli
@@ -219,49 +217,60 @@ def test_parts_then_merge_equal_plain_pack(tmp_path, capsys):
     assert rej(parts) == rej(tmp_path / "plain") and len(rej(parts)) == 4
 
 
-def _fifo_source(tmp_path: Path) -> tuple[Path, int, int]:
-    """A folder with a named pipe among the images, and a seed that puts the pipe at
-    an odd position in the middle of the shuffled list: the packer blocks there
-    with two shards done and a third half written."""
+# Runs `stoker pack` with sanitize blocked (forever) on one input: a deterministic point to kill -9 at.
+_BLOCKING_PACK = """
+import sys, time
+import stoker.tools.pack as pack
+real = pack.sanitize
+def blocking(path, settings):
+    if path.endswith(sys.argv[1]):
+        time.sleep(3600)
+    return real(path, settings)
+pack.sanitize = blocking
+from stoker.tools.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _blocking_source(tmp_path: Path) -> tuple[Path, int, int]:
+    """A folder and a seed that puts one image (where the packer will block) at an odd
+    position in the middle of the shuffled list: two shards done, a third half written."""
     src = folder(tmp_path / "src", per_class=4)
-    fifo = src / "rings" / "zz_pipe.jpg"
-    os.mkfifo(fifo)
+    shutil.copy(src / "rings" / "rings_00000.jpg", src / "rings" / "zz_block.jpg")
     for seed in range(100):
         rels = [it.rel for it in scan(src, seed=seed).splits["train"]]
-        pos = rels.index("rings/zz_pipe.jpg")
+        pos = rels.index("rings/zz_block.jpg")
         if pos == 5:
             return src, seed, pos
-    raise AssertionError("no seed puts the pipe at position 5")
+    raise AssertionError("no seed puts the image at position 5")
 
 
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
 def test_kill_9_mid_pack_then_rerun_is_byte_identical(tmp_path):
-    src, seed, pos = _fifo_source(tmp_path)
-    cmd = [sys.executable, "-m", "stoker.tools.cli", "pack", str(src), None, "--workers", "1",
-           "--samples-per-shard", "2", "--seed", str(seed), "-q"]
-    run = lambda out: cmd[:5] + [str(out)] + cmd[6:]  # noqa: E731
+    src, seed, _ = _blocking_source(tmp_path)
+    script = tmp_path / "blocking_pack.py"
+    script.write_text(_BLOCKING_PACK)
+    argv = lambda out: ["pack", str(src), str(out), "--workers", "1",  # noqa: E731
+                        "--samples-per-shard", "2", "--seed", str(seed), "-q"]
     out = tmp_path / "killed"
-    proc = subprocess.Popen(run(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, str(script), "zz_block.jpg", *argv(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     journal = out / ".stoker-pack" / "train-p0of1.jsonl"
     tmp_shard = out / "train" / "train-000002.tar.tmp"
     deadline = time.monotonic() + 60
     while not (journal.exists() and journal.read_text().count("\n") == 2 and tmp_shard.exists()):
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "packer did not reach the pipe"
+        assert time.monotonic() < deadline, "packer did not reach the blocking image"
         time.sleep(0.02)
-    time.sleep(0.2)  # blocked reading the pipe, mid-shard
+    time.sleep(0.2)  # blocked on the image, mid-shard
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "train" / "stoker.json").exists() and tmp_shard.exists()
-    # the pipe becomes an ordinary image; the sample list (paths, labels) is unchanged
-    pipe = src / "rings" / "zz_pipe.jpg"
-    pipe.unlink()
-    shutil.copy(src / "rings" / "rings_00000.jpg", pipe)
     first = (out / "train" / "train-000000.tar").stat()
-    assert subprocess.run(run(out), capture_output=True).returncode == 0
+    cli_cmd = [sys.executable, "-m", "stoker.tools.cli"]
+    assert subprocess.run(cli_cmd + argv(out), capture_output=True).returncode == 0
     again = (out / "train" / "train-000000.tar").stat()
     assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # kept, not redone
-    assert subprocess.run(run(tmp_path / "clean"), capture_output=True).returncode == 0
+    assert subprocess.run(cli_cmd + argv(tmp_path / "clean"), capture_output=True).returncode == 0
     killed, clean = tree_sha(out), tree_sha(tmp_path / "clean")
     assert killed == clean
     assert not any(name.endswith(".tmp") for name in killed)

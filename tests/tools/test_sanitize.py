@@ -106,7 +106,7 @@ def test_unreadable_path_reports_errno(tmp_path):
     r = sanitize(str(tmp_path / "missing.jpg"), Settings())
     assert r.jpg is None and r.reason.startswith("unreadable: errno 2")
     r = sanitize(str(tmp_path), Settings())  # a directory
-    assert r.jpg is None and r.reason.startswith("unreadable: errno")
+    assert r.jpg is None and r.reason == "not a regular file (folder)"
 
 
 def test_target_size_never_upscales():
