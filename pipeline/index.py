@@ -1,18 +1,25 @@
-"""DALI's WebDataset index format (``.idx``), written and read.
+"""DALI's WebDataset index format (``.idx``), written and read, and the tar scan behind it.
 
 The format is what DALI's ``wds2idx`` writes: a first line ``v1.2 <num_samples>``,
 then one line per sample listing each component as ``<ext> <offset> <size> <name>``,
 where ``offset`` is the byte offset of the member's data (after its 512-byte header).
 Components of a sample are consecutive tar members sharing a key: the member name up
 to the first dot of its basename (WebDataset's rule).
+
+Fields are separated by whitespace (DALI reads them with ``>>``), so a member name holding
+whitespace or ``%`` is written percent-escaped (``a b.jpg`` → ``a%20b.jpg``); DALI only
+reports the name, never opens it, so its reader reads such an index unchanged. Every other
+name is written exactly as ``wds2idx`` writes it.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, List, Sequence
+from typing import Iterable, List, Optional, Sequence, Union
 
 from stoker import StokerError
 
@@ -21,10 +28,26 @@ from .fsutil import PathLike, atomic_write
 IDX_VERSION = "v1.2"
 #: component names (case-insensitive) read as a sample's image: what the loader decodes
 IMAGE_EXTS = ("jpg", "jpeg", "png")
+#: labels are class indices ``0 .. MAX_CLASSES - 1``; a larger ``cls`` is a damaged or foreign
+#: label, not a class (a manifest's class list and the loss's output layer scale with it)
+MAX_CLASSES = 1_000_000
+#: a ``cls`` member longer than this cannot be a class index below MAX_CLASSES (whitespace allowed)
+MAX_CLS_BYTES = 32
+
+# compressed tars, by magic number: (kind, the command that decompresses one)
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"BZh", "bzip2", "bunzip2"),
+               (b"\xfd7zXZ\x00", "xz", "unxz"), (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+               (b"\x04\x22\x4d\x18", "lz4", "unlz4"))
+_LABEL = re.compile(rb"\s*([0-9]+)\s*")
+_NEEDS_ESCAPE = re.compile(r"[\s%\udc80-\udcff]")
 
 
 class IdxFormatError(StokerError, ValueError):
     """A malformed or mismatching ``.idx`` file."""
+
+
+class TarFormatError(StokerError, ValueError):
+    """A shard that is not a readable uncompressed tar (compressed, truncated, damaged)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +59,17 @@ class Component:
 
 
 Sample = List[Component]
+
+
+@dataclass
+class TarScan:
+    """What :func:`scan_tar` found: the samples (what the ``.idx`` lists), the samples that
+    must not be loaded (``index -> reason``: a component repeated within one sample), and the
+    members that belong to no sample (``(name, reason)``: directories, links, no extension)."""
+
+    samples: list[Sample]
+    problems: dict[int, str] = field(default_factory=dict)
+    ignored: list[tuple[str, str]] = field(default_factory=list)
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -50,53 +84,108 @@ def sample_key(sample: Sample) -> str:
     return split_key(sample[0].name)[0]
 
 
+def image_component(sample: Sample) -> Optional[Component]:
+    """The component the loader decodes: the first ``jpg``/``jpeg``/``png`` one, in tar order."""
+    return next((c for c in sample if c.ext.lower() in IMAGE_EXTS), None)
+
+
+def parse_label(raw: bytes, num_classes: Optional[int] = None) -> Union[int, str]:
+    """A ``cls`` component's bytes → its class index, or why it is not one (``"what: detail"``).
+
+    A label is a non-negative decimal integer (surrounding whitespace allowed) below
+    :data:`MAX_CLASSES` and, when ``num_classes`` is given, below it.
+    """
+    if len(raw) > MAX_CLS_BYTES:
+        return f"cls is not an integer: {len(raw)} bytes"
+    m = _LABEL.fullmatch(raw)
+    if m is None:
+        text = raw.strip().decode("utf-8", "replace")[:MAX_CLS_BYTES]
+        if re.fullmatch(r"-[0-9]+", text):
+            return f"cls is negative: {text}"
+        return f"cls is not an integer: {text!r}"
+    value = int(m.group(1))
+    if value >= MAX_CLASSES:
+        return f"cls is above the limit of {MAX_CLASSES - 1:,} (MAX_CLASSES): {value}"
+    if num_classes is not None and value >= num_classes:
+        return f"cls is outside the {num_classes} classes of the manifest: {value}"
+    return value
+
+
+def escape_name(name: str) -> str:
+    """A member name as one whitespace-free ``.idx`` field (unchanged for ordinary names)."""
+    if not _NEEDS_ESCAPE.search(name):
+        return name
+    return "".join("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogateescape"))
+                   if _NEEDS_ESCAPE.match(ch) else ch for ch in name)
+
+
+def unescape_name(field_text: str) -> str:
+    """Inverse of :func:`escape_name`."""
+    if "%" not in field_text:
+        return field_text
+    from urllib.parse import unquote
+
+    return unquote(field_text, errors="surrogateescape")
+
+
 def format_idx(samples: Sequence[Sample]) -> str:
     lines = [f"{IDX_VERSION} {len(samples)}"]
     for sample in samples:
-        lines.append(" ".join(f"{c.ext} {c.offset} {c.size} {c.name}" for c in sample))
+        lines.append(" ".join(f"{c.ext} {c.offset} {c.size} {escape_name(c.name)}" for c in sample))
     return "\n".join(lines) + "\n"
 
 
 def write_idx(path: PathLike, samples: Sequence[Sample]) -> None:
     """Write an ``.idx`` atomically."""
-    with atomic_write(path, "w") as f:
-        f.write(format_idx(samples))
+    with atomic_write(path, "wb") as f:  # names are escaped to valid UTF-8 (see escape_name)
+        f.write(format_idx(samples).encode("utf-8"))
+
+
+def bad_idx(path: Path, what: str) -> IdxFormatError:
+    """The one-line error for a damaged ``.idx``: the file, what is wrong, and the fix."""
+    return IdxFormatError(f"index {path}: {what} (rerun `stoker index {path.parent}`)")
 
 
 def read_idx(path: PathLike) -> list[Sample]:
     """Parse an ``.idx`` file; raise :class:`IdxFormatError` naming the file on bad input."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as e:
         raise IdxFormatError(f"cannot read index {path}: {e.strerror}") from None
-    lines = text.splitlines()
+    lines = data.decode("utf-8", "surrogateescape").split("\n")
+    if lines and not lines[-1]:
+        lines.pop()
     if not lines:
-        raise IdxFormatError(f"index {path} is empty")
+        raise bad_idx(path, "empty")
     head = lines[0].split()
-    if len(head) != 2 or head[0] != IDX_VERSION or not head[1].isdigit():
-        raise IdxFormatError(f"index {path}: first line should be '{IDX_VERSION} <count>', got {lines[0]!r}")
+    if len(head) != 2 or head[0] != IDX_VERSION or not head[1].isascii() or not head[1].isdigit():
+        raise bad_idx(path, f"first line should be '{IDX_VERSION} <count>', got {lines[0][:40]!r}")
     samples: list[Sample] = []
     for lineno, line in enumerate(lines[1:], start=2):
         fields = line.split()
         if not fields or len(fields) % 4:
-            raise IdxFormatError(f"index {path} line {lineno}: expected groups of 'ext offset size name'")
+            raise bad_idx(path, f"line {lineno}: expected groups of 'ext offset size name'")
         try:
-            samples.append(
-                [
-                    Component(fields[i], int(fields[i + 1]), int(fields[i + 2]), fields[i + 3])
-                    for i in range(0, len(fields), 4)
-                ]
-            )
+            sample = [Component(fields[i], _count(fields[i + 1]), _count(fields[i + 2]), unescape_name(fields[i + 3]))
+                      for i in range(0, len(fields), 4)]
         except ValueError:
-            raise IdxFormatError(f"index {path} line {lineno}: offset/size are not integers") from None
+            raise bad_idx(path, f"line {lineno}: offset/size are not non-negative integers") from None
+        samples.append(sample)
     if len(samples) != int(head[1]):
-        raise IdxFormatError(f"index {path} declares {head[1]} samples but lists {len(samples)}")
+        raise bad_idx(path, f"declares {head[1]} samples but lists {len(samples)}")
     return samples
 
 
+def _count(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(text)
+    return int(text)
+
+
 def group_members(members: Iterable[tuple[str, int, int]]) -> list[Sample]:
-    """Group ``(name, data_offset, size)`` tar members into samples by key, in order."""
+    """Group ``(name, data_offset, size)`` tar members into samples by key, in order
+    (members without a key or an extension are left out: see :func:`scan_tar`)."""
     samples: list[Sample] = []
     last_key = None
     for name, offset, size in members:
@@ -112,14 +201,97 @@ def group_members(members: Iterable[tuple[str, int, int]]) -> list[Sample]:
     return samples
 
 
-def index_tar(tar_path: PathLike) -> list[Sample]:
-    """Scan a tar (any writer: webdataset, GNU tar, ...) and return its samples.
+def compressed_kind(path: PathLike) -> Optional[tuple[str, str]]:
+    """``(kind, decompress command)`` when ``path`` starts with a compressor's magic number."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return None
+    return next(((kind, cmd) for magic, kind, cmd in _COMPRESSED if head.startswith(magic)), None)
 
-    Raises :class:`tarfile.TarError` for a damaged archive.
+
+def _first_nonzero(path: Path, start: int, chunk: int = 1 << 20) -> Optional[int]:
+    """Offset of the first non-zero byte at or after ``start`` (None: only zeros follow)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        while block := f.read(chunk):
+            stripped = block.lstrip(b"\0")
+            if stripped:
+                return start + len(block) - len(stripped)
+            start += len(block)
+    return None
+
+
+def _member_kind(m: tarfile.TarInfo) -> str:
+    if m.isdir():
+        return "directory"
+    if m.issym():
+        return "symbolic link"
+    if m.islnk():
+        return "hard link"
+    if m.issparse():
+        return "sparse file"
+    return "not a regular file"
+
+
+def scan_tar(tar_path: PathLike) -> TarScan:
+    """Scan a tar (any writer: webdataset, GNU tar, ...) into samples, with what is wrong.
+
+    Raises:
+        TarFormatError: one line naming the file: compressed (and how to decompress it),
+            truncated, or not a tar at all.
     """
-    members = []
-    with tarfile.open(tar_path, "r:") as tar:
-        for m in tar:
-            if m.isreg():
-                members.append((m.name, m.offset_data, m.size))
-    return group_members(members)
+    tar_path = Path(tar_path)
+    kind = compressed_kind(tar_path)
+    if kind is not None:
+        raise TarFormatError(f"{tar_path} is a compressed tar ({kind[0]}): decompress it first "
+                             f"(e.g. {kind[1]} {tar_path}), then index the .tar")
+    members: list[tuple[str, int, int]] = []
+    ignored: list[tuple[str, str]] = []
+    try:
+        size = os.path.getsize(tar_path)
+        with tarfile.open(tar_path, "r:") as tar:
+            for m in tar:
+                if not m.isreg() or m.issparse():
+                    ignored.append((m.name, _member_kind(m)))
+                    continue
+                if m.offset_data + m.size > size:
+                    raise TarFormatError(f"{tar_path} is truncated: member {m.name!r} ends past the end of the "
+                                         "file (copy or download it again)")
+                key, ext = split_key(m.name)
+                if not key or key.endswith("/"):
+                    ignored.append((m.name, "no sample key (name starts with a dot)"))
+                elif not ext:
+                    ignored.append((m.name, "no extension"))
+                else:
+                    members.append((m.name, m.offset_data, m.size))
+            end = tar.offset
+        # tarfile stops quietly at a damaged header after the first: what follows must be padding
+        trailing = _first_nonzero(tar_path, end)
+        if trailing is not None:
+            raise TarFormatError(f"{tar_path} has unreadable data at byte {trailing:,} (a damaged member header, "
+                                 "or tars joined with cat): the samples after it cannot be read; copy or rebuild it")
+    except (tarfile.TarError, EOFError) as e:
+        raise TarFormatError(f"{tar_path} is not a readable tar ({e}): copy or download it again") from None
+    except OSError as e:
+        raise TarFormatError(f"cannot read {tar_path}: {e.strerror or e}") from None
+    samples = group_members(members)
+    problems: dict[int, str] = {}
+    for i, sample in enumerate(samples):
+        exts = [c.ext.lower() for c in sample]
+        repeated = sorted({e for e in exts if exts.count(e) > 1})
+        if repeated:
+            # e.g. a.jpg a.cls a.jpg a.cls: which image goes with which label is unknowable
+            problems[i] = f"repeated component: {len(sample)} members with key {sample_key(sample)!r} " \
+                          f"repeat {', '.join(repeated)}"
+    return TarScan(samples, problems, ignored)
+
+
+def index_tar(tar_path: PathLike) -> list[Sample]:
+    """The samples of a tar, as its ``.idx`` lists them (see :func:`scan_tar`).
+
+    Raises:
+        TarFormatError: for a compressed, truncated or damaged archive.
+    """
+    return scan_tar(tar_path).samples

@@ -13,18 +13,21 @@ without decoding them.
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
+from stoker import StokerError
+
 from .fsutil import PathLike
-from .index import IDX_VERSION, IMAGE_EXTS, IdxFormatError, split_key
+from .index import IDX_VERSION, IMAGE_EXTS, MAX_CLS_BYTES, IdxFormatError, bad_idx, read_idx, sample_key
 from .manifest import Manifest, check_shards, idx_path
 
 KIND_NONE, KIND_JPEG, KIND_PNG = 0, 1, 2
-_KIND = {ext: KIND_PNG if ext == "png" else KIND_JPEG for ext in IMAGE_EXTS}
+_KIND = {ext.encode(): KIND_PNG if ext == "png" else KIND_JPEG for ext in IMAGE_EXTS}
 
 #: bytes of index arrays per sample: img offset (8) + size (4) + cls offset (8) + cls size (2)
 #: + kind (1) + loadable-position list (8) [+ json offset (8) + size (4) when ``with_json``]
@@ -47,12 +50,12 @@ def _parse_idx(path: Path, with_json: bool):
     except OSError as e:
         raise IdxFormatError(f"cannot read index {path}: {e.strerror}") from None
     if len(head) != 2 or head[0] != IDX_VERSION.encode() or not head[1].isdigit():
-        raise IdxFormatError(f"index {path}: first line should be '{IDX_VERSION} <count>'")
+        raise bad_idx(path, f"first line should be '{IDX_VERSION} <count>'")
     if lines and not lines[-1]:
         lines.pop()
     n = len(lines)
     if n != int(head[1]):
-        raise IdxFormatError(f"index {path} declares {int(head[1])} samples but lists {n}")
+        raise bad_idx(path, f"declares {int(head[1])} samples but lists {n}")
     img_off = np.zeros(n, np.int64)
     img_size = np.zeros(n, np.uint32)
     cls_off = np.zeros(n, np.int64)
@@ -63,23 +66,35 @@ def _parse_idx(path: Path, with_json: bool):
     for i, line in enumerate(lines):
         fields = line.split()
         if not fields or len(fields) % 4:
-            raise IdxFormatError(f"index {path} line {i + 2}: expected groups of 'ext offset size name'")
+            raise bad_idx(path, f"line {i + 2}: expected groups of 'ext offset size name'")
         try:
             for j in range(0, len(fields), 4):
-                ext = fields[j].decode().lower()
+                if not (fields[j + 1].isdigit() and fields[j + 2].isdigit()):
+                    raise ValueError
+                ext = fields[j].lower()
                 if ext in _KIND and not kind[i]:
                     kind[i] = _KIND[ext]
                     img_off[i] = int(fields[j + 1])
                     img_size[i] = int(fields[j + 2])
-                elif ext == "cls":
+                elif ext == b"cls":
                     cls_off[i] = int(fields[j + 1])
                     cls_size[i] = min(int(fields[j + 2]), 65535)
-                elif with_json and ext == "json":
+                elif with_json and ext == b"json":
                     js_off[i] = int(fields[j + 1])
                     js_size[i] = int(fields[j + 2])
-        except ValueError:
-            raise IdxFormatError(f"index {path} line {i + 2}: offset/size are not integers") from None
+        except (ValueError, OverflowError):
+            raise bad_idx(path, f"line {i + 2}: offset/size are not non-negative integers") from None
     return img_off, img_size, cls_off, cls_size, kind, js_off, js_size
+
+
+def _check_bounds(path: Path, tar_bytes: int, part) -> None:
+    """Every component an ``.idx`` lists must lie inside its tar, after a header."""
+    img_off, img_size, cls_off, cls_size, kind = part[:5]
+    for present, off, size in ((kind > 0, img_off, img_size), (cls_size > 0, cls_off, cls_size)):
+        off, end = off[present], off[present] + size[present]
+        if len(off) and (off.min() < 512 or end.max() > tar_bytes):
+            bad = int(np.flatnonzero(present)[np.argmax((off < 512) | (end > tar_bytes))])
+            raise bad_idx(path, f"sample {bad} points outside its tar ({tar_bytes:,} bytes)")
 
 
 def image_size(buf, start: int = 0, size: Optional[int] = None) -> Optional[tuple[int, int]]:
@@ -125,6 +140,17 @@ def image_size(buf, start: int = 0, size: Optional[int] = None) -> Optional[tupl
     return None
 
 
+def _size(path: Path, default: int) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # reported by check_shards / when the shard is mapped
+        return default
+
+
+class LabelError(StokerError, ValueError):
+    """A sample whose ``cls`` is not a class index of its split."""
+
+
 class SampleIndex:
     """All samples of a split, addressable by global position ``0 .. len-1``.
 
@@ -145,13 +171,15 @@ class SampleIndex:
         self.manifest = manifest if manifest is not None else Manifest.load(self.split_dir)
         self.with_json = with_json
         self._maps: dict[int, mmap.mmap] = {}
+        self._keys: dict[int, list[str]] = {}  # shard -> sample keys, loaded for messages only
         self.shard_names = [s.name for s in self.manifest.shards]
         parts = [_parse_idx(idx_path(self.split_dir / name), with_json) for name in self.shard_names]
         for name, part, info in zip(self.shard_names, parts, self.manifest.shards):
             if len(part[0]) != info.num_samples:
                 raise IdxFormatError(
                     f"index of shard {self.split_dir / name} lists {len(part[0])} samples, "
-                    f"manifest says {info.num_samples}")
+                    f"manifest says {info.num_samples} (rerun `stoker index {self.split_dir}`)")
+            _check_bounds(idx_path(self.split_dir / name), _size(self.split_dir / name, info.bytes), part)
         cat = lambda k, dt: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, dt)  # noqa: E731
         self.img_off = cat(0, np.int64)
         self.img_size = cat(1, np.uint32)
@@ -170,13 +198,13 @@ class SampleIndex:
         self.valid = np.flatnonzero(~bad).astype(np.int64)
 
     def _manifest_skips(self) -> np.ndarray:
-        """``pack["skip"]`` entries: ``[shard name, index in shard]`` (what ``stoker index``
-        writes), a global position (int) or a sample key (str)."""
+        """``pack["skip"]`` entries: ``[shard name, index in shard, reason]`` (what ``stoker
+        index`` writes; the reason is optional), a global position (int) or a sample key (str)."""
         mask = np.zeros(len(self), bool)
         keys = set()
         shard_no = {name: k for k, name in enumerate(self.shard_names)}
         for s in self.manifest.pack.get("skip") or []:
-            if isinstance(s, (list, tuple)) and len(s) == 2 and s[0] in shard_no:
+            if isinstance(s, (list, tuple)) and len(s) in (2, 3) and s[0] in shard_no:
                 k = shard_no[s[0]]
                 if 0 <= int(s[1]) < self.shard_start[k + 1] - self.shard_start[k]:
                     mask[self.shard_start[k] + int(s[1])] = True
@@ -204,6 +232,7 @@ class SampleIndex:
     def __getstate__(self):
         d = self.__dict__.copy()
         d["_maps"] = {}
+        d["_keys"] = {}
         return d
 
     def shard_of(self, i: int) -> int:
@@ -242,27 +271,44 @@ class SampleIndex:
         return out, wh
 
     def label(self, i: int) -> int:
-        m = self._map(self.shard_of(i))
-        off = int(self.cls_off[i])
-        return int(m[off:off + int(self.cls_size[i])])
+        return int(self.labels(np.array([i], np.int64))[0])
 
     def labels(self, idx: np.ndarray) -> np.ndarray:
+        """Class indices of the samples at positions ``idx``.
+
+        Raises:
+            LabelError: one line naming the shard and key of a sample whose ``cls`` is not
+                an integer in ``0 .. len(classes) - 1`` (``stoker index`` marks such samples
+                to skip).
+        """
         shards = np.searchsorted(self.shard_start, idx, side="right") - 1
         out = np.empty(len(idx), np.int64)
         for k, (i, s) in enumerate(zip(idx.tolist(), shards.tolist())):
             m = self._maps.get(s) or self._map(s)
-            off = int(self.cls_off[i])
-            out[k] = int(m[off:off + int(self.cls_size[i])])
+            off, size = int(self.cls_off[i]), int(self.cls_size[i])
+            raw = m[off:off + size] if size <= MAX_CLS_BYTES else b"x"
+            try:
+                out[k] = int(raw) if raw.strip().isdigit() else -1
+            except ValueError:  # digits Python will not convert (e.g. too long)
+                out[k] = -1
+        bad = (out < 0) | (out >= len(self.manifest.classes))
+        if bad.any():
+            i = int(idx[int(np.argmax(bad))])
+            m = self._map(self.shard_of(i))
+            raw = bytes(m[int(self.cls_off[i]):int(self.cls_off[i]) + min(int(self.cls_size[i]), MAX_CLS_BYTES)])
+            raise LabelError(f"{self.describe(i)}: cls {raw.decode('utf-8', 'replace')!r} is not a class index "
+                             f"below {len(self.manifest.classes)} (run `stoker index {self.split_dir}` to skip "
+                             "such samples)")
         return out
 
     def key(self, i: int) -> str:
-        """The WebDataset key, read from the image member's tar header (512 bytes before it)."""
-        m = self._map(self.shard_of(i))
-        off = int(self.img_off[i] if self.kind[i] else self.cls_off[i]) - 512
-        raw = m[off:off + 100].split(b"\0", 1)[0]
-        prefix = m[off + 345:off + 500].split(b"\0", 1)[0]  # ustar prefix field
-        name = (prefix + b"/" + raw if prefix else raw).decode("utf-8", "replace")
-        return split_key(name)[0]
+        """The WebDataset key (from the ``.idx``, read once per shard when first asked)."""
+        shard = self.shard_of(i)
+        keys = self._keys.get(shard)
+        if keys is None:
+            path = idx_path(self.split_dir / self.shard_names[shard])
+            keys = self._keys[shard] = [sample_key(sample) for sample in read_idx(path)]
+        return keys[i - int(self.shard_start[shard])]
 
     def meta(self, i: int) -> bytes:
         """The raw ``json`` component (``b""`` when absent); needs ``with_json=True``."""

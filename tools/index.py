@@ -4,10 +4,17 @@ each tar and a stoker.json in their folder.
 Works on tars written by webdataset's ShardWriter/TarWriter, GNU tar, or anything
 with WebDataset's key rule (members sharing a name up to the first dot form one
 sample). Keys can be anything; images may be jpg, jpeg or png (what the loader decodes);
-labels come from cls members (integers as text). Unless --no-check, every
-image is decoded once and samples that do not decode, or lack an image or a
-label, are listed in the manifest under pack.skip as [shard, index] so the
-loader leaves them out.
+labels come from cls members (integers 0 .. 999,999 as text). Unless --no-check,
+every image is decoded once with the Loader's decoders. Samples that do not decode,
+lack an image or a label, have a label that is not a class index, or repeat a
+component (a.jpg a.cls a.jpg: which label goes with which image is unknowable) are
+listed in the manifest under pack.skip as [shard, index, reason] so the loader
+leaves them out; members in no sample (directories, links, no extension) are listed
+under pack.ignored_members.
+
+On a split that already has a stoker.json (one `stoker pack` wrote, or an earlier
+index), its class names and pack settings are kept: re-indexing repairs, never
+downgrades. A compressed tar (.tar.gz, ...) must be decompressed first.
 
 examples:
   stoker index /data/laion-shards/*.tar
@@ -21,17 +28,17 @@ import collections
 import contextlib
 import os
 import sys
-import tarfile
 from pathlib import Path
+from typing import Optional
 
 from stoker import __version__
 from stoker.pipeline.fsutil import sha256_file
-from stoker.pipeline.index import IMAGE_EXTS, write_idx
-from stoker.pipeline.index import index_tar as scan_tar
-from stoker.pipeline.manifest import Manifest, ShardInfo, idx_path
+from stoker.pipeline.index import (MAX_CLASSES, MAX_CLS_BYTES, TarFormatError, image_component, parse_label,
+                                   scan_tar, write_idx)
+from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ManifestError, ShardInfo, idx_path
 
 from .errors import CheckFailed, UsageError
-from .verify import decode_check
+from .verify import ImageChecker, fork_method
 
 HELP = "write .idx files and a stoker.json for foreign WebDataset shards"
 
@@ -48,9 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _tars(args_shards: list[str]) -> list[Path]:
     paths = [Path(s) for s in args_shards]
     if len(paths) == 1 and paths[0].is_dir():
-        paths = sorted(paths[0].glob("*.tar"))
+        folder = paths[0]
+        paths = sorted(folder.glob("*.tar"))
         if not paths:
-            raise UsageError(f"no .tar files in {args_shards[0]}")
+            packed = sorted(p.name for p in folder.iterdir() if p.name.endswith(_COMPRESSED_SUFFIXES))
+            hint = f" (found {len(packed)} compressed: decompress them first, e.g. gunzip {folder / packed[0]})" \
+                if packed else ""
+            raise UsageError(f"no .tar files in {args_shards[0]}{hint}")
     for p in paths:
         if not p.is_file():
             raise UsageError(f"{p} is not a file")
@@ -63,63 +74,119 @@ def _tars(args_shards: list[str]) -> list[Path]:
     return sorted(paths, key=lambda p: p.name)
 
 
+_COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".tar.lz4")
+
+
 def _class_names(spec: str | None) -> list[str] | None:
     if not spec:
         return None
     if spec.startswith("@"):
         try:
-            text = Path(spec[1:]).read_text()
+            text = Path(spec[1:]).read_text(encoding="utf-8")
         except OSError as e:
             raise UsageError(f"cannot read --classes file {spec[1:]}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--classes file {spec[1:]} is not UTF-8 text") from None
         names = [line.strip() for line in text.splitlines() if line.strip()]
     else:
         names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise UsageError("--classes is empty")
+    if len(set(names)) != len(names):
+        raise UsageError("--classes names a class twice")
+    if len(names) > MAX_CLASSES:
+        raise UsageError(f"--classes names {len(names):,} classes, more than {MAX_CLASSES:,}")
     return names
 
 
-def index_one(tar: str, check: bool) -> dict:
+def _reason_kind(reason: str) -> str:
+    """The part of a skip reason that the summary counts (details follow a colon)."""
+    return reason.split(":", 1)[0]
+
+
+def index_one(tar: str, check: bool, num_classes: Optional[int] = None) -> dict:
     """Write ``tar``'s .idx and return what the manifest needs: its ShardInfo, the
-    samples to skip as ``(index, reason)``, image extensions seen, the largest label."""
+    samples to skip as ``(index, reason)``, the members no sample holds as ``(name, reason)``,
+    image extensions seen and the largest label kept.
+
+    ``num_classes`` (known from ``--classes`` or the split's manifest) bounds the labels;
+    without it a label only has to be below :data:`MAX_CLASSES`.
+    """
     tar_path = Path(tar)
     try:
-        samples = scan_tar(tar_path)
-    except (tarfile.TarError, OSError) as e:
-        return {"error": f"{tar} is not a readable tar: {e}"}
+        scan = scan_tar(tar_path)
+    except TarFormatError as e:
+        return {"error": str(e)}
+    samples = scan.samples
     write_idx(idx_path(tar_path), samples)
-    skips: list[tuple[int, str]] = []
+    skips: dict[int, str] = dict(scan.problems)
     exts: set[str] = set()
     max_label = -1
+    checker = ImageChecker(require_rgb=False) if check else None
+    pending: list[tuple[int, bytes]] = []
+
+    def flush() -> None:
+        for (i, _), err in zip(pending, checker.check([d for _, d in pending])):
+            if err:
+                skips[i] = f"image does not decode: {err}"
+        pending.clear()
+
     with open(tar_path, "rb") as f:
         for i, sample in enumerate(samples):
-            comps = {c.ext.lower(): c for c in sample}
-            img = next((comps[e] for e in IMAGE_EXTS if e in comps), None)
-            why = None
+            if i in skips:
+                continue
+            cls = next((c for c in sample if c.ext.lower() == "cls"), None)
+            img = image_component(sample)
             if img is None:
-                why = "no image"
-            elif "cls" not in comps:
-                why = "no cls label"
-            else:
-                exts.add(img.ext)
-                f.seek(comps["cls"].offset)
-                raw = f.read(comps["cls"].size).strip()
-                if not raw.isdigit():
-                    why = "cls is not an integer"
-                else:
-                    max_label = max(max_label, int(raw))
-                    if check:
-                        f.seek(img.offset)
-                        if decode_check(f.read(img.size), require_rgb=False):
-                            why = "image does not decode"
-            if why:
-                skips.append((i, why))
+                skips[i] = f"no image: has {', '.join(c.ext for c in sample)[:80]}"
+                continue
+            if cls is None:
+                skips[i] = "no cls label"
+                continue
+            f.seek(cls.offset)
+            value = parse_label(f.read(min(cls.size, MAX_CLS_BYTES + 1)), num_classes)
+            if isinstance(value, str):
+                skips[i] = value
+                continue
+            exts.add(img.ext)
+            max_label = max(max_label, value)
+            if checker is not None:
+                f.seek(img.offset)
+                pending.append((i, f.read(img.size)))
+                if len(pending) >= checker.batch_size:
+                    flush()
+        if checker is not None:
+            flush()
+    # the largest label of a sample that stays (a decode skip does not define a class)
     info = ShardInfo(tar_path.name, len(samples), os.path.getsize(tar_path), sha256_file(tar_path))
-    return {"info": info, "skips": skips, "exts": exts, "max_label": max_label}
+    return {"info": info, "skips": sorted(skips.items()), "ignored": scan.ignored, "exts": exts,
+            "max_label": max_label}
 
 
-def _index_job(job: tuple[str, bool]) -> dict:
+def _index_job(job: tuple) -> dict:
     return index_one(*job)
+
+
+def _previous(folder: Path, tars: list[Path]) -> Optional[Manifest]:
+    """The split's current manifest, if it has a readable one (what a re-index keeps)."""
+    if not (folder / MANIFEST_NAME).exists():
+        return None
+    try:
+        m = Manifest.load(folder)
+    except ManifestError as e:
+        print(f"note: replacing an unreadable manifest ({e})", file=sys.stderr)
+        return None
+    given = {t.name for t in tars}
+    left_out = [s.name for s in m.shards if s.name not in given and (folder / s.name).exists()]
+    if left_out:
+        raise UsageError(f"{folder / MANIFEST_NAME} also lists {', '.join(left_out[:3])}"
+                         f"{' ...' if len(left_out) > 3 else ''}: index the whole folder "
+                         f"(`stoker index {folder}`) so the split keeps them")
+    gone = [s.name for s in m.shards if s.name not in given and not (folder / s.name).exists()]
+    if gone:
+        print(f"note: {len(gone)} shard(s) listed in the old manifest are gone and left out: "
+              f"{', '.join(gone[:3])}{' ...' if len(gone) > 3 else ''}", file=sys.stderr)
+    return m
 
 
 def main(args: argparse.Namespace) -> int:
@@ -129,13 +196,17 @@ def main(args: argparse.Namespace) -> int:
     classes = _class_names(args.classes)
     if args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    jobs = [(str(t), not args.no_check) for t in tars]
+    folder = tars[0].parent
+    previous = _previous(folder, tars)
+    # a split `stoker pack` wrote (or an earlier index) keeps its class names: labels index them
+    bound = None if classes is not None else (len(previous.classes) if previous else None)
+    jobs = [(str(t), not args.no_check, bound) for t in tars]
     bar = tqdm(total=len(jobs), desc="index", unit="shard", file=sys.stderr, disable=None if not args.quiet else True)
     with contextlib.ExitStack() as stack:
         if args.workers > 1 and len(jobs) > 1:
             import multiprocessing as mp
 
-            pool = stack.enter_context(mp.get_context("fork").Pool(min(args.workers, len(jobs))))
+            pool = stack.enter_context(mp.get_context(fork_method()).Pool(min(args.workers, len(jobs))))
             results = pool.imap(_index_job, jobs)
         else:
             results = map(_index_job, jobs)
@@ -147,19 +218,47 @@ def main(args: argparse.Namespace) -> int:
             bar.update(1)
     bar.close()
     shards = [r["info"] for r in found]
-    skip = [[r["info"].name, i] for r in found for i, _ in r["skips"]]
-    reasons = collections.Counter(why for r in found for _, why in r["skips"])
-    exts = set().union(*(r["exts"] for r in found))
+    skip = [[r["info"].name, i, why] for r in found for i, why in r["skips"]]
+    if args.no_check and previous is not None:
+        skip += _carried_skips(previous, shards, skip)
+    ignored = [[r["info"].name, name, why] for r in found for name, why in r["ignored"]]
     max_label = max(r["max_label"] for r in found)
+    if classes is not None and max_label >= len(classes):
+        shard = next(r["info"].name for r in found if r["max_label"] == max_label)
+        raise UsageError(f"{folder / shard} has a cls of {max_label} but --classes names only "
+                         f"{len(classes)} classes")
     if classes is None:
-        classes = [str(i) for i in range(max_label + 1)]
-    elif max_label >= len(classes):
-        raise UsageError(f"a cls value is {max_label} but --classes names only {len(classes)} classes")
-    pack = {"indexed_by": f"stoker {__version__}", "image_exts": sorted(exts), "checked": not args.no_check,
-            "skip": skip}
+        classes = previous.classes if previous else [str(i) for i in range(max_label + 1)]
+    pack = dict(previous.pack) if previous else {}
+    # verify holds packed shards to pack's rules (RGB JPEGs) and foreign ones to the loader's
+    pack["reindexed_by" if previous and "indexed_by" not in pack else "indexed_by"] = f"stoker {__version__}"
+    exts = set().union(*(r["exts"] for r in found))
+    pack.update(image_exts=sorted(exts), checked=not args.no_check, skip=skip, ignored_members=ignored)
     m = Manifest(num_samples=sum(s.num_samples for s in shards), classes=classes, shards=shards, pack=pack)
-    where = m.save(tars[0].parent)
+    loadable = m.num_samples - len(skip)
+    if loadable <= 0:
+        raise CheckFailed(f"no loadable samples in {folder}: {_summary(skip)}; nothing written to "
+                          f"{MANIFEST_NAME}")
+    where = m.save(folder)
     print(f"indexed {len(shards)} shard(s), {m.num_samples:,} samples, {len(classes)} classes -> {where}")
-    detail = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
-    print(f"{len(skip)} sample(s) marked to skip" + (f" ({detail})" if detail else ""))
+    print(f"{len(skip)} sample(s) marked to skip" + (f" ({_summary(skip)})" if skip else ""))
+    if ignored:
+        print(f"{len(ignored)} tar member(s) in no sample ({_summary(ignored)}), listed in pack.ignored_members")
     return 0
+
+
+def _summary(entries: list) -> str:
+    reasons = collections.Counter(_reason_kind(e[-1]) for e in entries)
+    return ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+
+
+def _carried_skips(previous: Manifest, shards: list[ShardInfo], skip: list) -> list:
+    """With --no-check, the decode skips an earlier index found in shards that did not change."""
+    same = {s.name for s in shards} & {s.name for s in previous.shards
+                                        if s.sha256 == next((t.sha256 for t in shards if t.name == s.name), None)}
+    have = {(e[0], e[1]) for e in skip}
+    out = []
+    for e in previous.pack.get("skip") or []:
+        if isinstance(e, (list, tuple)) and len(e) in (2, 3) and e[0] in same and (e[0], e[1]) not in have:
+            out.append([e[0], int(e[1]), e[2] if len(e) == 3 else "skipped by an earlier index"])
+    return out

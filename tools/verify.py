@@ -1,6 +1,8 @@
 """Check packed shards against their stoker.json: size and sha256 of every shard,
-tar integrity, .idx equal to a fresh scan of the tar, labels in range, and
-every image decoding as RGB (or --sample K random images per split).
+tar integrity, .idx equal to a fresh scan of the tar, labels in range, and every
+image decoding with the Loader's decoders: its header check, pillow (the pil
+backend) and, when DALI is installed, DALI's CPU decoder (or --sample K random
+images per split).
 
 DIR is a pack's OUT (all its splits) or one split folder. Prints one table row per
 shard and exits 1 naming the shard and sample of every problem found.
@@ -13,17 +15,19 @@ examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import random
 import sys
-import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.fsutil import sha256_file
-from stoker.pipeline.index import IMAGE_EXTS, IdxFormatError, index_tar, read_idx, sample_key
+from stoker.pipeline.index import (MAX_CLS_BYTES, IdxFormatError, TarFormatError, image_component, parse_label,
+                                   read_idx, sample_key, scan_tar)
 from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
 
 from .errors import CheckFailed, UsageError
@@ -61,8 +65,8 @@ def find_splits(path: Path) -> list[Path]:
 
 
 def decode_check(data: bytes, *, require_rgb: bool = True) -> Optional[str]:
-    """None when ``data`` decodes completely (to an RGB image, if ``require_rgb``),
-    else what is wrong."""
+    """None when ``data`` decodes completely with pillow as the pil backend decodes it
+    (to an RGB image, if ``require_rgb``), else what is wrong."""
     from PIL import Image
 
     try:
@@ -70,9 +74,106 @@ def decode_check(data: bytes, *, require_rgb: bool = True) -> Optional[str]:
             im.load()
             if require_rgb and im.mode != "RGB":
                 return f"mode {im.mode}, not RGB"
-    except Exception as e:  # any decoder failure is a finding, not a crash
-        return f"does not decode: {str(e).strip() or type(e).__name__}"
+            if im.mode != "RGB":
+                im.convert("RGB")  # what the pil backend does with L, P, LA, CMYK ...
+    except Exception as e:  # noqa: BLE001 - any decoder failure is a finding, not a crash
+        return f"does not decode with pillow: {str(e).strip() or type(e).__name__}"
     return None
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence native writes to fd 2 (DALI's image parser logs each bad image there)."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class ImageChecker:
+    """Decode images the way the Loader does and say which fail: the Loader's header guard
+    (:func:`~stoker.pipeline.samples.image_size`), then pillow (the pil backend), then DALI's
+    CPU decoder when DALI is installed (a small CPU-only pipeline fed in batches).
+
+    Args:
+        require_rgb: a packed shard must hold RGB images; foreign ones only need to decode.
+        dali: use DALI (default: when installed).
+        batch_size: images per DALI run.
+    """
+
+    def __init__(self, *, require_rgb: bool = True, dali: Optional[bool] = None, batch_size: int = 32):
+        self.require_rgb, self.batch_size = require_rgb, batch_size
+        self.dali = HAS_DALI if dali is None else dali
+        self._pipe = None
+        self._feed: list = []
+
+    def check(self, datas: list[bytes]) -> list[Optional[str]]:
+        """One entry per image: None when every decoder reads it, else why not."""
+        from stoker.pipeline.samples import image_size
+
+        out: list[Optional[str]] = []
+        for data in datas:
+            if image_size(data) is None:
+                out.append("fails the loader's header check (truncated, not a JPEG/PNG, or a JPEG kind "
+                           "the decoders do not read)")
+            else:
+                out.append(decode_check(data, require_rgb=self.require_rgb))
+        if self.dali:
+            todo = [k for k, why in enumerate(out) if why is None]
+            for s in range(0, len(todo), self.batch_size):
+                part = todo[s:s + self.batch_size]
+                for k, why in zip(part, self._dali_check([datas[k] for k in part])):
+                    out[k] = why
+        return out
+
+    def _build(self):
+        from nvidia.dali import fn, pipeline_def, types
+
+        @pipeline_def(batch_size=self.batch_size, num_threads=1, device_id=None, prefetch_queue_depth=1)
+        def decode_graph():
+            encoded = fn.external_source(source=lambda: self._feed, batch=True, dtype=types.UINT8)
+            return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+
+        pipe = decode_graph()
+        pipe.build()
+        return pipe
+
+    def _run(self, datas: list[bytes]) -> None:
+        import numpy as np
+
+        if self._pipe is None:
+            self._pipe = self._build()
+        self._feed = [np.frombuffer(d, np.uint8) for d in datas]
+        try:
+            with _quiet_stderr():
+                self._pipe.run()
+        except Exception:
+            self._pipe = None  # a DALI pipeline is unusable after an error: rebuild it
+            raise
+
+    def _dali_check(self, datas: list[bytes]) -> list[Optional[str]]:
+        try:
+            self._run(datas)
+            return [None] * len(datas)
+        except Exception:  # noqa: BLE001 - find the failing image(s) one by one
+            pass
+        out: list[Optional[str]] = []
+        for data in datas:
+            try:
+                self._run([data])
+                out.append(None)
+            except Exception as e:  # noqa: BLE001
+                lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and "pipeline" not in ln.lower()]
+                out.append(f"does not decode with DALI: {(lines[-1] if lines else type(e).__name__)[:120]}")
+        return out
 
 
 def verify_shard(split_dir: str, split: str, info: ShardInfo, num_classes: int, check: Optional[list[int]],
@@ -93,45 +194,73 @@ def verify_shard(split_dir: str, split: str, info: ShardInfo, num_classes: int, 
     if not rep.sha_ok:
         rep.problems.append(f"{where}: sha256 differs from the manifest (corrupt or replaced)")
     try:
-        samples = index_tar(tar)
-    except (tarfile.TarError, OSError) as e:
-        rep.problems.append(f"{where}: damaged tar: {e}")
+        scan = scan_tar(tar)
+    except TarFormatError as e:
+        rep.problems.append(f"{where}: {e}")
         return rep
+    samples = scan.samples
     rep.samples = len(samples)
     if len(samples) != info.num_samples:
         rep.problems.append(f"{where}: {len(samples)} samples, manifest says {info.num_samples}")
     try:
         rep.idx_ok = read_idx(idx_path(tar)) == samples
         if not rep.idx_ok:
-            rep.problems.append(f"{where}: {idx_path(tar).name} does not match the tar (rerun `stoker index`)")
+            rep.problems.append(f"{where}: {idx_path(tar).name} does not match the tar "
+                                f"(rerun `stoker index {split_dir}`)")
     except IdxFormatError as e:
         rep.problems.append(f"{where}: {e}")
     skip_set = set(skip)
     todo = range(len(samples)) if check is None else [i for i in check if i < len(samples)]
-    with open(tar, "rb") as f:
-        for i in todo:
-            if i in skip_set:
-                continue
-            comps = {c.ext.lower(): c for c in samples[i]}
-            label = f"{where} sample {i} (key {sample_key(samples[i])})"
-            img = next((comps[e] for e in IMAGE_EXTS if e in comps), None)
-            if img is None:
-                rep.bad += 1
-                rep.problems.append(f"{label}: no image component (has {', '.join(comps)})")
-                continue
-            if "cls" in comps:
-                f.seek(comps["cls"].offset)
-                raw = f.read(comps["cls"].size).strip()
-                if not raw.isdigit() or (num_classes and int(raw) >= num_classes):
-                    rep.problems.append(f"{label}: label {raw[:20]!r} is not a class index below {num_classes}")
-            f.seek(img.offset)
-            err = decode_check(f.read(img.size), require_rgb=require_rgb)
+    checker = ImageChecker(require_rgb=require_rgb)
+    pending: list[tuple[str, bytes]] = []
+
+    def flush() -> None:
+        for (label, _), err in zip(pending, checker.check([d for _, d in pending])):
             if err:
                 rep.bad += 1
                 rep.problems.append(f"{label}: {err}")
             else:
                 rep.decoded += 1
+        pending.clear()
+
+    with open(tar, "rb") as f:
+        for i in todo:
+            if i in skip_set:
+                continue
+            sample = samples[i]
+            label = f"{where} sample {i} (key {sample_key(sample)})"
+            if i in scan.problems:
+                rep.bad += 1
+                rep.problems.append(f"{label}: {scan.problems[i]}")
+                continue
+            comps = {c.ext.lower(): c for c in sample}
+            img = image_component(sample)
+            if img is None:
+                rep.bad += 1
+                rep.problems.append(f"{label}: no image component (has {', '.join(comps)})")
+                continue
+            if "cls" not in comps:
+                rep.bad += 1
+                rep.problems.append(f"{label}: no cls label")
+                continue
+            f.seek(comps["cls"].offset)
+            value = parse_label(f.read(min(comps["cls"].size, MAX_CLS_BYTES + 1)), num_classes or None)
+            if isinstance(value, str):
+                rep.bad += 1
+                rep.problems.append(f"{label}: {value}")
+                continue
+            f.seek(img.offset)
+            pending.append((label, f.read(img.size)))
+            if len(pending) >= checker.batch_size:
+                flush()
+    flush()
     return rep
+
+
+def fork_method() -> str:
+    """``fork`` (cheapest), unless DALI's native threads run in this process: a fork could
+    copy a held lock into the child, so use a fork server then."""
+    return "forkserver" if "nvidia.dali.backend_impl" in sys.modules else "fork"
 
 
 def _run(job):
@@ -159,8 +288,9 @@ def main(args: argparse.Namespace) -> int:
     for split_dir in find_splits(root):
         m = Manifest.load(split_dir)
         skips: dict[str, list[int]] = {}
-        for shard, index in m.pack.get("skip", []):
-            skips.setdefault(shard, []).append(int(index))
+        for entry in m.pack.get("skip") or []:
+            if isinstance(entry, (list, tuple)) and len(entry) in (2, 3):
+                skips.setdefault(entry[0], []).append(int(entry[1]))
         picks: dict[int, list[int]] = {}
         if args.sample:
             rng = random.Random(args.seed)
@@ -181,7 +311,7 @@ def main(args: argparse.Namespace) -> int:
     if args.workers > 1 and len(jobs) > 1:
         import multiprocessing as mp
 
-        with mp.get_context("fork").Pool(min(args.workers, len(jobs))) as pool:
+        with mp.get_context(fork_method()).Pool(min(args.workers, len(jobs))) as pool:
             for rep in pool.imap(_run, jobs):
                 reports.append(rep)
                 bar.update(1)

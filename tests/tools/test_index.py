@@ -39,7 +39,8 @@ def test_index_webdataset_shards_marks_corrupt_image_as_skip(tmp_path, capsys):
     m = Manifest.load(tmp_path / "wds")
     assert m.num_samples == 11 and [s.num_samples for s in m.shards] == [5, 5, 1]
     assert m.classes == ["0", "1", "2"] and m.pack["image_exts"] == ["jpeg"]
-    assert m.pack["skip"] == [["foreign-000.tar", 4]]
+    assert m.pack["skip"] == [["foreign-000.tar", 4, "image does not decode: fails the loader's header check "
+                                                     "(truncated, not a JPEG/PNG, or a JPEG kind the decoders do not read)"]]
     check_shards(tmp_path / "wds", m, sha256=True)
     for t in tars:
         assert read_idx(t.with_suffix(".idx")) == index_tar(t)
@@ -75,7 +76,7 @@ def test_index_gnu_tar_with_png_and_class_names(tmp_path, capsys):
     subprocess.run(["tar", "cf", str(tmp_path / "shards" / "gnu.tar"), "-C", str(files), *names], check=True)
     assert cli(["index", str(tmp_path / "shards" / "gnu.tar"), "--classes", "cat,dog", "-q"]) == 0
     m = Manifest.load(tmp_path / "shards")
-    assert m.classes == ["cat", "dog"] and m.num_samples == 6 and m.pack["skip"] == [["gnu.tar", 5]]
+    assert m.classes == ["cat", "dog"] and m.num_samples == 6 and m.pack["skip"] == [["gnu.tar", 5, "no cls label"]]
     assert "1 no cls label" in capsys.readouterr().out
     assert cli(["verify", str(tmp_path / "shards"), "-q"]) == 0
 
@@ -107,6 +108,6 @@ def test_index_skips_images_the_loader_cannot_read(tmp_path, capsys):
     assert cli(["index", str(folder / "mixed.tar"), "-q"]) == 0
     capsys.readouterr()
     m = Manifest.load(folder)
-    assert m.pack["skip"] == [["mixed.tar", 4]]
+    assert m.pack["skip"] == [["mixed.tar", 4, "no image: has cls, webp"]]
     loader = Loader(folder, batch_size=2, train=False, crop=16, backend="pil", threads=0)
     assert sum(len(labels) for _, labels in loader) == 4

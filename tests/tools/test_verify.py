@@ -47,7 +47,7 @@ def test_undecodable_image_names_shard_and_sample(tmp_path, capsys):
     tar.write_bytes(bytes(data))
     assert cli(["verify", str(out / "train"), "-q", "--workers", "2"]) == 1
     err = capsys.readouterr().err
-    assert "train/train-000000.tar sample 2 (key 000000002): does not decode" in err
+    assert "train/train-000000.tar sample 2 (key 000000002): fails the loader's header check" in err
 
 
 def test_damaged_idx_and_missing_shard(tmp_path, capsys):
