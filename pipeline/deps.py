@@ -56,3 +56,86 @@ def pillow_info() -> dict:
         "webp": features.check("webp"),
         "libjpeg_turbo": bool(features.check_feature("libjpeg_turbo")),
     }
+
+
+#: a 16x8 baseline RGB JPEG (287 bytes) for the GPU decode probe
+_PROBE_JPEG = (
+    "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAgGBgcGBQgHBwcJCQgKDBQNDAsLDBkSEw8UHRofHh0aHBwgJC4nICIsIxwcKDcpLDAxNDQ0Hyc5"
+    "PTgyPC4zNDL/2wBDAQkJCQwLDBgNDRgyIRwhMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjL/wAAR"
+    "CAAIABADASIAAhEBAxEB/8QAFQABAQAAAAAAAAAAAAAAAAAAAAb/xAAUEAEAAAAAAAAAAAAAAAAAAAAA/8QAFQEBAQAAAAAAAAAAAAAAAAAA"
+    "BAf/xAAUEQEAAAAAAAAAAAAAAAAAAAAA/9oADAMBAAIRAxEAPwCTADUp/9k=")
+
+BACKEND_NAMES = ("auto", "dali", "nvjpeg", "pil")
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_jpeg_decode() -> tuple[bool, str]:
+    """``(works, why)``: can torchvision decode a JPEG on the GPU here? Probed once per
+    process (cached) by decoding a tiny embedded JPEG on the current CUDA device; never
+    raises."""
+    if not has_cuda():
+        return False, "torch sees no CUDA device"
+    try:
+        import base64
+
+        import torch
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        data = torch.frombuffer(bytearray(base64.b64decode(_PROBE_JPEG)), dtype=torch.uint8)
+        (img,) = decode_jpeg([data], mode=ImageReadMode.RGB, device="cuda")
+        if tuple(img.shape) != (3, 8, 16) or img.device.type != "cuda":
+            return False, f"torchvision decoded the probe JPEG to {tuple(img.shape)} on {img.device}"
+        # the probe is red: a decoder that runs but returns garbage does not count
+        if not 170 <= int(img[0].float().mean()) <= 230:
+            return False, "torchvision's GPU decode returned wrong pixels for the probe JPEG"
+    except Exception as e:  # noqa: BLE001 - any failure means: not usable, say why
+        return False, " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    import torchvision
+
+    return True, f"torchvision {torchvision.__version__} decodes JPEGs on the GPU (nvJPEG)"
+
+
+def resolve_backend(requested: str, device_type: str) -> tuple[str, str]:
+    """The Loader backend for ``requested`` on a ``device_type`` (``"cpu"``/``"cuda"``)
+    device, and why: ``("dali" | "nvjpeg" | "pil", reason)``.
+
+    ``"auto"`` picks DALI when it is installed (GPU decode on CUDA; on the CPU its decode
+    is the fastest CPU path here), else torchvision's nvJPEG decode when the device is
+    CUDA and a probe decode works, else pillow.
+
+    Raises:
+        ValueError: an unknown name, or an explicit backend that cannot run here (the
+            message names the fix).
+    """
+    if requested not in BACKEND_NAMES:
+        raise ValueError(f"backend={requested!r} must be one of {BACKEND_NAMES}")
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"device type {device_type!r}: only 'cpu' and 'cuda' are supported")
+    if requested == "dali":
+        if not HAS_DALI:
+            raise ValueError("backend='dali' but nvidia-dali is not installed (pip install "
+                             "nvidia-dali-cuda120, or use backend='pil')")
+        return "dali", "requested"
+    if requested == "pil":
+        return "pil", "requested"
+    if requested == "nvjpeg":
+        if device_type != "cuda":
+            raise ValueError("backend='nvjpeg' decodes on the GPU but the device is the CPU: use "
+                             "device='cuda', or backend='pil'")
+        if not has_cuda():
+            raise ValueError("backend='nvjpeg' but torch sees no CUDA device (use backend='pil' "
+                             "and device='cpu')")
+        works, why = gpu_jpeg_decode()
+        if not works:
+            raise ValueError(f"backend='nvjpeg' but torchvision cannot decode JPEGs on this GPU "
+                             f"({why}); use backend='pil'")
+        return "nvjpeg", "requested"
+    if HAS_DALI:
+        where = "decodes on the GPU" if device_type == "cuda" else "its CPU decode is the fastest CPU path"
+        return "dali", f"nvidia-dali is installed ({where})"
+    if device_type == "cuda":
+        works, why = gpu_jpeg_decode()
+        if works:
+            return "nvjpeg", f"nvidia-dali is not installed; {why}"
+        return "pil", f"nvidia-dali is not installed and torchvision's GPU decode does not work here ({why})"
+    return "pil", "nvidia-dali is not installed and the device is the CPU"

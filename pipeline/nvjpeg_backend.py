@@ -1,0 +1,292 @@
+"""The nvjpeg backend: torchvision's batched JPEG decode on the GPU, without DALI.
+
+Bytes come from the memory-mapped shards (:mod:`.samples`) exactly as for the other
+backends; one ``torchvision.io.decode_jpeg(list, device="cuda")`` call decodes a batch
+(nvJPEG); the crop boxes and flips are :mod:`.augment`'s, so a sample gets the same crop
+as with ``dali`` and ``pil``; each crop is resized on the device with antialiased
+bilinear (what pillow's ``BILINEAR`` does, see :func:`crop_resize`) into one uint8 batch.
+
+A producer thread prepares batches ahead (``loader.prefetch``) on its own CUDA stream,
+so decoding overlaps the training step; the consumer's stream waits on an event per
+batch (no host sync). A JPEG the GPU rejects (nvJPEG refuses some files libjpeg reads:
+CMYK, lossless, some progressive) and a PNG are decoded on the CPU with pillow instead,
+counted in :attr:`NvjpegRunner.gpu_fallbacks` and never dropped; only a sample neither
+decoder reads is dropped and counted like the other backends do.
+
+With ``device="cpu"`` the same code runs with torchvision's CPU decode: the batched crop
+and resize are tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import io
+import queue
+import sys
+import threading
+import warnings
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from . import augment
+
+
+def decode_jpegs(datas: list, device) -> list:
+    """Decode encoded JPEGs (1-D uint8 CPU tensors) to RGB ``[3, H, W]`` uint8 tensors on
+    ``device`` in one batched call (nvJPEG on CUDA). Raises when any of them fails."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    out = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
+    return list(out)
+
+
+def decode_cpu(data) -> Any:
+    """Pillow decode of one encoded image (JPEG or PNG, any mode) to an RGB ``[3, H, W]``
+    uint8 CPU tensor: the fallback for what the GPU decoder rejects."""
+    import torch
+    from PIL import Image
+
+    im = Image.open(io.BytesIO(data.numpy().tobytes() if hasattr(data, "numpy") else bytes(data)))
+    if im.mode != "RGB":
+        im = im.convert("RGB")
+    return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1)
+
+
+def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None:
+    """Crop ``boxes`` (``[N, 4]`` ``(x, y, w, h)``) out of ``images`` (``[3, H, W]`` uint8
+    tensors), resize each to ``out``'s side with antialiased bilinear, flip where ``flips``,
+    and write them into ``out`` (``[N, 3, crop, crop]`` uint8, any memory format, on the
+    images' device).
+
+    Each crop is resized on its own (boxes all differ in size under RandomResizedCrop, so
+    grouping by size rarely groups anything) in float32, rounded as pillow rounds.
+    Pillow's ``resize(box=...)`` also reads pixels just outside the box for the filter;
+    this reads only the box, so edge pixels differ slightly (see the tests' bound).
+    """
+    import torch.nn.functional as F
+
+    crop = out.shape[-1]
+    for k, (img, (x, y, w, h)) in enumerate(zip(images, boxes.tolist())):
+        H, W = img.shape[-2:]
+        x, y = min(max(0, x), W - 1), min(max(0, y), H - 1)  # a box past the edge: clamp
+        region = img[:, y:y + max(1, h), x:x + max(1, w)]
+        if tuple(region.shape[-2:]) == (crop, crop):
+            out[k].copy_(region)
+            continue
+        r = F.interpolate(region.unsqueeze(0).float(), size=(crop, crop), mode="bilinear",
+                          align_corners=False, antialias=True)
+        out[k].copy_(r[0].add_(0.5).clamp_(0, 255))  # float -> uint8 truncates: +0.5 rounds
+    if flips.any():
+        import torch
+
+        pick = torch.from_numpy(np.flatnonzero(flips)).to(out.device)
+        out[pick] = out[pick].flip(-1)
+
+
+class NvjpegRunner:
+    """The Loader's runner for ``backend="nvjpeg"``: ``iterate(batches, epoch)`` yields one
+    ``(images, labels, consumed, bad)`` per batch of global sample ids, in order.
+
+    Attributes:
+        gpu_fallbacks: samples decoded with pillow on the CPU instead of on the device
+            (JPEGs nvJPEG rejected, PNGs), since this runner was made.
+        decode_jpegs: the batched decoder (``(list of tensors, device) -> list``);
+            :func:`decode_jpegs` (tests replace it with one that fails).
+    """
+
+    def __init__(self, loader):
+        import torch
+
+        self.l = loader
+        self.device = loader.device
+        self.cuda = self.device.type == "cuda"
+        self.gpu_fallbacks = 0
+        self.decode_jpegs: Callable[[list, Any], list] = decode_jpegs
+        self._epoch_fallbacks = 0
+        self._fallback_examples: list = []
+        self._stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self._stop: Optional[threading.Event] = None
+        self._worker: Optional[threading.Thread] = None
+
+    # ---- one batch ---------------------------------------------------------------------
+    def _empty(self, consumed: int, nbad: int) -> tuple:
+        """A val batch none of whose samples is loadable: yielded with no samples."""
+        import torch
+
+        c = self.l.crop
+        images = self._alloc(0, c)
+        return images, torch.empty(0, dtype=torch.int64, device=self.device), consumed, nbad
+
+    def _alloc(self, n: int, crop: int):
+        import torch
+
+        if self.l.channels_last:  # NHWC storage, NCHW shape: torch.channels_last
+            return torch.empty((n, crop, crop, 3), dtype=torch.uint8, device=self.device).permute(0, 3, 1, 2)
+        return torch.empty((n, 3, crop, crop), dtype=torch.uint8, device=self.device)
+
+    def _decode(self, ids: np.ndarray, enc: list) -> list:
+        """Decoded ``[3, H, W]`` tensors on the device for ``enc`` (``None`` where neither
+        the GPU nor pillow reads the sample)."""
+        import torch
+
+        blob = np.concatenate(enc) if enc else np.zeros(0, np.uint8)  # one copy, writable
+        flat = torch.from_numpy(blob)
+        offs = np.concatenate([[0], np.cumsum([len(e) for e in enc])]).tolist()
+        datas = [flat[offs[k]:offs[k + 1]] for k in range(len(enc))]
+        jpeg = [k for k, e in enumerate(enc) if len(e) > 2 and e[0] == 0xFF and e[1] == 0xD8]
+        out: list = [None] * len(enc)
+        failed: dict = {k: "not a JPEG" for k in range(len(enc)) if k not in set(jpeg)}
+        if jpeg:
+            try:
+                for k, img in zip(jpeg, self.decode_jpegs([datas[k] for k in jpeg], self.device)):
+                    out[k] = img
+            except Exception:  # noqa: BLE001 - one bad JPEG fails the batched call: find it
+                for k in jpeg:
+                    try:
+                        (out[k],) = self.decode_jpegs([datas[k]], self.device)
+                    except Exception as e:  # noqa: BLE001 - nvJPEG said no: pillow decodes it
+                        failed[k] = " ".join(str(e).split())[:120] or type(e).__name__
+        for k, why in failed.items():
+            try:
+                out[k] = decode_cpu(datas[k]).to(self.device)
+            except Exception:  # noqa: BLE001 - undecodable for pillow too: dropped, counted
+                continue
+            self.gpu_fallbacks += 1
+            self._epoch_fallbacks += 1
+            if len(self._fallback_examples) < 3:
+                self._fallback_examples.append(f"{self.l.index.describe(int(ids[k]))} ({why})")
+        return out
+
+    def _load(self, ids: np.ndarray, enc: list, wh: np.ndarray) -> tuple:
+        """``(decoded, ids, wh)`` of the samples of ``ids`` that decode (on either decoder)."""
+        decoded = self._decode(ids, enc)
+        keep = np.array([d is not None for d in decoded], bool)
+        return [d for d in decoded if d is not None], ids[keep], wh[keep]
+
+    def _batch(self, ids: np.ndarray, epoch: int) -> tuple:
+        """One batch: ``(images, labels, consumed, bad)`` on the device."""
+        import torch
+
+        l = self.l
+        consumed = len(ids)
+        enc, wh = l.index.images(ids)
+        ok = wh[:, 0] > 0  # header guard: truncated / foreign bytes never reach a decoder
+        planned = ids
+        decoded, ids, wh = self._load(ids[ok], [e for e, k in zip(enc, ok) if k], wh[ok])
+        nbad = consumed - len(ids)
+        if not len(ids):
+            if not l.train:
+                return self._empty(consumed, nbad)
+            # stand-ins keep every rank's step count (the Loader's rule, as in the other backends)
+            stand_in = l._stand_in(planned)
+            decoded, ids, wh = self._load(stand_in, *l.index.images(stand_in))
+        if l.train:
+            boxes, flips = augment.random_resized_crop(wh, ids, seed=l.seed, epoch=epoch)
+        else:
+            boxes, flips = augment.center_crop(wh, l.crop), np.zeros(len(ids), bool)
+        images = self._alloc(len(ids), l.crop)
+        crop_resize(decoded, boxes, flips, images)
+        labels = torch.from_numpy(l.index.labels(ids)).to(self.device, non_blocking=True)
+        return images, labels, consumed, nbad
+
+    # ---- the producer thread -----------------------------------------------------------
+    def _produce(self, batches: list, epoch: int, out_q: queue.Queue, stop: threading.Event) -> None:
+        import contextlib
+
+        import torch
+
+        def put(item) -> None:  # never blocks past a consumer that has gone
+            while not stop.is_set():
+                try:
+                    out_q.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    pass
+
+        ctx = torch.cuda.stream(self._stream) if self.cuda else contextlib.nullcontext()
+        dev = torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext()
+        ids = None
+        try:
+            with dev, ctx:
+                for ids in batches:
+                    if stop.is_set():
+                        return
+                    item = self._batch(ids, epoch)
+                    event = None
+                    if self.cuda:
+                        event = torch.cuda.Event()
+                        event.record(self._stream)
+                    put((item, event))
+            put(_END)
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, naming the shards
+            if not stop.is_set():
+                put(_Failure(RuntimeError(self._describe_failure(ids, e))))
+
+    def _describe_failure(self, ids, error: BaseException) -> str:
+        index, split = self.l.index, self.l.path
+        what = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+        if ids is None or not len(ids):
+            return f"nvjpeg backend failed on {split}: {what}"
+        shards = sorted({index.shard_names[index.shard_of(int(i))] for i in ids})
+        keys = [index.key(int(i)) for i in ids[:8]]
+        more = f" (+{len(ids) - 8} more)" if len(ids) > 8 else ""
+        return (f"nvjpeg backend failed on a batch of {split} (shards {', '.join(shards)}; keys "
+                f"{', '.join(keys)}{more}): {what}")
+
+    def iterate(self, batches: list, epoch: int) -> Iterator[tuple]:
+        """Yield ``(images, labels, consumed, bad)`` for each of ``batches`` (arrays of global
+        sample ids), in order; images uint8 NCHW on the loader's device."""
+        import torch
+
+        self._epoch_fallbacks, self._fallback_examples = 0, []
+        out_q: queue.Queue = queue.Queue(maxsize=max(1, self.l.prefetch - 1))
+        stop = threading.Event()
+        worker = threading.Thread(target=self._produce, args=(batches, epoch, out_q, stop), daemon=True,
+                                  name="stoker-nvjpeg")
+        self._stop, self._worker = stop, worker
+        worker.start()
+        try:
+            while True:
+                item = out_q.get()
+                if item is _END:
+                    break
+                if isinstance(item, _Failure):
+                    raise item.error
+                (images, labels, consumed, bad), event = item
+                if event is not None:
+                    # the consumer's stream waits for the producer's work (no host sync), and the
+                    # allocator must not hand these blocks back to the producer's stream too early
+                    current = torch.cuda.current_stream(self.device)
+                    current.wait_event(event)
+                    images.record_stream(current)
+                    labels.record_stream(current)
+                yield images, labels, consumed, bad
+        finally:
+            self._halt(stop, worker)
+        if self._epoch_fallbacks:
+            shown = "; ".join(self._fallback_examples)
+            warnings.warn(f"stoker Loader {self.l.path}: epoch {epoch}: {self._epoch_fallbacks} sample(s) "
+                          f"decoded on the CPU, not the GPU: {shown}", RuntimeWarning, stacklevel=2)
+
+    def _halt(self, stop: threading.Event, worker: threading.Thread) -> None:
+        stop.set()
+        if not sys.is_finalizing() and worker is not threading.current_thread():
+            worker.join()
+        if self._worker is worker:
+            self._stop = self._worker = None
+
+    def shutdown(self) -> None:
+        """Stop an abandoned iteration's producer thread."""
+        stop, worker = self._stop, self._worker
+        if stop is not None and worker is not None:
+            self._halt(stop, worker)
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+_END = object()
+
+__all__ = ["NvjpegRunner", "crop_resize", "decode_jpegs", "decode_cpu"]
