@@ -19,7 +19,7 @@ import re
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import BinaryIO, Iterable, List, Optional, Sequence, Union
 
 from stoker import StokerError
 
@@ -96,7 +96,7 @@ def parse_label(raw: bytes, num_classes: Optional[int] = None) -> Union[int, str
     :data:`MAX_CLASSES` and, when ``num_classes`` is given, below it.
     """
     if len(raw) > MAX_CLS_BYTES:
-        return f"cls is not an integer: {len(raw)} bytes"
+        return f"cls is not an integer: {len(raw):,} bytes"
     m = _LABEL.fullmatch(raw)
     if m is None:
         text = raw.strip().decode("utf-8", "replace")[:MAX_CLS_BYTES]
@@ -109,6 +109,15 @@ def parse_label(raw: bytes, num_classes: Optional[int] = None) -> Union[int, str
     if num_classes is not None and value >= num_classes:
         return f"cls is outside the {num_classes} classes of the manifest: {value}"
     return value
+
+
+def read_label(f: BinaryIO, cls: Component, num_classes: Optional[int] = None) -> Union[int, str]:
+    """:func:`parse_label` of the ``cls`` component ``cls`` of the open tar ``f`` (reads at
+    most :data:`MAX_CLS_BYTES`: a huge member is rejected by its size)."""
+    if cls.size > MAX_CLS_BYTES:
+        return f"cls is not an integer: {cls.size:,} bytes"
+    f.seek(cls.offset)
+    return parse_label(f.read(cls.size), num_classes)
 
 
 def escape_name(name: str) -> str:
@@ -160,7 +169,8 @@ def read_idx(path: PathLike) -> list[Sample]:
         raise bad_idx(path, "empty")
     head = lines[0].split()
     if len(head) != 2 or head[0] != IDX_VERSION or not head[1].isascii() or not head[1].isdigit():
-        raise bad_idx(path, f"first line should be '{IDX_VERSION} <count>', got {lines[0][:40]!r}")
+        got = f", got {lines[0]!r}" if len(lines[0]) <= 40 and lines[0].isprintable() and lines[0].isascii() else ""
+        raise bad_idx(path, f"first line should be '{IDX_VERSION} <count>'{got}")
     samples: list[Sample] = []
     for lineno, line in enumerate(lines[1:], start=2):
         fields = line.split()

@@ -33,8 +33,8 @@ from typing import Optional
 
 from stoker import __version__
 from stoker.pipeline.fsutil import sha256_file
-from stoker.pipeline.index import (MAX_CLASSES, MAX_CLS_BYTES, TarFormatError, image_component, parse_label,
-                                   scan_tar, write_idx)
+from stoker.pipeline.index import (MAX_CLASSES, TarFormatError, image_component, read_label, scan_tar,
+                                   write_idx)
 from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ManifestError, ShardInfo, idx_path
 
 from .errors import CheckFailed, UsageError
@@ -143,8 +143,7 @@ def index_one(tar: str, check: bool, num_classes: Optional[int] = None) -> dict:
             if cls is None:
                 skips[i] = "no cls label"
                 continue
-            f.seek(cls.offset)
-            value = parse_label(f.read(min(cls.size, MAX_CLS_BYTES + 1)), num_classes)
+            value = read_label(f, cls, num_classes)
             if isinstance(value, str):
                 skips[i] = value
                 continue

@@ -26,8 +26,8 @@ from typing import Optional
 
 from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.fsutil import sha256_file
-from stoker.pipeline.index import (MAX_CLS_BYTES, IdxFormatError, TarFormatError, image_component, parse_label,
-                                   read_idx, sample_key, scan_tar)
+from stoker.pipeline.index import (IdxFormatError, TarFormatError, image_component, read_idx, read_label,
+                                   sample_key, scan_tar)
 from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
 
 from .errors import CheckFailed, UsageError
@@ -243,8 +243,7 @@ def verify_shard(split_dir: str, split: str, info: ShardInfo, num_classes: int, 
                 rep.bad += 1
                 rep.problems.append(f"{label}: no cls label")
                 continue
-            f.seek(comps["cls"].offset)
-            value = parse_label(f.read(min(comps["cls"].size, MAX_CLS_BYTES + 1)), num_classes or None)
+            value = read_label(f, comps["cls"], num_classes or None)
             if isinstance(value, str):
                 rep.bad += 1
                 rep.problems.append(f"{label}: {value}")
