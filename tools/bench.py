@@ -9,7 +9,8 @@ that is not counted and then up to --epochs epochs or --seconds seconds:
   (2) webdataset + PIL + DataLoader on the shards, uint8
   (3) DALI's own fn.readers.webdataset graph on the shards (buffer shuffle), uint8
   (4) FFCV, when importable (here, or in --ffcv-python), from a .beton of --images
-  (5) stoker Loader, once per available backend
+  (5) stoker Loader, once per available backend (nvjpeg: decoded on the GPU, batches on
+      the GPU; skipped without CUDA)
   and the decode-only ceiling: every image of the shards decoded once by `cores`
   processes, nothing else.
 
@@ -37,7 +38,8 @@ from .errors import UsageError
 
 HELP = "side-by-side loader throughput: torchvision, webdataset, DALI reader, FFCV, stoker"
 
-ALL = ("torchvision", "wds", "dali-reader", "ffcv", "stoker-dali", "stoker-pil", "ceiling")
+ALL = ("torchvision", "wds", "dali-reader", "ffcv", "stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling")
+STOKER = ("stoker-dali", "stoker-pil", "stoker-nvjpeg")
 LABELS = {
     "torchvision": "(1) torchvision ImageFolder+PIL",
     "wds": "(2) webdataset+PIL",
@@ -45,6 +47,7 @@ LABELS = {
     "ffcv": "(4) FFCV",
     "stoker-dali": "(5) stoker Loader (dali)",
     "stoker-pil": "(5) stoker Loader (pil)",
+    "stoker-nvjpeg": "(5) stoker Loader (nvjpeg, GPU)",
     "stoker-dali-dali-resize": "(5) stoker Loader (dali, fn.resize)",
     "ceiling": "decode-only ceiling",
 }
@@ -136,6 +139,10 @@ def _timed(batches, cfg: dict) -> dict:
                 break
     if t0 is None or n == 0:
         raise RuntimeError("not enough batches to measure (lower --warmup or use more data)")
+    if getattr(images, "is_cuda", False):  # batches made on the GPU: count only finished work
+        import torch
+
+        torch.cuda.synchronize(images.device)
     wall = time.perf_counter() - t0
     cpu = _tree_cpu() - cpu0
     peak = max(peak, _tree_peak_rss())
@@ -222,11 +229,11 @@ def _run_dali_reader(cfg):
     return _timed(batches(), cfg)
 
 
-def _run_stoker(cfg, backend, **kw):
+def _run_stoker(cfg, backend, device="cpu", **kw):
     from stoker.pipeline import Loader
 
     loader = Loader(cfg["data"], batch_size=cfg["batch_size"], crop=cfg["crop"], backend=backend,
-                    threads=cfg["workers"], device="cpu", **kw)
+                    threads=cfg["workers"], device=device, **kw)
 
     def epoch(e):
         loader.set_epoch(e)
@@ -307,6 +314,7 @@ def _child() -> None:
     runners = {
         "torchvision": _run_torchvision, "wds": _run_wds, "dali-reader": _run_dali_reader,
         "stoker-dali": lambda c: _run_stoker(c, "dali"), "stoker-pil": lambda c: _run_stoker(c, "pil"),
+        "stoker-nvjpeg": lambda c: _run_stoker(c, "nvjpeg", device="cuda"),
         "stoker-dali-dali-resize": lambda c: _run_stoker(c, "dali", cpu_resize="dali"),
         "ceiling": _run_ceiling,
     }
@@ -353,7 +361,7 @@ def _fmt_bytes(n: float) -> str:
 
 
 def run_bench(args) -> dict:
-    from stoker.pipeline.deps import HAS_DALI, usable_cores
+    from stoker.pipeline.deps import HAS_DALI, has_cuda, usable_cores
     from stoker.pipeline.manifest import MANIFEST_NAME
 
     data = Path(args.data)
@@ -380,6 +388,8 @@ def run_bench(args) -> dict:
             notes.append("(1) torchvision: skipped (give --images SRC, the original ImageFolder)")
         elif kind in ("dali-reader", "stoker-dali", "stoker-dali-dali-resize") and not HAS_DALI:
             notes.append(f"{LABELS[kind]}: skipped (nvidia-dali not installed)")
+        elif kind == "stoker-nvjpeg" and not has_cuda():
+            notes.append(f"{LABELS[kind]}: skipped (torch sees no CUDA device; it decodes on the GPU)")
         elif kind == "ffcv":
             py = _ffcv_python(args) if args.images else None
             if not args.images:
@@ -414,7 +424,7 @@ def run_bench(args) -> dict:
             row["ratio"] = r["img_s"] / base
         out_rows.append(row)
     summary = {}
-    best_stoker = max((rows[k]["img_s"] for k in ("stoker-dali", "stoker-pil") if "img_s" in rows.get(k, {})),
+    best_stoker = max((rows[k]["img_s"] for k in STOKER if "img_s" in rows.get(k, {})),
                       default=None)
     if best_stoker:
         for k, name in (("torchvision", "vs_torchvision"), ("dali-reader", "vs_dali_reader"),
@@ -429,7 +439,8 @@ def run_bench(args) -> dict:
 def format_table(result: dict) -> str:
     base = result["baseline"]
     lines = [f"stoker bench {result['data']}: batch {result['batch_size']}, crop {result['crop']}, "
-             f"{result['workers']} workers/threads, device cpu",
+             f"{result['workers']} workers/threads, device cpu"
+             + (" (nvjpeg: cuda)" if any(r["pipeline"] == "stoker-nvjpeg" for r in result["rows"]) else ""),
              f"{'pipeline':<38} {'img/s':>8} {'vs ' + ('(1)' if base == 'torchvision' else '(2)'):>7} "
              f"{'CPU %':>6} {'peak RSS':>9} {'bytes/batch':>12}"]
     for r in result["rows"]:

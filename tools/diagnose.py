@@ -384,7 +384,9 @@ def format_report(rep: dict) -> str:
         lines.append("")
         lines.append("data")
         for k, val in d.items():
-            if k == "pack" and isinstance(val, dict):
+            if k == "backend" and isinstance(val, dict):
+                k, val = "stoker backend", f"{val['name']} ({val['why']})"
+            elif k == "pack" and isinstance(val, dict):
                 val = ", ".join(f"{x}={val[x]}" for x in ("short_side", "max_side", "quality", "source") if x in val)
             elif isinstance(val, dict):
                 val = ", ".join(f"{x}={y}" for x, y in val.items())
@@ -480,7 +482,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "skipped on CPUs without native bf16)")
     p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
                    help="measure channels_last (auto: when the model has convolutions)")
-    p.add_argument("--backend", choices=("auto", "dali", "pil"), default="auto", help="stoker Loader backend")
+    p.add_argument("--backend", choices=("auto", "dali", "nvjpeg", "pil"), default="auto",
+                   help="stoker Loader backend (auto: DALI when installed, else nvjpeg on a CUDA device, else pil)")
     p.add_argument("--decode", choices=("auto", "mixed", "cpu"), default="auto", help="stoker Loader decode")
     p.add_argument("--threads", type=int, default=None, help="stoker Loader threads (default: its own)")
     p.add_argument("--workers", type=int, default=None,
@@ -584,6 +587,21 @@ def _device(arg: Optional[str]) -> str:
         raise UsageError(f"--device: {e}") from None
 
 
+def backend_choice(requested: str, device: str) -> dict:
+    """Which Loader backend this setup uses for ``requested`` on ``device``, and why
+    (:func:`stoker.pipeline.deps.resolve_backend`); a backend that cannot run here is a
+    :class:`UsageError` naming the fix."""
+    import torch
+
+    from stoker.pipeline.deps import resolve_backend
+
+    try:
+        name, why = resolve_backend(requested, torch.device(device).type)
+    except ValueError as e:
+        raise UsageError(f"--backend: {e}") from None
+    return {"name": name, "why": why if requested == "auto" else f"--backend {requested}"}
+
+
 def _quick_pack(root: Path, n: int, tmp: Path) -> Path:
     """Pack ``n`` random images of ImageFolder ``root`` (symlinked into ``tmp``) with the
     default settings; return the packed split folder."""
@@ -629,6 +647,7 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--threads {args.threads} must be >= 1")
     kind, path = resolve_data(args.data)
     device = _device(args.device)
+    backend = backend_choice(args.backend, device)
     say = (lambda line: print(f"stoker diagnose: {line}", file=sys.stderr, flush=True))
     cores = usable_cores()
 
@@ -654,7 +673,7 @@ def main(args: argparse.Namespace) -> int:
         if kind == "shards":
             loader = _stoker_loader(path, args, device)
             data = {"kind": "stoker shards", "path": str(path), "samples": num_samples, "classes": num_classes,
-                    "pack": manifest.pack, "loader": _describe(loader),
+                    "pack": manifest.pack, "loader": _describe(loader), "backend": backend,
                     "loader_hints": _loader_hints(manifest, args.crop)}
             if args.threads is not None and args.threads < cores:
                 alternatives.append({"id": "threads", "label": f"{cores} threads",
@@ -673,7 +692,7 @@ def main(args: argparse.Namespace) -> int:
             loader, _ = torchvision_loader(path, batch_size=args.batch_size, crop=args.crop, workers=workers,
                                            pin_memory=device.startswith("cuda"))
             data = {"kind": "ImageFolder", "path": str(path), "samples": num_samples, "classes": num_classes,
-                    "loader": "torchvision ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize, "
+                    "backend": backend, "loader": "torchvision ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize, "
                               f"DataLoader(num_workers={workers}): float32 batches on the host"}
             n = min(args.pack_sample, num_samples)
             if n > 0:

@@ -281,7 +281,7 @@ def cpu_bf16() -> bool:
 
 def environment() -> dict:
     """Versions and hardware facts that explain the figures."""
-    from stoker.pipeline.deps import HAS_DALI, pillow_info, usable_cores
+    from stoker.pipeline.deps import HAS_DALI, gpu_jpeg_decode, pillow_info, usable_cores
 
     cores = usable_cores()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -301,4 +301,6 @@ def environment() -> dict:
         "gpu": gpu,
         "cuda": torch.version.cuda if gpu else None,
         "gpu_bf16": bool(gpu and torch.cuda.is_bf16_supported()),
+        # torchvision's nvJPEG decode (the Loader's nvjpeg backend): works here, and why (or why not)
+        "gpu_jpeg_decode": dict(zip(("works", "why"), gpu_jpeg_decode())) if gpu else None,
     }

@@ -272,6 +272,24 @@ def test_bad_data_and_flags(capsys, tmp_path, shards):
         assert rc == 2 and "no CUDA device" in err
 
 
+def test_backend_choice_says_what_and_why(capsys, shards, monkeypatch):
+    from stoker.pipeline import deps
+    from stoker.tools.diagnose import backend_choice
+
+    monkeypatch.setattr(deps, "HAS_DALI", False)
+    monkeypatch.setattr(deps, "has_cuda", lambda: False)
+    assert backend_choice("auto", "cpu") == {"name": "pil",
+                                             "why": "nvidia-dali is not installed and the device is the CPU"}
+    assert backend_choice("pil", "cpu") == {"name": "pil", "why": "--backend pil"}
+    monkeypatch.setattr(deps, "has_cuda", lambda: True)
+    monkeypatch.setattr(deps, "gpu_jpeg_decode", lambda: (True, "torchvision 0.x decodes JPEGs on the GPU (nvJPEG)"))
+    assert backend_choice("auto", "cuda") == {
+        "name": "nvjpeg", "why": "nvidia-dali is not installed; torchvision 0.x decodes JPEGs on the GPU (nvJPEG)"}
+    rc, out, err = _cli(capsys, shards, "--backend", "nvjpeg", "--device", "cpu", "--batch-size", 4)
+    assert rc == 2 and not out and err.count("\n") == 1
+    assert "--backend: backend='nvjpeg' decodes on the GPU but the device is the CPU: use device='cuda'" in err
+
+
 def _loader_available():
     try:
         from stoker.pipeline import Loader  # noqa: F401
@@ -302,6 +320,10 @@ def test_cli_end_to_end_on_shards_json(capsys, shards, tmp_path):
                 d["verdict"]["ratio"]):
         assert math.isfinite(fig) and fig > 0
     assert d["audit"]["total_params"] == 3 * 4 * 9 + 4 + 4 * 6 + 6
+    from stoker.pipeline.deps import HAS_DALI
+
+    assert d["data"]["backend"]["name"] == d["data"]["loader"]["backend"] == ("dali" if HAS_DALI else "pil")
+    assert d["data"]["backend"]["why"].startswith("nvidia-dali is")
     assert "loader alone" in err  # progress goes to stderr, JSON alone to stdout
 
 
@@ -312,6 +334,7 @@ def test_cli_human_report_on_shards(capsys, shards):
                         "--seconds", 0.2, "--channels-last", "off")
     assert rc == 0, err
     assert "verdict:" in out and "environment" in out and "largest layers" in out
+    assert "  stoker backend: " in out and "(nvidia-dali is " in out  # which backend, and why
 
 
 @needs_loader
