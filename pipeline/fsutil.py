@@ -6,21 +6,22 @@ import contextlib
 import hashlib
 import os
 from pathlib import Path
-from typing import IO, Iterator, Union
+from typing import IO, Iterator, Optional, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 
 @contextlib.contextmanager
-def atomic_write(path: PathLike, mode: str = "wb") -> Iterator[IO]:
-    """Open ``path.tmp`` for writing and rename it over ``path`` on success.
+def atomic_write(path: PathLike, mode: str = "wb", encoding: Optional[str] = None) -> Iterator[IO]:
+    """Open ``path.tmp`` for writing (text modes with ``encoding``) and rename it over
+    ``path`` on success.
 
     A crash or kill leaves at most a ``.tmp`` file, never a partial ``path``.
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, mode) as f:
+        with open(tmp, mode, encoding=encoding) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -125,6 +125,17 @@ def merge(out: Path) -> dict[str, Any]:
 
     Returns per-split totals: ``{split: {"samples", "rejected", "skipped", "shards", "bytes"}}``.
     """
+    manifests, rejects_text, totals = _plan(out)
+    for split, m in manifests.items():
+        (out / split).mkdir(parents=True, exist_ok=True)
+        m.save(out / split)
+    with atomic_write(out / REJECTS_NAME, "w", encoding="utf-8") as f:
+        f.write(rejects_text)
+    return totals
+
+
+def _plan(out: Path) -> tuple[dict[str, Manifest], str, dict[str, Any]]:
+    """What :func:`merge` writes: ``(manifests by split, rejects.jsonl text, totals)``."""
     settings = read_settings(out)
     if settings is None:
         raise UsageError(f"{out} holds no stoker pack in progress (no {STATE_DIR}/{SETTINGS_NAME})")
@@ -163,13 +174,8 @@ def merge(out: Path) -> dict[str, Any]:
         manifests[split] = m
         totals[split] = {"samples": m.num_samples, "rejected": len(split_rejects), "skipped": info["skipped"],
                          "shards": len(shards), "bytes": sum(s.bytes for s in shards)}
-    for split, m in manifests.items():
-        (out / split).mkdir(parents=True, exist_ok=True)
-        m.save(out / split)
-    with atomic_write(out / REJECTS_NAME, "w") as f:
-        for path, reason in rejects:
-            f.write(json.dumps({"path": path, "reason": reason}, ensure_ascii=False) + "\n")
-    return totals
+    text = "".join(json.dumps({"path": path, "reason": reason}, ensure_ascii=False) + "\n" for path, reason in rejects)
+    return manifests, text, totals
 
 
 def _shard_ok(tar: Path, size: int) -> bool:
@@ -183,6 +189,13 @@ def _shard_ok(tar: Path, size: int) -> bool:
 
 
 def is_merged(out: Path, settings: dict) -> bool:
-    """True when every split's manifest and rejects.jsonl exist (the pack is finished)."""
-    return (out / REJECTS_NAME).exists() and all(
-        (out / split / MANIFEST_NAME).exists() for split in settings["splits"])
+    """True when every split's manifest and rejects.jsonl hold exactly what :func:`merge`
+    would write (the pack is finished and nothing, e.g. ``stoker index``, rewrote them)."""
+    try:
+        manifests, rejects_text, _ = _plan(out)
+        if (out / REJECTS_NAME).read_text(encoding="utf-8") != rejects_text:
+            return False
+        return all((out / split / MANIFEST_NAME).read_text(encoding="utf-8") == m.to_json()
+                   for split, m in manifests.items())
+    except (OSError, ValueError, UsageError):
+        return False

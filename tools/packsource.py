@@ -155,12 +155,12 @@ class _Walker:
                 return False
         return True
 
-    def _seen(self, table: dict, key: tuple[int, int], cls: str, path: str) -> bool:
+    def _seen(self, table: dict, key: tuple[int, int], cls: str, path: str, rel: Optional[str] = None) -> bool:
         """True when ``key`` was met before: silently once more in the same class, a
-        reject when another class has it."""
+        reject when another class has it. ``rel``: ``path`` relative to root, if known."""
         first = table.get(key)
         if first is None:
-            table[key] = (cls, self.rel(path))
+            table[key] = (cls, rel or self.rel(path))
             return False
         if first[0] != cls:
             self.reject(path, f"same file as {display_path(first[1])} (class {first[0]!r})")
@@ -177,13 +177,13 @@ class _Walker:
             return out
         if self._seen(self.dirs, (st.st_dev, st.st_ino), cls, top):
             return out
-        self._walk_dir(top, cls, out)
+        self._walk_dir(top, self.rel(top), st.st_dev, cls, out)
         return out
 
-    def _walk_dir(self, folder: str, cls: str, out: list[str]) -> None:
-        stack = [folder]
+    def _walk_dir(self, folder: str, rel: str, dev: int, cls: str, out: list[str]) -> None:
+        stack = [(folder, rel, dev)]
         while stack:
-            d = stack.pop()
+            d, drel, ddev = stack.pop()
             try:
                 with os.scandir(d) as it:
                     entries = sorted(it, key=lambda e: e.name)
@@ -196,17 +196,24 @@ class _Walker:
                     if not e.is_dir():
                         self.skipped[0] += 1
                     continue
-                link = e.is_symlink()
+                erel = f"{drel}/{e.name}"
                 try:
+                    if e.is_file(follow_symlinks=False):  # the common case: no stat (d_type, d_ino)
+                        if os.path.splitext(e.name)[1].lower() not in IMAGE_EXTS:
+                            self.skipped[0] += 1
+                        elif not self._seen(self.files, (ddev, e.inode()), cls, e.path, erel):
+                            out.append(erel)
+                        continue
+                    link = e.is_symlink()
                     st = os.stat(e.path)  # follows links
                 except OSError as ex:
-                    self.reject(e.path, "broken symlink" if link else f"unreadable: {ex.strerror}")
+                    self.reject(e.path, "broken symlink" if e.is_symlink() else f"unreadable: {ex.strerror}")
                     continue
                 if link and not self._link_target_ok(e.path, cls):
                     continue
                 if stat.S_ISDIR(st.st_mode):
-                    if not self._seen(self.dirs, (st.st_dev, st.st_ino), cls, e.path):
-                        subdirs.append(e.path)
+                    if not self._seen(self.dirs, (st.st_dev, st.st_ino), cls, e.path, erel):
+                        subdirs.append((e.path, erel, st.st_dev))
                     continue
                 if os.path.splitext(e.name)[1].lower() not in IMAGE_EXTS:
                     self.skipped[0] += 1
@@ -214,8 +221,8 @@ class _Walker:
                 if not stat.S_ISREG(st.st_mode):
                     self.reject(e.path, f"not a regular file ({_kind(st.st_mode)})")
                     continue
-                if not self._seen(self.files, (st.st_dev, st.st_ino), cls, e.path):
-                    out.append(self.rel(e.path))
+                if not self._seen(self.files, (st.st_dev, st.st_ino), cls, e.path, erel):
+                    out.append(erel)
             stack.extend(reversed(subdirs))  # popped in sorted order
 
 
@@ -365,6 +372,7 @@ def scan(src: Path, *, seed: int, val_fraction: float = 0.0) -> Source:
                              f"{len(splits['train'])} image(s); drop --val-fraction")
     for items in splits.values():
         random.Random(seed).shuffle(items)
+    classes = [display_path(c) for c in classes]  # folder names as written into the pack
     return Source(base, classes, splits, {s: skipped[s][0] for s in splits}, {s: rejects[s] for s in splits})
 
 

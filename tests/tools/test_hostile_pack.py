@@ -192,10 +192,15 @@ def test_non_utf8_file_names_pack_with_escaped_names(tmp_path, capsys):
     os.mkdir(d + b"/sub\xfe")
     with open(d + b"/sub\xfe/x.jpg", "wb") as f:
         f.write(good)
+    os.mkdir(os.fsencode(src) + b"/z\xe9bre")  # a class folder
+    with open(os.fsencode(src) + b"/z\xe9bre/1.jpg", "wb") as f:
+        f.write(good)
     assert pack(src, tmp_path / "out") == 0
+    assert Manifest.load(tmp_path / "out" / "train").classes == [*CLASSES, "z\\xe9bre"]
     got = labels(tmp_path / "out")
     assert got["circles/caf\\xe9.jpg"] == "circles" and got["circles/sub\\xfe/x.jpg"] == "circles"
-    assert len(got) == 9 + 2
+    assert got["z\\xe9bre/1.jpg"] == "z\\xe9bre"
+    assert len(got) == 9 + 3
     assert rejects(tmp_path / "out") == {"circles/bad\\xff.jpg": "empty file"}
     capsys.readouterr()
     assert pack(src, tmp_path / "out") == 0 and "up to date" in capsys.readouterr().out
@@ -484,6 +489,20 @@ def test_deleted_or_truncated_shard_is_rebuilt_byte_identical(tmp_path, capsys):
     assert pack(src, out, "--samples-per-shard", "4") == 1
     assert "rebuilds differently" in one_line_error(capsys)
     assert not (out / "train" / "train-000001.tar").exists()
+
+
+def test_manifest_rewritten_by_another_tool_is_repaired_on_rerun(tmp_path, capsys):
+    src = folder(tmp_path / "src")
+    out = tmp_path / "out"
+    assert pack(src, out) == 0
+    before = tree_sha(out)
+    man = json.loads((out / "train" / "stoker.json").read_text())
+    man["classes"], man["pack"] = ["0", "1", "2"], {}  # what a re-index of the split would leave
+    (out / "train" / "stoker.json").write_text(json.dumps(man))
+    capsys.readouterr()
+    assert pack(src, out) == 0
+    assert "up to date" not in capsys.readouterr().out
+    assert tree_sha(out) == before
 
 
 def test_merge_refuses_a_missing_part_shard(tmp_path, capsys):
