@@ -161,7 +161,7 @@ def read_idx(path: PathLike) -> list[Sample]:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise IdxFormatError(f"cannot read index {path}: {e.strerror}") from None
+        raise bad_idx(path, f"cannot be read: {e.strerror}") from None
     lines = data.decode("utf-8", "surrogateescape").split("\n")
     if lines and not lines[-1]:
         lines.pop()

@@ -48,7 +48,7 @@ def _parse_idx(path: Path, with_json: bool):
             head = f.readline().split()
             lines = f.read().split(b"\n")
     except OSError as e:
-        raise IdxFormatError(f"cannot read index {path}: {e.strerror}") from None
+        raise bad_idx(path, f"cannot be read: {e.strerror}") from None
     if len(head) != 2 or head[0] != IDX_VERSION.encode() or not head[1].isdigit():
         raise bad_idx(path, f"first line should be '{IDX_VERSION} <count>'")
     if lines and not lines[-1]:
@@ -204,7 +204,7 @@ class SampleIndex:
         keys = set()
         shard_no = {name: k for k, name in enumerate(self.shard_names)}
         for s in self.manifest.pack.get("skip") or []:
-            if isinstance(s, (list, tuple)) and len(s) in (2, 3) and s[0] in shard_no:
+            if isinstance(s, (list, tuple)) and len(s) in (2, 3) and s[0] in shard_no and isinstance(s[1], int):
                 k = shard_no[s[0]]
                 if 0 <= int(s[1]) < self.shard_start[k + 1] - self.shard_start[k]:
                     mask[self.shard_start[k] + int(s[1])] = True

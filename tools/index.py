@@ -59,8 +59,11 @@ def _tars(args_shards: list[str]) -> list[Path]:
         paths = sorted(folder.glob("*.tar"))
         if not paths:
             packed = sorted(p.name for p in folder.iterdir() if p.name.endswith(_COMPRESSED_SUFFIXES))
+            splits = sorted(p.parent.name for p in folder.glob(f"*/{MANIFEST_NAME}"))
             hint = f" (found {len(packed)} compressed: decompress them first, e.g. gunzip {folder / packed[0]})" \
                 if packed else ""
+            if splits and not packed:
+                hint = f" (it holds splits: index each one, e.g. stoker index {folder / splits[0]})"
             raise UsageError(f"no .tar files in {args_shards[0]}{hint}")
     for p in paths:
         if not p.is_file():

@@ -73,3 +73,33 @@ def test_samples_per_rank_matches_rank_indices(n, world):
         for r in range(world):
             idx = rank_indices(n, seed=0, epoch=0, rank=r, world_size=world, train=train)
             assert samples_per_rank(n, rank=r, world_size=world, train=train) == len(idx)
+
+
+@pytest.mark.parametrize("name", ["plain/000001.jpg", "a b.jpg", "c\nd.cls", "e%41f.jpg", "tab\t.x", "ü ñ.jpg",
+                                  "caf\udce9.jpg", "\u3000wide space.jpg"])
+def test_idx_names_escape_to_one_field_and_back(name, tmp_path):
+    from stoker.pipeline.index import Component, escape_name, unescape_name, write_idx
+
+    field = escape_name(name)
+    assert len(field.split()) == 1 and unescape_name(field) == name
+    if not any(c.isspace() or c == "%" or "\udc80" <= c <= "\udcff" for c in name):
+        assert field == name  # what DALI's wds2idx writes for ordinary names
+    samples = [[Component("jpg", 512, 10, name), Component("cls", 1536, 1, name)]]
+    write_idx(tmp_path / "x.idx", samples)
+    assert read_idx(tmp_path / "x.idx") == samples
+
+
+def test_scan_tar_reads_non_utf8_member_names(tmp_path):
+    import io
+    import tarfile
+
+    from stoker.pipeline.index import scan_tar
+
+    with tarfile.open(tmp_path / "t.tar", "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in (("caf\udce9.jpg", b"x" * 10), ("caf\udce9.cls", b"1")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    scan = scan_tar(tmp_path / "t.tar")
+    assert [[c.ext for c in s] for s in scan.samples] == [["jpg", "cls"]] and not scan.problems
+    assert scan.samples[0][0].name == "caf\udce9.jpg"

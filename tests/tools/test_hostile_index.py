@@ -106,7 +106,7 @@ def test_verify_catches_repeated_component_the_manifest_does_not_skip(tmp_path, 
 
 
 def test_names_with_spaces_newlines_percent_and_long_names_load(tmp_path, capsys):
-    keys = ["a b", "c\nd", "e%41f", "tab\there", "x" * 150, "dir with space/ü ñ"]
+    keys = ["a b", "c\nd", "e%41f", "tab\there", "x" * 150, "dir with space/ü ñ", "caf\udce9 (latin-1)"]
     members = [m for k, key in enumerate(keys) for m in sample(key, k % 3)]
     tar = make_tar(tmp_path / "s" / "t.tar", members)
     assert cli(["index", str(tar), "-q"]) == 0
@@ -118,7 +118,7 @@ def test_names_with_spaces_newlines_percent_and_long_names_load(tmp_path, capsys
     idx = open_split(tmp_path / "s")
     assert [idx.key(i) for i in range(len(idx))] == keys
     pairs = loaded(tmp_path / "s")
-    assert len(pairs) == 6
+    assert len(pairs) == 7
     assert_right_labels(pairs)
     assert cli(["verify", str(tmp_path / "s"), "-q"]) == 0
 
@@ -327,6 +327,17 @@ def test_reindex_of_a_packed_split_is_a_repair_not_a_downgrade(tmp_path, capsys)
     assert [l for _, l in loaded(split)] == labels_before
     capsys.readouterr()
     assert cli(["verify", str(split), "-q"]) == 0  # still held to pack's rules (RGB)
+
+
+def test_index_of_a_pack_root_or_a_split_without_idx(tmp_path, capsys):
+    split = _packed(tmp_path)
+    assert cli(["index", str(split.parent), "-q"]) == 2
+    assert last_err(capsys) == (f"stoker index: error: no .tar files in {split.parent} (it holds splits: index "
+                                f"each one, e.g. stoker index {split})")
+    (split / "train-000001.idx").unlink()
+    assert cli(["verify", str(split), "-q"]) == 1
+    assert last_err(capsys).endswith(f"first: train/train-000001.tar: index {split / 'train-000001.idx'}: cannot "
+                                     f"be read: No such file or directory (rerun `stoker index {split}`)")
 
 
 def test_reindex_of_some_shards_of_a_split_is_refused(tmp_path, capsys):
