@@ -58,6 +58,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from .errors import UsageError
 from .sanitize import IMAGE_EXTS
