@@ -1,0 +1,191 @@
+"""PyTorch Lightning over stoker Loaders: exact epochs (issue 13), the sanity check, DDP."""
+
+import json
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+pl = pytest.importorskip("pytorch_lightning")
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from stoker.model import with_normalize  # noqa: E402
+from stoker.pipeline.deps import HAS_DALI  # noqa: E402
+from stoker.pipeline.lightning import StokerDataModule  # noqa: E402
+from stoker.tools.synth import CLASSES  # noqa: E402
+
+from conftest import run_in_group, write_split  # noqa: E402
+
+BACKENDS = ["pil"] + (["dali"] if HAS_DALI else [])
+UNIQUE = list(CLASSES) * 20  # 120 classes: sample i has label i, so labels name samples
+CROP = 24
+QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+
+
+def make_root(tmp_path, train=43, val=21):
+    root = tmp_path / "data"
+    write_split(root / "train", num_samples=train, samples_per_shard=16, classes=UNIQUE)
+    write_split(root / "val", num_samples=val, samples_per_shard=16, classes=UNIQUE, seed=1)
+    return root
+
+
+class Counting(pl.LightningModule):
+    """Records the labels (= sample positions) every step sees, per epoch."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = with_normalize(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, len(UNIQUE))))
+        self.train_seen: dict = {}
+        self.val_seen: dict = {}
+        self.sanity_seen: list = []
+
+    def training_step(self, batch, _):
+        x, y = batch
+        assert x.dtype == torch.uint8 and x.shape[1:] == (3, CROP, CROP)
+        self.train_seen.setdefault(self.current_epoch, []).append(y.tolist())
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, _):
+        x, y = batch
+        if self.trainer.sanity_checking:
+            self.sanity_seen.append(y.tolist())
+        else:
+            self.val_seen.setdefault(self.current_epoch, []).extend(y.tolist())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fit_three_epochs_exact(tmp_path, backend):
+    root = make_root(tmp_path)
+    dm = StokerDataModule(root, batch_size=8, crop=CROP, backend=backend, threads=0 if backend == "pil" else 1)
+    module = Counting()
+    trainer = pl.Trainer(max_epochs=3, accelerator="cpu", devices=1, num_sanity_val_steps=2, **QUIET)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, datamodule=dm)
+    about_loading = [str(w.message) for w in caught
+                     if any(k in str(w.message) for k in ("sampler", "Sampler", "shuffl", "num_workers"))]
+    assert about_loading == []  # no sampler injection, no DataLoader advice for a Loader
+
+    assert [len(b) for b in module.sanity_seen] == [8, 8]  # the sanity check: 2 batches, abandoned
+    orders = []
+    for epoch in range(3):
+        batches = module.train_seen[epoch]
+        assert len(batches) == 5 and all(len(b) == 8 for b in batches)  # len(loader) steps of 8 (drop_last)
+        flat = [s for b in batches for s in b]
+        assert len(set(flat)) == 40 and set(flat) <= set(range(43))
+        orders.append(flat)
+        assert sorted(module.val_seen[epoch]) == list(range(21))  # every val sample, every epoch
+    assert orders[0] != orders[1] != orders[2] != orders[0]  # reshuffled without set_epoch by the user
+    assert trainer.global_step == 15
+    assert dm._loaders == {}  # closed by teardown
+
+
+def test_datamodule_surface(tmp_path):
+    root = make_root(tmp_path)
+    dm = StokerDataModule(root, batch_size=8, crop=CROP, backend="pil", threads=0)
+    assert dm.num_classes == len(UNIQUE) and dm.classes[:2] == list(CLASSES[:2])
+    train = dm.train_dataloader()
+    assert train is dm.train_dataloader()  # one Loader per split for the whole fit
+    assert (train.rank, train.world_size, train.train, len(train)) == (0, 1, True, 5)
+    val = dm.val_dataloader()
+    assert (val.train, len(val), len(val.dataset)) == (False, 3, 21)
+    assert StokerDataModule(root, batch_size=8, val_split=None).val_dataloader() == []
+    with pytest.raises(ValueError, match="sets rank= itself"):
+        StokerDataModule(root, batch_size=8, rank=1)
+    dm.teardown("fit")
+    assert train._closed and val._closed
+
+
+def test_missing_lightning_is_one_line(tmp_path):
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["pytorch_lightning"] = None; sys.modules["lightning"] = None
+        sys.modules["lightning.pytorch"] = None
+        from stoker import StokerError
+        try:
+            import stoker.pipeline.lightning
+        except ImportError as e:
+            print(type(e).__name__, isinstance(e, StokerError), e)
+    """)
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == ("MissingExtraError True stoker.pipeline.lightning needs PyTorch Lightning: "
+                                  "pip install stoker[lightning] (or pip install pytorch-lightning)")
+
+
+DDP_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import pytorch_lightning as pl
+    import torch
+    from torch import nn
+    from stoker.model import with_normalize
+    from stoker.pipeline.lightning import StokerDataModule
+
+    root, out = sys.argv[1], sys.argv[2]
+
+    class Counting(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = with_normalize(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, 4)))
+            self.seen = {"train": {}, "val": {}, "sanity": []}
+
+        def training_step(self, batch, _):
+            x, y = batch
+            self.seen["train"].setdefault(self.current_epoch, []).append(y.tolist())
+            return nn.functional.cross_entropy(self.net(x), y % 4)
+
+        def validation_step(self, batch, _):
+            if self.trainer.sanity_checking:
+                self.seen["sanity"].append(batch[1].tolist())
+            else:
+                self.seen["val"].setdefault(self.current_epoch, []).extend(batch[1].tolist())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    dm = StokerDataModule(root, batch_size=4, crop=24, backend="pil", threads=0)
+    module = Counting()
+    trainer = pl.Trainer(max_epochs=3, accelerator="cpu", devices=2, strategy="ddp", num_sanity_val_steps=2,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(module, datamodule=dm)
+    loader = dm._loader("train", train=True, batch_size=4)
+    module.seen.update(rank=trainer.global_rank, world=loader.world_size, len=len(loader),
+                       steps=trainer.global_step)
+    with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
+        json.dump(module.seen, f)
+""")
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_exact_epochs(tmp_path):
+    """strategy="ddp" (gloo, 2 CPU processes): train shares disjoint and reshuffled every epoch,
+    val summed over ranks = the split, every epoch, after the sanity check."""
+    root = make_root(tmp_path, train=43, val=21)
+    script = tmp_path / "fit_ddp.py"
+    script.write_text(DDP_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    res = run_in_group([sys.executable, str(script), str(root), str(out)], timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["rank"], r["world"]) for r in ranks] == [(0, 2), (1, 2)]
+    assert [r["len"] for r in ranks] == [5, 5]  # 43 samples: 21 per rank, 5 batches of 4
+    assert [r["steps"] for r in ranks] == [15, 15]
+    previous = None
+    for epoch in map(str, range(3)):
+        per_rank = [r["train"][epoch] for r in ranks]
+        assert [[len(b) for b in batches] for batches in per_rank] == [[4] * 5] * 2
+        shares = [{s for b in batches for s in b} for batches in per_rank]
+        assert len(shares[0]) == len(shares[1]) == 20 and not shares[0] & shares[1]  # disjoint
+        assert previous is None or shares != previous  # a fresh split every epoch
+        previous = shares
+        val = [r["val"][epoch] for r in ranks]
+        assert sorted(val[0] + val[1]) == list(range(21))  # every val sample exactly once
+    assert all(len(r["sanity"]) == 2 for r in ranks)
