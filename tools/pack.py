@@ -1,17 +1,25 @@
 """Pack an image folder (or a CSV/TSV of path,label) into WebDataset tar shards.
 
 SRC is an ImageFolder tree (one subfolder per class, class index = sorted folder
-name, symlinks followed), a tree with train/ and val/ subtrees, or a
-CSV/TSV of path,label rows (paths relative to the CSV's folder). OUT gets
-train/ (and val/): shards train-000000.tar with one DALI .idx each
-and a stoker.json manifest, plus rejects.jsonl listing inputs that could
-not be packed. Every image is checked and, unless it is already a baseline RGB
-JPEG within the size limits, decoded, turned upright and RGB, resized down and
-re-encoded, so every sample decodes in DALI.
+name), a tree with train/ and val/ subtrees, or a CSV/TSV of path,label rows (paths
+relative to the CSV's folder; integer labels are kept as they are and must be in
+0..1,000,000; otherwise labels are class names). OUT gets train/ (and val/): shards
+train-000000.tar with one DALI .idx each and a stoker.json manifest, plus
+rejects.jsonl listing every input that was not packed, with the reason.
+
+Symlinks are followed, but each real folder and file is packed once, and a link that
+loops back up or into another class's folder is not followed (listed as a reject), so
+no image lands under another class's label. Only regular files up to --max-file-size
+are read. A JPEG is copied byte for byte only when every decoder of the Loader reads it
+identically (baseline, 8-bit, one scan, nothing after the end marker), is RGB, upright
+and within the size limits; every other image is decoded, turned upright and RGB,
+resized down and re-encoded, so every stored sample decodes in DALI and Pillow.
 
 The run is deterministic (same SRC and --seed: byte-identical shards), parallel,
-and resumable: after a crash or kill, rerun the same command. With --part I/N, N
-machines pack disjoint slices into one OUT; then `stoker pack --merge OUT`.
+and resumable: after a crash, a kill or a full disk, rerun the same command. A rerun
+also restores shards deleted or truncated since, and manifests another tool rewrote.
+With --part I/N, N machines pack disjoint slices into one OUT; then
+`stoker pack --merge OUT`.
 
 examples:
   stoker pack ~/data/imagenet /fast/imagenet-shards
