@@ -363,6 +363,11 @@ def scan(src: Path, *, seed: int, val_fraction: float = 0.0) -> Source:
             splits = {"train": _scan_folder(src, src, classes, skipped["train"], rejects["train"])}
         base = src
     if not any(splits.values()):
+        loose = [] if src.is_file() else [e.name for e in _scandir(src) if not _is_dir(e) and not _hidden(e.name)
+                                          and os.path.splitext(e.name)[1].lower() in IMAGE_EXTS]
+        if loose:
+            raise UsageError(f"SRC {src} holds {len(loose):,} images but no class folders; put them in one subfolder "
+                             f"per class, or list them in a CSV of path,label")
         nrej = sum(len(r) for r in rejects.values())
         why = f" ({nrej} rejected, e.g. {_first(rejects)})" if nrej else ""
         raise UsageError(f"SRC {src} holds no images{why}")

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -82,10 +83,11 @@ def tree_sha(root: Path) -> dict[str, str]:
 
 
 def one_line_error(capsys) -> str:
-    """The one stderr line of a failed command, without the CLI's ``stoker pack: `` prefix."""
+    """The one stderr line of a failed command, without the CLI's ``stoker pack: error: `` prefix."""
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err.split(": ", 1)[1]
+    assert err.startswith("stoker pack: "), err
+    return re.sub(r"^stoker pack: (error: )?", "", err)
 
 
 # --- walking the source tree -------------------------------------------------------------------
@@ -393,6 +395,17 @@ def test_val_fraction_with_one_image_per_class_keeps_the_overall_fraction(tmp_pa
     one = flat_classes(tmp_path / "one", {"a": 1})
     assert pack(one, tmp_path / "out3", "--val-fraction", "0.3") == 2
     assert "leaves val/ empty" in one_line_error(capsys)
+
+
+def test_flat_folder_of_images_is_one_line(tmp_path, capsys):
+    src = tmp_path / "flat"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.JPEG").write_bytes(encode(draw("circles", (40, 30), random.Random(i))))
+    capsys.readouterr()
+    assert pack(src, tmp_path / "out") == 2
+    assert one_line_error(capsys) == (f"SRC {src} holds 3 images but no class folders; put them in one subfolder "
+                                      f"per class, or list them in a CSV of path,label")
 
 
 def test_empty_val_folder_is_said(tmp_path, capsys):
