@@ -67,11 +67,14 @@ def _parse_idx(path: Path, with_json: bool):
         fields = line.split()
         if not fields or len(fields) % 4:
             raise bad_idx(path, f"line {i + 2}: expected groups of 'ext offset size name'")
+        exts = [e.lower() for e in fields[0::4]]
+        if len(set(exts)) != len(exts):
+            continue  # a repeated component (a.jpg a.cls a.jpg): never paired, left invalid
         try:
             for j in range(0, len(fields), 4):
                 if not (fields[j + 1].isdigit() and fields[j + 2].isdigit()):
                     raise ValueError
-                ext = fields[j].lower()
+                ext = exts[j // 4]
                 if ext in _KIND and not kind[i]:
                     kind[i] = _KIND[ext]
                     img_off[i] = int(fields[j + 1])
@@ -159,9 +162,10 @@ class SampleIndex:
         manifest: the loaded manifest (loaded from ``split_dir`` when ``None``).
         with_json: also index the ``json`` component (for :meth:`meta`).
 
-    Samples with no image (``jpg``/``jpeg``/``png``) or no ``cls`` component, and those
-    listed in the manifest's ``pack["skip"]`` (``[shard, index]`` pairs, as written by
-    ``stoker index`` for undecodable samples of foreign shards), are marked invalid:
+    Samples with no image (``jpg``/``jpeg``/``png``) or no ``cls`` component, with a repeated
+    component (which image goes with which label is unknowable), and those listed in the
+    manifest's ``pack["skip"]`` (``[shard, index, reason]``, as written by ``stoker index``
+    for bad samples of foreign shards), are marked invalid:
     :attr:`valid` holds the positions the loader draws from, :attr:`num_skipped` counts
     the rest.
     """

@@ -121,7 +121,10 @@ def index_one(tar: str, check: bool, num_classes: Optional[int] = None) -> dict:
     except TarFormatError as e:
         return {"error": str(e)}
     samples = scan.samples
-    write_idx(idx_path(tar_path), samples)
+    try:
+        write_idx(idx_path(tar_path), samples)
+    except OSError as e:
+        return {"error": f"cannot write {idx_path(tar_path)}: {e.strerror or e}"}
     skips: dict[int, str] = dict(scan.problems)
     exts: set[str] = set()
     max_label = -1
@@ -241,7 +244,10 @@ def main(args: argparse.Namespace) -> int:
     if loadable <= 0:
         raise CheckFailed(f"no loadable samples in {folder}: {_summary(skip)}; nothing written to "
                           f"{MANIFEST_NAME}")
-    where = m.save(folder)
+    try:
+        where = m.save(folder)
+    except OSError as e:  # the old manifest, if any, is left as it was (atomic write)
+        raise CheckFailed(f"cannot write {folder / MANIFEST_NAME}: {e.strerror or e}") from None
     print(f"indexed {len(shards)} shard(s), {m.num_samples:,} samples, {len(classes)} classes -> {where}")
     print(f"{len(skip)} sample(s) marked to skip" + (f" ({_summary(skip)})" if skip else ""))
     if ignored:

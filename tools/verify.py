@@ -190,7 +190,11 @@ def verify_shard(split_dir: str, split: str, info: ShardInfo, num_classes: int, 
     rep.bytes = os.path.getsize(tar)
     if rep.bytes != info.bytes:
         rep.problems.append(f"{where}: {rep.bytes} bytes, manifest says {info.bytes}")
-    rep.sha_ok = sha256_file(tar) == info.sha256
+    try:
+        rep.sha_ok = sha256_file(tar) == info.sha256
+    except OSError as e:
+        rep.problems.append(f"{where}: cannot be read: {e.strerror or e}")
+        return rep
     if not rep.sha_ok:
         rep.problems.append(f"{where}: sha256 differs from the manifest (corrupt or replaced)")
     try:

@@ -86,6 +86,44 @@ def test_skips_from_manifest_and_missing_components(tmp_path):
     assert image_size(idx.image(4).tobytes()) == (30, 20)
 
 
+def test_repeated_component_is_never_loaded_even_without_a_manifest_skip(tmp_path):
+    """a.jpg a.cls a.jpg a.cls (one key twice in a row): an older manifest may not skip it."""
+    split = tmp_path / "s"
+    split.mkdir()
+    with tarfile.open(split / "a.tar", "w") as tar:
+        for name, data in (("a.jpg", _jpeg(seed=1)), ("a.cls", b"1"), ("a.jpg", _jpeg(seed=2)), ("a.cls", b"2"),
+                           ("b.jpg", _jpeg(seed=3)), ("b.cls", b"0")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    from stoker.pipeline.fsutil import sha256_file
+    from stoker.pipeline.index import index_tar, write_idx
+    from stoker.pipeline.manifest import ShardInfo
+
+    write_idx(split / "a.idx", index_tar(split / "a.tar"))
+    info = ShardInfo("a.tar", 2, (split / "a.tar").stat().st_size, sha256_file(split / "a.tar"))
+    Manifest(num_samples=2, classes=["0", "1", "2"], shards=[info]).save(split)
+    idx = open_split(split)
+    assert list(idx.valid) == [1] and idx.num_skipped == 1 and idx.label(1) == 0
+
+
+def test_idx_pointing_outside_the_tar_is_one_line(tmp_path):
+    from stoker.pipeline.index import IdxFormatError
+
+    split = tmp_path / "s"
+    split.mkdir()
+    with ShardWriter(split / "a.tar") as w:
+        for i in range(3):
+            w.write(f"k{i}", {"jpg": _jpeg(seed=i), "cls": b"0"})
+    Manifest(num_samples=3, classes=["0"], shards=[w.info]).save(split)
+    text = (split / "a.idx").read_text().splitlines()
+    fields = text[3].split()
+    fields[5] = str(10 ** 9)
+    (split / "a.idx").write_text("\n".join(text[:3] + [" ".join(fields)]) + "\n")
+    with pytest.raises(IdxFormatError, match=r"a\.idx: sample 2 points outside its tar .*\(rerun `stoker index "):
+        open_split(split)
+
+
 @pytest.mark.parametrize("wh", [(500, 375), (64, 64), (1000, 10), (10, 1000)])
 def test_random_resized_crop_semantics(wh):
     n = 2000
