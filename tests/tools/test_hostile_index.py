@@ -105,6 +105,15 @@ def test_verify_catches_repeated_component_the_manifest_does_not_skip(tmp_path, 
                                 "repeated component: 4 members with key 'a' repeat cls, jpg")
 
 
+def test_interleaved_keys_pair_nothing(tmp_path, capsys):
+    """a.jpg b.jpg a.cls b.cls: WebDataset groups consecutive members only, so no image has a label."""
+    tar = make_tar(tmp_path / "s" / "t.tar", [("a.jpg", jpeg(0)), ("b.jpg", jpeg(1)), ("a.cls", b"0"),
+                                              ("b.cls", b"1")])
+    assert cli(["index", str(tar), "-q"]) == 1
+    assert last_err(capsys) == (f"stoker index: no loadable samples in {tmp_path / 's'}: 2 no cls label, "
+                                "2 no image; nothing written to stoker.json")
+
+
 def test_names_with_spaces_newlines_percent_and_long_names_load(tmp_path, capsys):
     keys = ["a b", "c\nd", "e%41f", "tab\there", "x" * 150, "dir with space/ü ñ", "caf\udce9 (latin-1)"]
     members = [m for k, key in enumerate(keys) for m in sample(key, k % 3)]
