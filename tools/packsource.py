@@ -16,7 +16,8 @@ Walking folders:
   split folder or any folder above it (``cls/loop -> ..``) is not followed: reject
   ``"symlink loop to <target>: not followed"``. A link (to a folder or file) that lands
   inside another class's folder is not followed either (its images would get the wrong
-  label): reject ``"link into class '<name>': not followed"``. A folder or file reached
+  label): reject ``"link into class '<name>': not followed"``; nor one from ``train/``
+  into ``val/`` (or back): reject ``"link into val/: not followed"``. A folder or file reached
   again from another class (hard links, two links to one outside folder) is packed
   under the first class in sorted order, the later one is rejected ``"same file as
   <path> (class '<name>')"``; reached again in the same class it is simply packed once.
@@ -130,9 +131,11 @@ def _inside(path: str, folder: str) -> bool:
 class _Walker:
     """Walks the class folders of one split (see the module docstring for the rules)."""
 
-    def __init__(self, root: Path, split_root: Path, class_names: list[str], skipped: list[int]):
+    def __init__(self, root: Path, split_root: Path, class_names: list[str], skipped: list[int],
+                 other_splits: tuple[Path, ...] = ()):
         self.root, self.split_root, self.skipped = root, split_root, skipped
         self.split_real = os.path.realpath(split_root)
+        self.other_real = {p.name: os.path.realpath(p) for p in other_splits}
         self.class_real = {c: os.path.realpath(split_root / c) for c in class_names}
         self.dirs: dict[tuple[int, int], tuple[str, str]] = {}  # real folder -> (class, rel)
         self.files: dict[tuple[int, int], tuple[str, str]] = {}  # real file -> (class, rel)
@@ -153,6 +156,10 @@ class _Walker:
         for other, real in self.class_real.items():
             if other != cls and _inside(target, real) and not _inside(target, self.class_real[cls]):
                 self.reject(path, f"link into class {other!r}: not followed")
+                return False
+        for split, real in self.other_real.items():  # train/x -> ../../val/x would leak val into train
+            if _inside(target, real):
+                self.reject(path, f"link into {split}/: not followed")
                 return False
         return True
 
@@ -175,6 +182,8 @@ class _Walker:
             st = os.stat(top)
         except OSError as e:
             self.reject(top, f"unreadable folder: {e.strerror}")
+            return out
+        if os.path.islink(top) and not self._link_target_ok(top, cls):  # a class folder linked to SRC itself
             return out
         if self._seen(self.dirs, (st.st_dev, st.st_ino), cls, top):
             return out
@@ -253,11 +262,11 @@ def _loose_files(root: Path) -> int:
 
 
 def _scan_folder(root: Path, split_root: Path, classes: list[str], skipped: list[int],
-                 rejects: list[tuple[str, str]]) -> list[Item]:
+                 rejects: list[tuple[str, str]], other_splits: tuple[Path, ...] = ()) -> list[Item]:
     items = []
     index = {c: i for i, c in enumerate(classes)}
     names = _class_dirs(split_root)
-    walker = _Walker(root, split_root, names, skipped)
+    walker = _Walker(root, split_root, names, skipped, other_splits)
     for cls in names:
         items.extend(Item(rel, index[cls]) for rel in walker.walk(cls))
     rejects.extend(walker.rejects)
@@ -353,7 +362,8 @@ def scan(src: Path, *, seed: int, val_fraction: float = 0.0) -> Source:
             for s in SPLITS:
                 if s in top:
                     skipped[s][0] += _loose_files(src / s)
-                    splits[s] = _scan_folder(src, src / s, classes, skipped[s], rejects[s])
+                    others = tuple(src / o for o in SPLITS if o != s and o in top)
+                    splits[s] = _scan_folder(src, src / s, classes, skipped[s], rejects[s], others)
             skipped["train"][0] += _loose_files(src)
             if "val" in splits and val_fraction:
                 raise UsageError(f"--val-fraction given but {src} already has a val/ folder")

@@ -105,6 +105,22 @@ def test_symlink_loop_up_adds_nothing_under_the_wrong_label(tmp_path):
     assert rej["rings/way_up"] == f"symlink loop to {tmp_path.resolve()}: not followed"
 
 
+def test_class_folder_linked_to_src_and_train_linked_to_val_are_not_followed(tmp_path):
+    src = folder(tmp_path / "src")
+    os.symlink(".", src / "all")  # a "class" that is SRC itself
+    assert pack(src, tmp_path / "out") == 0
+    assert labels(tmp_path / "out") == own_images(src)
+    assert rejects(tmp_path / "out") == {"all": f"symlink loop to {src.resolve()}: not followed"}
+    tree = tmp_path / "tree"
+    folder(tree / "train", classes=("circles", "rings"))
+    folder(tree / "val", classes=("circles", "rings"), seed=1)
+    os.symlink("../../val/rings", tree / "train" / "rings" / "more")  # val images would leak into train
+    assert pack(tree, tmp_path / "out2") == 0
+    assert labels(tmp_path / "out2", "train") == {f"train/{k}": v for k, v in own_images(tree / "train").items()}
+    assert labels(tmp_path / "out2", "val") == {f"val/{k}": v for k, v in own_images(tree / "val").items()}
+    assert rejects(tmp_path / "out2") == {"train/rings/more": "link into val/: not followed"}
+
+
 def test_links_into_another_class_are_not_followed_same_class_aliases_pack_once(tmp_path):
     src = folder(tmp_path / "src")
     os.symlink("../rings", src / "circles" / "borrowed")  # folder link into another class
@@ -170,7 +186,7 @@ def test_fifo_device_and_oversized_files_are_never_read(tmp_path):
 
     def run(*argv):  # a subprocess with a timeout: a regression here would hang, not fail
         return subprocess.run([sys.executable, "-m", "stoker.tools.cli", "pack", *map(str, argv), "-q"],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, check=False)
 
     r = run(src, tmp_path / "out", "--max-file-size", "20KB", "--workers", "1")
     assert r.returncode == 0, r.stderr
