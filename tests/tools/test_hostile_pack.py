@@ -240,6 +240,11 @@ def _12bit(data: bytes) -> bytes:
     return data[:i + 4] + b"\x0c" + data[i + 5:]
 
 
+def _huge_header(data: bytes, w: int, h: int) -> bytes:
+    i = data.index(b"\xff\xc0")
+    return data[:i + 5] + h.to_bytes(2, "big") + w.to_bytes(2, "big") + data[i + 9:]
+
+
 def _hostile_jpegs() -> dict[str, bytes]:
     base = _baseline()
     im = draw("rings", (100, 80), random.Random(1))
@@ -254,6 +259,7 @@ def _hostile_jpegs() -> dict[str, bytes]:
         "12bit.jpg": _12bit(base),
         "rgb_no_ycc.jpg": encode(im, keep_rgb=True),
         "truncated.jpg": base[: len(base) * 2 // 3],
+        "bomb.jpg": _huge_header(base, 60000, 60000),  # tiny file, 3.6 gigapixel header
     }
 
 
@@ -269,6 +275,7 @@ def test_jpeg_copy_safe_reasons():
         "12bit.jpg": "12-bit samples",
         "rgb_no_ycc.jpg": "RGB colour transform",
         "truncated.jpg": "truncated (no EOI)",
+        "bomb.jpg": None,  # structurally fine: the pixel limit rejects it
     }
     assert {k: jpeg_copy_safe(v) for k, v in _hostile_jpegs().items()} == want
     assert jpeg_copy_safe(encode(Image.new("L", (8, 8)))) is None
@@ -303,7 +310,7 @@ def _dali_decode(blobs: list[bytes]) -> list:
 
 def test_what_pack_stores_is_copy_safe_and_decodes_in_dali_and_pil(tmp_path):
     files = {**_hostile_jpegs(), **nasty_files(random.Random(0))}
-    expect_reject = {"truncated.jpg": "truncated", "lossless_sof3.jpg": None, "12bit.jpg": None,
+    expect_reject = {"truncated.jpg": "truncated", "bomb.jpg": "too many pixels (60000x60000)", "lossless_sof3.jpg": None, "12bit.jpg": None,
                      "bad_truncated.jpg": "truncated", "bad_zero.jpg": "empty file",
                      "bad_not_an_image.jpg": "not an image", "bad_bomb.png": "too many pixels (100000x100000)"}
     stored, copied = {}, set()
@@ -338,7 +345,7 @@ def test_packed_shards_decode_in_dali(tmp_path):
     assert "error" not in _dali_decode([jpg for _, _, jpg in got.values()])
     rej = rejects(tmp_path / "out")
     assert set(rej) == {"circles/bad_truncated.jpg", "circles/bad_zero.jpg", "circles/bad_not_an_image.jpg",
-                        "circles/bad_bomb.png", "rings/truncated.jpg", "rings/lossless_sof3.jpg", "rings/12bit.jpg"}
+                        "circles/bad_bomb.png", "rings/truncated.jpg", "rings/bomb.jpg", "rings/lossless_sof3.jpg", "rings/12bit.jpg"}
 
 
 # --- labels (CSV/TSV) --------------------------------------------------------------------------
