@@ -203,8 +203,10 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     folder = tars[0].parent
     previous = _previous(folder, tars)
-    # a split `stoker pack` wrote (or an earlier index) keeps its class names: labels index them
-    bound = None if classes is not None else (len(previous.classes) if previous else None)
+    # a split `stoker pack` wrote (or an earlier index given --classes) keeps its class names:
+    # labels index them. Names an earlier index made up ('0'..'N-1') may grow with the data.
+    named = previous is not None and previous.classes != [str(i) for i in range(len(previous.classes))]
+    bound = len(previous.classes) if classes is None and named else None
     jobs = [(str(t), not args.no_check, bound) for t in tars]
     bar = tqdm(total=len(jobs), desc="index", unit="shard", file=sys.stderr, disable=None if not args.quiet else True)
     with contextlib.ExitStack() as stack:
@@ -233,7 +235,8 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"{folder / shard} has a cls of {max_label} but --classes names only "
                          f"{len(classes)} classes")
     if classes is None:
-        classes = previous.classes if previous else [str(i) for i in range(max_label + 1)]
+        grown = max(max_label + 1, len(previous.classes) if previous else 0)
+        classes = previous.classes if named else [str(i) for i in range(grown)]
     pack = dict(previous.pack) if previous else {}
     # verify holds packed shards to pack's rules (RGB JPEGs) and foreign ones to the loader's
     pack["reindexed_by" if previous and "indexed_by" not in pack else "indexed_by"] = f"stoker {__version__}"

@@ -286,6 +286,20 @@ def test_reindex_keeps_class_names_and_skips_labels_outside_them(tmp_path, capsy
     assert sorted(loaded(folder)) == [(0, red(0)), (1, red(1))]
 
 
+def test_reindex_grows_made_up_class_names_with_the_data(tmp_path, capsys):
+    folder = tmp_path / "s"
+    make_tar(folder / "t.tar", sample("a", 0) + sample("b", 1))
+    assert cli(["index", str(folder), "-q"]) == 0
+    make_tar(folder / "u.tar", sample("c", 3))
+    assert cli(["index", str(folder), "-q"]) == 0
+    m = Manifest.load(folder)
+    assert m.classes == ["0", "1", "2", "3"] and m.pack["skip"] == []
+    (folder / "u.tar").unlink()
+    assert cli(["index", str(folder), "-q"]) == 0  # labels keep their meaning: classes never shrink
+    assert Manifest.load(folder).classes == ["0", "1", "2", "3"]
+    assert "1 shard(s) listed in the old manifest are gone and left out: u.tar" in capsys.readouterr().err
+
+
 def test_all_samples_bad_writes_no_manifest(tmp_path, capsys):
     tar = make_tar(tmp_path / "s" / "t.tar", [("a.jpg", jpeg(0)), ("a.cls", b"-3"), ("b.txt", b"x")])
     assert cli(["index", str(tar), "-q"]) == 1
