@@ -200,7 +200,7 @@ def sanitize_bytes(data: bytes, settings: Settings) -> Sanitized:
                 from stoker.pipeline.decodecheck import is_jpeg, jpeg_copy_safe
 
                 if is_jpeg(data):  # a JPEG flavour Pillow cannot read (12-bit, lossless, ...): say which
-                    return Sanitized(None, reason=f"unsupported JPEG: {jpeg_copy_safe(data)}")
+                    return Sanitized(None, reason=f"unsupported JPEG: {jpeg_copy_safe(data) or 'unknown variant'}")
                 return Sanitized(None, reason="not an image")
             except Exception as e:  # a header Pillow recognises but cannot parse
                 return Sanitized(None, reason=_reason(e))
