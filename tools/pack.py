@@ -232,6 +232,12 @@ class _Sanitizer:
             yield from res
 
 
+def _components(it: Item, res: Sanitized, classes: list[str]) -> dict[str, bytes]:
+    """The tar members of one packed sample (file names stored as valid UTF-8)."""
+    meta = {"path": display_path(it.rel), "width": res.width, "height": res.height, "class": classes[it.label]}
+    return {"cls": str(it.label).encode(), "jpg": res.jpg, "json": json.dumps(meta).encode()}
+
+
 def _sample_bytes(components: dict[str, bytes]) -> int:
     return sum(512 + len(v) + (-len(v) % 512) for v in components.values())
 
@@ -299,8 +305,7 @@ def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end:
                     rejects.append((display_path(it.rel), res.reason))
                     stats["rejected"] += 1
                     continue
-                meta = {"path": display_path(it.rel), "width": res.width, "height": res.height, "class": classes[it.label]}
-                comps = {"cls": str(it.label).encode(), "jpg": res.jpg, "json": json.dumps(meta).encode()}
+                comps = _components(it, res, classes)
                 if writer is not None and (
                         len(writer) >= samples_per_shard if samples_per_shard
                         else writer.bytes_written + _sample_bytes(comps) + 1024 > shard_size):
@@ -355,11 +360,7 @@ def _restore(split_dir: Path, items: list[Item], source: Source, damaged: list[t
             with ShardWriter(path) as writer:
                 for i, res in enumerate(sanitizer.results(items[first:end]), start=first):
                     if res.jpg is not None:
-                        it = items[i]
-                        meta = {"path": display_path(it.rel), "width": res.width, "height": res.height,
-                                "class": source.classes[it.label]}
-                        writer.write(f"{i:09d}", {"cls": str(it.label).encode(), "jpg": res.jpg,
-                                                  "json": json.dumps(meta).encode()})
+                        writer.write(f"{i:09d}", _components(items[i], res, source.classes))
             if writer.info.sha256 != info["sha256"]:
                 path.unlink(missing_ok=True)
                 idx_path(path).unlink(missing_ok=True)
