@@ -6,15 +6,17 @@ import textwrap
 import warnings
 
 import pytest
-
-pl = pytest.importorskip("pytorch_lightning")
 import torch
-from conftest import run_in_group, write_split
+from torch import nn
+
 from stoker.model import with_normalize
 from stoker.pipeline.deps import HAS_DALI
-from stoker.pipeline.lightning import StokerDataModule
 from stoker.tools.synth import CLASSES
-from torch import nn
+
+from conftest import run_in_group, write_split
+
+pl = pytest.importorskip("pytorch_lightning")
+from stoker.pipeline.lightning import StokerDataModule  # noqa: E402 - needs the extra
 
 BACKENDS = ["pil"] + (["dali"] if HAS_DALI else [])
 UNIQUE = list(CLASSES) * 20  # 120 classes: sample i has label i, so labels name samples
@@ -115,6 +117,21 @@ def test_missing_lightning_is_one_line(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert out.stdout.strip() == ("MissingExtraError True stoker.pipeline.lightning needs PyTorch Lightning: "
                                   "pip install stoker[lightning] (or pip install pytorch-lightning)")
+
+
+def test_lightning_recipe_runs(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "lightning_recipe.py"
+    spec = importlib.util.spec_from_file_location("stoker_example_lightning_recipe", path)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    root = make_root(tmp_path, train=30, val=13)
+    summary = recipe.main([str(root), "--accelerator", "cpu", "--devices", "1", "--epochs", "2",
+                           "--crop", "32", "--batch-size", "8"])
+    assert summary["global_step"] == 6  # 2 epochs x len(train) = 30 // 8
+    assert 0.0 <= summary["val_acc"] <= 1.0
 
 
 DDP_SCRIPT = textwrap.dedent("""
