@@ -28,6 +28,8 @@ from typing import Any, Iterator, Optional, Union
 
 import numpy as np
 
+from stoker import StokerError
+
 from . import augment, order
 from .deps import HAS_DALI, has_cuda, usable_cores
 from .fsutil import PathLike
@@ -106,8 +108,11 @@ class Loader:
                  world_size: Optional[int] = None, backend: str = "auto", decode: str = "auto",
                  threads: Optional[int] = None, drop_last: Optional[bool] = None,
                  channels_last: bool = False, hw_decoder_load: float = 0.65, prefetch: int = 2,
-                 cpu_resize: str = "pillow", sha256: bool = False):
+                 cpu_resize: str = "pillow", sha256: bool = False, **dataloader_kwargs: Any):
         import torch
+
+        if dataloader_kwargs:
+            raise ValueError(_habit_message(dataloader_kwargs))
 
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
@@ -167,6 +172,7 @@ class Loader:
         self.num_samples = len(self.index.valid)
         if self.num_samples == 0:
             raise ValueError(f"{self.path} has no loadable samples")
+        self._check_every_rank_has_a_batch()
         #: samples excluded up front (``pack["skip"]`` or missing image/cls component)
         self.skipped_in_manifest = self.index.num_skipped
         #: samples dropped at run time this epoch (failed the header guard or decoding)
@@ -174,15 +180,38 @@ class Loader:
         self.epoch = 0
         self.position = 0
         self._finished = False
+        self._resumed = False  # position came from load_state_dict (continued even for val)
+        self._closed = False
         # weak: an iterator the caller drops is closed at once (its producer thread stops)
         self._active: Optional[weakref.ref] = None
         self._runner = None
         self._order = np.zeros(0, np.int64)
 
+    def _check_every_rank_has_a_batch(self) -> None:
+        """A rank with no batch would train or evaluate on nothing without a word (and leave
+        DDP's collectives unmatched): refuse such settings on every rank alike."""
+        last = self.world_size - 1  # the rank with the smallest share
+        share = order.samples_per_rank(self.num_samples, rank=last, world_size=self.world_size,
+                                       train=self.train)
+        if order.num_batches(share, self.batch_size, drop_last=self.drop_last) > 0:
+            return
+        if share == 0:
+            raise ValueError(f"world_size={self.world_size} is larger than the {self.num_samples} "
+                             f"loadable samples of {self.path}: rank {last} would get none "
+                             f"(use fewer processes or a larger split)")
+        raise ValueError(f"batch_size={self.batch_size} with drop_last=True leaves rank {last} no batch: "
+                         f"its share is {share} samples ({self.num_samples} over world_size="
+                         f"{self.world_size}); use batch_size<={share} or drop_last=False")
+
     # ---- order ---------------------------------------------------------------------------
     def _rank_count(self) -> int:
         return order.samples_per_rank(self.num_samples, rank=self.rank, world_size=self.world_size,
                                       train=self.train)
+
+    def _epoch_stop(self) -> int:
+        """Samples of this rank's epoch order that are handed out (``drop_last`` applied)."""
+        n = self._rank_count()
+        return n - n % self.batch_size if self.drop_last else n
 
     def __len__(self) -> int:
         """Batches this rank yields in a whole epoch (the same on every rank for train)."""
@@ -198,26 +227,30 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration reads. A different epoch starts at its first
-        batch; the current one continues where it stopped (after :meth:`load_state_dict`)
-        or, if it was finished, starts over."""
-        try:
-            epoch = operator.index(epoch)
-        except TypeError:
-            raise ValueError(f"epoch={epoch!r} must be a non-negative integer") from None
-        if epoch < 0:
-            raise ValueError(f"epoch={epoch!r} must be a non-negative integer")
+        batch; the current one continues where it stopped (after :meth:`load_state_dict`, or
+        a train iteration abandoned mid-epoch) or, if it was finished, starts over."""
+        epoch = _non_negative(epoch, "epoch")
         if epoch != self.epoch or self._finished:
-            self.epoch, self.position, self.skipped, self._finished = epoch, 0, 0, False
+            self._start_epoch(epoch)
+
+    def _start_epoch(self, epoch: int) -> None:
+        self.epoch, self.position, self.skipped, self._finished = epoch, 0, 0, False
+        self._resumed = False
 
     # ---- resume --------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """``{seed, epoch, position, world_size, num_samples}``: position is the number of
-        this epoch's samples this rank has consumed (batches handed out so far)."""
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
+        """``{seed, epoch, position, world_size, num_samples}``: where the next iteration
+        starts. ``position`` counts the samples of ``epoch`` this rank has consumed (batches
+        handed out so far); once an epoch's last batch is handed out the state already names
+        the next epoch at position 0."""
+        epoch, position = (self.epoch + 1, 0) if self._finished else (self.epoch, self.position)
+        return {"seed": self.seed, "epoch": epoch, "position": position,
                 "world_size": self.world_size, "num_samples": self.num_samples}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next iteration yields exactly the rest of that epoch."""
+        if not isinstance(state, dict):
+            raise ValueError(f"state must be the dict Loader.state_dict() returned, not {type(state).__name__}")
         missing = {"seed", "epoch", "position"} - set(state)
         if missing:
             raise ValueError(f"state is missing {sorted(missing)}")
@@ -227,14 +260,25 @@ class Loader:
         if state.get("num_samples", self.num_samples) != self.num_samples:
             raise ValueError(f"state was saved for num_samples={state['num_samples']}, "
                              f"{self.path} has {self.num_samples}")
+        seed = _non_negative(state["seed"], "state['seed']")
+        epoch = _non_negative(state["epoch"], "state['epoch']")
+        position = _non_negative(state["position"], "state['position']")
+        stop = self._epoch_stop()
+        if position > stop:
+            raise ValueError(f"state['position']={position} is past the end of rank {self.rank}'s epoch "
+                             f"({stop} samples): the state is from another split or batch size")
         self._close_active()
-        self.seed, self.epoch, self.position = int(state["seed"]), int(state["epoch"]), int(state["position"])
-        self.skipped, self._finished = 0, False
+        self.seed = seed
+        self._start_epoch(epoch)
+        self.position = position
+        self._resumed = True  # a val loader continues a restored position once, too
 
     # ---- iteration -----------------------------------------------------------------------
-    def __iter__(self) -> Iterator:
-        self._close_active()  # an abandoned iteration: drain it, keep its position
-        it = self._iterate()
+    def __iter__(self) -> "LoaderIterator":
+        self._close_active()  # an abandoned iteration: drain it (train keeps its position)
+        if self._closed:
+            raise ValueError(f"this Loader of {self.path} was closed; create a new one")
+        it = LoaderIterator(self)
         self._active = weakref.ref(it)
         return it
 
@@ -242,29 +286,80 @@ class Loader:
         it = self._active() if self._active is not None else None
         self._active = None
         if it is not None:
-            it.close()
+            it._supersede()
 
     def _iterate(self):
         if self._finished:  # iterated again without set_epoch: the next epoch
-            self.epoch, self.position, self.skipped, self._finished = self.epoch + 1, 0, 0, False
+            self._start_epoch(self.epoch + 1)
+        elif self.position and not self.train and not self._resumed:
+            # an evaluation abandoned part way (a sanity check, a limit on batches, an
+            # exception) is never continued: every evaluation sees every sample once
+            self._start_epoch(self.epoch)
+        self._resumed = False
         idx = self._order = self.indices()
-        stop = len(idx) - len(idx) % self.batch_size if self.drop_last else len(idx)
+        stop = self._epoch_stop()
         batches = [idx[s:min(s + self.batch_size, stop)] for s in range(self.position, stop, self.batch_size)]
+        if not batches:  # resumed at the very end of an epoch (an older state): it is done
+            self._finish_epoch(stop)
+            self._start_epoch(self.epoch + 1)
+            idx = self._order = self.indices()
+            batches = [idx[s:min(s + self.batch_size, stop)] for s in range(0, stop, self.batch_size)]
         runner = self._get_runner()
         inner = runner.iterate(batches, self.epoch)
+        last = len(batches) - 1
         try:
-            for images, labels, consumed, bad in inner:
+            for k, (images, labels, consumed, bad) in enumerate(inner):
                 self.position += consumed
                 self.skipped += bad
+                if k == last:
+                    # The epoch ends when its last batch is handed out, not when the caller
+                    # asks for one more: loops bounded by len(loader) (Lightning, islice, zip
+                    # with a range) never ask, and must still get a fresh epoch next time.
+                    self._finish_epoch(stop)
                 yield images, labels
         finally:
             inner.close()  # now, not whenever the GC gets to it: stops the producer in order
+
+    def _finish_epoch(self, stop: int) -> None:
         self.position = max(self.position, stop)
         self._finished = True
-        self._active = None
         if self.skipped:
             warnings.warn(f"stoker Loader {self.path}: epoch {self.epoch}: skipped {self.skipped} "
-                          f"undecodable sample(s) on rank {self.rank}", RuntimeWarning, stacklevel=2)
+                          f"undecodable sample(s) on rank {self.rank}", RuntimeWarning, stacklevel=4)
+
+    # ---- the DataLoader-shaped surface training code reads -------------------------------
+    @property
+    def dataset(self) -> "LoaderDataset":
+        """The split as a dataset view: ``len`` (loadable samples), ``classes``,
+        ``class_to_idx`` (what ``len(loader.dataset)`` and ``loader.dataset.classes`` read)."""
+        return LoaderDataset(self)
+
+    @property
+    def sampler(self) -> "LoaderSampler":
+        """This rank's epoch order; ``loader.sampler.set_epoch(e)`` is ``loader.set_epoch(e)``
+        (what DDP scripts and Lightning call each epoch)."""
+        return LoaderSampler(self)
+
+    @property
+    def batch_sampler(self) -> "LoaderBatchSampler":
+        """This rank's batches of sample positions; ``set_epoch`` as on :attr:`sampler`."""
+        return LoaderBatchSampler(self)
+
+    def close(self) -> None:
+        """Stop any iteration and release the decode pipeline and the shard maps. The Loader
+        cannot be iterated afterwards. Also what ``with Loader(...) as loader:`` does on exit."""
+        self._close_active()
+        runner, self._runner = self._runner, None
+        if runner is not None and hasattr(runner, "shutdown"):
+            runner.shutdown()
+        self.index.close()
+        self._closed = True
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def _stand_in(self, planned: np.ndarray) -> np.ndarray:
         """Samples for a train batch none of whose samples is loadable: the next ones in this
@@ -297,6 +392,150 @@ class Loader:
                 f"crop={self.crop}, device={str(self.device)!r}, backend={self.backend!r}, "
                 f"decode={self.decode!r}, rank={self.rank}, world_size={self.world_size}, "
                 f"num_samples={self.num_samples})")
+
+
+class LoaderIterator:
+    """What ``iter(loader)`` returns: the rest of the Loader's current epoch, one batch per
+    ``next()``. A Loader runs one iteration at a time: a newer ``iter(loader)`` (or
+    ``load_state_dict``/``close``) replaces this one, whose ``next()`` then raises instead
+    of ending as if the epoch were over."""
+
+    def __init__(self, loader: Loader):
+        self._path = loader.path
+        self._gen = loader._iterate()
+        self._superseded = False
+
+    def __iter__(self) -> "LoaderIterator":
+        return self
+
+    def __next__(self):
+        if self._superseded:
+            raise LoaderError(f"this iterator over {self._path} was replaced by a newer iter(loader): a Loader "
+                              "runs one iteration at a time (use a second Loader to read the split twice at once)")
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Stop now (the producer thread and the decode pipeline's queue are drained)."""
+        self._gen.close()
+
+    def _supersede(self) -> None:
+        self._superseded = True
+        self._gen.close()
+
+
+class LoaderError(StokerError, RuntimeError):
+    """A Loader used in a way it cannot serve (an iterator replaced by a newer one)."""
+
+
+class LoaderDataset:
+    """``loader.dataset``: the split seen as a dataset, for code that reads ``len(dataset)``,
+    ``dataset.classes`` or ``dataset.class_to_idx``. Samples are decoded in whole batches by
+    the Loader, so there is no per-sample ``dataset[i]``."""
+
+    def __init__(self, loader: Loader):
+        self._loader = loader
+
+    def __len__(self) -> int:
+        return self._loader.num_samples
+
+    @property
+    def classes(self) -> list:
+        return list(self._loader.index.manifest.classes)
+
+    @property
+    def class_to_idx(self) -> dict:
+        return {name: i for i, name in enumerate(self._loader.index.manifest.classes)}
+
+    @property
+    def root(self) -> Path:
+        return self._loader.path
+
+    def __getitem__(self, i: int):
+        raise TypeError(f"loader.dataset[{i!r}]: stoker's Loader decodes whole batches, there is no per-sample "
+                        "access; iterate the Loader, or read raw samples with "
+                        f"stoker.pipeline.samples.open_split({str(self._loader.path)!r})")
+
+    def __repr__(self) -> str:
+        return f"LoaderDataset({str(self._loader.path)!r}, samples={len(self)}, classes={len(self.classes)})"
+
+
+class LoaderSampler:
+    """``loader.sampler``: this rank's sample positions for the current epoch, in order."""
+
+    def __init__(self, loader: Loader):
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self._loader.epoch
+
+    def __len__(self) -> int:
+        return self._loader._rank_count()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._loader.indices().tolist())
+
+
+class LoaderBatchSampler(LoaderSampler):
+    """``loader.batch_sampler``: this rank's batches (lists of sample positions) this epoch."""
+
+    @property
+    def batch_size(self) -> int:
+        return self._loader.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._loader.drop_last
+
+    @property
+    def sampler(self) -> LoaderSampler:
+        return LoaderSampler(self._loader)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self) -> Iterator[list]:
+        loader = self._loader
+        idx, stop, size = loader.indices(), loader._epoch_stop(), loader.batch_size
+        return (idx[s:min(s + size, stop)].tolist() for s in range(0, stop, size))
+
+
+#: torch DataLoader arguments people pass out of habit -> what the Loader takes instead
+_DATALOADER_HABITS = {
+    "num_workers": "threads=N (decode threads; default: all usable cores)",
+    "shuffle": "train=True (a fresh global permutation every epoch) or train=False (stored order)",
+    "pin_memory": "device='cuda' (batches arrive on the device already)",
+    "persistent_workers": "nothing (the Loader keeps its pipeline across epochs)",
+    "prefetch_factor": "prefetch=N (batches prepared ahead)",
+    "sampler": "seed=, rank=, world_size= (the Loader orders and splits samples itself)",
+    "batch_sampler": "batch_size= and drop_last= (the Loader orders and splits samples itself)",
+    "collate_fn": "nothing (batches are uint8 images and int64 labels; transform them on the device)",
+    "worker_init_fn": "nothing (decode runs in the Loader's own threads)",
+    "generator": "seed=N",
+    "timeout": "nothing",
+    "multiprocessing_context": "nothing",
+}
+
+
+def _habit_message(kwargs: dict) -> str:
+    unknown = sorted(set(kwargs) - set(_DATALOADER_HABITS))
+    if unknown:
+        raise TypeError(f"Loader() got an unexpected keyword argument {unknown[0]!r}")
+    return "; ".join(f"{name}= is a torch DataLoader argument: stoker's Loader takes {_DATALOADER_HABITS[name]}"
+                     for name in kwargs)
+
+
+def _non_negative(value: Any, name: str) -> int:
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}={value!r} must be a non-negative integer") from None
+    if value < 0:
+        raise ValueError(f"{name}={value!r} must be a non-negative integer")
+    return value
 
 
 class _PilRunner:
@@ -573,4 +812,5 @@ class _Failure:
 _END = object()
 
 
-__all__ = ["Loader", "BACKENDS", "DECODES"]
+__all__ = ["Loader", "LoaderError", "LoaderIterator", "LoaderDataset", "LoaderSampler", "LoaderBatchSampler",
+           "BACKENDS", "DECODES"]
