@@ -167,26 +167,26 @@ class NvjpegRunner:
         """One batch: ``(images, labels, consumed, bad)`` on the device."""
         import torch
 
-        l = self.l
+        ld = self.l
         consumed = len(ids)
-        enc, wh = l.index.images(ids)
+        enc, wh = ld.index.images(ids)
         ok = wh[:, 0] > 0  # header guard: truncated / foreign bytes never reach a decoder
         planned = ids
         decoded, ids, wh = self._load(ids[ok], [e for e, k in zip(enc, ok) if k], wh[ok])
         nbad = consumed - len(ids)
         if not len(ids):
-            if not l.train:
+            if not ld.train:
                 return self._empty(consumed, nbad)
             # stand-ins keep every rank's step count (the Loader's rule, as in the other backends)
-            stand_in = l._stand_in(planned)
-            decoded, ids, wh = self._load(stand_in, *l.index.images(stand_in))
-        if l.train:
-            boxes, flips = augment.random_resized_crop(wh, ids, seed=l.seed, epoch=epoch)
+            stand_in = ld._stand_in(planned)
+            decoded, ids, wh = self._load(stand_in, *ld.index.images(stand_in))
+        if ld.train:
+            boxes, flips = augment.random_resized_crop(wh, ids, seed=ld.seed, epoch=epoch)
         else:
-            boxes, flips = augment.center_crop(wh, l.crop), np.zeros(len(ids), bool)
-        images = self._alloc(len(ids), l.crop)
+            boxes, flips = augment.center_crop(wh, ld.crop), np.zeros(len(ids), bool)
+        images = self._alloc(len(ids), ld.crop)
         crop_resize(decoded, boxes, flips, images)
-        labels = torch.from_numpy(l.index.labels(ids)).to(self.device, non_blocking=True)
+        labels = torch.from_numpy(ld.index.labels(ids)).to(self.device, non_blocking=True)
         return images, labels, consumed, nbad
 
     # ---- the producer thread -----------------------------------------------------------

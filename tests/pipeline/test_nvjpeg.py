@@ -12,7 +12,7 @@ import torch
 from stoker.pipeline import Loader, deps
 from stoker.pipeline.manifest import Manifest
 from stoker.pipeline.nvjpeg_backend import NvjpegRunner, crop_resize, decode_jpegs
-from stoker.pipeline.pil_backend import PilBatches, resize_into
+from stoker.pipeline.pil_backend import resize_into
 from stoker.tools.shardwriter import ShardWriter
 from stoker.tools.synth import CLASSES, draw, encode
 
@@ -27,6 +27,10 @@ CROP = 32
 # which differs from its own full-scale decode by up to ~17 on high-frequency patterns, so the
 # comparison with it uses boxes below that.)
 MAD_BOUND = 1.5
+# nvJPEG vs libjpeg-turbo (same resize): not yet measured on a GPU. nvJPEG's IDCT and chroma
+# upsampling may differ from libjpeg-turbo's on these sharp synthetic edges; a wrong box, flip or
+# channel order would be far above this.
+MAD_GPU = 4.0
 
 
 @pytest.fixture
@@ -326,7 +330,8 @@ def test_gpu_decode_matches_the_cpu_path(split):
     assert all(x.is_cuda and y.is_cuda for x, y in zip(b_img, b_lab))
     assert [y.tolist() for y in a_lab] == [y.cpu().tolist() for y in b_lab]
     mad = torch.cat([per_image_mad(a, b.cpu()) for a, b in zip(a_img, b_img)])
-    assert mad.max() < MAD_BOUND, mad.max()  # nvJPEG's IDCT vs libjpeg-turbo's, same resize
+    print(f"nvJPEG vs CPU decode, per-image MAD: mean {mad.mean():.3f}, worst {mad.max():.3f}")
+    assert mad.max() < MAD_GPU, mad.max()
     assert gpu._runner.gpu_fallbacks == 0
 
 

@@ -1,0 +1,116 @@
+"""The GPU check script, on the CPU: its plumbing, time boxes and failure tolerance."""
+
+import json
+
+import pytest
+
+from stoker.pipeline.deps import has_cuda
+from stoker.tools import gpu_check
+
+no_cuda = pytest.mark.skipif(has_cuda(), reason="on a GPU machine the check runs for real (minutes)")
+
+
+def _result(**parts):
+    env = {"status": "ok", "seconds": 2.0, "result": {
+        "date": "2026-12-03 06:00 UTC", "gpu": "NVIDIA H200", "torch": "2.11.0", "torchvision": "0.26.0",
+        "cuda_version": "12.8", "dali": False, "usable_cores": 16, "auto_backend": "nvjpeg",
+        "auto_backend_why": "nvidia-dali is not installed; torchvision 0.26.0 decodes JPEGs on the GPU (nvJPEG)"}}
+    result = {"settings": {"smoke": False}, "parts": {"environment": env, **parts}}
+    result["targets"] = gpu_check._targets(result)
+    return result
+
+
+def test_markdown_reports_rows_failures_and_targets():
+    loader = {"status": "ok", "seconds": 40.0, "result": {
+        "batch_size": 256, "crop": 224, "device": "cuda", "nvjpeg_vs_pil": 3.5, "rows": {
+            "nvjpeg": {"img_s": 7000.0, "cpu_pct": 120.0, "gpu_fallbacks": 2},
+            "pil": {"img_s": 2000.0, "cpu_pct": 1550.0, "gpu_fallbacks": None}}}}
+    model = {"status": "timeout", "seconds": 200.0, "error": "ran past its 200 s time box (partial results kept)",
+             "result": {"batch_size": 256, "image_size": 224, "rows": [
+                 {"model": "resnet50", "amp": "fp32", "channels_last": False, "compile": False,
+                  "images_per_s": 1000.0, "step_ms": 256.0, "speedup": 1.0},
+                 {"model": "resnet50", "amp": "fp16", "channels_last": True, "compile": False,
+                  "error": "RuntimeError: no kernel"}],
+                 "not_run": [{"model": "inception", "amp": "bf16", "channels_last": True, "compile": True}]}}
+    train = {"status": "ok", "seconds": 90.0, "result": {
+        "command": "stoker train x --arch resnet50", "steps": 45, "seconds": 60.0, "images_per_s": 2500.0,
+        "data_wait": 0.125}}
+    md = gpu_check.format_markdown(_result(loader=loader, **{"bench-model": model}, train=train))
+    assert md.startswith("# stoker GPU check, 2026-12-03 06:00 UTC: NVIDIA H200\n")
+    assert "Loader backend `auto` here: **nvjpeg** (nvidia-dali is not installed; torchvision" in md
+    assert "| nvjpeg | 7,000 | 3.50x | 120 | 2 |  |" in md
+    assert "| pil | 2,000 | 1.00x | 1,550 | - |  |" in md
+    assert "| resnet50 | fp32 | no | no | 1,000 | 256.0 | 1.00x |" in md
+    assert "| resnet50 | fp16 | yes | no | failed: RuntimeError: no kernel | | |" in md
+    assert "not run (time box): 1 setting(s): inception bf16 cl compile" in md
+    assert "| bench-model | timeout | 200 | ran past its 200 s time box (partial results kept) |" in md
+    assert "45 steps in 60 s: 2,500 images/s, data wait 12.5% of step time" in md
+    assert "- nvjpeg vs pil images/s: target >= 3x, measured 3.50x: met" in md
+    assert "- ResNet-50 bf16 data wait: target < 10%, measured 12.5%: NOT met" in md
+
+
+def test_markdown_of_a_run_where_parts_were_skipped():
+    md = gpu_check.format_markdown(_result(pytest={"status": "skipped", "seconds": 0.1,
+                                                   "why": "no CUDA device: every gpu test would skip"}))
+    assert "| pytest | skipped | 0 | no CUDA device: every gpu test would skip |" in md
+    assert "- nvjpeg vs pil images/s: target >= 3x, measured -: not measured" in md
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--parts", "loader,nope"], "--parts: unknown part(s) ['nope']"),
+    (["--limit", "loader"], "--limit 'loader': expected PART=SECONDS"),
+    (["--limit", "loader=soon"], "'soon' is not a number of seconds"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--data", "/no/such/dir"], "--data /no/such/dir is not a folder"),
+])
+def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, argv, needle):
+    assert gpu_check._cli(["--out", str(tmp_path / "out"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpu_check: error: ") and needle in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+@no_cuda
+@pytest.mark.slow
+def test_cpu_smoke_runs_every_part_and_writes_json_and_markdown(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = gpu_check._cli(["--out", str(out), "--cpu-smoke", "--synthetic", "12", "--repeat", "2", "--budget", "300"])
+    assert rc == 0, capsys.readouterr()
+    result = json.loads((out / "gpu_check.json").read_text())
+    status = {k: v["status"] for k, v in result["parts"].items()}
+    assert status == {"environment": "ok", "pytest": "skipped", "data": "ok", "loader": "ok",
+                      "bench-model": "ok", "train": "ok"}
+    parts = {k: v.get("result") for k, v in result["parts"].items()}
+    assert parts["data"]["samples"] == 24 and parts["data"]["images"] == 12  # 12 images packed twice
+    assert parts["loader"]["rows"]["nvjpeg"] == {"skipped": "no CUDA device (nvjpeg decodes on the GPU)"}
+    assert parts["loader"]["rows"]["pil"]["img_s"] > 0 and parts["loader"]["rows"]["pil"]["backend"] == "pil"
+    assert [(r["model"], r["channels_last"]) for r in parts["bench-model"]["rows"]] == [("resnet18", False),
+                                                                                        ("resnet18", True)]
+    assert parts["train"]["steps"] == 6 and 0 <= parts["train"]["data_wait"] < 1  # 24 samples, batch 4
+    md = (out / "gpu_check.md").read_text()
+    assert "CPU smoke run" in md and "| pytest | skipped |" in md and md == capsys.readouterr().out.rstrip("\n") + "\n"
+    assert result["targets"]["train_data_wait"]["met"] is None  # a smoke run judges nothing
+
+
+@no_cuda
+@pytest.mark.slow
+def test_a_failing_and_a_timed_out_part_are_recorded_and_the_rest_runs(tiny_shards, tmp_path):
+    root = tiny_shards(n=24, per_shard=8)
+    shard = root / "train" / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:-1024])  # truncated: the Loader names it before any batch
+    out = tmp_path / "out"
+    rc = gpu_check._cli(["--out", str(out), "--data", str(root), "--cpu-smoke", "--parts", "loader,bench-model,train",
+                         "--limit", "train=1"])
+    assert rc == 1
+    parts = json.loads((out / "gpu_check.json").read_text())["parts"]
+    assert {k: v["status"] for k, v in parts.items()} == {
+        "environment": "ok", "data": "ok", "loader": "failed", "bench-model": "ok", "train": "timeout"}
+    assert parts["loader"]["error"].startswith("RuntimeError: pil: ManifestError: shard ")
+    assert "shard-000001.tar has" in parts["loader"]["error"]
+    assert parts["loader"]["result"]["rows"]["pil"]["error"].startswith("ManifestError")  # kept, with the reason
+    assert len(parts["bench-model"]["result"]["rows"]) == 2  # ran after the failure
+    # the parent's box closed, or the part's own did (what was left after starting python): named either way
+    assert parts["train"]["error"].endswith(("ran past its 1 s time box (partial results kept)",
+                                             "no time left in its 1 s time box", "ran past 1 s"))
+    md = (out / "gpu_check.md").read_text()
+    assert "| loader | failed |" in md and "| train | timeout |" in md and (out / "logs" / "loader.log").exists()
