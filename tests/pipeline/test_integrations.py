@@ -2,6 +2,7 @@
 imagenet/main.py (patched), each on CPU on generated data."""
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -149,3 +150,32 @@ def test_imagenet_patch_is_the_diff_of_main(tmp_path):
     res = subprocess.run(["patch", "--dry-run", "-R", "-p2", str(work), "-i", str(patch)],
                          capture_output=True, text=True, timeout=30, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+# ---- tools/bench_frameworks ---------------------------------------------------------------------
+def test_bench_frameworks_rejects_unknown_framework():
+    from stoker.tools.bench_frameworks import main
+    from stoker.tools.errors import UsageError
+
+    with pytest.raises(UsageError, match="unknown keras"):
+        main(["--images", "x", "--data", "y", "--frameworks", "plain,keras"])
+
+
+@pytest.mark.slow
+def test_bench_frameworks_measures_both_loaders(tmp_path):
+    from stoker.tools.bench_frameworks import main
+
+    make_image_folder(tmp_path / "images", per_class=4, min_side=40, max_side=100)
+    pack = subprocess.run([sys.executable, "-m", "stoker.tools.cli", "pack", str(tmp_path / "images"),
+                           str(tmp_path / "data"), "--val-fraction", "0", "-q"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert pack.returncode == 0, pack.stderr
+    out = tmp_path / "bench.json"
+    assert main(["--images", str(tmp_path / "images"), "--data", str(tmp_path / "data" / "train"),
+                 "--frameworks", "plain", "--seconds", "0.5", "--batch-size", "4", "--crop", "32",
+                 "--workers", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["framework"], r["loader"]) for r in rows] == [("plain", "stoker"), ("plain", "torchvision")]
+    for r in rows:
+        assert "error" not in r, r
+        assert r["steps"] >= 1 and r["images"] == 4 * r["steps"] and r["images_per_s"] > 0

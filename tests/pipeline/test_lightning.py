@@ -85,6 +85,20 @@ def test_fit_three_epochs_exact(tmp_path, backend):
     assert dm._loaders == {}  # closed by teardown
 
 
+def test_limit_train_batches_next_epoch_starts_fresh(tmp_path):
+    """An epoch cut short by limit_train_batches: the next one is that epoch's first batches
+    (Lightning sets the next epoch), not the rest of the cut one."""
+    root = make_root(tmp_path)
+    dm = StokerDataModule(root, batch_size=8, crop=CROP, backend="pil", threads=0)
+    module = Counting()
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, limit_train_batches=2, **QUIET)
+    trainer.fit(module, datamodule=dm)
+    loader = dm._loader("train", train=True, batch_size=8)  # a fresh one: same seed, same orders
+    for epoch in (0, 1):
+        assert module.train_seen[epoch] == [loader.indices(epoch)[s:s + 8].tolist() for s in (0, 8)]
+        assert sorted(module.val_seen[epoch]) == list(range(21))
+
+
 def test_datamodule_surface(tmp_path):
     root = make_root(tmp_path)
     dm = StokerDataModule(root, batch_size=8, crop=CROP, backend="pil", threads=0)
