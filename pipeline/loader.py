@@ -550,7 +550,7 @@ class _PilRunner:
         l = self.l
         for (images, labels, consumed, bad), ids in zip(self.runner.iterate(batches, epoch, l.seed), batches):
             if not len(labels) and l.train:  # nothing loadable: stand-ins, decoded here (rare)
-                images, labels, _ = self.runner.dl.dataset[(epoch, l.seed, l._stand_in(ids))]
+                images, labels, _ = self.runner.batch(epoch, l.seed, l._stand_in(ids))
             if l.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC memory → NCHW shape, channels_last
             yield (images.to(l.device, non_blocking=True), labels.to(l.device, non_blocking=True),

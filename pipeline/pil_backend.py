@@ -58,8 +58,10 @@ def decode_region(data, box, crop: int):
 
 
 class PilBatches:
-    """A map-style dataset whose items are whole batches: ``(epoch, seed, ids) → (images, labels,
-    bad)``, where ``bad`` is a bool mask of samples that failed to decode (dropped)."""
+    """A map-style dataset whose items are whole batches: ``(epoch, seed, ids) → (images, bad)``,
+    where ``bad`` is a bool mask of samples that failed to decode (dropped). Labels are read by
+    the parent (:meth:`PilRunner.iterate`), so a bad label is one error line there, not a
+    worker's traceback."""
 
     def __init__(self, index: SampleIndex, *, crop: int, train: bool, chw: bool):
         self.index, self.crop, self.train, self.chw = index, crop, train, chw
@@ -91,8 +93,7 @@ class PilBatches:
                 bad[j] = True
                 continue
             k += 1
-        labels = torch.from_numpy(self.index.labels(ids[~bad]))
-        return images[:k], labels, torch.from_numpy(bad)
+        return images[:k], torch.from_numpy(bad)
 
     def __len__(self) -> int:  # not used: the sampler yields the items
         return 0
@@ -126,7 +127,8 @@ class PilRunner:
         import torch
 
         self.plan = _Plan()
-        dataset = PilBatches(index, crop=crop, train=train, chw=chw)
+        self.index = index
+        self.dataset = dataset = PilBatches(index, crop=crop, train=train, chw=chw)
         kw = {}
         if workers > 0:
             # fork is cheapest, but forking a process where DALI's native threads run can
@@ -141,11 +143,21 @@ class PilRunner:
                                               num_workers=workers, pin_memory=pin_memory,
                                               collate_fn=_identity, **kw)
 
+    def _labels(self, ids: np.ndarray, bad):
+        import torch
+
+        return torch.from_numpy(self.index.labels(ids[~bad.numpy()]))
+
+    def batch(self, epoch: int, seed: int, ids: np.ndarray) -> tuple:
+        """Decode one batch here, in this process: ``(images, labels, bad)``."""
+        images, bad = self.dataset[(epoch, seed, ids)]
+        return images, self._labels(ids, bad), bad
+
     def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[tuple]:
         """Yield ``(images, labels, consumed, num_bad)`` for ``batches`` (arrays of positions)."""
         self.plan.items = [(epoch, seed, b) for b in batches]
-        for (images, labels, bad), ids in zip(self.dl, batches):
-            yield images, labels, len(ids), int(bad.sum())
+        for (images, bad), ids in zip(self.dl, batches):
+            yield images, self._labels(ids, bad), len(ids), int(bad.sum())
 
 
 __all__ = ["PilBatches", "PilRunner", "resize_into", "decode_region", "image_size"]

@@ -9,6 +9,7 @@ import torch
 from stoker.pipeline import Loader, ManifestError
 from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.manifest import Manifest
+from stoker.pipeline.samples import LabelError
 from stoker.tools.shardwriter import ShardWriter
 from stoker.tools.synth import CLASSES, draw, encode
 
@@ -352,3 +353,15 @@ def test_dali_decode_failure_is_one_line_naming_shard_and_keys(tmp_path):
     assert "\n" not in msg, msg
     assert "a.tar" in msg and "keys s4, s5, s6, s7" in msg and "key s5 does not decode" in msg, msg
     assert "stoker verify" in msg and "stoker index" in msg, msg
+
+
+@pytest.mark.parametrize("backend, threads", [("pil", 0), ("pil", 1)] + ([("dali", 1)] if HAS_DALI else []))
+def test_a_label_outside_the_classes_is_one_line_naming_shard_and_key(tmp_path, backend, threads):
+    _shard_of(tmp_path / "lbl", 6)
+    Manifest(num_samples=6, classes=["a", "b", "c", "d", "e"],  # sample s5's cls 5 is outside
+             shards=Manifest.load(tmp_path / "lbl").shards).save(tmp_path / "lbl")
+    loader = make(tmp_path / "lbl", backend=backend, threads=threads, batch_size=6, train=False)
+    with pytest.raises(LabelError) as err:
+        run(loader)
+    message = str(err.value)
+    assert "\n" not in message and "a.tar" in message and "s5" in message
