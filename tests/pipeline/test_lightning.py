@@ -174,6 +174,8 @@ DDP_SCRIPT = textwrap.dedent("""
                 self.seen["sanity"].append(batch[1].tolist())
             else:
                 self.seen["val"].setdefault(self.current_epoch, []).extend(batch[1].tolist())
+            # a real run logs an epoch metric synced over ranks (one collective per epoch)
+            self.log("val_n", float(len(batch[1])), reduce_fx="sum", sync_dist=True)
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -186,7 +188,7 @@ DDP_SCRIPT = textwrap.dedent("""
     trainer.fit(module, datamodule=dm)
     loader = dm._loader("train", train=True, batch_size=4)
     module.seen.update(rank=trainer.global_rank, world=loader.world_size, len=len(loader),
-                       steps=trainer.global_step)
+                       steps=trainer.global_step, val_n=float(trainer.callback_metrics["val_n"]))
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
         json.dump(module.seen, f)
 """)
@@ -195,8 +197,9 @@ DDP_SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_ddp_two_processes_exact_epochs(tmp_path):
     """strategy="ddp" (gloo, 2 CPU processes): train shares disjoint and reshuffled every epoch,
-    val summed over ranks = the split, every epoch, after the sanity check."""
-    root = make_root(tmp_path, train=43, val=21)
+    val summed over ranks = the split, every epoch, after the sanity check. 17 val samples:
+    rank 0 evaluates 3 batches, rank 1 2 (which the sanity check's 2 batches use up)."""
+    root = make_root(tmp_path, train=43, val=17)
     script = tmp_path / "fit_ddp.py"
     script.write_text(DDP_SCRIPT)
     out = tmp_path / "out"
@@ -207,6 +210,7 @@ def test_ddp_two_processes_exact_epochs(tmp_path):
     assert [(r["rank"], r["world"]) for r in ranks] == [(0, 2), (1, 2)]
     assert [r["len"] for r in ranks] == [5, 5]  # 43 samples: 21 per rank, 5 batches of 4
     assert [r["steps"] for r in ranks] == [15, 15]
+    assert [r["val_n"] for r in ranks] == [17.0, 17.0]  # the synced epoch metric counts the split once
     previous = None
     for epoch in map(str, range(3)):
         per_rank = [r["train"][epoch] for r in ranks]
@@ -216,5 +220,6 @@ def test_ddp_two_processes_exact_epochs(tmp_path):
         assert previous is None or shares != previous  # a fresh split every epoch
         previous = shares
         val = [r["val"][epoch] for r in ranks]
-        assert sorted(val[0] + val[1]) == list(range(21))  # every val sample exactly once
+        assert sorted(val[0] + val[1]) == list(range(17))  # every val sample exactly once
+    assert sorted(len(r["val"]["0"]) for r in ranks) == [8, 9]
     assert all(len(r["sanity"]) == 2 for r in ranks)
