@@ -69,10 +69,10 @@ BACKEND_NAMES = ("auto", "dali", "nvjpeg", "pil")
 
 
 @functools.lru_cache(maxsize=None)
-def gpu_jpeg_decode() -> tuple[bool, str]:
-    """``(works, why)``: can torchvision decode a JPEG on the GPU here? Probed once per
-    process (cached) by decoding a tiny embedded JPEG on the current CUDA device; never
-    raises."""
+def gpu_jpeg_decode(device: str = "cuda") -> tuple[bool, str]:
+    """``(works, why)``: can torchvision decode a JPEG on the GPU ``device`` (``"cuda"``: the
+    current one, or ``"cuda:N"``)? Probed once per process and device (cached) by decoding a
+    tiny embedded JPEG there; never raises."""
     if not has_cuda():
         return False, "torch sees no CUDA device"
     try:
@@ -82,7 +82,7 @@ def gpu_jpeg_decode() -> tuple[bool, str]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         data = torch.frombuffer(bytearray(base64.b64decode(_PROBE_JPEG)), dtype=torch.uint8)
-        (img,) = decode_jpeg([data], mode=ImageReadMode.RGB, device="cuda")
+        (img,) = decode_jpeg([data], mode=ImageReadMode.RGB, device=device)
         if tuple(img.shape) != (3, 8, 16) or img.device.type != "cuda":
             return False, f"torchvision decoded the probe JPEG to {tuple(img.shape)} on {img.device}"
         # the probe is red: a decoder that runs but returns garbage does not count
@@ -96,8 +96,9 @@ def gpu_jpeg_decode() -> tuple[bool, str]:
 
 
 def resolve_backend(requested: str, device_type: str) -> tuple[str, str]:
-    """The Loader backend for ``requested`` on a ``device_type`` (``"cpu"``/``"cuda"``)
-    device, and why: ``("dali" | "nvjpeg" | "pil", reason)``.
+    """The Loader backend for ``requested`` on a ``device_type`` device (``"cpu"``,
+    ``"cuda"``, or ``"cuda:N"`` to probe that GPU rather than the current one), and why:
+    ``("dali" | "nvjpeg" | "pil", reason)``.
 
     ``"auto"`` picks DALI when it is installed (GPU decode on CUDA; on the CPU its decode
     is the fastest CPU path here), else torchvision's nvJPEG decode when the device is
@@ -109,8 +110,10 @@ def resolve_backend(requested: str, device_type: str) -> tuple[str, str]:
     """
     if requested not in BACKEND_NAMES:
         raise ValueError(f"backend={requested!r} must be one of {BACKEND_NAMES}")
+    device = str(device_type)
+    device_type = device.split(":", 1)[0]
     if device_type not in ("cpu", "cuda"):
-        raise ValueError(f"device type {device_type!r}: only 'cpu' and 'cuda' are supported")
+        raise ValueError(f"device {device!r}: only 'cpu' and 'cuda' are supported")
     if requested == "dali":
         if not HAS_DALI:
             raise ValueError("backend='dali' but nvidia-dali is not installed (pip install "
@@ -125,7 +128,7 @@ def resolve_backend(requested: str, device_type: str) -> tuple[str, str]:
         if not has_cuda():
             raise ValueError("backend='nvjpeg' but torch sees no CUDA device (use backend='pil' "
                              "and device='cpu')")
-        works, why = gpu_jpeg_decode()
+        works, why = gpu_jpeg_decode(device)
         if not works:
             raise ValueError(f"backend='nvjpeg' but torchvision cannot decode JPEGs on this GPU "
                              f"({why}); use backend='pil'")
@@ -134,7 +137,7 @@ def resolve_backend(requested: str, device_type: str) -> tuple[str, str]:
         where = "decodes on the GPU" if device_type == "cuda" else "its CPU decode is the fastest CPU path"
         return "dali", f"nvidia-dali is installed ({where})"
     if device_type == "cuda":
-        works, why = gpu_jpeg_decode()
+        works, why = gpu_jpeg_decode(device)
         if works:
             return "nvjpeg", f"nvidia-dali is not installed; {why}"
         return "pil", f"nvidia-dali is not installed and torchvision's GPU decode does not work here ({why})"

@@ -72,7 +72,8 @@ def env(monkeypatch):
     def set_(dali: bool, cuda: bool, probe=(True, "torchvision 0.x decodes JPEGs on the GPU (nvJPEG)")):
         monkeypatch.setattr(deps, "HAS_DALI", dali)
         monkeypatch.setattr(deps, "has_cuda", lambda: cuda)
-        monkeypatch.setattr(deps, "gpu_jpeg_decode", lambda: probe if cuda else (False, "torch sees no CUDA device"))
+        monkeypatch.setattr(deps, "gpu_jpeg_decode",
+                            lambda device="cuda": probe if cuda else (False, "torch sees no CUDA device"))
     return set_
 
 
@@ -112,6 +113,9 @@ def test_explicit_backends_and_their_fixes(env):
         deps.resolve_backend("nvjpeg", "cuda")
     env(True, True)
     assert deps.resolve_backend("nvjpeg", "cuda") == ("nvjpeg", "requested")
+    assert deps.resolve_backend("nvjpeg", "cuda:1") == ("nvjpeg", "requested")
+    with pytest.raises(ValueError, match="device 'mps': only 'cpu' and 'cuda'"):
+        deps.resolve_backend("auto", "mps")
     assert deps.resolve_backend("dali", "cuda") == ("dali", "requested")
 
 
@@ -349,7 +353,13 @@ def test_gpu_rejects_fall_back_on_a_gpu(tmp_path):
 
 
 @pytest.mark.gpu
-def test_auto_without_dali_on_cuda_is_nvjpeg(monkeypatch):
+def test_loader_auto_on_cuda_without_dali_is_nvjpeg(split, monkeypatch):
     monkeypatch.setattr(deps, "HAS_DALI", False)
     deps.gpu_jpeg_decode.cache_clear()
     assert deps.resolve_backend("auto", "cuda")[0] == "nvjpeg"
+    loader = Loader(split, batch_size=8, crop=CROP, device="cuda", channels_last=True)  # the Loader's own choice
+    assert loader.backend == "nvjpeg"
+    images, labels = run(loader, 0)
+    assert all(x.is_cuda and x.dtype == torch.uint8 and x.is_contiguous(memory_format=torch.channels_last)
+               for x in images)
+    assert [y for b in labels for y in b.tolist()] == loader.indices(0)[:len(loader) * 8].tolist()  # label = id

@@ -282,7 +282,8 @@ def test_backend_choice_says_what_and_why(capsys, shards, monkeypatch):
                                              "why": "nvidia-dali is not installed and the device is the CPU"}
     assert backend_choice("pil", "cpu") == {"name": "pil", "why": "--backend pil"}
     monkeypatch.setattr(deps, "has_cuda", lambda: True)
-    monkeypatch.setattr(deps, "gpu_jpeg_decode", lambda: (True, "torchvision 0.x decodes JPEGs on the GPU (nvJPEG)"))
+    monkeypatch.setattr(deps, "gpu_jpeg_decode",
+                        lambda device="cuda": (True, "torchvision 0.x decodes JPEGs on the GPU (nvJPEG)"))
     assert backend_choice("auto", "cuda") == {
         "name": "nvjpeg", "why": "nvidia-dali is not installed; torchvision 0.x decodes JPEGs on the GPU (nvJPEG)"}
     rc, out, err = _cli(capsys, shards, "--backend", "nvjpeg", "--device", "cpu", "--batch-size", 4)
