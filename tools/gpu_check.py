@@ -5,8 +5,9 @@ of time is recorded, and the next one still runs):
 
   environment   versions, GPU, which Loader backend ``auto`` picks here and why
   pytest        ``pytest -m gpu`` over stoker's tests
-  data          DATA packed with the default settings (or used as is when already packed;
-                without --data, generated images), repeated --repeat times
+  data          DATA packed with the default settings, --repeat times (a packed dataset is
+                unpacked and repacked so; used as is with --repeat 1; without --data,
+                generated images)
   loader        the Loader's nvjpeg vs pil backends, images/s at --batch-size, --crop
                 (train augmentation, batches delivered to the GPU)
   bench-model   ResNet-50 and the inception net alone: fp32 / bf16 / fp16 (GradScaler) x
@@ -52,7 +53,7 @@ TARGET_DATA_WAIT = 0.10
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", metavar="DIR",
                    help="images (a folder, or class subfolders) to pack, or a packed dataset/split "
-                        "(default: generated images)")
+                        "(repacked --repeat times; as is with --repeat 1) (default: generated images)")
     p.add_argument("--out", required=True, metavar="OUT", help="output folder (created)")
     p.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of: " + ",".join(PARTS))
     p.add_argument("--budget", type=float, default=480.0, metavar="S",
@@ -160,19 +161,43 @@ def _image_files(src: Path) -> list[tuple[Path, str]]:
     return out
 
 
+def _unpack(split: Path, dst: Path) -> None:
+    """Write the images of a packed split back out as an ImageFolder (``dst/<label>/<key>.jpg``),
+    so a small packed dataset (what fits on a machine without network) can be packed repeated."""
+    from stoker.pipeline.samples import KIND_PNG, SampleIndex
+
+    idx = SampleIndex(split)
+    try:
+        for i in idx.valid.tolist():
+            folder = dst / f"{idx.label(i):05d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            ext = "png" if idx.kind[i] == KIND_PNG else "jpg"
+            (folder / f"{idx.key(i)}.{ext}").write_bytes(idx.image(i).tobytes())
+    finally:
+        idx.close()
+
+
 def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
-    from stoker.pipeline.manifest import MANIFEST_NAME, Manifest
+    import shutil
+
+    from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, check_shards
 
     from .cli import run_command
 
     out = Path(ctx["out"])
     data = Path(ctx["data"]) if ctx["data"] else None
-    for split in ([data, data / "train"] if data else []):
-        if (split / MANIFEST_NAME).exists():
-            m = Manifest.load(split)
-            return {"split": str(split), "root": str(split.parent), "samples": m.num_samples, "packed_here": False,
-                    "source": str(data), "pack": m.pack}
-    if data is None:
+    packed = next((p for p in ([data, data / "train"] if data else []) if (p / MANIFEST_NAME).exists()), None)
+    if packed is not None and ctx["repeat"] == 1:  # used as it is
+        m = Manifest.load(packed)
+        return {"split": str(packed), "root": str(packed.parent), "samples": m.num_samples, "packed_here": False,
+                "source": str(data), "pack": m.pack}
+    if packed is not None:
+        check_shards(packed, Manifest.load(packed))  # a damaged shard is named here, not half-unpacked
+        data = out / "unpacked"
+        if not data.exists():
+            _unpack(packed, data.with_name("unpacked.tmp"))
+            os.replace(data.with_name("unpacked.tmp"), data)
+    elif data is None:
         from .synth import make_image_folder
 
         data = out / "synthetic"
@@ -182,8 +207,6 @@ def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
     files = _image_files(data)
     if not files:
         raise UsageError(f"--data {data} holds no images")
-    import shutil
-
     src = out / "src"
     for k in range(ctx["repeat"]):
         for path, cls in files:
@@ -200,7 +223,7 @@ def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
         run_command(["pack", str(src), str(root), "-q"])
     m = Manifest.load(root / "train")
     return {"split": str(root / "train"), "root": str(root), "samples": m.num_samples, "packed_here": True,
-            "source": str(data), "images": len(files), "repeat": ctx["repeat"], "pack": m.pack}
+            "source": str(ctx["data"] or data), "images": len(files), "repeat": ctx["repeat"], "pack": m.pack}
 
 
 def _measure_loader(ctx: dict, backend: str, device: str) -> dict:

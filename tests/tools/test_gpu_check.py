@@ -70,11 +70,21 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, argv, needle):
     assert not (tmp_path / "out").exists()
 
 
+def test_data_part_generates_and_packs_repeated_images(tmp_path):
+    ctx = {"out": str(tmp_path), "data": None, "synthetic": 12, "repeat": 3}
+    r = gpu_check.part_data(ctx, lambda result: None)
+    assert (r["samples"], r["images"], r["repeat"], r["packed_here"]) == (36, 12, 3, True)  # 12 images, 3 times
+    assert r["split"] == str(tmp_path / "packed" / "train") and r["root"] == str(tmp_path / "packed")
+    assert r["pack"]["short_side"] == 256  # the default pack settings
+    assert gpu_check.part_data(ctx, lambda result: None) == r  # a rerun reuses the packed data
+
+
 @no_cuda
 @pytest.mark.slow
-def test_cpu_smoke_runs_every_part_and_writes_json_and_markdown(tmp_path, capsys):
+def test_cpu_smoke_runs_every_part_and_writes_json_and_markdown(tiny_shards, tmp_path, capsys):
+    root = tiny_shards(n=12, per_shard=8)  # a small packed dataset: unpacked, packed twice
     out = tmp_path / "out"
-    rc = gpu_check._cli(["--out", str(out), "--cpu-smoke", "--synthetic", "12", "--repeat", "2", "--budget", "300"])
+    rc = gpu_check._cli(["--out", str(out), "--data", str(root), "--cpu-smoke", "--repeat", "2", "--budget", "300"])
     assert rc == 0, capsys.readouterr()
     result = json.loads((out / "gpu_check.json").read_text())
     status = {k: v["status"] for k, v in result["parts"].items()}
@@ -82,6 +92,7 @@ def test_cpu_smoke_runs_every_part_and_writes_json_and_markdown(tmp_path, capsys
                       "bench-model": "ok", "train": "ok"}
     parts = {k: v.get("result") for k, v in result["parts"].items()}
     assert parts["data"]["samples"] == 24 and parts["data"]["images"] == 12  # 12 images packed twice
+    assert sorted(p.name for p in (out / "unpacked").iterdir()) == [f"{k:05d}" for k in range(6)]  # by label
     assert parts["loader"]["rows"]["nvjpeg"] == {"skipped": "no CUDA device (nvjpeg decodes on the GPU)"}
     assert parts["loader"]["rows"]["pil"]["img_s"] > 0 and parts["loader"]["rows"]["pil"]["backend"] == "pil"
     assert [(r["model"], r["channels_last"]) for r in parts["bench-model"]["rows"]] == [("resnet18", False),
@@ -99,8 +110,8 @@ def test_a_failing_and_a_timed_out_part_are_recorded_and_the_rest_runs(tiny_shar
     shard = root / "train" / "shard-000001.tar"
     shard.write_bytes(shard.read_bytes()[:-1024])  # truncated: the Loader names it before any batch
     out = tmp_path / "out"
-    rc = gpu_check._cli(["--out", str(out), "--data", str(root), "--cpu-smoke", "--parts", "loader,bench-model,train",
-                         "--limit", "train=1"])
+    rc = gpu_check._cli(["--out", str(out), "--data", str(root), "--repeat", "1", "--cpu-smoke",
+                         "--parts", "loader,bench-model,train", "--limit", "train=1"])
     assert rc == 1
     parts = json.loads((out / "gpu_check.json").read_text())["parts"]
     assert {k: v["status"] for k, v in parts.items()} == {
