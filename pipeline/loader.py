@@ -31,11 +31,11 @@ import numpy as np
 from stoker import StokerError
 
 from . import augment, order
-from .deps import HAS_DALI, has_cuda, usable_cores
+from .deps import BACKEND_NAMES, has_cuda, resolve_backend, usable_cores
 from .fsutil import PathLike
 from .samples import SampleIndex, open_split
 
-BACKENDS = ("auto", "dali", "pil")
+BACKENDS = BACKEND_NAMES
 DECODES = ("auto", "mixed", "cpu")
 CPU_RESIZES = ("pillow", "dali")
 
@@ -64,7 +64,9 @@ class Loader:
         seed: seeds the order and the augmentation.
         rank, world_size: this process's share; default from ``torch.distributed`` when
             initialized, else 0 / 1.
-        backend: ``"dali"``, ``"pil"`` or ``"auto"`` (DALI when installed).
+        backend: ``"dali"``, ``"nvjpeg"`` (torchvision's GPU decode, no DALI needed), ``"pil"``
+            or ``"auto"``: DALI when installed, else nvjpeg on a CUDA device where torchvision's
+            GPU decode works, else pil. :attr:`backend_reason` says why.
         decode: ``"mixed"`` (nvJPEG + hardware decoder, GPU resize), ``"cpu"``, or ``"auto"``
             (mixed when ``device`` is CUDA and the backend is DALI).
         threads: DALI threads / pillow worker processes (default: usable cores).
@@ -118,8 +120,6 @@ class Loader:
             raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
         if not isinstance(crop, int) or crop < 1:
             raise ValueError(f"crop={crop!r} must be a positive integer")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
         if decode not in DECODES:
             raise ValueError(f"decode={decode!r} must be one of {DECODES}")
         if cpu_resize not in CPU_RESIZES:
@@ -138,11 +138,8 @@ class Loader:
             raise ValueError(f"device={device!r}: only 'cpu' and 'cuda' are supported")
         if self.device.type == "cuda" and not has_cuda():
             raise ValueError(f"device={device!r} but torch sees no CUDA device (use device='cpu')")
-        if backend == "auto":
-            backend = "dali" if HAS_DALI else "pil"
-        if backend == "dali" and not HAS_DALI:
-            raise ValueError("backend='dali' but nvidia-dali is not installed (pip install "
-                             "nvidia-dali-cuda120, or use backend='pil')")
+        # which backend, and why (also what `stoker diagnose` reports)
+        backend, self.backend_reason = resolve_backend(backend, str(self.device))
         if decode == "auto":
             decode = "mixed" if backend == "dali" and self.device.type == "cuda" else "cpu"
         if decode == "mixed":
@@ -383,6 +380,10 @@ class Loader:
         if self._runner is None:
             if self.backend == "dali":
                 self._runner = _DaliRunner(self)
+            elif self.backend == "nvjpeg":
+                from .nvjpeg_backend import NvjpegRunner
+
+                self._runner = NvjpegRunner(self)
             else:
                 self._runner = _PilRunner(self)
         return self._runner

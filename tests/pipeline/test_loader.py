@@ -365,3 +365,11 @@ def test_a_label_outside_the_classes_is_one_line_naming_shard_and_key(tmp_path, 
         run(loader)
     message = str(err.value)
     assert "\n" not in message and "a.tar" in message and "s5" in message
+
+
+def test_backend_choice_is_explained_and_nvjpeg_needs_a_gpu(split):
+    loader = make(split, backend="auto")
+    assert loader.backend == ("dali" if HAS_DALI else "pil") and loader.backend_reason
+    assert make(split, backend="pil").backend_reason == "requested"
+    with pytest.raises(ValueError, match="backend='nvjpeg' decodes on the GPU but the device is the CPU"):
+        make(split, backend="nvjpeg")
