@@ -134,8 +134,8 @@ def resolve_backend(requested: str, device_type: str) -> tuple[str, str]:
                              f"({why}); use backend='pil'")
         return "nvjpeg", "requested"
     if HAS_DALI:
-        where = "decodes on the GPU" if device_type == "cuda" else "its CPU decode is the fastest CPU path"
-        return "dali", f"nvidia-dali is installed ({where})"
+        where = "it decodes on the GPU" if device_type == "cuda" else "its CPU decode is the fastest CPU path"
+        return "dali", f"nvidia-dali is installed; {where}"
     if device_type == "cuda":
         works, why = gpu_jpeg_decode(device)
         if works:
