@@ -115,6 +115,9 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
         "dali": HAS_DALI, "pillow": pillow_info(), "usable_cores": usable_cores(),
         "auto_backend": backend, "auto_backend_why": why,
         "gpu_jpeg_decode": works, "gpu_jpeg_decode_why": probe,
+        # what the other parts need besides torch (a missing one explains a failed part)
+        "modules": {names[0]: _dist_version(*names) for names in (
+            ("numpy",), ("pillow", "pillow-simd"), ("tqdm",), ("pytest",), ("webdataset",))},
     }
 
 
@@ -526,6 +529,9 @@ def format_markdown(result: dict) -> str:
                  f"{env.get('cuda_version') or '-'}, DALI {'installed' if env.get('dali') else 'not installed'}, "
                  f"{env.get('usable_cores', '?')} CPU cores; Loader backend `auto` here: "
                  f"**{env.get('auto_backend', '?')}** ({env.get('auto_backend_why', '?')})")
+    missing = [m for m, v in (env.get("modules") or {}).items() if v is None]
+    if missing:
+        lines.append(f"\nnot installed here: {', '.join(missing)}")
     lines += ["", "| part | status | seconds | note |", "|---|---|---:|---|"]
     for name, rec in parts.items():
         note = rec.get("why") or rec.get("error") or ""

@@ -14,7 +14,8 @@ def _result(**parts):
     env = {"status": "ok", "seconds": 2.0, "result": {
         "date": "2026-12-03 06:00 UTC", "gpu": "NVIDIA H200", "torch": "2.11.0", "torchvision": "0.26.0",
         "cuda_version": "12.8", "dali": False, "usable_cores": 16, "auto_backend": "nvjpeg",
-        "auto_backend_why": "nvidia-dali is not installed; torchvision 0.26.0 decodes JPEGs on the GPU (nvJPEG)"}}
+        "auto_backend_why": "nvidia-dali is not installed; torchvision 0.26.0 decodes JPEGs on the GPU (nvJPEG)",
+        "modules": {"numpy": "2.1", "pillow": "11.0", "tqdm": "4.67", "pytest": None, "webdataset": None}}}
     result = {"settings": {"smoke": False}, "parts": {"environment": env, **parts}}
     result["targets"] = gpu_check._targets(result)
     return result
@@ -38,6 +39,7 @@ def test_markdown_reports_rows_failures_and_targets():
     md = gpu_check.format_markdown(_result(loader=loader, **{"bench-model": model}, train=train))
     assert md.startswith("# stoker GPU check, 2026-12-03 06:00 UTC: NVIDIA H200\n")
     assert "Loader backend `auto` here: **nvjpeg** (nvidia-dali is not installed; torchvision" in md
+    assert "\nnot installed here: pytest, webdataset\n" in md
     assert "| nvjpeg | 7,000 | 3.50x | 120 | 2 |  |" in md
     assert "| pil | 2,000 | 1.00x | 1,550 | - |  |" in md
     assert "| resnet50 | fp32 | no | no | 1,000 | 256.0 | 1.00x |" in md
