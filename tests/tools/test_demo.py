@@ -1,8 +1,11 @@
 import json
 
+import pytest
+
 from stoker.tools.cli import main
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end_on_tiny_settings(tmp_path, capsys):
     assert main(["demo", "--tiny", "--cache", str(tmp_path), "--json"]) == 0
     out = capsys.readouterr().out
