@@ -19,11 +19,13 @@ and resize are tested without a GPU.
 
 from __future__ import annotations
 
+import atexit
 import io
 import queue
 import sys
 import threading
 import warnings
+import weakref
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -107,6 +109,7 @@ class NvjpegRunner:
         self._stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._stop: Optional[threading.Event] = None
         self._worker: Optional[threading.Thread] = None
+        _register(self)
 
     # ---- one batch ---------------------------------------------------------------------
     def _empty(self, consumed: int, nbad: int) -> tuple:
@@ -135,17 +138,23 @@ class NvjpegRunner:
         datas = [flat[offs[k]:offs[k + 1]] for k in range(len(enc))]
         jpeg = [k for k, e in enumerate(enc) if len(e) > 2 and e[0] == 0xFF and e[1] == 0xD8]
         out: list = [None] * len(enc)
-        failed: dict = {k: "not a JPEG" for k in range(len(enc)) if k not in set(jpeg)}
-        if jpeg:
+        failed = dict.fromkeys(sorted(set(range(len(enc))) - set(jpeg)), "not a JPEG")
+
+        def decode(ks: list) -> None:
+            """One batched call; when it fails (one bad JPEG fails all), halve and retry: a
+            rejected sample costs ~2 log2(batch) extra calls, not one call per sample."""
             try:
-                for k, img in zip(jpeg, self.decode_jpegs([datas[k] for k in jpeg], self.device)):
+                for k, img in zip(ks, self.decode_jpegs([datas[k] for k in ks], self.device)):
                     out[k] = img
-            except Exception:  # noqa: BLE001 - one bad JPEG fails the batched call: find it
-                for k in jpeg:
-                    try:
-                        (out[k],) = self.decode_jpegs([datas[k]], self.device)
-                    except Exception as e:  # noqa: BLE001 - nvJPEG said no: pillow decodes it
-                        failed[k] = " ".join(str(e).split())[:120] or type(e).__name__
+            except Exception as e:  # noqa: BLE001 - nvJPEG said no: find which; pillow decodes it
+                if len(ks) == 1:
+                    failed[ks[0]] = " ".join(str(e).split())[:120] or type(e).__name__
+                else:
+                    decode(ks[:len(ks) // 2])
+                    decode(ks[len(ks) // 2:])
+
+        if jpeg:
+            decode(jpeg)
         for k, why in failed.items():
             try:
                 out[k] = decode_cpu(datas[k]).to(self.device)
@@ -280,6 +289,29 @@ class NvjpegRunner:
         stop, worker = self._stop, self._worker
         if stop is not None and worker is not None:
             self._halt(stop, worker)
+
+
+#: runners alive in this process (weak: a runner goes with its Loader)
+_RUNNERS: "weakref.WeakSet[NvjpegRunner]" = weakref.WeakSet()
+_ATEXIT_REGISTERED = False
+
+
+def _shutdown_runners() -> None:
+    for runner in list(_RUNNERS):
+        try:
+            runner.shutdown()
+        except Exception:  # noqa: BLE001 - exiting anyway; never print a traceback here
+            pass
+
+
+def _register(runner: NvjpegRunner) -> None:
+    """Track ``runner`` so an iteration abandoned at exit stops its producer thread before the
+    interpreter (and CUDA) tear down under it."""
+    global _ATEXIT_REGISTERED
+    _RUNNERS.add(runner)
+    if not _ATEXIT_REGISTERED:
+        atexit.register(_shutdown_runners)
+        _ATEXIT_REGISTERED = True
 
 
 class _Failure:

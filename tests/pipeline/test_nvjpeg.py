@@ -18,6 +18,9 @@ from stoker.tools.synth import CLASSES, draw, encode
 
 from conftest import write_split
 
+# torchvision 0.29 deprecates its image decoders in favour of TorchCodec (the backend's note)
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
+
 CROP = 32
 # Per-image mean absolute difference, grey levels, measured on these procedural images (sides
 # 40-120 px, JPEG q90; 3 seeds, train and val): vs pillow's resize of the same box, mean ~0.3,
@@ -257,7 +260,7 @@ def test_gpu_rejects_are_decoded_on_the_cpu_counted_and_kept(tmp_path):
     assert [y.tolist() for y in labels] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # complete, in order
     assert [len(x) for x in images] == [4, 4, 4]
     assert loader._runner.gpu_fallbacks == 2 and loader.skipped == 0
-    assert dec.calls == [4, 4, 1, 1, 1, 1, 3]  # batch 2 failed as a whole, then one by one
+    assert dec.calls == [4, 4, 2, 1, 1, 2, 3]  # batch 2 failed as a whole, then halves until s5 is found
     # the CPU-decoded samples got the same picture as the pil backend gives them
     pil = Loader(tmp_path / "mixed", batch_size=4, train=False, crop=CROP, backend="pil", threads=0)
     ref, _ = run(pil, 0)
@@ -317,6 +320,26 @@ def test_abandoned_iteration_stops_its_producer(split):
     it.close()
     assert not [t for t in threading.enumerate() if t.name == "stoker-nvjpeg"]
     assert loader.position == 8
+
+
+def test_iteration_abandoned_at_exit_ends_cleanly(split, tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "abandon.py"
+    script.write_text(
+        "import threading\n"
+        "from stoker.pipeline import Loader\n"
+        "from stoker.pipeline.nvjpeg_backend import NvjpegRunner\n"
+        f"loader = Loader({str(split)!r}, batch_size=4, crop=32, backend='pil', threads=0, prefetch=3)\n"
+        "loader._runner = NvjpegRunner(loader)\n"
+        "it = iter(loader)\n"
+        "next(it)\n"
+        "print(sum(t.name == 'stoker-nvjpeg' for t in threading.enumerate()))\n")  # exits mid-epoch
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1"]  # the producer was running ahead when the script ended
+    assert "Traceback" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr
 
 
 # ---- on a GPU ------------------------------------------------------------------------------
