@@ -60,27 +60,34 @@ def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None
     and write them into ``out`` (``[N, 3, crop, crop]`` uint8, any memory format, on the
     images' device).
 
-    Each crop is resized on its own (boxes all differ in size under RandomResizedCrop, so
-    grouping by size rarely groups anything) in float32, rounded as pillow rounds.
-    Pillow's ``resize(box=...)`` also reads pixels just outside the box for the filter;
-    this reads only the box, so edge pixels differ slightly (see the tests' bound).
+    Crops of the same size are resized together in one call (val center crops of same-size
+    images; RandomResizedCrop boxes rarely coincide, so train crops mostly go one by one),
+    in float32, rounded as pillow rounds. Pillow's ``resize(box=...)`` also reads pixels just
+    outside the box for its filter; this reads only the box, so edge pixels differ slightly
+    (see the tests' bound).
     """
+    import torch
     import torch.nn.functional as F
 
     crop = out.shape[-1]
+    groups: dict = {}
+    regions = []
     for k, (img, (x, y, w, h)) in enumerate(zip(images, boxes.tolist())):
         H, W = img.shape[-2:]
-        x, y = min(max(0, x), W - 1), min(max(0, y), H - 1)  # a box past the edge: clamp
-        region = img[:, y:y + max(1, h), x:x + max(1, w)]
-        if tuple(region.shape[-2:]) == (crop, crop):
-            out[k].copy_(region)
-            continue
-        r = F.interpolate(region.unsqueeze(0).float(), size=(crop, crop), mode="bilinear",
-                          align_corners=False, antialias=True)
-        out[k].copy_(r[0].add_(0.5).clamp_(0, 255))  # float -> uint8 truncates: +0.5 rounds
+        x, y = min(max(0, x), W - 1), min(max(0, y), H - 1)  # a box past the edge: clamped
+        w, h = max(1, min(w, W - x)), max(1, min(h, H - y))
+        regions.append(img[:, y:y + h, x:x + w])
+        groups.setdefault((h, w), []).append(k)
+    for (h, w), ks in groups.items():
+        batch = regions[ks[0]].unsqueeze(0) if len(ks) == 1 else torch.stack([regions[k] for k in ks])
+        if (h, w) != (crop, crop):
+            batch = F.interpolate(batch.float(), size=(crop, crop), mode="bilinear", align_corners=False,
+                                  antialias=True).add_(0.5).clamp_(0, 255)  # float -> uint8 truncates: +0.5 rounds
+        if len(ks) == 1:
+            out[ks[0]].copy_(batch[0])
+        else:
+            out[torch.tensor(ks, device=out.device)] = batch.to(torch.uint8)
     if flips.any():
-        import torch
-
         pick = torch.from_numpy(np.flatnonzero(flips)).to(out.device)
         out[pick] = out[pick].flip(-1)
 

@@ -171,6 +171,30 @@ def test_crop_resize_matches_pillow_on_the_same_boxes(split):
     assert (mirrored.int() - out.int()).abs().float().mean() > 5  # and is not a no-op
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_same_size_crops_resized_together_equal_one_by_one(channels_last):
+    g = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, 60, 80), dtype=torch.uint8, generator=g) for _ in range(5)]
+    images.append(torch.randint(0, 256, (3, 40, 30), dtype=torch.uint8, generator=g))
+    boxes = np.array([[10, 5, 52, 52]] * 3 + [[0, 0, 32, 32], [0, 0, 32, 32], [20, 30, 90, 90]])  # last: past the edge
+    flips = np.array([False, True, False, True, False, True])
+
+    def alloc(n):
+        if channels_last:
+            return torch.zeros(n, CROP, CROP, 3, dtype=torch.uint8).permute(0, 3, 1, 2)
+        return torch.zeros(n, 3, CROP, CROP, dtype=torch.uint8)
+
+    together = alloc(6)
+    crop_resize(images, boxes, flips, together)
+    for k in range(6):
+        alone = alloc(1)
+        crop_resize(images[k:k + 1], boxes[k:k + 1], flips[k:k + 1], alone)
+        assert torch.equal(together[k], alone[0]), k
+    assert torch.equal(together[3], images[3][:, :32, :32].flip(-1))  # crop-sized box: a copy, flipped
+    assert torch.equal(together[4], images[4][:, :32, :32])
+    assert together[5].float().std() > 10  # the box past the edge was clamped to the image, not left blank
+
+
 def test_channels_last_output_holds_the_same_values(split):
     imgs = {}
     for cl in (False, True):
