@@ -249,6 +249,45 @@ def _measure_loader(ctx: dict, backend: str, device: str) -> dict:
     return r
 
 
+def _nvjpeg_stages(ctx: dict, device: str, batches: int = 8) -> dict:
+    """Where the nvjpeg backend's time goes, one synchronized stage at a time on one thread
+    (no overlap, first batch not counted): reading bytes, decoding, cropping + resizing."""
+    import torch
+
+    from stoker.model.throughput import synchronize
+    from stoker.pipeline import augment
+    from stoker.pipeline.nvjpeg_backend import crop_resize, decode_jpegs
+    from stoker.pipeline.samples import open_split
+
+    idx = open_split(ctx["split"])
+    dev, B, c = torch.device(device), ctx["batch_size"], ctx["crop"]
+    took = {"read": 0.0, "decode": 0.0, "crop_resize": 0.0}
+    n = 0
+    starts = range(0, len(idx.valid) - B + 1, B)
+    for j, s in enumerate(list(starts)[:batches + 1]):
+        ids = idx.valid[s:s + B]
+        t0 = time.perf_counter()
+        enc, wh = idx.images(ids)
+        datas = [torch.from_numpy(e.copy()) for e in enc]
+        t1 = time.perf_counter()
+        decoded = decode_jpegs(datas, dev)
+        synchronize(dev)
+        t2 = time.perf_counter()
+        boxes, flips = augment.random_resized_crop(wh, ids, seed=0, epoch=0)
+        out = torch.empty(B, 3, c, c, dtype=torch.uint8, device=dev)
+        crop_resize(decoded, boxes, flips, out)
+        synchronize(dev)
+        t3 = time.perf_counter()
+        if j:  # the first batch warms up nvJPEG and the kernels
+            n += B
+            for key, dt in (("read", t1 - t0), ("decode", t2 - t1), ("crop_resize", t3 - t2)):
+                took[key] += dt
+    idx.close()
+    if not n:
+        raise RuntimeError(f"fewer than 2 batches of {B} to time the stages")
+    return {"batches": n // B, "device": device, **{f"{k}_img_s": n / v for k, v in took.items()}}
+
+
 def part_loader(ctx: dict, save: Callable[[dict], None]) -> dict:
     if not ctx.get("split"):
         raise Skip("no packed data (the data part did not finish)")
@@ -261,6 +300,12 @@ def part_loader(ctx: dict, save: Callable[[dict], None]) -> dict:
             result["rows"][backend] = _measure_loader(ctx, backend, device)
         except Exception as e:  # noqa: BLE001 - one backend failing must not lose the other
             result["rows"][backend] = {"error": _one_line(e)}
+        save(result)
+    if ctx["cuda"] or ctx["smoke"]:
+        try:
+            result["nvjpeg_stages"] = _nvjpeg_stages(ctx, device)
+        except Exception as e:  # noqa: BLE001 - a diagnostic: its failure is recorded, not fatal
+            result["nvjpeg_stages"] = {"error": _one_line(e)}
         save(result)
     nv, pil = (result["rows"][b].get("img_s") for b in ("nvjpeg", "pil"))
     result["nvjpeg_vs_pil"] = nv / pil if nv and pil else None
@@ -547,6 +592,13 @@ def format_markdown(result: dict) -> str:
             ratio = _fmt(r["img_s"] / pil, "{:.2f}x") if r.get("img_s") and pil else "-"
             lines.append(f"| {b} | {_fmt(r.get('img_s'))} | {ratio} | {_fmt(r.get('cpu_pct'))} | "
                          f"{_fmt(r.get('gpu_fallbacks'), '{}')} | {note.replace('|', '/')} |")
+        st = ld.get("nvjpeg_stages")
+        if st and "error" in st:
+            lines.append(f"\nnvjpeg stages: failed: {st['error']}")
+        elif st:
+            lines.append(f"\nnvjpeg stages, one at a time, synchronized, one thread ({st['batches']} batches on "
+                         f"{st['device']}): read {_fmt(st['read_img_s'])} img/s, decode {_fmt(st['decode_img_s'])} "
+                         f"img/s, crop + resize + flip {_fmt(st['crop_resize_img_s'])} img/s")
     bm = (parts.get("bench-model") or {}).get("result")
     if bm:
         lines += ["", f"## Model alone (`stoker bench-model`): batch {bm['batch_size']} x {bm['image_size']}px "

@@ -25,7 +25,9 @@ def test_markdown_reports_rows_failures_and_targets():
     loader = {"status": "ok", "seconds": 40.0, "result": {
         "batch_size": 256, "crop": 224, "device": "cuda", "nvjpeg_vs_pil": 3.5, "rows": {
             "nvjpeg": {"img_s": 7000.0, "cpu_pct": 120.0, "gpu_fallbacks": 2},
-            "pil": {"img_s": 2000.0, "cpu_pct": 1550.0, "gpu_fallbacks": None}}}}
+            "pil": {"img_s": 2000.0, "cpu_pct": 1550.0, "gpu_fallbacks": None}},
+        "nvjpeg_stages": {"batches": 8, "device": "cuda", "read_img_s": 90000.0, "decode_img_s": 9000.0,
+                          "crop_resize_img_s": 30000.0}}}
     model = {"status": "timeout", "seconds": 200.0, "error": "ran past its 200 s time box (partial results kept)",
              "result": {"batch_size": 256, "image_size": 224, "rows": [
                  {"model": "resnet50", "amp": "fp32", "channels_last": False, "compile": False,
@@ -42,6 +44,8 @@ def test_markdown_reports_rows_failures_and_targets():
     assert "\nnot installed here: pytest, webdataset\n" in md
     assert "| nvjpeg | 7,000 | 3.50x | 120 | 2 |  |" in md
     assert "| pil | 2,000 | 1.00x | 1,550 | - |  |" in md
+    assert ("nvjpeg stages, one at a time, synchronized, one thread (8 batches on cuda): read 90,000 img/s, "
+            "decode 9,000 img/s, crop + resize + flip 30,000 img/s") in md
     assert "| resnet50 | fp32 | no | no | 1,000 | 256.0 | 1.00x |" in md
     assert "| resnet50 | fp16 | yes | no | failed: RuntimeError: no kernel | | |" in md
     assert "not run (time box): 1 setting(s): inception bf16 cl compile" in md
@@ -97,6 +101,9 @@ def test_cpu_smoke_runs_every_part_and_writes_json_and_markdown(tiny_shards, tmp
     assert sorted(p.name for p in (out / "unpacked").iterdir()) == [f"{k:05d}" for k in range(6)]  # by label
     assert parts["loader"]["rows"]["nvjpeg"] == {"skipped": "no CUDA device (nvjpeg decodes on the GPU)"}
     assert parts["loader"]["rows"]["pil"]["img_s"] > 0 and parts["loader"]["rows"]["pil"]["backend"] == "pil"
+    stages = parts["loader"]["nvjpeg_stages"]  # the nvjpeg code path, timed on the CPU here
+    assert stages["batches"] == 5 and stages["device"] == "cpu" and min(
+        stages[k] for k in ("read_img_s", "decode_img_s", "crop_resize_img_s")) > 0
     assert [(r["model"], r["channels_last"]) for r in parts["bench-model"]["rows"]] == [("resnet18", False),
                                                                                         ("resnet18", True)]
     assert parts["train"]["steps"] == 6 and 0 <= parts["train"]["data_wait"] < 1  # 24 samples, batch 4
