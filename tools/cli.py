@@ -24,6 +24,7 @@ COMMANDS = {
     "bench-model": "bench_model",
     "diagnose": "diagnose",
     "demo": "demo",
+    "gpu-check": "gpu_check",
 }
 
 
@@ -32,12 +33,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stoker {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, modname in COMMANDS.items():
-        try:
-            mod = importlib.import_module(f"stoker.tools.{modname}")
-        except ModuleNotFoundError as e:
-            if e.name == f"stoker.tools.{modname}":
-                continue  # command not built yet
-            raise
+        mod = importlib.import_module(f"stoker.tools.{modname}")
         p = sub.add_parser(name, help=mod.HELP, description=(mod.__doc__ or mod.HELP).strip(),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
