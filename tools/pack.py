@@ -21,10 +21,19 @@ also restores shards deleted or truncated since, and manifests another tool rewr
 With --part I/N, N machines pack disjoint slices into one OUT; then
 `stoker pack --merge OUT`.
 
+OUT may be a URL (s3://bucket/ds, gs://..., file://...; credentials and endpoint
+from the usual AWS_* variables or --storage-option): shards are built in a local
+staging folder, each uploaded as soon as it is finished, and the stoker.json
+manifests go last, so a reader never sees a manifest before its shards. The
+journal stays in the staging folder: rerun the same command after a crash or a
+kill and it goes on where it stopped. With --engine ray the image work runs as
+Ray tasks on a cluster (--ray-address) or on this machine; the output is the same.
+
 examples:
   stoker pack ~/data/imagenet /fast/imagenet-shards
   stoker pack photos/ out/ --val-fraction 0.1 --short-side 0 --max-side 512
   stoker pack labels.csv out/ --part 3/8   # on 8 machines, then: stoker pack --merge out/
+  stoker pack ~/data/imagenet s3://bucket/imagenet --engine ray --ray-address auto
 """
 
 from __future__ import annotations
@@ -42,15 +51,18 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from stoker import StokerError, __version__
+from stoker.pipeline.storage import Store, default_cache_dir, is_url, parse_storage_options, url_key
 
 from .errors import CheckFailed, UsageError
 from .packjournal import (
+    REJECTS_NAME,
     Journal,
     claim,
     is_merged,
     journal_path,
     merge,
     part_status,
+    read_settings,
     shard_name,
     shard_record,
     state_dir,
@@ -121,31 +133,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"worker processes (default: all cores, {os.cpu_count()})")
     g.add_argument("--part", metavar="I/N", help="pack only part I of N of the shuffled list (0-based)")
     g.add_argument("--merge", metavar="OUT", help="write the manifests of OUT once all its --part runs finished")
+    g.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: a process pool on this machine (default); ray: Ray tasks (pip install stoker[ray])")
+    g.add_argument("--ray-address", metavar="ADDR",
+                   help="the Ray cluster to run on (auto, ray://head:10001; default: a local Ray on this machine)")
     g.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    g = p.add_argument_group("object storage (OUT is a URL)")
+    g.add_argument("--storage-option", action="append", default=None, metavar="K=V",
+                   help="an fsspec storage option, repeatable (endpoint_url=http://host:9000, anon=true, "
+                        "config_kwargs.read_timeout=30)")
+    g.add_argument("--staging", metavar="DIR",
+                   help="local folder for the journal and the shards on their way up (default: "
+                        "~/.cache/stoker/pack-staging/<hash of OUT>); needs room for about one shard per worker")
 
 
-def _check_out(src: Path, out: Path) -> None:
+def _check_out(src: Path, out: Path, what: str = "OUT") -> None:
     rs, ro = src.resolve(), out.resolve()
     if rs.is_dir() and (ro == rs or rs in ro.parents):  # it would pack its own output
-        raise UsageError(f"OUT {out} is inside SRC {src}; put it elsewhere")
+        raise UsageError(f"{what} {out} is inside SRC {src}; put it elsewhere")
     if out.exists() and not out.is_dir():
-        raise UsageError(f"cannot write to OUT {out}: it exists and is not a folder")
+        raise UsageError(f"cannot write to {what} {out}: it exists and is not a folder")
     parent = ro
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write to OUT {out}: {parent} is not a writable folder")
+        raise UsageError(f"cannot write to {what} {out}: {parent} is not a writable folder")
 
 
-def _make_out(out: Path) -> None:
+def _make_out(out: Path, what: str = "OUT") -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".stoker-write-test"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise UsageError(f"cannot write to OUT {out}: {e.strerror or e}") from None
+        raise UsageError(f"cannot write to {what} {out}: {e.strerror or e}") from None
 
 
 def _settings_identity(args, src: Path, source: Source, settings: Settings, shard_size: int, parts: int) -> dict:
@@ -232,6 +255,90 @@ class _Sanitizer:
             yield from res
 
 
+def _sanitizer(settings: Settings, workers: int, base: Path, engine: str):
+    """The engine that sanitizes images: a process pool here, or Ray tasks."""
+    if engine == "ray":
+        from .ray_engine import RaySanitizer
+
+        return RaySanitizer(settings, base)
+    return _Sanitizer(settings, workers, base)
+
+
+class _Remote:
+    """OUT is a URL: shards are built in the local staging folder (which holds the journal
+    and the locks), uploaded as each is finished and then removed from staging; the
+    manifests are uploaded last. Uploads are atomic for readers (see ``Store.put_file``)."""
+
+    def __init__(self, store: Store, staging: Path):
+        self.store, self.staging = store, staging
+        self.listing: dict[str, dict[str, int]] = {}
+
+    def publish(self, split_dir: Path, name: str) -> None:
+        from stoker.pipeline.manifest import idx_path
+
+        tar = split_dir / name
+        # the index goes up first: a shard under its final name always has its index
+        self.store.put_file(idx_path(tar), f"{split_dir.name}/{idx_path(tar).name}")
+        self.store.put_file(tar, f"{split_dir.name}/{name}")
+        tar.unlink()
+        idx_path(tar).unlink()
+
+    def _ok(self, sizes: dict[str, int], name: str, size: int) -> bool:
+        return sizes.get(name) == size and sizes.get(name[: -len(".tar")] + ".idx", 0) > 0
+
+    def check(self, split_dir: Path, records: list[dict], start: int
+              ) -> tuple[list[tuple[int, int, dict]], list[str]]:
+        """Journaled shards not in place remotely: ``(to rebuild, to upload from staging)``.
+        One listing per split; a shard counts as in place when its size is the journaled one
+        and its ``.idx`` is there (object stores write whole objects or none)."""
+        from stoker.pipeline.manifest import idx_path
+
+        sizes = self.store.sizes(split_dir.name)
+        rebuild, upload, first = [], [], start
+        for r in records:
+            info = r.get("shard")
+            if info:
+                tar = split_dir / info["name"]
+                if self._ok(sizes, info["name"], info["bytes"]):
+                    tar.unlink(missing_ok=True)  # uploaded just before a kill: the staged copy is done with
+                    idx_path(tar).unlink(missing_ok=True)
+                elif _local_shard_ok(tar, info["bytes"]):
+                    upload.append(info["name"])
+                else:
+                    rebuild.append((first, r["end"], info))
+            first = r["end"]
+        return rebuild, upload
+
+    def shard_ok(self, split: str, name: str, size: int) -> bool:
+        if split not in self.listing:
+            self.listing[split] = self.store.sizes(split)
+        return self._ok(self.listing[split], name, size)
+
+    def manifests_match(self, out: Path, splits: list[str]) -> bool:
+        """The uploaded rejects.jsonl and manifests equal the staged ones."""
+        from stoker.pipeline.manifest import MANIFEST_NAME
+
+        names = [REJECTS_NAME] + [f"{s}/{MANIFEST_NAME}" for s in splits]
+        return all(self.store.read_bytes(n) == (out / n).read_bytes() for n in names)
+
+    def publish_manifests(self, out: Path, splits: list[str]) -> None:
+        """Upload rejects.jsonl, then each split's stoker.json: the manifests last."""
+        from stoker.pipeline.manifest import MANIFEST_NAME
+
+        self.store.put_file(out / REJECTS_NAME, REJECTS_NAME)
+        for split in splits:
+            self.store.put_file(out / split / MANIFEST_NAME, f"{split}/{MANIFEST_NAME}")
+
+
+def _local_shard_ok(tar: Path, size: int) -> bool:
+    from stoker.pipeline.manifest import idx_path
+
+    try:
+        return tar.stat().st_size == size and idx_path(tar).stat().st_size > 0
+    except OSError:
+        return False
+
+
 def _components(it: Item, res: Sanitized, classes: list[str]) -> dict[str, bytes]:
     """The tar members of one packed sample (file names stored as valid UTF-8)."""
     meta = {"path": display_path(it.rel), "width": res.width, "height": res.height, "class": classes[it.label]}
@@ -254,7 +361,7 @@ def pack_part(out: Path, split: str, source: Source, *, part: int, parts: int, *
 
 def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end: int, part: int, parts: int,
                       settings: Settings, shard_size: int, samples_per_shard: int, workers: int,
-                      progress: bool) -> dict:
+                      progress: bool, engine: str = "local", remote: Optional[_Remote] = None) -> dict:
     from tqdm import tqdm
 
     from .shardwriter import ShardWriter
@@ -269,10 +376,17 @@ def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end:
     nshards, pos, done = part_status(records)
     pos = max(pos, start)
     stats = {"packed": 0, "rejected": 0, "copied": 0, "shards": 0, "bytes": 0, "restored": 0}
-    damaged = _damaged_shards(split_dir, records, start)
+    if remote is None:
+        damaged, uploads = _damaged_shards(split_dir, records, start), []
+    else:
+        damaged, uploads = remote.check(split_dir, records, start)
     if damaged:
         stats["restored"] = _restore(split_dir, source.splits[split], source, damaged, settings=settings,
-                                     workers=workers)
+                                     workers=workers, engine=engine)
+    if remote is not None:  # staged shards of a killed run, and the ones just rebuilt
+        for name in uploads + [info["name"] for _, _, info in damaged]:
+            remote.publish(split_dir, name)
+        stats["restored"] += len(uploads)
     if done:
         return stats
     writer: Optional[ShardWriter] = None
@@ -291,10 +405,12 @@ def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end:
             stats["bytes"] += info.bytes
         journal.append(shard_record(info, end_pos, rejects))
         rejects = []
+        if remote is not None and info is not None:  # journaled first: a kill mid-upload re-uploads
+            remote.publish(split_dir, info.name)
 
     desc = split + (f" {part}/{parts}" if parts > 1 else "")
     items, classes = source.splits[split], source.classes
-    with _Sanitizer(settings, workers, source.base) as sanitizer, tqdm(
+    with _sanitizer(settings, workers, source.base, engine) as sanitizer, tqdm(
             total=end - start, initial=pos - start, desc=desc, unit="img", file=sys.stderr,
             disable=None if progress else True, smoothing=0.05, dynamic_ncols=True) as bar:
         try:
@@ -346,7 +462,7 @@ def _damaged_shards(split_dir: Path, records: list[dict], start: int) -> list[tu
 
 
 def _restore(split_dir: Path, items: list[Item], source: Source, damaged: list[tuple[int, int, dict]], *,
-             settings: Settings, workers: int) -> int:
+             settings: Settings, workers: int, engine: str = "local") -> int:
     """Rebuild journaled shards that were deleted or damaged after they were written:
     the inputs of a shard's range are packed again into the same name (deterministic,
     so byte-identical). Raises CheckFailed when the rebuilt bytes differ (SRC changed)."""
@@ -354,7 +470,7 @@ def _restore(split_dir: Path, items: list[Item], source: Source, damaged: list[t
 
     from .shardwriter import ShardWriter
 
-    with _Sanitizer(settings, workers, source.base) as sanitizer:
+    with _sanitizer(settings, workers, source.base, engine) as sanitizer:
         for first, end, info in damaged:
             path = split_dir / info["name"]
             with ShardWriter(path) as writer:
@@ -385,7 +501,7 @@ def _lock(path: Path, what: str):
     return f
 
 
-def _print_summary(out: Path, totals: dict, run: dict, seconds: float) -> None:
+def _print_summary(out: str, totals: dict, run: dict, seconds: float) -> None:
     print(f"{'split':6} {'packed':>9} {'rejected':>9} {'skipped':>8} {'shards':>7} {'bytes':>14}")
     for split, t in totals.items():
         print(f"{split:6} {t['samples']:>9,} {t['rejected']:>9,} {t['skipped']:>8,} {t['shards']:>7,} {t['bytes']:>14,}")
@@ -397,19 +513,22 @@ def _print_summary(out: Path, totals: dict, run: dict, seconds: float) -> None:
     _note_empty(totals)
     rej = sum(t["rejected"] for t in totals.values())
     if rej:
-        print(f"{rej:,} rejected inputs listed in {out / 'rejects.jsonl'}")
+        print(f"{rej:,} rejected inputs listed in {out.rstrip('/')}/{REJECTS_NAME}")
 
 
 def main(args: argparse.Namespace) -> int:
     if args.merge:
         if args.src or args.out:
             raise UsageError("--merge OUT takes no SRC/OUT arguments")
+        if is_url(args.merge):
+            raise UsageError("--merge takes a local OUT: --part with a URL OUT is not supported (use --engine ray "
+                             "to pack on many machines)")
         out = Path(args.merge)
         try:
             totals = merge(out)
         except OSError as e:
             raise _write_failed(e, out) from None
-        _print_summary(out, totals, {}, 0.0)
+        _print_summary(str(out), totals, {}, 0.0)
         return _strict(args, totals)
     if not args.src or not args.out:
         raise UsageError("need SRC and OUT (or --merge OUT)")
@@ -427,16 +546,43 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     if args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    src, out = Path(args.src), Path(args.out)
+    if args.engine != "ray" and args.ray_address:
+        raise UsageError("--ray-address needs --engine ray")
+    src = Path(args.src)
     if not src.exists():
         raise UsageError(f"SRC {src} does not exist")
-    _check_out(src, out)
+    remote: Optional[_Remote] = None
+    if is_url(args.out):
+        if parts > 1:
+            raise UsageError("--part with a URL OUT is not supported: use --engine ray to pack on many machines, "
+                             "or pack the parts into a shared folder")
+        try:
+            options = parse_storage_options(args.storage_option)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        store = Store(args.out, options)
+        store.check()  # reachable, bucket exists: before any work
+        out = Path(args.staging) if args.staging else default_cache_dir() / "pack-staging" / url_key(args.out, options)
+        remote = _Remote(store, out)
+        _check_out(src, out, "--staging")
+    else:
+        if args.staging or args.storage_option:
+            raise UsageError("--staging and --storage-option are for a URL OUT (s3://bucket/ds, ...)")
+        out = Path(args.out)
+        _check_out(src, out)
     t0 = time.perf_counter()
     source = scan(src, seed=args.seed, val_fraction=args.val_fraction)
-    _make_out(out)
+    _make_out(out, "--staging" if remote else "OUT")
     identity = _settings_identity(args, src, source, settings, shard_size, parts)
     try:
-        return _pack(args, out, source, identity, settings, shard_size, part, parts, t0)
+        if args.engine == "ray":
+            from stoker.pipeline.deps import usable_cores
+
+            from .ray_engine import session
+
+            with session(args.ray_address, min(args.workers, usable_cores())):
+                return _pack(args, out, source, identity, settings, shard_size, part, parts, t0, remote)
+        return _pack(args, out, source, identity, settings, shard_size, part, parts, t0, remote)
     except OSError as e:
         raise _write_failed(e, out) from None
 
@@ -451,20 +597,27 @@ def _write_failed(e: OSError, out: Path) -> StokerError:
 
 
 def _pack(args, out: Path, source: Source, identity: dict, settings: Settings, shard_size: int, part: int,
-          parts: int, t0: float) -> int:
+          parts: int, t0: float, remote: Optional[_Remote] = None) -> int:
+    where = remote.store.url if remote else str(out)
+    if remote is not None and read_settings(out) is None and not remote.store.is_empty():
+        raise UsageError(f"OUT {where} is not empty and this machine holds no pack journal for it (in {out}); "
+                         f"use an empty location, or the --staging folder of the pack that wrote it")
     claim(out, identity)
     run = {}
     for split in source.splits:
         run[split] = pack_part(out, split, source, part=part, parts=parts,
                                settings=settings, shard_size=shard_size, samples_per_shard=args.samples_per_shard,
-                               workers=args.workers, progress=not args.quiet)
+                               workers=args.workers, progress=not args.quiet, engine=args.engine, remote=remote)
     restored = sum(r["restored"] for r in run.values())
     if restored:
-        print(f"restored {restored} missing or damaged shard(s) of {out}", file=sys.stderr)
+        print(f"restored {restored} missing or damaged shard(s) of {where}", file=sys.stderr)
     worked = any(r["packed"] or r["rejected"] or r["restored"] for r in run.values())
-    if parts == 1 and not worked and is_merged(out, identity):
+    shard_ok = remote.shard_ok if remote else None
+    splits = list(source.splits)
+    if (parts == 1 and not worked and is_merged(out, identity, shard_ok)
+            and (remote is None or remote.manifests_match(out, splits))):
         n = sum(len(v) for v in source.splits.values())
-        print(f"{out} is up to date ({n:,} inputs, nothing to do)")
+        print(f"{where} is up to date ({n:,} inputs, nothing to do)")
         return 0
     seconds = time.perf_counter() - t0
     if parts > 1:
@@ -473,8 +626,10 @@ def _pack(args, out: Path, source: Source, identity: dict, settings: Settings, s
                   f"{r['shards']} shards this run")
         print(f"part {part}/{parts} done in {seconds:.1f} s; when every part is done: stoker pack --merge {out}")
         return 0
-    totals = merge(out)
-    _print_summary(out, totals, run, seconds)
+    totals = merge(out, shard_ok)
+    if remote is not None:
+        remote.publish_manifests(out, splits)
+    _print_summary(where, totals, run, seconds)
     return _strict(args, totals)
 
 

@@ -19,7 +19,7 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from stoker.pipeline.fsutil import atomic_write
 from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ShardInfo
@@ -119,13 +119,18 @@ def part_status(records: list[dict]) -> tuple[int, int, bool]:
     return shards, end, done
 
 
-def merge(out: Path) -> dict[str, Any]:
+#: ``shard_ok(split, name, size)``: is the finished shard in place (where OUT really is)?
+ShardCheck = Callable[[str, str, int], bool]
+
+
+def merge(out: Path, shard_ok: Optional[ShardCheck] = None) -> dict[str, Any]:
     """Write ``OUT/<split>/stoker.json`` for every split and ``OUT/rejects.jsonl`` from
     the journals of all parts. Raises UsageError naming the parts not finished.
+    ``shard_ok`` checks a journaled shard (default: on disk under OUT with its size and ``.idx``).
 
     Returns per-split totals: ``{split: {"samples", "rejected", "skipped", "shards", "bytes"}}``.
     """
-    manifests, rejects_text, totals = _plan(out)
+    manifests, rejects_text, totals = _plan(out, shard_ok)
     for split, m in manifests.items():
         (out / split).mkdir(parents=True, exist_ok=True)
         m.save(out / split)
@@ -134,8 +139,11 @@ def merge(out: Path) -> dict[str, Any]:
     return totals
 
 
-def _plan(out: Path) -> tuple[dict[str, Manifest], str, dict[str, Any]]:
+def _plan(out: Path, shard_ok: Optional[ShardCheck] = None) -> tuple[dict[str, Manifest], str, dict[str, Any]]:
     """What :func:`merge` writes: ``(manifests by split, rejects.jsonl text, totals)``."""
+    if shard_ok is None:
+        def shard_ok(split: str, name: str, size: int) -> bool:
+            return _shard_ok(out / split / name, size)
     settings = read_settings(out)
     if settings is None:
         raise UsageError(f"{out} holds no stoker pack in progress (no {STATE_DIR}/{SETTINGS_NAME})")
@@ -158,7 +166,7 @@ def _plan(out: Path) -> tuple[dict[str, Manifest], str, dict[str, Any]]:
         shards = [ShardInfo(**r["shard"]) for records in per_part for r in records if r.get("shard")]
         for part, records in enumerate(per_part):
             for r in records:
-                if r.get("shard") and not _shard_ok(out / split / r["shard"]["name"], r["shard"]["bytes"]):
+                if r.get("shard") and not shard_ok(split, r["shard"]["name"], r["shard"]["bytes"]):
                     raise UsageError(f"cannot merge {out}: shard {out / split / r['shard']['name']} is missing or "
                                      f"damaged; rerun part {part}/{parts} (stoker pack SRC OUT --part {part}/{parts}) "
                                      f"to restore it")
@@ -188,11 +196,11 @@ def _shard_ok(tar: Path, size: int) -> bool:
         return False
 
 
-def is_merged(out: Path, settings: dict) -> bool:
+def is_merged(out: Path, settings: dict, shard_ok: Optional[ShardCheck] = None) -> bool:
     """True when every split's manifest and rejects.jsonl hold exactly what :func:`merge`
     would write (the pack is finished and nothing, e.g. ``stoker index``, rewrote them)."""
     try:
-        manifests, rejects_text, _ = _plan(out)
+        manifests, rejects_text, _ = _plan(out, shard_ok)
         if (out / REJECTS_NAME).read_text(encoding="utf-8") != rejects_text:
             return False
         return all((out / split / MANIFEST_NAME).read_text(encoding="utf-8") == m.to_json()

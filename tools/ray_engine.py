@@ -1,0 +1,130 @@
+"""``stoker pack --engine ray``: the image work of a pack as Ray tasks.
+
+Decoding, resizing and re-encoding (``sanitize``) is nearly all of a pack's CPU
+time; Ray tasks do it on every core of a cluster, a chunk of inputs per task.
+The driver keeps everything that decides the output bytes: it takes the results
+back in input order and writes shards, journal and manifests exactly as the
+default engine does, so the output is byte-identical and a killed run resumes
+from the same journal. A task whose worker dies (a lost node, an OOM kill) is
+retried by Ray (``MAX_RETRIES``).
+
+SRC must be readable at the same path on every node (a shared filesystem), and
+stoker installed there (or shipped with Ray's ``runtime_env``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from stoker import StokerError
+from stoker.pipeline.storage import MissingExtra
+
+from .packsource import Item
+from .sanitize import Sanitized, Settings, sanitize
+
+MAX_RETRIES = 3  # times Ray reruns a task whose worker died
+CHUNK = 16  # images per task: amortizes Ray's per-task overhead (~1 ms)
+
+
+class RayFailed(StokerError):
+    """The Ray cluster could not be reached, or a task failed for good: exit 1."""
+
+    exit_code = 1
+
+
+def import_ray() -> Any:
+    """``ray``, or a one-line :class:`MissingExtra` naming the extra."""
+    try:
+        import ray
+    except ImportError:
+        raise MissingExtra("--engine ray needs Ray, which is not installed: pip install stoker[ray]") from None
+    return ray
+
+
+@contextlib.contextmanager
+def session(address: Optional[str], num_cpus: int) -> Iterator[None]:
+    """Connect to the Ray cluster at ``address`` (``"auto"``, ``"ray://host:10001"``), or
+    start a local one with ``num_cpus`` CPUs; shut it down on exit. A Ray already
+    initialized in this process (a notebook, a test) is used as it is and left running."""
+    ray = import_ray()
+    if ray.is_initialized():
+        yield
+        return
+    kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "configure_logging": True}
+    try:
+        if address:
+            ray.init(address=address, **kw)
+        else:
+            ray.init(num_cpus=num_cpus, **kw)
+    except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError ...: one line
+        where = f"the Ray cluster at {address}" if address else "a local Ray"
+        raise RayFailed(f"cannot start or reach {where}: {' '.join(str(e).split())[:300]}") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _run_chunk(fn: Callable[[str, Settings], Sanitized], paths: list[str], settings: Settings) -> list[Sanitized]:
+    """The Ray task: sanitize a chunk of inputs (``fn`` is :func:`sanitize`)."""
+    return [fn(p, settings) for p in paths]
+
+
+class RaySanitizer:
+    """Sanitizes items in input order with Ray tasks, a bounded window in flight (about
+    two tasks per cluster CPU), so memory stays flat however long the list. The same
+    interface as the default engine's process pool: ``with ...: for res in s.results(items)``."""
+
+    def __init__(self, settings: Settings, base: Path, *, chunk: int = CHUNK):
+        self.settings, self.base, self.chunk = settings, str(base), chunk
+        self.fn = sanitize  # looked up now: the function the tasks run, replaceable in tests
+
+    def __enter__(self) -> "RaySanitizer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def results(self, items: list[Item]) -> Iterator[Sanitized]:
+        ray = import_ray()
+        task = ray.remote(max_retries=MAX_RETRIES)(_run_chunk)
+        fn_ref, settings_ref = ray.put(self.fn), ray.put(self.settings)
+        window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
+        chunks = ([os.path.join(self.base, it.rel) for it in items[i:i + self.chunk]]
+                  for i in range(0, len(items), self.chunk))
+        pending: collections.deque = collections.deque()
+        try:
+            for c in chunks:
+                pending.append((task.remote(fn_ref, c, settings_ref), c))
+                if len(pending) >= window:
+                    break
+            while pending:
+                ref, paths = pending.popleft()
+                res = self._get(ray, ref, paths)
+                nxt = next(chunks, None)
+                if nxt is not None:
+                    pending.append((task.remote(fn_ref, nxt, settings_ref), nxt))
+                yield from res
+        finally:
+            for ref, _ in pending:  # stopped early (an error, Ctrl-C): drop the rest
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
+
+    @staticmethod
+    def _get(ray: Any, ref: Any, paths: list[str]) -> list[Sanitized]:
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as e:
+            cause = e.cause if getattr(e, "cause", None) is not None else e
+            raise RayFailed(f"a Ray task packing {paths[0]} (and {len(paths) - 1} more) failed: "
+                            f"{type(cause).__name__}: {' '.join(str(cause).split())[:200]}; rerun the same "
+                            f"command to resume") from None
+        except ray.exceptions.RayError as e:
+            raise RayFailed(f"a Ray task packing {paths[0]} (and {len(paths) - 1} more) was lost "
+                            f"{MAX_RETRIES + 1} times ({type(e).__name__}); rerun the same command to resume "
+                            f"(finished shards are kept)") from None
