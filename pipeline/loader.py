@@ -31,11 +31,13 @@ import numpy as np
 from stoker import StokerError
 
 from . import augment, order
+from .cache import ShardCache, is_url
 from .deps import BACKEND_NAMES, has_cuda, resolve_backend, usable_cores
 from .fsutil import PathLike
 from .samples import SampleIndex, open_split
 
 BACKENDS = BACKEND_NAMES
+SHUFFLES = order.SHUFFLES
 DECODES = ("auto", "mixed", "cpu")
 CPU_RESIZES = ("pillow", "dali")
 
@@ -55,7 +57,10 @@ class Loader:
     """Iterate ``(images, labels)`` batches over a split written by ``stoker pack``.
 
     Args:
-        path: a split directory (``stoker.json`` + shards + ``.idx``).
+        path: a split directory (``stoker.json`` + shards + ``.idx``), or its fsspec URL
+            (``s3://bucket/ds/train``, ``gs://...``, ``https://...``, ``file://...``): shards
+            are then fetched whole into a local cache and checked against the manifest's
+            size and sha256 before use.
         batch_size: samples per batch (the last val batch may be smaller).
         train: RandomResizedCrop + flip and a fresh permutation each epoch; else the val
             transform (shorter side to ``crop/0.875``, center crop) in stored order.
@@ -80,7 +85,22 @@ class Loader:
             ``prefetch_factor``).
         cpu_resize: with CPU decode in DALI, resize with ``"pillow"`` (pillow-simd, default:
             measured ~2x faster here) or ``"dali"`` (``fn.resize`` inside the graph).
-        sha256: verify every shard's checksum before the first batch (reads all data).
+        sha256: verify every shard's checksum before the first batch (reads all data; a
+            URL's shards are always checked as they are fetched).
+        shuffle: ``"global"`` (default): a fresh permutation of the whole split each epoch; a
+            URL's whole split is cached before the first batch. ``"block"``: each epoch
+            permutes the shards, gives each rank a contiguous run of them (ranks share at most
+            the one shard at each boundary) and permutes samples within windows of
+            ``block_shards`` shards; a URL's next window is fetched while the current one
+            trains, so each node downloads only its share and keeps two windows.
+        block_shards: shards per window with ``shuffle="block"``.
+        storage_options: fsspec options for a URL (``{"endpoint_url": ..., "anon": True}``);
+            credentials otherwise come the ecosystem's way (``AWS_*`` environment variables).
+        cache_dir: the local cache of a URL (default ``~/.cache/stoker/shards/<hash of URL>``);
+            processes of one node may share it (file locks: each shard is fetched once).
+        cache_limit: bytes of shards the cache keeps (least recently used evicted; never a
+            shard the current or next window needs). Needs ``shuffle="block"`` unless the
+            whole split fits.
 
     Samples that fail at run time (the image header check; with ``backend="pil"`` also the
     decoder, while DALI raises, naming the batch's shards and keys) are dropped from
@@ -110,7 +130,10 @@ class Loader:
                  world_size: Optional[int] = None, backend: str = "auto", decode: str = "auto",
                  threads: Optional[int] = None, drop_last: Optional[bool] = None,
                  channels_last: bool = False, hw_decoder_load: float = 0.65, prefetch: int = 2,
-                 cpu_resize: str = "pillow", sha256: bool = False, **dataloader_kwargs: Any):
+                 cpu_resize: str = "pillow", sha256: bool = False, shuffle: str = "global",
+                 block_shards: int = 4, storage_options: Optional[dict] = None,
+                 cache_dir: Optional[PathLike] = None, cache_limit: Optional[int] = None,
+                 **dataloader_kwargs: Any):
         import torch
 
         if dataloader_kwargs:
@@ -128,6 +151,21 @@ class Loader:
             raise ValueError(f"threads={threads!r} must be a non-negative integer")
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch={prefetch!r} must be a positive integer")
+        if isinstance(shuffle, bool):  # a DataLoader habit: the order is ours, not a flag
+            raise ValueError(_habit_message({"shuffle": shuffle}))
+        if shuffle not in SHUFFLES:
+            raise ValueError(f"shuffle={shuffle!r} must be one of {SHUFFLES}")
+        if not isinstance(block_shards, int) or block_shards < 1:
+            raise ValueError(f"block_shards={block_shards!r} must be a positive integer")
+        if cache_limit is not None and (not isinstance(cache_limit, int) or cache_limit < 1):
+            raise ValueError(f"cache_limit={cache_limit!r} must be a positive number of bytes")
+        remote = is_url(path)
+        if not remote:
+            given = [k for k, v in (("storage_options", storage_options), ("cache_dir", cache_dir),
+                                    ("cache_limit", cache_limit)) if v is not None]
+            if given:
+                raise ValueError(f"{given[0]}= is for a URL (s3://, gs://, https://, file://); "
+                                 f"{path} is a local path")
         if not 0.0 <= float(hw_decoder_load) <= 1.0:
             raise ValueError(f"hw_decoder_load={hw_decoder_load!r} must be in [0, 1]")
         try:
@@ -156,20 +194,33 @@ class Loader:
         if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank={self.rank!r} must be in [0, world_size={self.world_size})")
 
-        self.path = Path(path)
+        self.path: Union[Path, str] = str(path).rstrip("/") if remote else Path(path)
+        self.shuffle, self.block_shards = shuffle, block_shards
         self.batch_size, self.train, self.crop, self.seed = batch_size, bool(train), crop, int(seed)
         self.backend, self.decode = backend, decode
         self.threads = usable_cores() if threads is None else threads
         self.drop_last = self.train if drop_last is None else bool(drop_last)
         self.channels_last = bool(channels_last)
         self.hw_decoder_load, self.prefetch, self.cpu_resize = float(hw_decoder_load), prefetch, cpu_resize
-        # Checks sizes and .idx presence of every shard (sha256 on request) before any batch.
-        self.index: SampleIndex = open_split(self.path, sha256=sha256)
+        #: the local cache of a URL's shards (``None`` for a local split)
+        self.cache: Optional[ShardCache] = None
+        if remote:
+            self.cache = ShardCache(self.path, storage_options=storage_options, cache_dir=cache_dir,
+                                    cache_limit=cache_limit)
+            self.index: SampleIndex = SampleIndex(self.cache.dir, self.cache.open())
+        else:
+            # Checks sizes and .idx presence of every shard (sha256 on request) before any batch.
+            self.index = open_split(self.path, sha256=sha256)
+        shard_of_valid = np.searchsorted(self.index.shard_start, self.index.valid, side="right") - 1
+        #: loadable samples per shard (what block mode lays out)
+        self._valid_counts = np.bincount(shard_of_valid, minlength=len(self.index.shard_names)).astype(np.int64)
         #: samples the loader draws from (manifest skips and samples without image/cls removed)
         self.num_samples = len(self.index.valid)
         if self.num_samples == 0:
             raise ValueError(f"{self.path} has no loadable samples")
         self._check_every_rank_has_a_batch()
+        if self.cache is not None:
+            self._check_cache_limit()
         #: samples excluded up front (``pack["skip"]`` or missing image/cls component)
         self.skipped_in_manifest = self.index.num_skipped
         #: samples dropped at run time this epoch (failed the header guard or decoding)
@@ -183,13 +234,13 @@ class Loader:
         self._active: Optional[weakref.ref] = None
         self._runner = None
         self._order = np.zeros(0, np.int64)
+        self._usable: Optional[set] = None  # shards a stand-in may come from (block mode, URL)
 
     def _check_every_rank_has_a_batch(self) -> None:
         """A rank with no batch would train or evaluate on nothing without a word (and leave
         DDP's collectives unmatched): refuse such settings on every rank alike."""
         last = self.world_size - 1  # the rank with the smallest share
-        share = order.samples_per_rank(self.num_samples, rank=last, world_size=self.world_size,
-                                       train=self.train)
+        share = self._share(last)
         if order.num_batches(share, self.batch_size, drop_last=self.drop_last) > 0:
             return
         if share == 0:
@@ -200,10 +251,39 @@ class Loader:
                          f"its share is {share} samples ({self.num_samples} over world_size="
                          f"{self.world_size}); use batch_size<={share} or drop_last=False")
 
+    def _check_cache_limit(self) -> None:
+        """``cache_limit`` must hold what the loader pins at once: the whole split in global
+        mode, the largest current + next window pair of this rank's first epoch in block mode."""
+        limit, sizes = self.cache.cache_limit, [s.bytes for s in self.index.manifest.shards]
+        if limit is None:
+            return
+        if self.shuffle == "global":
+            if sum(sizes) > limit:
+                raise ValueError(f"cache_limit={limit:,} is smaller than {self.path} ({sum(sizes):,} bytes), "
+                                 "which shuffle='global' keeps cached whole: use shuffle='block' or a larger "
+                                 "cache_limit")
+            return
+        chunks = self._chunks(self._batches(0, self._epoch_stop(), self.indices(0)), 0)
+        need = max((sum(sizes[s] for s in set(a) | set(b)) for (_, a), (_, b)
+                    in zip(chunks, chunks[1:] + [([], [])])), default=0)
+        if need > limit:
+            raise ValueError(f"cache_limit={limit:,} is smaller than two windows of block_shards="
+                             f"{self.block_shards} ({need:,} bytes of {self.path}): raise cache_limit "
+                             "or lower block_shards")
+
     # ---- order ---------------------------------------------------------------------------
+    def _share(self, rank: int) -> int:
+        count = order.block_samples_per_rank if self.shuffle == "block" else order.samples_per_rank
+        return count(self.num_samples, rank=rank, world_size=self.world_size, train=self.train)
+
     def _rank_count(self) -> int:
-        return order.samples_per_rank(self.num_samples, rank=self.rank, world_size=self.world_size,
-                                      train=self.train)
+        return self._share(self.rank)
+
+    def _plan(self, epoch: int) -> tuple:
+        """Block mode: ``(positions into valid, windows of shard numbers)`` of this rank's epoch."""
+        return order.block_plan(self._valid_counts, seed=self.seed, epoch=epoch, rank=self.rank,
+                                world_size=self.world_size, train=self.train,
+                                block_shards=self.block_shards)
 
     def _epoch_stop(self) -> int:
         """Samples of this rank's epoch order that are handed out (``drop_last`` applied)."""
@@ -218,8 +298,11 @@ class Loader:
         """Global sample positions this rank reads in ``epoch`` (default: the current one),
         in order, before ``drop_last`` is applied."""
         epoch = self.epoch if epoch is None else epoch
-        pick = order.rank_indices(self.num_samples, seed=self.seed, epoch=epoch, rank=self.rank,
-                                  world_size=self.world_size, train=self.train)
+        if self.shuffle == "block":
+            pick = self._plan(epoch)[0]
+        else:
+            pick = order.rank_indices(self.num_samples, seed=self.seed, epoch=epoch, rank=self.rank,
+                                      world_size=self.world_size, train=self.train)
         return self.index.valid[pick]
 
     def set_epoch(self, epoch: int) -> None:
@@ -241,8 +324,11 @@ class Loader:
         handed out so far); once an epoch's last batch is handed out the state already names
         the next epoch at position 0."""
         epoch, position = (self.epoch + 1, 0) if self._finished else (self.epoch, self.position)
-        return {"seed": self.seed, "epoch": epoch, "position": position,
-                "world_size": self.world_size, "num_samples": self.num_samples}
+        state = {"seed": self.seed, "epoch": epoch, "position": position,
+                 "world_size": self.world_size, "num_samples": self.num_samples}
+        if self.shuffle == "block":  # another order: a state of one mode means nothing in the other
+            state.update(shuffle="block", block_shards=self.block_shards)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next iteration yields exactly the rest of that epoch."""
@@ -254,6 +340,12 @@ class Loader:
         if state.get("world_size", self.world_size) != self.world_size:
             raise ValueError(f"state was saved with world_size={state['world_size']}, "
                              f"this loader has world_size={self.world_size}")
+        mode = (state.get("shuffle", "global"), state.get("block_shards", self.block_shards))
+        if mode[0] != self.shuffle or (self.shuffle == "block" and mode[1] != self.block_shards):
+            saved = f"shuffle={mode[0]!r}" + (f", block_shards={mode[1]}" if mode[0] == "block" else "")
+            mine = f"shuffle={self.shuffle!r}" + (f", block_shards={self.block_shards}"
+                                                 if self.shuffle == "block" else "")
+            raise ValueError(f"state was saved with {saved}, this loader has {mine} (another sample order)")
         if state.get("num_samples", self.num_samples) != self.num_samples:
             raise ValueError(f"state was saved for num_samples={state['num_samples']}, "
                              f"{self.path} has {self.num_samples}")
@@ -295,27 +387,84 @@ class Loader:
         self._resumed = False
         idx = self._order = self.indices()
         stop = self._epoch_stop()
-        batches = [idx[s:min(s + self.batch_size, stop)] for s in range(self.position, stop, self.batch_size)]
+        batches = self._batches(self.position, stop, idx)
         if not batches:  # resumed at the very end of an epoch (an older state): it is done
             self._finish_epoch(stop)
             self._start_epoch(self.epoch + 1)
             idx = self._order = self.indices()
-            batches = [idx[s:min(s + self.batch_size, stop)] for s in range(0, stop, self.batch_size)]
+            batches = self._batches(0, stop, idx)
         runner = self._get_runner()
-        inner = runner.iterate(batches, self.epoch)
         last = len(batches) - 1
+        k = -1
+        fetched = self._fetched(batches, runner)
         try:
-            for k, (images, labels, consumed, bad) in enumerate(inner):
-                self.position += consumed
-                self.skipped += bad
-                if k == last:
-                    # The epoch ends when its last batch is handed out, not when the caller
-                    # asks for one more: loops bounded by len(loader) (Lightning, islice, zip
-                    # with a range) never ask, and must still get a fresh epoch next time.
-                    self._finish_epoch(stop)
-                yield images, labels
+            for inner in fetched:
+                try:
+                    for images, labels, consumed, bad in inner:
+                        k += 1
+                        self.position += consumed
+                        self.skipped += bad
+                        if k == last:
+                            # The epoch ends when its last batch is handed out, not when the caller
+                            # asks for one more: loops bounded by len(loader) (Lightning, islice, zip
+                            # with a range) never ask, and must still get a fresh epoch next time.
+                            self._finish_epoch(stop)
+                        yield images, labels
+                finally:
+                    inner.close()  # now, not whenever the GC gets to it: stops the producer in order
         finally:
-            inner.close()  # now, not whenever the GC gets to it: stops the producer in order
+            fetched.close()  # a window download in flight ends before the iteration does
+
+    def _batches(self, start: int, stop: int, idx: np.ndarray) -> list:
+        return [idx[s:min(s + self.batch_size, stop)] for s in range(start, stop, self.batch_size)]
+
+    def _chunks(self, batches: list, epoch: int) -> list:
+        """Block mode: ``[(batches, shard numbers they read)]``, one entry per window (a batch
+        goes with the window of its first sample and may reach into the next one)."""
+        if not batches:
+            return []
+        windows = self._plan(epoch)[1]
+        shard_window = np.zeros(len(self._valid_counts), np.int64)
+        for w, shards in enumerate(windows):
+            shard_window[shards] = w
+        chunks: list = []
+        for b in batches:
+            shards = np.unique(np.searchsorted(self.index.shard_start, b, side="right") - 1)
+            w = int(shard_window[self.index.shard_of(int(b[0]))])
+            if not chunks or chunks[-1][0] != w:
+                chunks.append((w, [], set()))
+            chunks[-1][1].append(b)
+            chunks[-1][2].update(shards.tolist())
+        return [(group, sorted(shards)) for _, group, shards in chunks]
+
+    def _fetched(self, batches: list, runner) -> Iterator[tuple]:
+        """Runner iterations over ``batches`` whose shards are in the local cache: all of
+        them (a local split, or global mode: the whole split is fetched before the first
+        batch), or one window at a time, the next window fetched in the background."""
+        cache = self.cache
+        if cache is None:
+            yield runner.iterate(batches, self.epoch)
+            return
+        names = self.index.shard_names
+        if self.shuffle == "global":
+            cache.ensure(names)
+            yield runner.iterate(batches, self.epoch)
+            return
+        chunks = [(group, [names[s] for s in shards]) for group, shards in self._chunks(batches, self.epoch)]
+        self.index.max_maps = 2 * self.block_shards + 2  # maps of evicted shards are closed
+        pool = _Prefetcher(cache)
+        try:
+            pool.start(chunks[0][1])
+            for i, (group, needed) in enumerate(chunks):
+                pool.wait()  # this window's shards are here (or its download's error is raised)
+                ahead = chunks[i + 1][1] if i + 1 < len(chunks) else []
+                cache.unpin(cache.pinned() - set(needed) - set(ahead))  # evictable from now on
+                self._usable = {names.index(n) for n in needed}
+                pool.start(ahead)  # the next window downloads while this one trains
+                yield runner.iterate(group, self.epoch)
+        finally:
+            pool.stop()
+            self._usable = None
 
     def _finish_epoch(self, stop: int) -> None:
         self.position = max(self.position, stop)
@@ -350,6 +499,8 @@ class Loader:
         if runner is not None and hasattr(runner, "shutdown"):
             runner.shutdown()
         self.index.close()
+        if self.cache is not None:
+            self.cache.close()
         self._closed = True
 
     def __enter__(self) -> "Loader":
@@ -364,6 +515,9 @@ class Loader:
         order = self._order
         start = int(np.flatnonzero(order == planned[-1])[0]) + 1  # rare: a linear search is fine
         order = np.roll(order, -start)
+        if self._usable is not None:  # block mode from a URL: only shards fetched for this window
+            shard = np.searchsorted(self.index.shard_start, order, side="right") - 1
+            order = order[np.isin(shard, list(self._usable))]
         picked: list = []
         for s in range(0, len(order), 64):
             chunk = order[s:s + 64]
@@ -391,8 +545,8 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({str(self.path)!r}, batch_size={self.batch_size}, train={self.train}, "
                 f"crop={self.crop}, device={str(self.device)!r}, backend={self.backend!r}, "
-                f"decode={self.decode!r}, rank={self.rank}, world_size={self.world_size}, "
-                f"num_samples={self.num_samples})")
+                f"decode={self.decode!r}, shuffle={self.shuffle!r}, rank={self.rank}, "
+                f"world_size={self.world_size}, num_samples={self.num_samples})")
 
 
 class LoaderIterator:
@@ -507,7 +661,8 @@ class LoaderBatchSampler(LoaderSampler):
 #: torch DataLoader arguments people pass out of habit -> what the Loader takes instead
 _DATALOADER_HABITS = {
     "num_workers": "threads=N (decode threads; default: all usable cores)",
-    "shuffle": "train=True (a fresh global permutation every epoch) or train=False (stored order)",
+    "shuffle": "train=True (a fresh global permutation every epoch) or train=False (stored order); "
+               "shuffle='block' (shards permuted, samples within windows of shards) for a bounded cache",
     "pin_memory": "device='cuda' (batches arrive on the device already)",
     "persistent_workers": "nothing (the Loader keeps its pipeline across epochs)",
     "prefetch_factor": "prefetch=N (batches prepared ahead)",
@@ -805,6 +960,43 @@ def _register_atexit() -> None:
         _ATEXIT_REGISTERED = True
 
 
+class _Prefetcher:
+    """Fetches one window's shards into the cache in a background thread."""
+
+    def __init__(self, cache: ShardCache):
+        self.cache = cache
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    def start(self, names: list) -> None:
+        self.wait()
+        if not names:
+            return
+
+        def run() -> None:
+            try:
+                self.cache.ensure(names)
+            except BaseException as e:  # noqa: BLE001 - raised in the consumer by wait()
+                self._error = e
+
+        self._thread = threading.Thread(target=run, daemon=True, name="stoker-prefetch")
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()  # downloads end: every storage call has a timeout and few attempts
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def stop(self) -> None:
+        """At the end or on abandon: let a running download finish; its error is dropped."""
+        if self._thread is not None and not sys.is_finalizing():
+            self._thread.join()
+        self._thread, self._error = None, None
+
+
 class _Failure:
     def __init__(self, error: BaseException):
         self.error = error
@@ -814,4 +1006,4 @@ _END = object()
 
 
 __all__ = ["Loader", "LoaderError", "LoaderIterator", "LoaderDataset", "LoaderSampler", "LoaderBatchSampler",
-           "BACKENDS", "DECODES"]
+           "BACKENDS", "DECODES", "SHUFFLES"]

@@ -175,6 +175,9 @@ class SampleIndex:
         self.manifest = manifest if manifest is not None else Manifest.load(self.split_dir)
         self.with_json = with_json
         self._maps: dict[int, mmap.mmap] = {}
+        #: most shard maps kept open (oldest closed first); ``None``: all. A bounded shard cache
+        #: sets it, so a shard it evicts does not stay allocated on disk through an old map.
+        self.max_maps: Optional[int] = None
         self._keys: dict[int, list[str]] = {}  # shard -> sample keys, loaded for messages only
         self.shard_names = [s.name for s in self.manifest.shards]
         parts = [_parse_idx(idx_path(self.split_dir / name), with_json) for name in self.shard_names]
@@ -252,6 +255,9 @@ class SampleIndex:
                 m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             if hasattr(mmap, "MADV_RANDOM"):
                 m.madvise(mmap.MADV_RANDOM)  # samples are read out of order
+            if self.max_maps is not None:
+                while len(self._maps) >= self.max_maps:
+                    _close_map(self._maps.pop(next(iter(self._maps))))
             self._maps[shard] = m
         return m
 
@@ -328,11 +334,15 @@ class SampleIndex:
 
     def close(self) -> None:
         for m in self._maps.values():
-            try:
-                m.close()
-            except BufferError:  # a view handed out is still alive; the GC closes it
-                pass
+            _close_map(m)
         self._maps.clear()
+
+
+def _close_map(m: mmap.mmap) -> None:
+    try:
+        m.close()
+    except BufferError:  # a view handed out is still alive; the GC closes it
+        pass
 
 
 def open_split(split_dir: PathLike, *, sha256: bool = False, with_json: bool = False) -> SampleIndex:
