@@ -27,14 +27,22 @@ examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Optional, Sequence
 
+from .bench_runners import torchvision_loader
 from .errors import UsageError
+from .peers import ffcv_bench
+from .peers.timing import epochs, timed
+
+# Kept for callers that imported them from here (tools/gpu_check.py, tools/bench_frameworks.py).
+_epochs, _timed = epochs, timed
+__all__ = ["bench", "BenchResult", "torchvision_loader", "ALL", "LABELS"]
 
 HELP = "side-by-side loader throughput: torchvision, webdataset, DALI reader, FFCV, stoker"
 
@@ -75,264 +83,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="also draw a bar chart (needs matplotlib)")
 
 
-# ---- measurement helpers (run in the child) -------------------------------------------------
-
-def _tree_pids(root: int) -> list[int]:
-    pids, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        pids.append(pid)
-        try:
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-        except OSError:
-            pass
-    return pids
-
-
-def _tree_cpu() -> float:
-    """CPU seconds (user+system) of this process and its live descendants."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in _tree_pids(os.getpid()):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
-def _tree_peak_rss() -> int:
-    """Sum of peak RSS (VmHWM) over this process and its live descendants, bytes."""
-    total = 0
-    for pid in _tree_pids(os.getpid()):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
-
-
-def _timed(batches, cfg: dict) -> dict:
-    """Consume an iterator of (images, labels); warm-up excluded; stop at the time limit."""
-    warmup, limit = cfg["warmup"], cfg["seconds"]
-    n = nbatches = 0
-    bytes_per_batch = 0
-    t0 = cpu0 = None
-    peak = 0
-    for k, (images, _labels) in enumerate(batches):
-        if k == warmup:
-            t0, cpu0 = time.perf_counter(), _tree_cpu()
-        elif k > warmup:
-            n += len(images)
-            nbatches += 1
-            bytes_per_batch = max(bytes_per_batch, images.numel() * images.element_size())
-            if k % 8 == 0:
-                peak = max(peak, _tree_peak_rss())
-            if time.perf_counter() - t0 > limit:
-                break
-    if t0 is None or n == 0:
-        raise RuntimeError("not enough batches to measure (lower --warmup or use more data)")
-    if getattr(images, "is_cuda", False):  # batches made on the GPU: count only finished work
-        import torch
-
-        torch.cuda.synchronize(images.device)
-    wall = time.perf_counter() - t0
-    cpu = _tree_cpu() - cpu0
-    peak = max(peak, _tree_peak_rss())
-    return {"images": n, "seconds": wall, "img_s": n / wall, "cpu_pct": 100 * cpu / wall,
-            "peak_rss": peak, "bytes_per_batch": bytes_per_batch}
-
-
-def _epochs(make_epoch, epochs: int):
-    for e in range(epochs):
-        yield from make_epoch(e)
-
-
-def _shards(data: str) -> list[str]:
-    from stoker.pipeline.manifest import Manifest
-
-    m = Manifest.load(data)
-    return [str(Path(data) / s.name) for s in m.shards]
-
-
-def torchvision_loader(root, *, batch_size: int, crop: int, workers: int, pin_memory: bool = False):
-    """The usual torchvision pipeline, column (1) and ``stoker diagnose``'s ImageFolder case:
-    ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize + DataLoader, float32 batches.
-    Returns ``(loader, dataset)``."""
-    import torch
-    from torchvision import datasets, transforms
-
-    from stoker.model.normalize import IMAGENET_MEAN, IMAGENET_STD
-
-    tf = transforms.Compose([transforms.RandomResizedCrop(crop), transforms.RandomHorizontalFlip(),
-                             transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-    ds = datasets.ImageFolder(str(root), transform=tf)
-    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers,
-                                       drop_last=True, pin_memory=pin_memory, persistent_workers=workers > 0), ds
-
-
-def _run_torchvision(cfg):
-    dl, _ = torchvision_loader(cfg["images"], batch_size=cfg["batch_size"], crop=cfg["crop"], workers=cfg["workers"])
-    return _timed(_epochs(lambda e: iter(dl), cfg["epochs"] + 1), cfg)
-
-
-def _wds_decode(sample):
-    import io
-
-    from PIL import Image
-
-    img, cls = sample
-    return Image.open(io.BytesIO(img)).convert("RGB"), int(cls)
-
-
-def _run_wds(cfg):
-    import torch
-    import webdataset as wds
-    from torchvision import transforms
-
-    tf = transforms.Compose([transforms.RandomResizedCrop(cfg["crop"]), transforms.RandomHorizontalFlip(),
-                             transforms.PILToTensor()])
-    # explicit decoding of the declared keys only (no webdataset auto/pickle decoders)
-    tars = _shards(cfg["data"])
-    ds = (wds.WebDataset(tars, shardshuffle=len(tars), empty_check=False,
-                         workersplitter=wds.split_by_worker)
-          .shuffle(1000).to_tuple("jpg;jpeg;png", "cls").map(_wds_decode).map_tuple(tf, lambda c: c)
-          .batched(cfg["batch_size"], partial=False))
-    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=cfg["workers"], persistent_workers=True)
-    return _timed(_epochs(lambda e: iter(dl), cfg["epochs"] + 1), cfg)
-
-
-def _run_dali_reader(cfg):
-    import torch
-
-    from stoker.pipeline.dali_graph import reader_pipeline
-    from stoker.pipeline.manifest import idx_path
-
-    tars = _shards(cfg["data"])
-    pipe = reader_pipeline(tars, [str(idx_path(t)) for t in tars], batch_size=cfg["batch_size"],
-                           crop=cfg["crop"], threads=cfg["workers"])
-    pipe.build()
-    per_epoch = max(1, pipe.epoch_size("reader") // cfg["batch_size"])
-
-    def batches():
-        for _ in range((cfg["epochs"] + 1) * per_epoch):
-            images, labels = pipe.run()
-            yield torch.from_dlpack(images.as_tensor()), labels
-
-    return _timed(batches(), cfg)
-
-
-def _run_stoker(cfg, backend, device="cpu", **kw):
-    from stoker.pipeline import Loader
-
-    loader = Loader(cfg["data"], batch_size=cfg["batch_size"], crop=cfg["crop"], backend=backend,
-                    threads=cfg["workers"], device=device, **kw)
-
-    def epoch(e):
-        loader.set_epoch(e)
-        return iter(loader)
-
-    return _timed(_epochs(epoch, cfg["epochs"] + 1), cfg)
-
-
-def _decode_all(args):
-    import io
-
-    from PIL import Image
-
-    from stoker.pipeline.samples import SampleIndex
-
-    data, lo, hi = args
-    idx = SampleIndex(data)
-    t = time.perf_counter()
-    for i in range(lo, hi):
-        Image.open(io.BytesIO(idx.image(i))).load()
-    return time.perf_counter() - t
-
-
-def _run_ceiling(cfg):
-    """Every image decoded once per epoch by `workers` processes, nothing else."""
-    from multiprocessing import get_context
-
-    from stoker.pipeline.samples import SampleIndex
-
-    n = len(SampleIndex(cfg["data"]))
-    w = cfg["workers"]
-    parts = [(cfg["data"], n * k // w, n * (k + 1) // w) for k in range(w)]
-    with get_context("fork").Pool(w) as pool:
-        pool.map(_decode_all, [(cfg["data"], lo, min(hi, lo + 20)) for _, lo, hi in parts])  # warm-up
-        t0, cpu0, done = time.perf_counter(), _tree_cpu(), 0
-        for e in range(10 ** 6):
-            pool.map(_decode_all, parts)
-            done += n
-            elapsed = time.perf_counter() - t0
-            # at least `epochs` epochs and 1 s (tiny data), at most `seconds`
-            if elapsed > cfg["seconds"] or (e + 1 >= cfg["epochs"] and elapsed > min(1.0, cfg["seconds"])):
-                break
-        wall, cpu, rss = time.perf_counter() - t0, _tree_cpu() - cpu0, _tree_peak_rss()
-    return {"images": done, "seconds": wall, "img_s": done / wall, "cpu_pct": 100 * cpu / wall,
-            "peak_rss": rss, "bytes_per_batch": 0}
-
-
-FFCV_SCRIPT = r"""
-import json, os, sys, time
-cfg = json.loads(sys.argv[1])
-exec(cfg["helpers"])  # the measuring functions of stoker.tools.bench (stoker is not installed there)
-import numpy as np, torch
-from ffcv.writer import DatasetWriter
-from ffcv.fields import RGBImageField, IntField
-from ffcv.loader import Loader, OrderOption
-from ffcv.fields.decoders import RandomResizedCropRGBImageDecoder, IntDecoder
-from ffcv.transforms import RandomHorizontalFlip, ToTensor, ToTorchImage
-from torchvision.datasets import ImageFolder
-beton = cfg["beton"]
-if not os.path.exists(beton):
-    ds = ImageFolder(cfg["images"])
-    w = DatasetWriter(beton + ".tmp", {"image": RGBImageField(write_mode="jpg", max_resolution=cfg["R"],
-                      jpeg_quality=90), "label": IntField()}, num_workers=cfg["workers"])
-    w.from_indexed_dataset(ds)
-    os.replace(beton + ".tmp", beton)
-c = cfg["crop"]
-loader = Loader(beton, batch_size=cfg["batch_size"], num_workers=cfg["workers"], order=OrderOption.RANDOM,
-                drop_last=True, pipelines={"image": [RandomResizedCropRGBImageDecoder((c, c)), RandomHorizontalFlip(),
-                ToTensor(), ToTorchImage()], "label": [IntDecoder(), ToTensor()]})
-print("RESULT " + json.dumps(_timed(_epochs(lambda e: iter(loader), cfg["epochs"] + 1), cfg)))
-"""
-
-
-def _child() -> None:
-    """Entry point of one measurement subprocess: prints ``RESULT {json}``."""
-    cfg = json.loads(sys.argv[1])
-    kind = cfg["kind"]
-    runners = {
-        "torchvision": _run_torchvision, "wds": _run_wds, "dali-reader": _run_dali_reader,
-        "stoker-dali": lambda c: _run_stoker(c, "dali"), "stoker-pil": lambda c: _run_stoker(c, "pil"),
-        "stoker-nvjpeg": lambda c: _run_stoker(c, "nvjpeg", device="cuda"),
-        "stoker-dali-dali-resize": lambda c: _run_stoker(c, "dali", cpu_resize="dali"),
-        "ceiling": _run_ceiling,
-    }
-    print("RESULT " + json.dumps(runners[kind](cfg)), flush=True)
-
 
 # ---- parent ---------------------------------------------------------------------------------
 
 def _measure(kind: str, cfg: dict, python: str = sys.executable) -> dict:
+    """One pipeline in a fresh subprocess; its ``RESULT`` dict, or ``{"error": last stderr line}``."""
     cfg = {**cfg, "kind": kind}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if kind == "ffcv":
-        import inspect
-
-        cfg["helpers"] = "\n".join(inspect.getsource(f) for f in (_tree_pids, _tree_cpu, _tree_peak_rss, _timed, _epochs))
-        cmd = [python, "-c", FFCV_SCRIPT, json.dumps(cfg)]
+    if kind == "ffcv":  # by file path: the ffcv python need not have stoker
+        cmd = [python, ffcv_bench.__file__, json.dumps(cfg)]
     else:
-        cmd = [python, "-c", "from stoker.tools.bench import _child; _child()", json.dumps(cfg)]
+        cmd = [python, "-m", "stoker.tools.bench_runners", json.dumps(cfg)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -341,9 +102,8 @@ def _measure(kind: str, cfg: dict, python: str = sys.executable) -> dict:
     return {"error": tail[:200]}
 
 
-def _ffcv_python(args) -> str | None:
-    cands = [args.ffcv_python] if args.ffcv_python else [sys.executable]
-    for py in cands:
+def _ffcv_python(ffcv_python: Optional[str]) -> Optional[str]:
+    for py in [ffcv_python] if ffcv_python else [sys.executable]:
         try:
             if subprocess.run([py, "-c", "import ffcv"], capture_output=True, timeout=120).returncode == 0:
                 return py
@@ -360,39 +120,114 @@ def _fmt_bytes(n: float) -> str:
     return str(n)
 
 
-def run_bench(args) -> dict:
-    from stoker.pipeline.deps import HAS_DALI, has_cuda, usable_cores
+@dataclasses.dataclass
+class BenchResult:
+    """What `stoker bench` measured; :meth:`to_dict` is its ``--json`` output.
+
+    Attributes:
+        data: The packed split measured.
+        images: The original ImageFolder, or None.
+        batch_size: Batch size of every pipeline.
+        crop: Crop side of every pipeline.
+        workers: Workers / threads per pipeline.
+        epochs: Measured epochs per pipeline (at most).
+        seconds_limit: Time limit per pipeline.
+        baseline: ``"torchvision"``, ``"wds"`` or None: what ``ratio`` is relative to.
+        rows: One dict per pipeline run: ``pipeline``, ``label``, then ``images``, ``seconds``,
+            ``img_s``, ``cpu_pct``, ``peak_rss``, ``bytes_per_batch`` and ``ratio``, or ``error``.
+        summary: The best stoker Loader against the others: ``vs_torchvision``,
+            ``vs_dali_reader``, ``vs_ffcv``, ``of_ceiling`` (those measured).
+        notes: Why a pipeline was skipped, one line each.
+    """
+
+    data: str
+    images: Optional[str]
+    batch_size: int
+    crop: int
+    workers: int
+    epochs: int
+    seconds_limit: float
+    baseline: Optional[str]
+    rows: list
+    summary: dict
+    notes: list
+
+    def to_dict(self) -> dict:
+        """The JSON-ready report (``stoker bench --json``)."""
+        return dataclasses.asdict(self)
+
+    def format_table(self) -> str:
+        """The human table ``stoker bench`` prints."""
+        base = self.baseline
+        nvjpeg = any(r["pipeline"] == "stoker-nvjpeg" for r in self.rows)
+        lines = [f"stoker bench {self.data}: batch {self.batch_size}, crop {self.crop}, "
+                 f"{self.workers} workers/threads, device cpu" + (" (nvjpeg: cuda)" if nvjpeg else ""),
+                 f"{'pipeline':<38} {'img/s':>8} {'vs ' + ('(1)' if base == 'torchvision' else '(2)'):>7} "
+                 f"{'CPU %':>6} {'peak RSS':>9} {'bytes/batch':>12}"]
+        for r in self.rows:
+            if "error" in r:
+                lines.append(f"{r['label']:<38} failed: {r['error']}")
+                continue
+            ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
+            bpb = _fmt_bytes(r["bytes_per_batch"]) if r["bytes_per_batch"] else "-"
+            lines.append(f"{r['label']:<38} {r['img_s']:>8.0f} {ratio:>7} {r['cpu_pct']:>5.0f}% "
+                         f"{_fmt_bytes(r['peak_rss']):>9} {bpb:>12}")
+        s = self.summary
+        if s:
+            parts = {"vs_torchvision": "x torchvision", "vs_dali_reader": "x DALI reader", "vs_ffcv": "x FFCV"}
+            text = [f"{s[k]:.2f}{v}" for k, v in parts.items() if k in s]
+            if "of_ceiling" in s:
+                text.append(f"{100 * s['of_ceiling']:.0f}% of the decode-only ceiling")
+            lines.append("best stoker Loader: " + ", ".join(text))
+        lines += self.notes
+        return "\n".join(lines)
+
+    def plot(self, path: str) -> None:
+        """Draw the images/s of each pipeline as a bar chart into ``path`` (needs matplotlib)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = [r for r in self.rows if "img_s" in r]
+        fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
+        colors = ["tab:orange" if r["pipeline"].startswith("stoker") else
+                  "tab:gray" if r["pipeline"] == "ceiling" else "tab:blue" for r in rows]
+        ax.barh([r["label"] for r in rows][::-1], [r["img_s"] for r in rows][::-1], color=colors[::-1])
+        for k, r in enumerate(rows[::-1]):
+            ax.text(r["img_s"], k, f" {r['img_s']:.0f}", va="center")
+        ax.set_xlabel("images / s")
+        ax.set_title(f"batch {self.batch_size}, crop {self.crop}, {self.workers} cores, cpu")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+
+
+def _split(data: str | Path) -> Path:
     from stoker.pipeline.manifest import MANIFEST_NAME
 
-    data = Path(args.data)
-    if not (data / MANIFEST_NAME).exists() and (data / "train" / MANIFEST_NAME).exists():
-        data = data / "train"
-    if not (data / MANIFEST_NAME).exists():
-        raise UsageError(f"{args.data} has no {MANIFEST_NAME} (pack it with `stoker pack`)")
-    if args.images and not Path(args.images).is_dir():
-        raise UsageError(f"--images {args.images} is not a directory")
-    for name in ("batch_size", "crop", "epochs", "repeat"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    only = [k for k in args.only.split(",") if k] or list(ALL)
-    unknown = set(only) - set(LABELS)
-    if unknown:
-        raise UsageError(f"--only: unknown pipeline(s) {sorted(unknown)}; choose from {', '.join(LABELS)}")
-    cores = args.workers or usable_cores()
-    cfg = {"data": str(data), "images": args.images, "batch_size": args.batch_size, "crop": args.crop,
-           "epochs": args.epochs, "seconds": args.seconds, "warmup": args.warmup, "workers": cores}
-    notes = []
-    plan = []
+    split = Path(data)
+    if not (split / MANIFEST_NAME).exists() and (split / "train" / MANIFEST_NAME).exists():
+        split = split / "train"
+    if not (split / MANIFEST_NAME).exists():
+        raise UsageError(f"{data} has no {MANIFEST_NAME} (pack it with `stoker pack`)")
+    return split
+
+
+def _plan(only: Sequence[str], *, images: Optional[str], ffcv_python: Optional[str]) -> tuple[list, list]:
+    """``([(kind, python), ...] to run, [notes on the kinds skipped])``."""
+    from stoker.pipeline.deps import HAS_DALI, has_cuda
+
+    notes, plan = [], []
     for kind in only:
-        if kind == "torchvision" and not args.images:
+        if kind == "torchvision" and not images:
             notes.append("(1) torchvision: skipped (give --images SRC, the original ImageFolder)")
         elif kind in ("dali-reader", "stoker-dali", "stoker-dali-dali-resize") and not HAS_DALI:
             notes.append(f"{LABELS[kind]}: skipped (nvidia-dali not installed)")
         elif kind == "stoker-nvjpeg" and not has_cuda():
             notes.append(f"{LABELS[kind]}: skipped (torch sees no CUDA device; it decodes on the GPU)")
         elif kind == "ffcv":
-            py = _ffcv_python(args) if args.images else None
-            if not args.images:
+            py = _ffcv_python(ffcv_python) if images else None
+            if not images:
                 notes.append("(4) FFCV: skipped (needs --images to write its .beton)")
             elif py is None:
                 notes.append("(4) FFCV: not installed (pip install ffcv needs libopencv-dev and "
@@ -401,14 +236,61 @@ def run_bench(args) -> dict:
                 plan.append((kind, py))
         else:
             plan.append((kind, sys.executable))
-    beton = Path(os.environ.get("TMPDIR", "/tmp")) / (
-        f"stoker-bench-{Path(args.images or 'x').resolve().name}-R{args.ffcv_max_resolution}.beton")
-    rows: dict[str, dict] = {}
+    return plan, notes
+
+
+def bench(data: str | Path, *, images: str | Path | None = None, batch_size: int = 64, crop: int = 224,
+          epochs: int = 3, seconds: float = 30.0, warmup: int = 3, workers: Optional[int] = None,
+          only: Optional[Sequence[str]] = None, repeat: int = 1, ffcv_python: Optional[str] = None,
+          ffcv_max_resolution: int = 256, progress: bool = False) -> BenchResult:
+    """Measure stoker's Loader and the usual loaders side by side, each in a fresh subprocess.
+
+    Args:
+        data: A packed split (with stoker.json), or a dataset root with ``train/``.
+        images: The original ImageFolder, for the torchvision and FFCV pipelines.
+        batch_size: Batch size of every pipeline.
+        crop: Crop side (RandomResizedCrop + flip in every pipeline).
+        epochs: Measured epochs per pipeline (at most; ``seconds`` may stop it first).
+        seconds: Time limit of each pipeline's measurement.
+        warmup: Batches run before timing starts.
+        workers: Workers / threads per pipeline (None: the usable cores).
+        only: Pipelines to run, from :data:`LABELS` (None: all of :data:`ALL`).
+        repeat: Rounds over all pipelines; each row keeps its best round.
+        ffcv_python: A python with ffcv installed (None: this one, if it has ffcv).
+        ffcv_max_resolution: FFCV ``max_resolution`` when writing its .beton.
+        progress: Show a progress bar on stderr.
+
+    Returns:
+        The :class:`BenchResult`; a pipeline that failed has an ``error`` row.
+
+    Raises:
+        UsageError: ``data`` is not packed, ``images`` is not a folder, a count is below 1,
+            or ``only`` names an unknown pipeline.
+    """
+    from stoker.pipeline.deps import usable_cores
     from tqdm import tqdm
 
-    steps = [(r, k, py) for r in range(args.repeat) for k, py in plan]
-    for _, kind, py in tqdm(steps, desc="bench", unit="run", file=sys.stderr, disable=None):
-        extra = {"beton": str(beton), "R": args.ffcv_max_resolution} if kind == "ffcv" else {}
+    split = _split(data)
+    if images and not Path(images).is_dir():
+        raise UsageError(f"--images {images} is not a directory")
+    images = str(images) if images else None
+    for name, value in (("batch_size", batch_size), ("crop", crop), ("epochs", epochs), ("repeat", repeat)):
+        if value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    only = [k for k in only or () if k] or list(ALL)
+    unknown = set(only) - set(LABELS)
+    if unknown:
+        raise UsageError(f"--only: unknown pipeline(s) {sorted(unknown)}; choose from {', '.join(LABELS)}")
+    cores = workers or usable_cores()
+    cfg = {"data": str(split), "images": images, "batch_size": batch_size, "crop": crop,
+           "epochs": epochs, "seconds": seconds, "warmup": warmup, "workers": cores}
+    plan, notes = _plan(only, images=images, ffcv_python=ffcv_python)
+    beton = Path(os.environ.get("TMPDIR", "/tmp")) / (
+        f"stoker-bench-{Path(images or 'x').resolve().name}-R{ffcv_max_resolution}.beton")
+    rows: dict[str, dict] = {}
+    steps = [(r, k, py) for r in range(repeat) for k, py in plan]
+    for _, kind, py in tqdm(steps, desc="bench", unit="run", file=sys.stderr, disable=None if progress else True):
+        extra = {"beton": str(beton), "R": ffcv_max_resolution} if kind == "ffcv" else {}
         res = _measure(kind, {**cfg, **extra}, py)
         best = rows.get(kind)
         if best is None or "error" in best or res.get("img_s", 0) > best.get("img_s", 0):
@@ -424,66 +306,23 @@ def run_bench(args) -> dict:
             row["ratio"] = r["img_s"] / base
         out_rows.append(row)
     summary = {}
-    best_stoker = max((rows[k]["img_s"] for k in STOKER if "img_s" in rows.get(k, {})),
-                      default=None)
+    best_stoker = max((rows[k]["img_s"] for k in STOKER if "img_s" in rows.get(k, {})), default=None)
     if best_stoker:
         for k, name in (("torchvision", "vs_torchvision"), ("dali-reader", "vs_dali_reader"),
                         ("ceiling", "of_ceiling"), ("ffcv", "vs_ffcv")):
             if "img_s" in rows.get(k, {}):
                 summary[name] = best_stoker / rows[k]["img_s"]
-    return {"data": str(data), "images": args.images, "batch_size": args.batch_size, "crop": args.crop,
-            "workers": cores, "epochs": args.epochs, "seconds_limit": args.seconds, "baseline": base_kind,
-            "rows": out_rows, "summary": summary, "notes": notes}
+    return BenchResult(data=str(split), images=images, batch_size=batch_size, crop=crop, workers=cores,
+                       epochs=epochs, seconds_limit=seconds, baseline=base_kind, rows=out_rows, summary=summary,
+                       notes=notes)
 
 
-def format_table(result: dict) -> str:
-    base = result["baseline"]
-    lines = [f"stoker bench {result['data']}: batch {result['batch_size']}, crop {result['crop']}, "
-             f"{result['workers']} workers/threads, device cpu"
-             + (" (nvjpeg: cuda)" if any(r["pipeline"] == "stoker-nvjpeg" for r in result["rows"]) else ""),
-             f"{'pipeline':<38} {'img/s':>8} {'vs ' + ('(1)' if base == 'torchvision' else '(2)'):>7} "
-             f"{'CPU %':>6} {'peak RSS':>9} {'bytes/batch':>12}"]
-    for r in result["rows"]:
-        if "error" in r:
-            lines.append(f"{r['label']:<38} failed: {r['error']}")
-            continue
-        ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
-        bpb = _fmt_bytes(r["bytes_per_batch"]) if r["bytes_per_batch"] else "-"
-        lines.append(f"{r['label']:<38} {r['img_s']:>8.0f} {ratio:>7} {r['cpu_pct']:>5.0f}% "
-                     f"{_fmt_bytes(r['peak_rss']):>9} {bpb:>12}")
-    s = result["summary"]
-    if s:
-        parts = {"vs_torchvision": "x torchvision", "vs_dali_reader": "x DALI reader", "vs_ffcv": "x FFCV"}
-        text = [f"{s[k]:.2f}{v}" for k, v in parts.items() if k in s]
-        if "of_ceiling" in s:
-            text.append(f"{100 * s['of_ceiling']:.0f}% of the decode-only ceiling")
-        lines.append("best stoker Loader: " + ", ".join(text))
-    lines += result["notes"]
-    return "\n".join(lines)
-
-
-def plot(result: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in result["rows"] if "img_s" in r]
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
-    colors = ["tab:orange" if r["pipeline"].startswith("stoker") else
-              "tab:gray" if r["pipeline"] == "ceiling" else "tab:blue" for r in rows]
-    ax.barh([r["label"] for r in rows][::-1], [r["img_s"] for r in rows][::-1], color=colors[::-1])
-    for k, r in enumerate(rows[::-1]):
-        ax.text(r["img_s"], k, f" {r['img_s']:.0f}", va="center")
-    ax.set_xlabel("images / s")
-    ax.set_title(f"batch {result['batch_size']}, crop {result['crop']}, {result['workers']} cores, cpu")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
-def main(args) -> int:
-    result = run_bench(args)
+def main(args: argparse.Namespace) -> int:
+    result = bench(args.data, images=args.images, batch_size=args.batch_size, crop=args.crop, epochs=args.epochs,
+                   seconds=args.seconds, warmup=args.warmup, workers=args.workers, only=args.only.split(","),
+                   repeat=args.repeat, ffcv_python=args.ffcv_python,
+                   ffcv_max_resolution=args.ffcv_max_resolution, progress=True)
     if args.plot:
-        plot(result, args.plot)
-    print(json.dumps(result, indent=1) if args.json else format_table(result))
+        result.plot(args.plot)
+    print(json.dumps(result.to_dict(), indent=1) if args.json else result.format_table())
     return 0

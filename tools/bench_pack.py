@@ -26,16 +26,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional, Sequence
 
 from .errors import UsageError
+from .peers import plain_pack as plain
 from .sanitize import IMAGE_EXTS
 
 HELP = "benchmark stoker pack against a plain webdataset+Pillow loop, 1..N workers"
@@ -56,114 +60,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
 
 
-# The plain loop, self-contained (stdlib + Pillow + webdataset only, no stoker, no torch) so that
-# --plain-python can run it with another interpreter, e.g. a venv with stock Pillow from PyPI.
-# In-process it is exec'd into a registered module (_plain_module), so both modes run this code.
-PLAIN_SCRIPT = r"""
-import contextlib, io, json, os, resource, sys, time
+def _pack(src: Path, out: Path, **settings) -> None:
+    """Pack ``src`` into ``out``; ``settings`` are `stoker pack` flags as keywords (True: a bare flag)."""
+    from .cli import run_command  # TODO(pack API): stoker.tools.pack.pack(src, out, **settings)
 
-
-def target(w, h, short_side):
-    s = short_side / min(w, h)
-    if not short_side or s >= 1:
-        return w, h
-    return max(1, round(w * s)), max(1, round(h * s))
-
-
-def encode(job):
-    # the stock way to re-encode one image (module level: picklable for the pool)
-    from PIL import Image
-
-    path, short_side, quality = job
-    im = Image.open(path).convert("RGB")
-    size = target(*im.size, short_side)
-    if size != im.size:
-        im = im.resize(size, Image.Resampling.BICUBIC)
-    buf = io.BytesIO()
-    im.save(buf, "JPEG", quality=quality)
-    return buf.getvalue()
-
-
-def pack(items, out, workers, short_side, quality):
-    import multiprocessing as mp
-
-    import webdataset as wds
-
-    jobs = [(path, short_side, quality) for path, _ in items]
-    os.makedirs(out, exist_ok=True)
-    n = 0
-    with contextlib.ExitStack() as stack:
-        if workers > 1:
-            pool = stack.enter_context(mp.get_context("fork").Pool(workers))
-            results = pool.imap(encode, jobs, chunksize=8)
-        else:
-            results = map(encode, jobs)
-        sink = stack.enter_context(wds.ShardWriter(os.path.join(out, "plain-%06d.tar"), maxsize=256e6, verbose=0))
-        for i, ((_, label), data) in enumerate(zip(items, results)):
-            sink.write({"__key__": f"{i:09d}", "jpg": data, "cls": label})
-            n += 1
-    return n
-
-
-def cpu_seconds():
-    # this process and its reaped children (the pool workers)
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
-
-
-def pillow():
-    import PIL
-    from PIL import features
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version("pillow-simd")
-        simd = True
-    except PackageNotFoundError:
-        simd = False
-    return {"version": PIL.__version__, "simd": simd,
-            "libjpeg_turbo": bool(features.check_feature("libjpeg_turbo")),
-            "python": sys.executable}
-
-
-def measure(cfg):
-    # imports before the clock, as on the stoker side
-    import webdataset  # noqa: F401
-    from PIL import Image
-
-    Image.init()
-    c0, t0 = cpu_seconds(), time.perf_counter()
-    n = pack(cfg["items"], cfg["out"], cfg["workers"], cfg["short_side"], cfg["quality"])
-    return {"count": n, "wall": time.perf_counter() - t0, "cpu": cpu_seconds() - c0}
-
-
-if __name__ == "__main__":
-    cfg = json.loads(sys.stdin.read())
-    res = pillow() if cfg.get("info") else measure(cfg)
-    print("RESULT " + json.dumps(res), flush=True)
-"""
-
-
-def _plain_module():
-    """PLAIN_SCRIPT as an importable module of this process (registered in sys.modules so the
-    forked pool can unpickle ``encode`` by name)."""
-    import types
-
-    name = "_stoker_bench_plain"
-    mod = sys.modules.get(name)
-    if mod is None:
-        mod = types.ModuleType(name)
-        exec(compile(PLAIN_SCRIPT, "<stoker bench-pack plain loop>", "exec"), mod.__dict__)
-        sys.modules[name] = mod
-    return mod
+    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in settings.items()]
+    run_command(["pack", str(src), str(out), *flags])
 
 
 def _plain_subprocess(python: str, cfg: dict) -> dict:
-    """Run PLAIN_SCRIPT with ``python``, ``cfg`` on stdin; returns its RESULT."""
-    import subprocess
-
+    """Run the plain loop (:mod:`stoker.tools.peers.plain_pack`, by file path) with ``python``,
+    ``cfg`` on stdin; returns its RESULT."""
     try:
-        proc = subprocess.run([python, "-c", PLAIN_SCRIPT], input=json.dumps(cfg), capture_output=True, text=True)
+        proc = subprocess.run([python, plain.__file__], input=json.dumps(cfg), capture_output=True, text=True)
     except OSError as e:
         raise UsageError(f"--plain-python {python}: cannot run it ({e.strerror or e})") from None
     for line in proc.stdout.splitlines():
@@ -173,15 +82,15 @@ def _plain_subprocess(python: str, cfg: dict) -> dict:
     raise UsageError(f"--plain-python {python}: the plain loop failed: {tail[:200]}")
 
 
-def plain_info(python: str | None = None) -> dict:
+def plain_info(python: Optional[str] = None) -> dict:
     """Pillow of the plain side: version, simd (pillow-simd?), libjpeg_turbo, python."""
     if python is None:
-        return _plain_module().pillow()
+        return plain.pillow()
     return _plain_subprocess(python, {"info": True})
 
 
 def plain_pack(src: Path, out: Path, *, workers: int, short_side: int, quality: int,
-               python: str | None = None) -> dict:
+               python: Optional[str] = None) -> dict:
     """Pack ``src`` the plain way into ``out``, in this process or with ``python``.
 
     Returns ``{"count", "wall", "cpu"}``: the loop's own wall and CPU seconds (pool included,
@@ -193,7 +102,7 @@ def plain_pack(src: Path, out: Path, *, workers: int, short_side: int, quality: 
     cfg = {"items": [(source.path(it), it.label) for it in source.splits["train"]], "out": str(out),
            "workers": workers, "short_side": short_side, "quality": quality}
     if python is None:
-        return _plain_module().measure(cfg)
+        return plain.measure(cfg)
     return _plain_subprocess(python, cfg)
 
 
@@ -201,17 +110,15 @@ def stoker_pack(src: Path, out: Path, *, workers: int, short_side: int, quality:
     """Pack ``src`` with ``stoker pack --reencode``; returns the number of samples."""
     from stoker.pipeline.manifest import Manifest
 
-    from .cli import run_command
-
     with contextlib.redirect_stdout(io.StringIO()):
-        run_command(["pack", str(src), str(out), "--reencode", "--short-side", str(short_side),
-                     "--quality", str(quality), "--workers", str(workers), "-q"])
+        _pack(src, out, reencode=True, short_side=short_side, quality=quality, workers=workers, quiet=True)
     return Manifest.load(out / "train").num_samples
 
 
-def _image_folder(src: Path, dst: Path, limit: int) -> int:
-    """Symlink the images of ``src`` into an ImageFolder tree at ``dst`` (a flat
-    folder becomes one class); returns the number of images."""
+def link_image_folder(src: Path, dst: Path, limit: int = 0) -> int:
+    """Symlink the images of ``src`` into an ImageFolder tree at ``dst`` (a flat folder
+    becomes one class ``all``); ``limit`` > 0 takes a seeded random subset of that many.
+    Returns the number of images; UsageError when ``src`` holds none."""
     from .packsource import scan
 
     subdirs = [e for e in os.scandir(src) if e.is_dir() and not e.name.startswith(".")]
@@ -234,74 +141,149 @@ def _image_folder(src: Path, dst: Path, limit: int) -> int:
     return len(items)
 
 
-def run(src: Path, *, workers: list[int], short_side: int, quality: int, limit: int = 0, repeat: int = 1,
-        tmp: str | None = None, plain_python: str | None = None) -> dict:
-    """Run the benchmark and return the report (see ``--json``).
+def _pillow_name(info: dict) -> str:
+    return f"{'pillow-simd' if info['simd'] else 'Pillow (stock)'} {info['version']}"
 
-    ``plain_python``: interpreter for the plain loop (None: this process). Raises UsageError
-    when it cannot run the loop (missing, or no pillow/webdataset).
+
+@dataclasses.dataclass
+class BenchPackResult:
+    """What `stoker bench-pack` measured; :meth:`to_dict` is its ``--json`` output.
+
+    Attributes:
+        src: The image folder packed.
+        images: Images packed by each side per run.
+        cores: CPU count of this machine.
+        short_side: Resize target of both sides.
+        quality: JPEG quality of both sides.
+        repeat: Rounds per worker count (the best counts).
+        pillow: stoker's Pillow (:func:`stoker.pipeline.deps.pillow_info`).
+        plain_pillow: The plain loop's Pillow (:func:`plain_info`).
+        plain_python: The interpreter of the plain loop, or None (this process).
+        rows: Per worker count: ``workers``, ``stoker_img_s``, ``plain_img_s``, their per-worker
+            figures, ``ratio``, images per CPU-second of each and ``cpu_ratio``, and the
+            ``stoker_scaling``/``plain_scaling`` over the first row.
     """
-    from stoker.pipeline.deps import pillow_info
 
+    src: str
+    images: int
+    cores: Optional[int]
+    short_side: int
+    quality: int
+    repeat: int
+    pillow: dict
+    plain_pillow: dict
+    plain_python: Optional[str]
+    rows: list
+
+    def to_dict(self) -> dict:
+        """The JSON-ready report (``stoker bench-pack --json``)."""
+        return dataclasses.asdict(self)
+
+    def format_table(self) -> str:
+        """The human report ``stoker bench-pack`` prints."""
+        where = f"with {self.plain_python}" if self.plain_python else f"in this process ({sys.executable})"
+        lines = [f"{self.images:,} images from {self.src}, short side {self.short_side}, q{self.quality}, "
+                 f"{self.cores} cores, best of {self.repeat}",
+                 f"stoker: {_pillow_name(self.pillow)}, in this process ({sys.executable})",
+                 f"plain:  {_pillow_name(self.plain_pillow)}, {where}",
+                 f"{'workers':>7} {'stoker img/s':>12} {'plain img/s':>11} {'stoker/w':>9} {'plain/w':>8} "
+                 f"{'ratio':>6} {'scaling s/p':>12} {'img/cpu-s s/p':>14} {'cpu ratio':>9}"]
+        for r in self.rows:
+            lines.append(f"{r['workers']:>7} {r['stoker_img_s']:>12,.0f} {r['plain_img_s']:>11,.0f} "
+                         f"{r['stoker_img_s_per_worker']:>9,.0f} {r['plain_img_s_per_worker']:>8,.0f} "
+                         f"{r['ratio']:>5.2f}x {r['stoker_scaling']:>6.2f}/{r['plain_scaling']:<5.2f} "
+                         f"{r['stoker_img_per_cpu_s']:>7,.0f}/{r['plain_img_per_cpu_s']:<6,.0f} "
+                         f"{r['cpu_ratio']:>8.2f}x")
+        return "\n".join(lines)
+
+
+def _best_rates(name: str, folder: Path, out: Path, n: int, *, workers: int, short_side: int, quality: int,
+                plain_python: Optional[str]) -> tuple[float, float]:
+    """One run of one side: ``(images/s, images per CPU-second)``."""
+    if name == "stoker":
+        c0, t0 = plain.cpu_seconds(), time.perf_counter()
+        count = stoker_pack(folder, out, workers=workers, short_side=short_side, quality=quality)
+        dt, cpu = time.perf_counter() - t0, plain.cpu_seconds() - c0
+    else:  # timed by the loop itself (it may run in another interpreter)
+        res = plain_pack(folder, out, workers=workers, short_side=short_side, quality=quality, python=plain_python)
+        count, dt, cpu = res["count"], res["wall"], res["cpu"]
+    if count != n:
+        raise RuntimeError(f"{name} packed {count} of {n} images")
+    shutil.rmtree(out)
+    return n / dt, n / cpu
+
+
+def bench_pack(src: str | Path, *, workers: Optional[Sequence[int]] = None, short_side: int = 256,
+               quality: int = 90, limit: int = 0, repeat: int = 2, tmp: Optional[str] = None,
+               plain_python: Optional[str] = None) -> BenchPackResult:
+    """Pack ``src`` with stoker (``--reencode``) and with the plain loop, per worker count.
+
+    Everything is written under a temporary folder (in ``tmp``) and removed.
+
+    Args:
+        src: An ImageFolder tree, a train/+val/ tree, or a flat folder of images (one class).
+        workers: Worker counts to run (None: 1 .. CPU count).
+        short_side: Resize target of both sides.
+        quality: JPEG quality of both sides.
+        limit: Use only this many images (a seeded random subset; 0: all).
+        repeat: Rounds per worker count; the best round counts.
+        tmp: Where the temporary folder goes (None: the system's).
+        plain_python: Interpreter for the plain loop (None: this process, with its Pillow).
+
+    Returns:
+        The :class:`BenchPackResult`.
+
+    Raises:
+        UsageError: ``src`` is not a folder or holds no images, a setting is out of range, or
+            ``plain_python`` cannot run the loop (missing, or no pillow/webdataset).
+    """
     import tqdm  # noqa: F401  (imports outside the timed region: neither side pays them)
     import webdataset  # noqa: F401
     from PIL import Image
+    from stoker.pipeline.deps import pillow_info
 
+    src = Path(src)
+    if not src.is_dir():
+        raise UsageError(f"SRC {src} is not a folder")
+    if repeat < 1 or limit < 0:
+        raise UsageError("--repeat must be >= 1 and --limit >= 0")
+    workers = list(workers) if workers else list(range(1, (os.cpu_count() or 1) + 1))
+    if min(workers) < 1:
+        raise UsageError(f"--workers {','.join(map(str, workers))!r} should list counts >= 1")
+    if plain_python and not shutil.which(plain_python):
+        raise UsageError(f"--plain-python {plain_python}: no such executable")
     Image.init()
     plain_pillow = plain_info(plain_python)  # also checks --plain-python before any work
     root = Path(tempfile.mkdtemp(prefix="stoker-bench-pack-", dir=tmp))
     try:
         folder = root / "src"
-        n = _image_folder(src, folder, limit)
+        n = link_image_folder(src, folder, limit)
         rows = []
         for w in workers:
-            best = {"stoker": 0.0, "plain": 0.0}
-            best_cpu = {"stoker": 0.0, "plain": 0.0}
+            best = {"stoker": (0.0, 0.0), "plain": (0.0, 0.0)}
             for r in range(repeat):
                 for name in ("stoker", "plain"):
-                    out = root / f"{name}-w{w}-r{r}"
-                    if name == "stoker":
-                        c0 = _cpu_seconds()
-                        t0 = time.perf_counter()
-                        count = stoker_pack(folder, out, workers=w, short_side=short_side, quality=quality)
-                        dt = time.perf_counter() - t0
-                        cpu = _cpu_seconds() - c0
-                    else:  # timed by the loop itself (it may run in another interpreter)
-                        res = plain_pack(folder, out, workers=w, short_side=short_side, quality=quality,
-                                         python=plain_python)
-                        count, dt, cpu = res["count"], res["wall"], res["cpu"]
-                    if count != n:
-                        raise RuntimeError(f"{name} packed {count} of {n} images")
-                    best[name] = max(best[name], n / dt)
-                    best_cpu[name] = max(best_cpu[name], n / cpu)
-                    shutil.rmtree(out)
-            rows.append({"workers": w, "stoker_img_s": best["stoker"], "plain_img_s": best["plain"],
-                         "stoker_img_s_per_worker": best["stoker"] / w, "plain_img_s_per_worker": best["plain"] / w,
-                         "ratio": best["stoker"] / best["plain"],
-                         "stoker_img_per_cpu_s": best_cpu["stoker"], "plain_img_per_cpu_s": best_cpu["plain"],
-                         "cpu_ratio": best_cpu["stoker"] / best_cpu["plain"]})
+                    rate, per_cpu = _best_rates(name, folder, root / f"{name}-w{w}-r{r}", n, workers=w,
+                                                short_side=short_side, quality=quality, plain_python=plain_python)
+                    best[name] = (max(best[name][0], rate), max(best[name][1], per_cpu))
+            (s_rate, s_cpu), (p_rate, p_cpu) = best["stoker"], best["plain"]
+            rows.append({"workers": w, "stoker_img_s": s_rate, "plain_img_s": p_rate,
+                         "stoker_img_s_per_worker": s_rate / w, "plain_img_s_per_worker": p_rate / w,
+                         "ratio": s_rate / p_rate, "stoker_img_per_cpu_s": s_cpu, "plain_img_per_cpu_s": p_cpu,
+                         "cpu_ratio": s_cpu / p_cpu})
         for row in rows:
             row["stoker_scaling"] = row["stoker_img_s"] / rows[0]["stoker_img_s"]
             row["plain_scaling"] = row["plain_img_s"] / rows[0]["plain_img_s"]
-        return {"src": str(src), "images": n, "cores": os.cpu_count(), "short_side": short_side,
-                "quality": quality, "repeat": repeat, "pillow": pillow_info(), "plain_pillow": plain_pillow,
-                "plain_python": plain_python, "rows": rows}
+        return BenchPackResult(src=str(src), images=n, cores=os.cpu_count(), short_side=short_side, quality=quality,
+                               repeat=repeat, pillow=pillow_info(), plain_pillow=plain_pillow,
+                               plain_python=plain_python, rows=rows)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _cpu_seconds() -> float:
-    """CPU time of this process and its reaped children (the pool workers): images per
-    CPU-second is the per-core cost, unlike wall time unaffected by other load."""
-    import resource
-
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
-
-
-def _workers(spec: str) -> list[int]:
+def _workers(spec: str) -> Optional[list[int]]:
     if not spec:
-        return list(range(1, (os.cpu_count() or 1) + 1))
+        return None
     try:
         ws = [int(x) for x in spec.split(",") if x.strip()]
     except ValueError:
@@ -311,34 +293,9 @@ def _workers(spec: str) -> list[int]:
     return ws
 
 
-def _pillow_name(info: dict) -> str:
-    return f"{'pillow-simd' if info['simd'] else 'Pillow (stock)'} {info['version']}"
-
-
 def main(args: argparse.Namespace) -> int:
-    src = Path(args.src)
-    if not src.is_dir():
-        raise UsageError(f"SRC {src} is not a folder")
-    if args.repeat < 1 or args.limit < 0:
-        raise UsageError("--repeat must be >= 1 and --limit >= 0")
-    if args.plain_python and not shutil.which(args.plain_python):
-        raise UsageError(f"--plain-python {args.plain_python}: no such executable")
-    report = run(src, workers=_workers(args.workers), short_side=args.short_side, quality=args.quality,
-                 limit=args.limit, repeat=args.repeat, tmp=args.tmp, plain_python=args.plain_python)
-    if args.json:
-        print(json.dumps(report, indent=1))
-        return 0
-    print(f"{report['images']:,} images from {src}, short side {report['short_side']}, q{report['quality']}, "
-          f"{report['cores']} cores, best of {report['repeat']}")
-    print(f"stoker: {_pillow_name(report['pillow'])}, in this process ({sys.executable})")
-    where = f"with {report['plain_python']}" if report["plain_python"] else f"in this process ({sys.executable})"
-    print(f"plain:  {_pillow_name(report['plain_pillow'])}, {where}")
-    print(f"{'workers':>7} {'stoker img/s':>12} {'plain img/s':>11} {'stoker/w':>9} {'plain/w':>8} {'ratio':>6} "
-          f"{'scaling s/p':>12} {'img/cpu-s s/p':>14} {'cpu ratio':>9}")
-    for r in report["rows"]:
-        print(f"{r['workers']:>7} {r['stoker_img_s']:>12,.0f} {r['plain_img_s']:>11,.0f} "
-              f"{r['stoker_img_s_per_worker']:>9,.0f} {r['plain_img_s_per_worker']:>8,.0f} {r['ratio']:>5.2f}x "
-              f"{r['stoker_scaling']:>6.2f}/{r['plain_scaling']:<5.2f} "
-              f"{r['stoker_img_per_cpu_s']:>7,.0f}/{r['plain_img_per_cpu_s']:<6,.0f} {r['cpu_ratio']:>8.2f}x")
+    report = bench_pack(args.src, workers=_workers(args.workers), short_side=args.short_side, quality=args.quality,
+                        limit=args.limit, repeat=args.repeat, tmp=args.tmp, plain_python=args.plain_python)
+    print(json.dumps(report.to_dict(), indent=1) if args.json else report.format_table())
     sys.stdout.flush()
     return 0

@@ -1,9 +1,9 @@
 import json
 
 import pytest
-
 from stoker.pipeline.deps import HAS_DALI
 from stoker.tools import cli
+from stoker.tools.errors import UsageError
 from stoker.tools.synth import make_image_folder
 
 TINY = ["--seconds", "2", "--epochs", "1", "--warmup", "1", "--batch-size", "8", "--crop", "32", "--workers", "1"]
@@ -70,3 +70,26 @@ def test_bench_nvjpeg_column_on_a_gpu(tiny_shards, capsys):
     by = {r["pipeline"]: r for r in result["rows"]}
     assert "error" not in by["stoker-nvjpeg"], by["stoker-nvjpeg"]
     assert by["stoker-nvjpeg"]["img_s"] > 0 and by["stoker-nvjpeg"]["bytes_per_batch"] == 8 * 3 * 32 * 32
+
+
+def test_bench_python_api_returns_a_result(tiny_shards):
+    from stoker.tools.bench import BenchResult, bench
+
+    root = tiny_shards(n=32, per_shard=16)
+    result = bench(root, only=["ceiling"], batch_size=8, crop=32, epochs=1, seconds=2, warmup=1, workers=1)
+    assert isinstance(result, BenchResult) and result.data == str(root / "train")
+    assert [r["pipeline"] for r in result.rows] == ["ceiling"] and result.rows[0]["images"] >= 32
+    assert result.baseline is None and result.to_dict()["rows"] == result.rows
+    assert result.format_table().splitlines()[2].startswith("decode-only ceiling")
+    with pytest.raises(UsageError, match="--crop must be at least 1"):
+        bench(root, crop=0)
+
+
+def test_ffcv_peer_runs_by_file_path():
+    # the FFCV column runs tools/peers/ffcv_bench.py by path (its python need not have stoker): without ffcv
+    # here it gets as far as importing ffcv, and the failure comes back as a one-line error row
+    from stoker.tools.bench import _measure
+
+    res = _measure("ffcv", {"images": "x", "beton": "x.beton", "R": 64, "crop": 32, "batch_size": 8, "workers": 1,
+                            "epochs": 1, "warmup": 1, "seconds": 1})
+    assert res == {"error": "ModuleNotFoundError: No module named 'ffcv'"}

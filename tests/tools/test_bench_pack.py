@@ -2,14 +2,17 @@ import json
 import subprocess
 import sys
 
-from stoker.tools.bench_pack import PLAIN_SCRIPT, run
+from stoker.tools.bench_pack import BenchPackResult, bench_pack
 from stoker.tools.cli import main as cli
+from stoker.tools.peers import plain_pack
 from stoker.tools.synth import make_image_folder
 
 
 def test_tiny_bench_report_structure(tmp_path):
     src = make_image_folder(tmp_path / "src", classes=("circles", "rings"), per_class=3, min_side=40, max_side=90)
-    report = run(src, workers=[1, 2], short_side=32, quality=80, repeat=1, tmp=str(tmp_path))
+    result = bench_pack(src, workers=[1, 2], short_side=32, quality=80, repeat=1, tmp=str(tmp_path))
+    assert isinstance(result, BenchPackResult)
+    report = result.to_dict()
     assert report["images"] == 6 and report["short_side"] == 32
     rows = report["rows"]
     assert [r["workers"] for r in rows] == [1, 2]
@@ -45,13 +48,15 @@ def test_plain_python_runs_plain_loop_in_subprocess(tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["src"]
 
 
-def test_plain_script_needs_neither_stoker_nor_torch(tmp_path):
-    # what runs in --plain-python must work where only pillow + webdataset are installed
+def test_plain_loop_runs_by_path_without_stoker_or_torch(tmp_path):
+    # what runs in --plain-python must work where only pillow + webdataset are installed: run by file path,
+    # with stoker, torch and the rest made unimportable
     src = make_image_folder(tmp_path / "src", classes=("circles",), per_class=3, min_side=40, max_side=90)
     items = [(str(p), 0) for p in sorted((src / "circles").iterdir())]
-    block = "import sys\nfor m in ('torch', 'stoker', 'nvidia', 'torchvision'): sys.modules[m] = None\n"
+    block = ("import runpy, sys\nfor m in ('torch', 'stoker', 'nvidia', 'torchvision'): sys.modules[m] = None\n"
+             f"runpy.run_path({plain_pack.__file__!r}, run_name='__main__')\n")
     cfg = {"items": items, "out": str(tmp_path / "out"), "workers": 2, "short_side": 32, "quality": 80}
-    proc = subprocess.run([sys.executable, "-c", block + PLAIN_SCRIPT], input=json.dumps(cfg),
+    proc = subprocess.run([sys.executable, "-c", block], input=json.dumps(cfg),
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout.split("RESULT ", 1)[1])
