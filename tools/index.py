@@ -26,15 +26,15 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from stoker import __version__
 from stoker.pipeline.fsutil import sha256_file
-from stoker.pipeline.index import (MAX_CLASSES, TarFormatError, image_component, read_label, scan_tar,
-                                   write_idx)
+from stoker.pipeline.index import MAX_CLASSES, TarFormatError, image_component, read_label, scan_tar, write_idx
 from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ManifestError, ShardInfo, idx_path
 
 from .errors import CheckFailed, UsageError
@@ -44,7 +44,8 @@ HELP = "write .idx files and a stoker.json for foreign WebDataset shards"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("shards", nargs="+", metavar="SHARD", help="tar files, or one folder holding them (all in one folder)")
+    p.add_argument("shards", nargs="+", metavar="SHARD",
+                   help="tar files, or one folder holding them (all in one folder)")
     p.add_argument("--classes", metavar="NAMES",
                    help="class names: comma-separated, or @FILE with one per line (default: '0'..'max cls')")
     p.add_argument("--no-check", action="store_true", help="do not decode the images (faster; nothing is skipped)")
@@ -52,8 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
-def _tars(args_shards: list[str]) -> list[Path]:
-    paths = [Path(s) for s in args_shards]
+def _tars(shards: Sequence[str | Path]) -> list[Path]:
+    paths = [Path(s) for s in shards]
     if len(paths) == 1 and paths[0].is_dir():
         folder = paths[0]
         paths = sorted(folder.glob("*.tar"))
@@ -64,7 +65,7 @@ def _tars(args_shards: list[str]) -> list[Path]:
                 if packed else ""
             if splits and not packed:
                 hint = f" (it holds splits: index each one, e.g. stoker index {folder / splits[0]})"
-            raise UsageError(f"no .tar files in {args_shards[0]}{hint}")
+            raise UsageError(f"no .tar files in {shards[0]}{hint}")
     for p in paths:
         if not p.is_file():
             raise UsageError(f"{p} is not a file")
@@ -80,7 +81,8 @@ def _tars(args_shards: list[str]) -> list[Path]:
 _COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".tar.lz4")
 
 
-def _class_names(spec: str | None) -> list[str] | None:
+def class_names(spec: str | None) -> list[str] | None:
+    """The ``--classes`` value as a list: comma-separated names, or ``@FILE`` with one per line."""
     if not spec:
         return None
     if spec.startswith("@"):
@@ -93,6 +95,11 @@ def _class_names(spec: str | None) -> list[str] | None:
         names = [line.strip() for line in text.splitlines() if line.strip()]
     else:
         names = [n.strip() for n in spec.split(",") if n.strip()]
+    return _checked_classes(names)
+
+
+def _checked_classes(names: Sequence[str]) -> list[str]:
+    names = list(names)
     if not names:
         raise UsageError("--classes is empty")
     if len(set(names)) != len(names):
@@ -132,7 +139,7 @@ def index_one(tar: str, check: bool, num_classes: Optional[int] = None) -> dict:
     pending: list[tuple[int, bytes]] = []
 
     def flush() -> None:
-        for (i, _), err in zip(pending, checker.check([d for _, d in pending])):
+        for (i, _), err in zip(pending, checker.check([d for _, d in pending]), strict=True):
             if err:
                 skips[i] = f"image does not decode: {err}"
         pending.clear()
@@ -172,14 +179,14 @@ def _index_job(job: tuple) -> dict:
     return index_one(*job)
 
 
-def _previous(folder: Path, tars: list[Path]) -> Optional[Manifest]:
+def _previous(folder: Path, tars: list[Path], notes: list[str]) -> Optional[Manifest]:
     """The split's current manifest, if it has a readable one (what a re-index keeps)."""
     if not (folder / MANIFEST_NAME).exists():
         return None
     try:
         m = Manifest.load(folder)
     except ManifestError as e:
-        print(f"note: replacing an unreadable manifest ({e})", file=sys.stderr)
+        notes.append(f"note: replacing an unreadable manifest ({e})")
         return None
     given = {t.name for t in tars}
     left_out = [s.name for s in m.shards if s.name not in given and (folder / s.name).exists()]
@@ -189,31 +196,54 @@ def _previous(folder: Path, tars: list[Path]) -> Optional[Manifest]:
                          f"(`stoker index {folder}`) so the split keeps them")
     gone = [s.name for s in m.shards if s.name not in given and not (folder / s.name).exists()]
     if gone:
-        print(f"note: {len(gone)} shard(s) listed in the old manifest are gone and left out: "
-              f"{', '.join(gone[:3])}{' ...' if len(gone) > 3 else ''}", file=sys.stderr)
+        notes.append(f"note: {len(gone)} shard(s) listed in the old manifest are gone and left out: "
+                     f"{', '.join(gone[:3])}{' ...' if len(gone) > 3 else ''}")
     return m
 
 
-def main(args: argparse.Namespace) -> int:
+@dataclasses.dataclass
+class IndexResult:
+    """What :func:`index` wrote.
+
+    Attributes:
+        manifest: The stoker.json written.
+        shards: How many shards it lists.
+        num_samples: Samples in them, skipped ones included.
+        classes: The class names (labels index them).
+        skip: ``[shard, index, reason]`` for each sample the loader leaves out.
+        ignored: ``[shard, member, reason]`` for each tar member in no sample.
+        notes: Lines about the previous manifest (replaced as unreadable, shards gone).
+    """
+
+    manifest: Path
+    shards: int
+    num_samples: int
+    classes: list
+    skip: list
+    ignored: list
+    notes: list
+
+    def summary(self) -> str:
+        """The lines ``stoker index`` prints on stdout."""
+        lines = [f"indexed {self.shards} shard(s), {self.num_samples:,} samples, {len(self.classes)} classes "
+                 f"-> {self.manifest}",
+                 f"{len(self.skip)} sample(s) marked to skip" + (f" ({_summary(self.skip)})" if self.skip else "")]
+        if self.ignored:
+            lines.append(f"{len(self.ignored)} tar member(s) in no sample ({_summary(self.ignored)}), "
+                         "listed in pack.ignored_members")
+        return "\n".join(lines)
+
+
+def _index_all(jobs: list[tuple], workers: int, progress: bool) -> list[dict]:
+    """:func:`index_one` over ``jobs``, in ``workers`` processes; the first error is a CheckFailed."""
     from tqdm import tqdm
 
-    tars = _tars(args.shards)
-    classes = _class_names(args.classes)
-    if args.workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    folder = tars[0].parent
-    previous = _previous(folder, tars)
-    # a split `stoker pack` wrote (or an earlier index given --classes) keeps its class names:
-    # labels index them. Names an earlier index made up ('0'..'N-1') may grow with the data.
-    named = previous is not None and previous.classes != [str(i) for i in range(len(previous.classes))]
-    bound = len(previous.classes) if classes is None and named else None
-    jobs = [(str(t), not args.no_check, bound) for t in tars]
-    bar = tqdm(total=len(jobs), desc="index", unit="shard", file=sys.stderr, disable=None if not args.quiet else True)
+    bar = tqdm(total=len(jobs), desc="index", unit="shard", file=sys.stderr, disable=None if progress else True)
     with contextlib.ExitStack() as stack:
-        if args.workers > 1 and len(jobs) > 1:
+        if workers > 1 and len(jobs) > 1:
             import multiprocessing as mp
 
-            pool = stack.enter_context(mp.get_context(fork_method()).Pool(min(args.workers, len(jobs))))
+            pool = stack.enter_context(mp.get_context(fork_method()).Pool(min(workers, len(jobs))))
             results = pool.imap(_index_job, jobs)
         else:
             results = map(_index_job, jobs)
@@ -224,10 +254,45 @@ def main(args: argparse.Namespace) -> int:
             found.append(r)
             bar.update(1)
     bar.close()
-    shards = [r["info"] for r in found]
+    return found
+
+
+def index(shards: str | Path | Sequence[str | Path], *, classes: Optional[Sequence[str]] = None,
+          check: bool = True, workers: Optional[int] = None, progress: bool = False) -> IndexResult:
+    """Write a DALI .idx beside each tar and a stoker.json in their folder (see the module doc).
+
+    Args:
+        shards: Tar files (all in one folder), or that folder.
+        classes: Class names, label ``i`` naming ``classes[i]`` (None: kept from the split's
+            manifest when it has real names, else ``'0'..'max cls'``).
+        check: Decode every image once; samples that do not decode are skipped.
+        workers: Processes indexing shards in parallel (None: the CPU count).
+        progress: Show a progress bar on stderr.
+
+    Returns:
+        The :class:`IndexResult`.
+
+    Raises:
+        UsageError: A bad path or setting, or ``classes`` shorter than the labels.
+        CheckFailed: A tar that cannot be indexed, no loadable sample, or the manifest cannot be written.
+    """
+    tars = _tars([shards] if isinstance(shards, (str, Path)) else shards)
+    classes = _checked_classes(classes) if classes is not None else None
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    folder = tars[0].parent
+    notes: list[str] = []
+    previous = _previous(folder, tars, notes)
+    # a split `stoker pack` wrote (or an earlier index given --classes) keeps its class names:
+    # labels index them. Names an earlier index made up ('0'..'N-1') may grow with the data.
+    named = previous is not None and previous.classes != [str(i) for i in range(len(previous.classes))]
+    bound = len(previous.classes) if classes is None and named else None
+    found = _index_all([(str(t), check, bound) for t in tars], workers, progress)
+    infos = [r["info"] for r in found]
     skip = [[r["info"].name, i, why] for r in found for i, why in r["skips"]]
-    if args.no_check and previous is not None:
-        skip += _carried_skips(previous, shards, skip)
+    if not check and previous is not None:
+        skip += _carried_skips(previous, infos, skip)
     ignored = [[r["info"].name, name, why] for r in found for name, why in r["ignored"]]
     max_label = max(r["max_label"] for r in found)
     if classes is not None and max_label >= len(classes):
@@ -241,20 +306,25 @@ def main(args: argparse.Namespace) -> int:
     # verify holds packed shards to pack's rules (RGB JPEGs) and foreign ones to the loader's
     pack["reindexed_by" if previous and "indexed_by" not in pack else "indexed_by"] = f"stoker {__version__}"
     exts = set().union(*(r["exts"] for r in found))
-    pack.update(image_exts=sorted(exts), checked=not args.no_check, skip=skip, ignored_members=ignored)
-    m = Manifest(num_samples=sum(s.num_samples for s in shards), classes=classes, shards=shards, pack=pack)
-    loadable = m.num_samples - len(skip)
-    if loadable <= 0:
+    pack.update(image_exts=sorted(exts), checked=check, skip=skip, ignored_members=ignored)
+    m = Manifest(num_samples=sum(s.num_samples for s in infos), classes=classes, shards=infos, pack=pack)
+    if m.num_samples - len(skip) <= 0:
         raise CheckFailed(f"no loadable samples in {folder}: {_summary(skip)}; nothing written to "
                           f"{MANIFEST_NAME}")
     try:
         where = m.save(folder)
     except OSError as e:  # the old manifest, if any, is left as it was (atomic write)
         raise CheckFailed(f"cannot write {folder / MANIFEST_NAME}: {e.strerror or e}") from None
-    print(f"indexed {len(shards)} shard(s), {m.num_samples:,} samples, {len(classes)} classes -> {where}")
-    print(f"{len(skip)} sample(s) marked to skip" + (f" ({_summary(skip)})" if skip else ""))
-    if ignored:
-        print(f"{len(ignored)} tar member(s) in no sample ({_summary(ignored)}), listed in pack.ignored_members")
+    return IndexResult(manifest=Path(where), shards=len(infos), num_samples=m.num_samples, classes=list(classes),
+                       skip=skip, ignored=ignored, notes=notes)
+
+
+def main(args: argparse.Namespace) -> int:
+    result = index(args.shards, classes=class_names(args.classes), check=not args.no_check, workers=args.workers,
+                   progress=not args.quiet)
+    for line in result.notes:
+        print(line, file=sys.stderr)
+    print(result.summary())
     return 0
 
 

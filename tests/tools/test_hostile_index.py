@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-
 from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.index import MAX_CLASSES, parse_label, read_idx, scan_tar
 from stoker.pipeline.manifest import Manifest
@@ -59,7 +58,7 @@ def loaded(split: Path) -> list[tuple[int, int]]:
     out = []
     for images, labels in Loader(split, batch_size=4, train=False, crop=8, backend="pil", threads=0):
         reds = images[:, 0].float().mean(dim=(1, 2)).round().int().tolist()
-        out += list(zip(labels.tolist(), reds))
+        out += list(zip(labels.tolist(), reds, strict=True))
     return out
 
 
@@ -121,7 +120,8 @@ def test_names_with_spaces_newlines_percent_and_long_names_load(tmp_path, capsys
     assert cli(["index", str(tar), "-q"]) == 0
     assert "0 sample(s) marked to skip" in capsys.readouterr().out
     text = (tmp_path / "s" / "t.idx").read_text()
-    assert "a%20b.jpg" in text and "c%0Ad.cls" in text and "e%2541f.jpg" in text and "dir%20with%20space/ü%20ñ.jpg" in text
+    assert "a%20b.jpg" in text and "c%0Ad.cls" in text and "e%2541f.jpg" in text
+    assert "dir%20with%20space/ü%20ñ.jpg" in text
     assert all(len(line.split()) == 8 for line in text.splitlines()[1:])
     assert read_idx(tmp_path / "s" / "t.idx") == scan_tar(tar).samples
     idx = open_split(tmp_path / "s")
@@ -338,7 +338,7 @@ def _packed(tmp_path: Path) -> Path:
 def test_reindex_of_a_packed_split_is_a_repair_not_a_downgrade(tmp_path, capsys):
     split = _packed(tmp_path)
     before = Manifest.load(split)
-    labels_before = [l for _, l in loaded(split)]
+    labels_before = [label for _, label in loaded(split)]
     (split / "train-000000.idx").write_bytes(b"\x00garbage\xff" * 10)  # what the Loader's message leads to
     assert cli(["index", str(split), "-q"]) == 0
     after = Manifest.load(split)
@@ -347,7 +347,7 @@ def test_reindex_of_a_packed_split_is_a_repair_not_a_downgrade(tmp_path, capsys)
     for key, value in before.pack.items():
         assert after.pack[key] == value, key
     assert after.pack["skip"] == [] and "indexed_by" not in after.pack and "reindexed_by" in after.pack
-    assert [l for _, l in loaded(split)] == labels_before
+    assert [label for _, label in loaded(split)] == labels_before
     capsys.readouterr()
     assert cli(["verify", str(split), "-q"]) == 0  # still held to pack's rules (RGB)
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-
 from stoker.pipeline.index import index_tar, read_idx
 from stoker.pipeline.manifest import Manifest, check_shards
 from stoker.tools.cli import main as cli
@@ -40,7 +39,7 @@ def test_index_webdataset_shards_marks_corrupt_image_as_skip(tmp_path, capsys):
     assert m.num_samples == 11 and [s.num_samples for s in m.shards] == [5, 5, 1]
     assert m.classes == ["0", "1", "2"] and m.pack["image_exts"] == ["jpeg"]
     assert m.pack["skip"] == [["foreign-000.tar", 4, "image does not decode: fails the loader's header check "
-                                                     "(truncated, not a JPEG/PNG, or a JPEG kind the decoders do not read)"]]
+                               "(truncated, not a JPEG/PNG, or a JPEG kind the decoders do not read)"]]
     check_shards(tmp_path / "wds", m, sha256=True)
     for t in tars:
         assert read_idx(t.with_suffix(".idx")) == index_tar(t)
@@ -94,7 +93,6 @@ def test_index_usage_errors(tmp_path, capsys):
 def test_index_skips_images_the_loader_cannot_read(tmp_path, capsys):
     """A WebP sample (Pillow decodes it, the loader does not) is marked to skip, not passed."""
     import webdataset as wds
-
     from stoker.pipeline import Loader
 
     folder = tmp_path / "webp"
@@ -111,3 +109,21 @@ def test_index_skips_images_the_loader_cannot_read(tmp_path, capsys):
     assert m.pack["skip"] == [["mixed.tar", 4, "no image: has cls, webp"]]
     loader = Loader(folder, batch_size=2, train=False, crop=16, backend="pil", threads=0)
     assert sum(len(labels) for _, labels in loader) == 4
+
+
+def test_index_python_api(tmp_path):
+    from stoker.tools.errors import UsageError
+    from stoker.tools.index import IndexResult, index
+
+    write_foreign(tmp_path / "wds", bad=(4,))
+    result = index(tmp_path / "wds", classes=["cat", "dog", "bird"], workers=1)
+    assert isinstance(result, IndexResult)
+    assert result.manifest == tmp_path / "wds" / "stoker.json" and result.shards == 3 and result.num_samples == 11
+    assert result.classes == ["cat", "dog", "bird"] and [e[:2] for e in result.skip] == [["foreign-000.tar", 4]]
+    assert result.notes == []
+    assert result.summary().splitlines()[1] == "1 sample(s) marked to skip (1 image does not decode)"
+    assert Manifest.load(tmp_path / "wds").classes == ["cat", "dog", "bird"]
+    again = index(sorted((tmp_path / "wds").glob("*.tar")), check=False, workers=1)  # re-index keeps the names
+    assert again.classes == ["cat", "dog", "bird"] and again.skip == result.skip  # decode skips carried over
+    with pytest.raises(UsageError, match="--classes names a class twice"):
+        index(tmp_path / "wds", classes=["a", "a"])
