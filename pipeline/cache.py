@@ -36,8 +36,9 @@ from .manifest import MANIFEST_NAME, Manifest, ManifestError, ShardInfo, idx_pat
 
 #: bytes read from storage per call while streaming a shard to disk
 CHUNK = 8 << 20
-#: attempts per file (a failed or mismatching download is fetched again)
-ATTEMPTS = 3
+#: attempts per shard (a failed or mismatching download is fetched once more; each attempt's
+#: requests are retried by the storage layer too)
+ATTEMPTS = 2
 #: downloads in flight at once per process
 FETCH_THREADS = 8
 
@@ -91,6 +92,8 @@ class ShardCache:
         self._info: dict[str, ShardInfo] = {}
         self._pins: dict[str, int] = {}  # shard name -> fd holding its pin lock (shared)
         self._lock = threading.Lock()
+        self._room = threading.Lock()  # eviction and the bytes this process is downloading
+        self._inflight = 0
         #: what this process downloaded: file names (shards, .idx, stoker.json) and bytes
         self.fetched: list[str] = []
         self.fetched_bytes = 0
@@ -141,17 +144,11 @@ class ShardCache:
                     f.write(info.sha256 + "\n")
 
     def _fetch_bytes(self, remote: str, name: str) -> bytes:
-        last: Optional[BaseException] = None
-        for _ in range(ATTEMPTS):
-            try:
-                data = self.fs.cat_file(remote)
-                self._count(name, len(data))
-                return data
-            except FileNotFoundError:
-                raise
-            except Exception as e:  # noqa: BLE001 - a network failure of any library: retried, then named
-                last = e
-        raise CacheError(f"cannot fetch {self.url}/{name} after {ATTEMPTS} attempts: {_reason(last)}")
+        """A small file (manifest, ``.idx``) in one request (retried by the storage layer)."""
+        with storage.storage_errors(f"{self.url}/{name}"):
+            data = self.fs.cat_file(remote)
+        self._count(name, len(data))
+        return data
 
     # ---- shards --------------------------------------------------------------------------
     def path(self, name: str) -> Path:
@@ -207,8 +204,14 @@ class ShardCache:
                 self._touch(name)
                 return
             info = self._info[name]
-            self._make_room(info.bytes)
-            self._download(info)
+            with self._room:  # parallel downloads count each other's bytes
+                self._make_room(info.bytes + self._inflight)
+                self._inflight += info.bytes
+            try:
+                self._download(info)
+            finally:
+                with self._room:
+                    self._inflight -= info.bytes
 
     def _download(self, info: ShardInfo) -> None:
         name, url = info.name, f"{self.url}/{info.name}"

@@ -207,7 +207,7 @@ class Loader:
         if remote:
             self.cache = ShardCache(self.path, storage_options=storage_options, cache_dir=cache_dir,
                                     cache_limit=cache_limit)
-            self.index: SampleIndex = SampleIndex(self.cache.dir, self.cache.open())
+            self.index: SampleIndex = SampleIndex(self.cache.dir, self.cache.open(), manifest_sizes=True)
         else:
             # Checks sizes and .idx presence of every shard (sha256 on request) before any batch.
             self.index = open_split(self.path, sha256=sha256)

@@ -161,6 +161,8 @@ class SampleIndex:
         split_dir: a directory with ``stoker.json``, the shards and their ``.idx`` files.
         manifest: the loaded manifest (loaded from ``split_dir`` when ``None``).
         with_json: also index the ``json`` component (for :meth:`meta`).
+        manifest_sizes: check the ``.idx`` offsets against the manifest's shard sizes, not the
+            files' (a shard cache: shards are fetched later and verified against the manifest).
 
     Samples with no image (``jpg``/``jpeg``/``png``) or no ``cls`` component, with a repeated
     component (which image goes with which label is unknowable), and those listed in the
@@ -170,7 +172,8 @@ class SampleIndex:
     the rest.
     """
 
-    def __init__(self, split_dir: PathLike, manifest: Optional[Manifest] = None, *, with_json: bool = False):
+    def __init__(self, split_dir: PathLike, manifest: Optional[Manifest] = None, *, with_json: bool = False,
+                 manifest_sizes: bool = False):
         self.split_dir = Path(split_dir)
         self.manifest = manifest if manifest is not None else Manifest.load(self.split_dir)
         self.with_json = with_json
@@ -186,7 +189,8 @@ class SampleIndex:
                 raise IdxFormatError(
                     f"index of shard {self.split_dir / name} lists {len(part[0])} samples, "
                     f"manifest says {info.num_samples} (rerun `stoker index {self.split_dir}`)")
-            _check_bounds(idx_path(self.split_dir / name), _size(self.split_dir / name, info.bytes), part)
+            size = info.bytes if manifest_sizes else _size(self.split_dir / name, info.bytes)
+            _check_bounds(idx_path(self.split_dir / name), size, part)
         cat = lambda k, dt: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, dt)  # noqa: E731
         self.img_off = cat(0, np.int64)
         self.img_size = cat(1, np.uint32)
