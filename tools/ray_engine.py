@@ -70,9 +70,23 @@ def session(address: Optional[str], num_cpus: int) -> Iterator[None]:
         ray.shutdown()
 
 
+class InputFailed(Exception):
+    """Raised in a task: sanitizing ``path`` raised (``why``); crosses back to the driver."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(path, why)
+        self.path, self.why = path, why
+
+
 def _run_chunk(fn: Callable[[str, Settings], Sanitized], paths: list[str], settings: Settings) -> list[Sanitized]:
     """The Ray task: sanitize a chunk of inputs (``fn`` is :func:`sanitize`)."""
-    return [fn(p, settings) for p in paths]
+    out = []
+    for p in paths:
+        try:
+            out.append(fn(p, settings))
+        except Exception as e:  # noqa: BLE001 - name the input on the driver
+            raise InputFailed(p, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    return out
 
 
 class RaySanitizer:
@@ -80,8 +94,8 @@ class RaySanitizer:
     two tasks per cluster CPU), so memory stays flat however long the list. The same
     interface as the default engine's process pool: ``with ...: for res in s.results(items)``."""
 
-    def __init__(self, settings: Settings, base: Path, *, chunk: int = CHUNK):
-        self.settings, self.base, self.chunk = settings, str(base), chunk
+    def __init__(self, settings: Settings, base: Path, *, chunk: Optional[int] = None):
+        self.settings, self.base, self.chunk = settings, str(base), chunk or CHUNK
         self.fn = sanitize  # looked up now: the function the tasks run, replaceable in tests
 
     def __enter__(self) -> "RaySanitizer":
@@ -120,10 +134,13 @@ class RaySanitizer:
         try:
             return ray.get(ref)
         except ray.exceptions.RayTaskError as e:
-            cause = e.cause if getattr(e, "cause", None) is not None else e
-            raise RayFailed(f"a Ray task packing {paths[0]} (and {len(paths) - 1} more) failed: "
-                            f"{type(cause).__name__}: {' '.join(str(cause).split())[:200]}; rerun the same "
-                            f"command to resume") from None
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, InputFailed):
+                what = f"{cause.path} failed: {cause.why}"
+            else:
+                what = f"{paths[0]} (and {len(paths) - 1} more) failed: {' '.join(str(cause or e).split())[:200]}"
+            raise RayFailed(f"a Ray task packing {what}; rerun the same command to resume "
+                            f"(finished shards are kept)") from None
         except ray.exceptions.RayError as e:
             raise RayFailed(f"a Ray task packing {paths[0]} (and {len(paths) - 1} more) was lost "
                             f"{MAX_RETRIES + 1} times ({type(e).__name__}); rerun the same command to resume "
