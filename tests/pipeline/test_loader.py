@@ -373,3 +373,34 @@ def test_backend_choice_is_explained_and_nvjpeg_needs_a_gpu(split):
     assert make(split, backend="pil").backend_reason == "requested"
     with pytest.raises(ValueError, match="backend='nvjpeg' decodes on the GPU but the device is the CPU"):
         make(split, backend="nvjpeg")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_block_shuffle_windows_ranks_and_resume(split, backend):
+    """shuffle='block' on a local split: the same order functions as from a URL."""
+    seen = []
+    for rank in range(2):
+        loader = make(split, backend=backend, shuffle="block", block_shards=2, rank=rank, world_size=2, seed=3)
+        _, labels = run(loader, 2)
+        got = flat(labels)
+        assert len(labels) == len(loader) == 3 and got == loader.indices().tolist()[:24]  # drop_last
+        seen.append(got)
+    assert not set(seen[0]) & set(seen[1]) and len(seen[0]) == len(seen[1]) == 24
+    # one shard per window: the epoch is the shards in a permuted order, each one permuted inside
+    first = make(split, backend=backend, shuffle="block", block_shards=1, seed=3, drop_last=False)
+    _, labels = run(first, 1)
+    got = flat(labels)
+    shards = [v // 16 for v in got]
+    runs = [s for k, s in enumerate(shards) if k == 0 or s != shards[k - 1]]
+    assert runs == [3, 1, 2, 0] and sorted(got) == list(range(50))  # the shard order of (seed 3, epoch 1)
+    assert got != sorted(got)
+    part = make(split, backend=backend, shuffle="block", block_shards=1, seed=3, drop_last=False)
+    part.set_epoch(1)
+    it = iter(part)
+    head = flat([next(it)[1] for _ in range(3)])
+    resumed = make(split, backend=backend, shuffle="block", block_shards=1, seed=3, drop_last=False)
+    resumed.load_state_dict(part.state_dict())
+    assert head + flat(run(resumed)[1]) == got
+    val = [flat(run(make(split, backend=backend, train=False, shuffle="block", rank=r, world_size=3))[1])
+           for r in range(3)]
+    assert sum(val, []) == list(range(50))  # stored order, contiguous pieces, each sample once
