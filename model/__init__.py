@@ -1,22 +1,34 @@
-"""The model side: uint8 → float on the device, networks, the training loop, checkpoints.
+"""The model side: uint8 → float on the device, networks, throughput, checkpoints.
 
 >>> from stoker.model import with_normalize, build_model
 >>> net = with_normalize(build_model("inception", num_classes=10))  # takes uint8 NCHW batches
->>> from stoker.model.train import TrainConfig, train
->>> summary = train(TrainConfig(data="data", out="runs/a", epochs=3, crop=64))  # doctest: +SKIP
+
+Training is :mod:`stoker.model.train` (``from stoker.model.train import TrainConfig, train``);
+the seed report's network and regression task are :mod:`stoker.model.case_study`. Names
+are imported on first use, so ``stoker.model.train.config`` loads without torch.
 """
 
-from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from .nets import InceptionBlock, InceptionNet, ReportNet, build_model, count_parameters
-from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize, with_normalize
-from .throughput import measure_model
-from .train import TrainConfig, evaluate, plot_metrics, resolve_amp, resolve_device
-from .train import train as run_training  # not `train`: that name is the submodule stoker.model.train
+from __future__ import annotations
 
-__all__ = [
-    "IMAGENET_MEAN", "IMAGENET_STD", "Normalize", "with_normalize",
-    "InceptionBlock", "InceptionNet", "ReportNet", "build_model", "count_parameters",
-    "TrainConfig", "run_training", "evaluate", "plot_metrics", "resolve_amp", "resolve_device",
-    "measure_model",
-    "CheckpointError", "save_checkpoint", "load_checkpoint",
-]
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
+
+_EXPORTS = {
+    "IMAGENET_MEAN": "normalize", "IMAGENET_STD": "normalize", "Normalize": "normalize",
+    "with_normalize": "normalize",
+    "InceptionNet": "nets", "build_model": "nets", "count_parameters": "nets",
+    "measure_model": "throughput",
+    "CheckpointError": "checkpoint", "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint",
+}
+
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from .nets import InceptionNet, build_model, count_parameters
+    from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize, with_normalize
+    from .throughput import measure_model
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -69,6 +69,11 @@ def digest(state: Mapping[str, Any]) -> str:
     return h.hexdigest()
 
 
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over the state_dict tensors (names, dtypes, shapes, bytes): equal digests = equal weights."""
+    return digest(model.state_dict())
+
+
 def save_checkpoint(path: PathLike, state: Mapping[str, Any]) -> Path:
     """Write ``state`` (plain data and tensors) to ``path`` atomically, with its digest.
 
@@ -123,7 +128,8 @@ def load_checkpoint(path: PathLike, *, arch: Optional[str] = None,
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a stoker checkpoint (no '{FORMAT}' marker)")
     if state.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint version {state.get('version')!r} is not supported (expected {VERSION})")
+        raise CheckpointError(f"{path}: checkpoint version {state.get('version')!r} is not supported "
+                              f"(expected {VERSION})")
     try:
         ok = state.get("digest") == digest(state)
     except TypeError as e:
@@ -138,7 +144,8 @@ def load_checkpoint(path: PathLike, *, arch: Optional[str] = None,
     return state
 
 
-def load_model_state(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], *, source: str = "checkpoint") -> None:
+def load_model_state(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], *,
+                     source: str = "checkpoint") -> None:
     """``model.load_state_dict(strict=True)`` with a one-line :class:`CheckpointError` on mismatch."""
     own = model.state_dict()
     missing = [k for k in own if k not in state_dict]
@@ -152,7 +159,8 @@ def load_model_state(model: torch.nn.Module, state_dict: Mapping[str, torch.Tens
             parts.append(f"{len(unexpected)} unexpected keys (e.g. {unexpected[0]})")
         if shapes:
             k = shapes[0]
-            parts.append(f"{len(shapes)} shape mismatches (e.g. {k}: {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)})")
+            parts.append(f"{len(shapes)} shape mismatches "
+                         f"(e.g. {k}: {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)})")
         raise CheckpointError(f"{source}: does not fit this model (a different architecture?): {'; '.join(parts)}")
     model.load_state_dict(state_dict, strict=True)
 

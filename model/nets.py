@@ -1,11 +1,11 @@
-"""Networks: the inception-block net done right, the report's original, and torchvision's.
+"""Networks: the inception-block net done right, and torchvision's, by name.
 
 The slow-training report that motivates stoker used one inception block at full input
 resolution followed by ``MaxPool2d`` and ``flatten`` into a 301,056-input ``Linear``
-(:class:`ReportNet`, kept for ``stoker diagnose`` comparisons). :class:`InceptionNet`
-keeps the block but puts a cheap strided stem in front and ends with global average
-pooling and a small head: any input size, < 1 M parameters, 13x fewer FLOPs at 224
-(1.48 vs 19.5 GFLOP per image, forward).
+(:class:`stoker.model.case_study.ReportNet`, kept apart, for comparisons).
+:class:`InceptionNet` keeps the block but puts a cheap strided stem in front and ends with
+global average pooling and a small head: any input size, < 1 M parameters, 13x fewer
+FLOPs at 224 (1.48 vs 19.5 GFLOP per image, forward).
 """
 
 from __future__ import annotations
@@ -80,38 +80,6 @@ class InceptionNet(nn.Module):
         return self.fc(self.dropout(torch.flatten(x, 1)))
 
 
-class ReportNet(nn.Module):
-    """The report's ORIGINAL network, for comparisons (``stoker diagnose``): do not train with it.
-
-    The inception block at full input resolution, ``MaxPool2d(8)`` (224 → 28), flatten to
-    384*28*28 = 301,056 features, ``Linear(301056, num_outputs)``. At 224 with one output
-    it has 496,769 parameters, 301,057 of them in the Linear.
-
-    Args:
-        num_outputs: Outputs of the Linear (the report regressed one value).
-        image_size: Input side the Linear is sized for (a multiple of 8).
-        in_channels: Input channels.
-    """
-
-    def __init__(self, num_outputs: int = 1, *, image_size: int = 224, in_channels: int = 3) -> None:
-        super().__init__()
-        if image_size < 8 or image_size % 8:
-            raise ValueError(f"image_size={image_size} must be a positive multiple of 8")
-        if num_outputs < 1:
-            raise ValueError(f"num_outputs={num_outputs} must be >= 1")
-        self.image_size = image_size
-        self.block = InceptionBlock(in_channels)
-        self.pool = nn.MaxPool2d(8)
-        side = image_size // 8
-        self.fc = nn.Linear(InceptionBlock.out_channels * side * side, num_outputs)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-2:] != (self.image_size, self.image_size):
-            raise ValueError(f"ReportNet(image_size={self.image_size}) needs {self.image_size}x{self.image_size} "
-                             f"input, got {tuple(x.shape[-2:])}")
-        return self.fc(torch.flatten(self.pool(self.block(x)), 1))
-
-
 def torchvision_archs() -> list[str]:
     """Names of torchvision's classification models (``resnet50``, ...)."""
     import torchvision
@@ -123,7 +91,8 @@ def build_model(arch: str, num_classes: int, *, image_size: Optional[int] = None
     """A randomly initialised network by name (no weight downloads).
 
     Args:
-        arch: ``"inception"`` (:class:`InceptionNet`), ``"report"`` (:class:`ReportNet`) or
+        arch: ``"inception"`` (:class:`InceptionNet`), ``"report"`` (the case study's
+            :class:`~stoker.model.case_study.ReportNet`) or
             any torchvision classification model name (``"resnet18"``, ``"resnet50"``, ...).
         num_classes: Outputs of the head.
         image_size: Input side; only ``"report"`` needs it (its Linear is sized by it, 224
@@ -135,6 +104,8 @@ def build_model(arch: str, num_classes: int, *, image_size: Optional[int] = None
     if arch == "inception":
         return InceptionNet(num_classes)
     if arch == "report":
+        from .case_study import ReportNet
+
         return ReportNet(num_classes, image_size=image_size or 224)
     names = torchvision_archs()
     if arch not in names:

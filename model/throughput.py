@@ -12,12 +12,12 @@ import time
 from typing import Any, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .nets import count_parameters
 from .normalize import has_normalize, with_normalize
-from .train import resolve_amp, resolve_device
+from .train.runtime import make_scaler, resolve_amp, resolve_device
+from .train.step import TrainStep, loss_fn
 
 
 def synchronize(device: torch.device) -> None:
@@ -46,7 +46,7 @@ def measure_model(model: nn.Module, *, batch_size: int = 64, image_size: int = 2
         image_size: Side of the square input.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
         amp: ``auto|bf16|fp16|off`` (fp16 uses a GradScaler), see
-            :func:`stoker.model.train.resolve_amp`.
+            :func:`stoker.model.train.runtime.resolve_amp`.
         channels_last: Model and batch in channels_last memory format.
         compile: ``torch.compile`` the model first (compile time goes to ``first_step_s``).
         seconds: Minimum timed duration.
@@ -61,7 +61,8 @@ def measure_model(model: nn.Module, *, batch_size: int = 64, image_size: int = 2
     if batch_size < 1 or image_size < 1:
         raise ValueError(f"batch_size={batch_size} and image_size={image_size} must be >= 1")
     if seconds < 0 or steps_min < 1 or warmup_steps < 1:
-        raise ValueError(f"seconds={seconds}, steps_min={steps_min}, warmup_steps={warmup_steps}: need >= 0, >= 1, >= 1")
+        raise ValueError(f"seconds={seconds}, steps_min={steps_min}, warmup_steps={warmup_steps}: "
+                         f"need >= 0, >= 1, >= 1")
     dev = resolve_device(str(device))
     spec = resolve_amp(amp, dev)
     mf = torch.channels_last if channels_last else torch.contiguous_format
@@ -75,7 +76,7 @@ def measure_model(model: nn.Module, *, batch_size: int = 64, image_size: int = 2
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (batch_size, 3, image_size, image_size), dtype=torch.uint8, generator=gen)
     x = x.to(dev).contiguous(memory_format=mf)
-    with torch.no_grad(), torch.autocast(dev.type, dtype=spec.dtype, enabled=spec.enabled):
+    with torch.no_grad(), spec.autocast():
         net.eval()
         num_out = net(x[:2]).shape[1]
         net.train()
@@ -86,18 +87,13 @@ def measure_model(model: nn.Module, *, batch_size: int = 64, image_size: int = 2
 
     # fused on CUDA: one kernel per step, and no per-step found_inf sync under an fp16 GradScaler
     opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, fused=dev.type == "cuda")
-    scaler = torch.amp.GradScaler(dev.type, enabled=spec.name == "fp16")
     fwd = torch.compile(net) if compile else net
+    # C > 1 outputs: cross-entropy; one output: the case study's regression (MSE)
+    train_step = TrainStep(fwd, opt, loss_fn("classify" if num_out > 1 else "regress"), amp=spec,
+                           scaler=make_scaler(spec))
 
     def step() -> torch.Tensor:
-        with torch.autocast(dev.type, dtype=spec.dtype, enabled=spec.enabled):
-            out = fwd(x)
-            loss = F.cross_entropy(out, y) if num_out > 1 else F.mse_loss(out.squeeze(1).float(), y)
-        opt.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        return loss.detach()
+        return train_step(x, y)
 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)

@@ -35,10 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="default: 256 on GPU, 16 on CPU")
     p.add_argument("--image-size", type=int, default=None, help="default: 224 on GPU, 64 on CPU")
     p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--amp", default=None, help="comma-separated fp32,bf16,fp16 (default: all three on GPU, fp32,bf16 on CPU)")
+    p.add_argument("--amp", default=None,
+                   help="comma-separated fp32,bf16,fp16 (default: all three on GPU, fp32,bf16 on CPU)")
     p.add_argument("--channels-last", choices=tuple(_BOTH), default="both", help="default: both")
     p.add_argument("--compile", choices=tuple(_BOTH), default=None, help="default: both on GPU, off on CPU")
-    p.add_argument("--seconds", type=float, default=None, help="timed seconds per setting (default: 5 on GPU, 1 on CPU)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="timed seconds per setting (default: 5 on GPU, 1 on CPU)")
     p.add_argument("--steps-min", type=int, default=5, help="timed steps per setting at least (default: %(default)s)")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
@@ -55,7 +57,7 @@ def run_bench(*, models: list[str], device: str = "auto", batch_size: Optional[i
 
     from stoker.model.nets import build_model
     from stoker.model.throughput import measure_model
-    from stoker.model.train import resolve_device
+    from stoker.model.train.runtime import resolve_device
 
     dev = resolve_device(device)
     gpu = dev.type == "cuda"
@@ -94,7 +96,8 @@ def run_bench(*, models: list[str], device: str = "auto", batch_size: Optional[i
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": str(dev),
-        "device_name": torch.cuda.get_device_name(dev) if gpu else f"CPU {platform.processor() or platform.machine()} x {torch.get_num_threads()} threads",
+        "device_name": (torch.cuda.get_device_name(dev) if gpu
+                        else f"CPU {platform.processor() or platform.machine()} x {torch.get_num_threads()} threads"),
         "torch": torch.__version__,
         "batch_size": batch_size,
         "image_size": image_size,
@@ -112,7 +115,8 @@ def format_table(res: dict[str, Any]) -> str:
              "",
              f"{'model':<14}{'amp':<6}{'channels_last':<15}{'compile':<9}{'images/s':>10}{'ms/step':>10}{'vs fp32':>9}"]
     for r in res["rows"]:
-        head = f"{r['model']:<14}{r['amp']:<6}{'yes' if r['channels_last'] else 'no':<15}{'yes' if r['compile'] else 'no':<9}"
+        yes_no = ["yes" if r[k] else "no" for k in ("channels_last", "compile")]
+        head = f"{r['model']:<14}{r['amp']:<6}{yes_no[0]:<15}{yes_no[1]:<9}"
         if "error" in r:
             lines.append(head + f"  failed: {r['error'][:80]}")
         else:

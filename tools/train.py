@@ -20,31 +20,30 @@ import json
 import signal
 import sys
 
+from stoker.model.train.config import AMP_CHOICES, OPTIMIZERS, TASKS  # no torch: `stoker --help` stays instant
+
 from .errors import CheckFailed, UsageError
 
 HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)"
-
-
-# Same values as stoker.model.train's (imported there with torch; `stoker --help` must stay instant).
-AMP_CHOICES = ("auto", "bf16", "fp16", "off")
-OPTIMIZERS = ("sgd", "adamw")
-TASKS = ("classify", "regress")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", metavar="DATA", help="dataset root holding train/ (and val/) packed by `stoker pack`")
     p.add_argument("--out", required=True, metavar="RUN", help="run directory (created)")
     p.add_argument("--arch", default="inception",
-                   help="inception (default), report (the original slow net), or a torchvision model name (resnet50, ...)")
+                   help="inception (default), report (the case study's original slow net), "
+                        "or a torchvision model name (resnet50, ...)")
     p.add_argument("--task", choices=TASKS, default="classify",
-                   help="classify (cross-entropy) or regress (one output, MSE on the label value)")
+                   help="classify (cross-entropy) or regress (the case study: one output, MSE on the label value)")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=64, help="per process (default: %(default)s)")
     p.add_argument("--crop", type=int, default=224, help="training/validation crop side (default: %(default)s)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: sgd 0.1 x global batch/256, adamw 1e-3)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (default: sgd 0.1 x global batch/256, adamw 1e-3)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD (Nesterov) momentum")
-    p.add_argument("--weight-decay", type=float, default=None, help="default: sgd 5e-5, adamw 0.05 (not on norms/biases)")
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help="default: sgd 5e-5, adamw 0.05 (not on norms/biases)")
     p.add_argument("--warmup-epochs", type=float, default=1.0, help="linear warm-up, then cosine decay to 0")
     p.add_argument("--label-smoothing", type=float, default=0.0)
     p.add_argument("--amp", choices=AMP_CHOICES, default="auto",
@@ -59,7 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic algorithms (bit-identical reruns and resumes; slower on GPU)")
-    p.add_argument("--log-every", type=int, default=20, help="steps between loss reads / metrics lines (default: %(default)s)")
+    p.add_argument("--log-every", type=int, default=20,
+                   help="steps between loss reads / metrics lines (default: %(default)s)")
     p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps too (default: epoch ends only)")
     p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
                    help="continue from RUN/last.pt, or from CKPT")

@@ -47,7 +47,8 @@ class FakeLoader:
         img = torch.randint(0, 96, (3, self.crop, self.crop), generator=g, dtype=torch.int32)
         label = int(i) % self.num_classes
         img[label % 3] += 60 * (1 + label // 3)  # the class signal
-        if self.train and torch.rand((), generator=torch.Generator().manual_seed(hash((self.seed, self.epoch, int(i))) & 0xFFFF)) < 0.5:
+        flip = torch.Generator().manual_seed(hash((self.seed, self.epoch, int(i))) & 0xFFFF)
+        if self.train and torch.rand((), generator=flip) < 0.5:
             img = img.flip(-1)
         return img.clamp(0, 255).to(torch.uint8)
 

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from stoker.model import InceptionNet, ReportNet, build_model, count_parameters
+from stoker.model import InceptionNet, build_model, count_parameters
+from stoker.model.case_study import ReportNet
 
 
 def test_inception_net_is_small_and_takes_any_size():

@@ -11,10 +11,9 @@ import torch
 
 from conftest import run_in_group, write_split
 from fake_loader import factory
-from stoker.model import TrainConfig, build_model, load_checkpoint, resolve_amp, with_normalize
-from stoker.model.train import train
-from stoker.model.checkpoint import CheckpointError
-from stoker.model.train import lr_factor, weights_digest
+from stoker.model import build_model, load_checkpoint, with_normalize
+from stoker.model.checkpoint import CheckpointError, weights_digest
+from stoker.model.train import TrainConfig, lr_factor, resolve_amp, train
 
 
 @pytest.fixture(autouse=True)

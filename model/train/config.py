@@ -1,0 +1,119 @@
+"""What a training run is asked to do: :class:`TrainConfig` and its choices (no torch import).
+
+``stoker train``'s argument parser and every validator read the choices from here, so the
+command line stays instant (``stoker --help`` never imports torch) and the values are
+written once. The names of the files a run writes into its directory are here too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Union
+
+#: ``--amp``: ``auto`` resolves per device (:func:`stoker.model.train.runtime.resolve_amp`).
+AMP_CHOICES = ("auto", "bf16", "fp16", "off")
+#: ``--optimizer``.
+OPTIMIZERS = ("sgd", "adamw")
+#: ``--task``: ``regress`` is the seed report's case study (:mod:`stoker.model.case_study`).
+TASKS = ("classify", "regress")
+
+# The run directory.
+LAST = "last.pt"
+BEST = "best.pt"
+METRICS = "metrics.jsonl"
+CONFIG = "config.json"
+PLOT = "curves.png"
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Raise ValueError naming ``name=value`` and the choices unless ``value`` is one of them."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs; saved resolved as ``RUN/config.json``.
+
+    ``batch_size`` is per process (the global batch is ``batch_size * world_size``).
+    ``lr=None`` picks 0.1 x global_batch/256 for SGD, 1e-3 for AdamW;
+    ``weight_decay=None`` picks 5e-5 for SGD, 0.05 for AdamW (never on norms and biases).
+    ``threads`` goes to the Loader; ``torch_threads`` sets ``torch.set_num_threads`` (CPU
+    training: leave cores to the loader). ``ckpt_every=0`` checkpoints at epoch ends only.
+    ``resume``: ``"auto"`` (RUN/last.pt) or a checkpoint path. ``num_classes=None`` reads the
+    class list from the train manifest.
+    """
+
+    data: str
+    out: str
+    arch: str = "inception"
+    epochs: int = 5
+    batch_size: int = 64
+    lr: Optional[float] = None
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: Optional[float] = None
+    warmup_epochs: float = 1.0
+    label_smoothing: float = 0.0
+    task: str = "classify"
+    crop: int = 224
+    amp: str = "auto"
+    channels_last: bool = False
+    compile: bool = False
+    device: str = "auto"
+    seed: int = 0
+    deterministic: bool = False
+    backend: str = "auto"
+    threads: Optional[int] = None
+    torch_threads: Optional[int] = None
+    log_every: int = 20
+    ckpt_every: int = 0
+    resume: Optional[str] = None
+    plot: bool = False
+    progress: bool = True
+    num_classes: Optional[int] = None
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad value."""
+        for name in ("epochs", "batch_size", "crop", "log_every"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.ckpt_every < 0:
+            raise ValueError(f"ckpt_every={self.ckpt_every} must be >= 0 (0: at epoch ends only)")
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("task", self.task, TASKS)
+        check_choice("amp", self.amp, AMP_CHOICES)
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr={self.lr} must be > 0")
+        if self.weight_decay is not None and self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
+        if self.warmup_epochs < 0:
+            raise ValueError(f"warmup_epochs={self.warmup_epochs} must be >= 0")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"torch_threads={self.torch_threads} must be >= 1")
+        if self.num_classes is not None and self.num_classes < 1:
+            raise ValueError(f"num_classes={self.num_classes} must be >= 1")
+
+    def peak_lr(self, global_batch: int) -> float:
+        """``lr``, or the default for the optimizer: SGD 0.1 x ``global_batch``/256, AdamW 1e-3."""
+        if self.lr is not None:
+            return self.lr
+        return 0.1 * global_batch / 256 if self.optimizer == "sgd" else 1e-3
+
+    def resolved_weight_decay(self) -> float:
+        """``weight_decay``, or the default for the optimizer: SGD 5e-5, AdamW 0.05."""
+        if self.weight_decay is not None:
+            return self.weight_decay
+        return 5e-5 if self.optimizer == "sgd" else 0.05
+
+    @classmethod
+    def from_any(cls, config: Union["TrainConfig", Mapping[str, Any], Any]) -> "TrainConfig":
+        """A TrainConfig from itself, a dict, or an argparse Namespace (unknown keys ignored)."""
+        if isinstance(config, cls):
+            return dataclasses.replace(config)
+        d = dict(config) if isinstance(config, Mapping) else vars(config)
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})

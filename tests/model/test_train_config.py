@@ -1,0 +1,63 @@
+"""The training config without torch, and the one AMP policy (train, bench-model, diagnose)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from stoker.model.train import AMP_CHOICES, TrainConfig, resolve_amp
+from stoker.model.train import runtime
+
+NO_TORCH = """
+import sys
+sys.modules["torch"] = None  # any `import torch` now fails
+from stoker.model.train.config import AMP_CHOICES, TrainConfig
+from stoker.tools import train as train_cli  # the `stoker train` parser: no torch either
+cfg = TrainConfig.from_any({"data": "d", "out": "o", "amp": "bf16", "epochs": 2, "unknown": 1})
+cfg.validate()
+try:
+    TrainConfig(data="d", out="o", amp="fp8").validate()
+except ValueError as e:
+    print(e)
+print(cfg.amp, cfg.epochs, AMP_CHOICES == train_cli.AMP_CHOICES, "torch" in sys.modules and sys.modules["torch"])
+"""
+
+
+def test_config_imports_and_validates_without_torch():
+    p = subprocess.run([sys.executable, "-c", NO_TORCH], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.splitlines() == ["amp='fp8' is not one of auto, bf16, fp16, off", "bf16 2 True None"]
+
+
+def test_choices_written_once():
+    assert AMP_CHOICES == ("auto", "bf16", "fp16", "off")
+    with pytest.raises(ValueError, match="amp='fp8' is not one of auto, bf16, fp16, off"):
+        resolve_amp("fp8", "cpu")
+    with pytest.raises(ValueError, match="amp='fp8' is not one of auto, bf16, fp16, off"):
+        TrainConfig(data="d", out="o", amp="fp8").validate()
+
+
+def test_default_lr_and_weight_decay_follow_the_optimizer():
+    sgd, adamw = TrainConfig(data="d", out="o"), TrainConfig(data="d", out="o", optimizer="adamw")
+    assert (sgd.peak_lr(512), sgd.resolved_weight_decay()) == (0.2, 5e-5)
+    assert (adamw.peak_lr(512), adamw.resolved_weight_decay()) == (1e-3, 0.05)
+    assert TrainConfig(data="d", out="o", lr=0.3, weight_decay=0.0).peak_lr(512) == 0.3
+
+
+@pytest.mark.parametrize("native, name, why", [
+    (True, "bf16", "CPU has native bf16"),
+    (False, "off", "skipped: no native bf16 on this CPU (AVX512-BF16/AMX); --amp bf16 measures it anyway"),
+])
+def test_auto_amp_on_cpu_train_vs_diagnose_policy(monkeypatch, native, name, why):
+    monkeypatch.setattr(runtime, "cpu_bf16", lambda: native)
+    train_spec = resolve_amp("auto", torch.device("cpu"))
+    assert (train_spec.name, train_spec.enabled, train_spec.dtype) == ("off", False, torch.float32)
+    spec = resolve_amp("auto", torch.device("cpu"), native_cpu_bf16=True)
+    assert (spec.name, spec.enabled, spec.why) == (name, name != "off", why)
+
+
+def test_explicit_amp_is_taken_as_asked():
+    for amp, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("off", torch.float32)):
+        spec = resolve_amp(amp, "cpu", native_cpu_bf16=True)
+        assert (spec.name, spec.dtype, spec.enabled, spec.why) == (amp, dtype, amp != "off", f"--amp {amp}")
