@@ -4,12 +4,15 @@ image decoding with the Loader's decoders: its header check, pillow (the pil
 backend) and, when DALI is installed, DALI's CPU decoder (or --sample K random
 images per split).
 
-DIR is a pack's OUT (all its splits) or one split folder. Prints one table row per
-shard and exits 1 naming the shard and sample of every problem found.
+DIR is a pack's OUT (all its splits) or one split folder, local or an fsspec URL
+(s3://, gs://, https://, file://; the shards are downloaded to a temporary folder one split
+at a time and checked there). Prints one table row per shard and exits 1 naming the shard
+and sample of every problem found.
 
 examples:
   stoker verify /fast/imagenet-shards
   stoker verify /fast/imagenet-shards/val --sample 100
+  AWS_ENDPOINT_URL=http://minio:9000 stoker verify s3://bucket/imagenet-shards
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import io
 import os
 import random
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -29,6 +33,7 @@ from stoker.pipeline.fsutil import sha256_file
 from stoker.pipeline.index import (IdxFormatError, TarFormatError, image_component, read_idx, read_label,
                                    sample_key, scan_tar)
 from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
+from stoker.pipeline.storage import Store, is_url, parse_storage_options, storage_errors
 
 from .errors import CheckFailed, UsageError
 
@@ -271,24 +276,88 @@ def _run(job):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", metavar="DIR", help="a pack's OUT folder or one split folder")
+    p.add_argument("dir", metavar="DIR", help="a pack's OUT folder or one split folder (a path or an "
+                   "fsspec URL: s3://, gs://, https://, file://)")
     p.add_argument("--sample", type=int, default=0, metavar="K",
                    help="decode K random images per split instead of all (checksums and indexes are always checked)")
     p.add_argument("--seed", type=int, default=0, help="seed choosing the --sample images")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes checking shards in parallel")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--storage-option", action="append", default=[], metavar="K=V",
+                   help="fsspec option for a URL (repeatable; e.g. endpoint_url=http://host:9000, anon=true); "
+                        "credentials also come from the AWS_* environment variables")
+
+
+def remote_splits(url: str, storage_options: dict) -> list[str]:
+    """Split URLs to check: ``url`` itself if it holds a manifest, else its subfolders that do."""
+    store = Store(url, storage_options)
+    if store.read_bytes(MANIFEST_NAME) is not None:
+        return [store.url]
+    with storage_errors(store.url):
+        try:
+            entries = store.fs.ls(store.root, detail=True)
+        except FileNotFoundError:
+            raise UsageError(f"{url} does not exist") from None
+    subs = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+    splits = [store.url_of(d) for d in subs if store.read_bytes(f"{d}/{MANIFEST_NAME}") is not None]
+    if not splits:
+        raise UsageError(f"no {MANIFEST_NAME} in {url} or its subfolders: is it a stoker pack?")
+    return splits
+
+
+def download_split(url: str, storage_options: dict, dest: Path) -> Path:
+    """The manifest, every shard and ``.idx`` it names, as stored (unchecked: verify checks
+    them), into ``dest``. A missing shard or ``.idx`` stays missing (and is reported)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = Store(url, storage_options)
+    dest.mkdir(parents=True)
+    data = store.read_bytes(MANIFEST_NAME)
+    if data is None:
+        raise UsageError(f"no {MANIFEST_NAME} at {url}")
+    (dest / MANIFEST_NAME).write_bytes(data)
+    manifest = Manifest.load(dest)
+    names = [n for s in manifest.shards for n in (s.name, idx_path(s.name).name)]
+
+    def get(name: str) -> None:
+        try:
+            store.get_file(name, dest / name)
+        except FileNotFoundError:
+            pass
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(get, names))
+    return dest
 
 
 def main(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+    if args.sample < 0 or args.workers < 1:
+        raise UsageError("--sample must be >= 0 and --workers >= 1")
+    if is_url(args.dir):
+        try:
+            options = parse_storage_options(args.storage_option)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        # one split at a time: the temporary copy is at most one split's size
+        reports: list[ShardReport] = []
+        for url in remote_splits(args.dir, options):
+            with tempfile.TemporaryDirectory(prefix="stoker-verify-") as tmp:
+                split_dir = download_split(url, options, Path(tmp) / url.rsplit("/", 1)[-1])
+                reports += _check([split_dir], args)
+        return _report(reports)
+    if args.storage_option:
+        raise UsageError(f"--storage-option is for a URL (s3://, gs://, https://, file://); {args.dir} is a local path")
     root = Path(args.dir)
     if not root.exists():
         raise UsageError(f"{root} does not exist")
-    if args.sample < 0 or args.workers < 1:
-        raise UsageError("--sample must be >= 0 and --workers >= 1")
+    return _report(_check(find_splits(root), args))
+
+
+def _check(split_dirs: list[Path], args: argparse.Namespace) -> list[ShardReport]:
+    from tqdm import tqdm
+
     jobs = []
-    for split_dir in find_splits(root):
+    for split_dir in split_dirs:
         m = Manifest.load(split_dir)
         skips: dict[str, list[int]] = {}
         for entry in m.pack.get("skip") or []:
@@ -323,6 +392,10 @@ def main(args: argparse.Namespace) -> int:
             reports.append(_run(job))
             bar.update(1)
     bar.close()
+    return reports
+
+
+def _report(reports: list[ShardReport]) -> int:
     _print_table(reports)
     problems = [p for r in reports for p in r.problems]
     if problems:

@@ -293,3 +293,30 @@ def test_block_plan_is_a_pure_function_of_seed_epoch_rank_world():
     val = [order.block_plan(counts, seed=0, epoch=0, rank=r, world_size=4, train=False, block_shards=2)[0]
            for r in range(4)]
     assert np.array_equal(np.concatenate(val), np.arange(43))  # stored order, each once, contiguous
+
+
+# ---- stoker verify URL -----------------------------------------------------------------------
+def test_verify_checks_a_pack_in_s3(tmp_path, s3env, monkeypatch, capsys):
+    from stoker.tools.cli import main as cli
+
+    root = tmp_path / "local"
+    write_split(root / "train", num_samples=20, samples_per_shard=8, classes=UNIQUE)
+    write_split(root / "val", num_samples=6, samples_per_shard=8, classes=UNIQUE)
+    bucket = s3env.bucket()
+    for name in ("train", "val"):
+        upload(s3env, root / name, bucket, f"ds/{name}")
+    # the endpoint as a --storage-option instead of AWS_ENDPOINT_URL
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    opt = f"--storage-option=endpoint_url={s3env.endpoint}"
+    assert cli(["verify", f"s3://{bucket}/ds", "-q", "--workers", "1", opt]) == 0
+    out = capsys.readouterr().out
+    assert "train/shard-000002.tar" in out and "val/shard-000000.tar" in out and "ok: 4 shards, 26 samples" in out
+    data = bytearray((root / "train" / "shard-000001.tar").read_bytes())
+    data[5000] ^= 0x01
+    s3env.client().put_object(Bucket=bucket, Key="ds/train/shard-000001.tar", Body=bytes(data))
+    assert cli(["verify", f"s3://{bucket}/ds/train", "-q", "--workers", "1", opt]) == 1
+    assert "train/shard-000001.tar: sha256 differs" in capsys.readouterr().err.splitlines()[-1]
+    assert cli(["verify", f"s3://{bucket}/nothing", "-q", opt]) == 2
+    assert f"s3://{bucket}/nothing does not exist" in capsys.readouterr().err
+    assert cli(["verify", str(root), "-q", opt]) == 2
+    assert "--storage-option is for a URL" in capsys.readouterr().err
