@@ -17,9 +17,8 @@ from contextlib import nullcontext
 from typing import Callable, Iterable, Optional
 
 import torch
-from torch import nn
-
 from stoker.model.throughput import synchronize
+from torch import nn
 
 
 def _images_of(batch):
@@ -255,12 +254,13 @@ def measure_transfer(batch_shape, *, device, seconds: float = 1.0) -> dict:
     for dtype, key in ((torch.uint8, "uint8_images_per_s"), (torch.float32, "float32_images_per_s")):
         host = torch.empty(tuple(batch_shape), dtype=dtype).pin_memory()
         dev = torch.empty(tuple(batch_shape), dtype=dtype, device=device)
-        out[key] = _timed_steps(lambda: dev.copy_(host, non_blocking=True), seconds=seconds / 2, warmup=2,
-                                device=device, per_step=per_batch)["images_per_s"]
+        out[key] = _timed_steps(lambda dev=dev, host=host: dev.copy_(host, non_blocking=True), seconds=seconds / 2,
+                                warmup=2, device=device, per_step=per_batch)["images_per_s"]
     return out
 
 
-def _dist_version(*names: str) -> Optional[str]:
+def dist_version(*names: str) -> Optional[str]:
+    """The installed version of the first of ``names`` that is installed, else None."""
     from importlib.metadata import PackageNotFoundError, version
 
     for name in names:
@@ -289,8 +289,8 @@ def environment() -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "torch": torch.__version__,
-        "torchvision": _dist_version("torchvision"),
-        "dali": _dist_version("nvidia-dali-cuda120", "nvidia-dali-cuda110", "nvidia-dali-cuda130",
+        "torchvision": dist_version("torchvision"),
+        "dali": dist_version("nvidia-dali-cuda120", "nvidia-dali-cuda110", "nvidia-dali-cuda130",
                               "nvidia-dali") if HAS_DALI else None,
         "pillow": pillow_info(),
         "cpu_count": os.cpu_count(),
@@ -302,5 +302,8 @@ def environment() -> dict:
         "cuda": torch.version.cuda if gpu else None,
         "gpu_bf16": bool(gpu and torch.cuda.is_bf16_supported()),
         # torchvision's nvJPEG decode (the Loader's nvjpeg backend): works here, and why (or why not)
-        "gpu_jpeg_decode": dict(zip(("works", "why"), gpu_jpeg_decode())) if gpu else None,
+        "gpu_jpeg_decode": dict(zip(("works", "why"), gpu_jpeg_decode(), strict=True)) if gpu else None,
     }
+
+
+_dist_version = dist_version  # tools/gpu_check.py imports it by this name

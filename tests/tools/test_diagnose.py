@@ -4,12 +4,13 @@ import time
 
 import pytest
 import torch
-from torch import nn
-
 from stoker.model.audit import audit_model
 from stoker.tools import cli
-from stoker.tools.diagnose import _next_steps, _verdict, format_report, run_diagnosis
+from stoker.tools.diagnose_engine import run_diagnosis
 from stoker.tools.diagnose_measure import measure_loader, measure_transfer
+from stoker.tools.diagnose_report import format_report, judge, next_steps
+from stoker.tools.errors import UsageError
+from torch import nn
 
 
 class SlowLoader:
@@ -141,15 +142,15 @@ def test_transfer_bytes_on_cpu():
 
 
 def test_transfer_bound_verdict():
-    v = _verdict({"loader": 900.0, "model": 1200.0, "transfer": 300.0}, {"images_per_s": 280.0,
+    v = judge({"loader": 900.0, "model": 1200.0, "transfer": 300.0}, {"images_per_s": 280.0,
                                                                          "data_wait_fraction": 0.7})
     assert v["label"] == "transfer-bound" and v["next"] == "loader"
     assert v["ratio"] == pytest.approx(3.0)
-    v = _verdict({"loader": 100.0, "model": 105.0}, {"images_per_s": 90.0, "data_wait_fraction": 0.3})
+    v = judge({"loader": 100.0, "model": 105.0}, {"images_per_s": 90.0, "data_wait_fraction": 0.3})
     assert v["balanced"] and "balanced" in v["text"]
     assert v["consistent"]
     # Loader-bound on paper, but end to end the model hardly ever waits: say so.
-    v = _verdict({"loader": 500.0, "model": 900.0}, {"images_per_s": 150.0, "data_wait_fraction": 0.03})
+    v = judge({"loader": 500.0, "model": 900.0}, {"images_per_s": 150.0, "data_wait_fraction": 0.03})
     assert v["label"] == "loader-bound" and v["consistent"] is False and "Caution" in v["text"]
 
 
@@ -166,7 +167,7 @@ def test_report_network_flatten_head_step_and_flag():
     model_r = {"fp32": {"images_per_s": 120.0}, "amp": {"images_per_s": 300.0},
                "channels_last": {"images_per_s": 90.0}, "fp32_batch_x2": {"images_per_s": 130.0}}
     transfer = {"applies": False}
-    steps, others = _next_steps(stages, model_r, transfer, audit, 64, torch.device("cuda"), "bf16", [], [])
+    steps, others = next_steps(stages, model_r, transfer, audit, 64, torch.device("cuda"), "bf16", [], [])
     # The stem (estimated, ~16x on the model) would move the bound to the loader: 850/120.
     assert [s["id"] for s in steps][:3] == ["stem", "amp", "batch_size"]
     assert steps[0]["est_speedup"] == pytest.approx(850 / 120) and steps[0]["rank"] == 1
@@ -180,7 +181,7 @@ def test_report_network_flatten_head_step_and_flag():
     cl = next(s for s in others if s["id"] == "channels_last")
     assert cl["stage_speedup"] == pytest.approx(0.75)
     # Loader-side hints only pay up to the model's rate.
-    steps, _ = _next_steps({"loader": 100.0, "model": 150.0}, {"fp32": {"images_per_s": 150.0}}, transfer, audit,
+    steps, _ = next_steps({"loader": 100.0, "model": 150.0}, {"fp32": {"images_per_s": 150.0}}, transfer, audit,
                            64, torch.device("cpu"), None, [],
                            [{"id": "pack_smaller", "title": "t", "action": "a", "est_loader_speedup": 3.0,
                              "basis": "b"}])
@@ -191,13 +192,13 @@ def test_uint8_transfer_step_when_float_batches_cross_the_bus():
     audit = audit_model(light_model(), input_size=(3, 16, 16))
     transfer = {"applies": True, "loader_dtype": "float32", "uint8_images_per_s": 4000.0,
                 "float32_images_per_s": 1000.0}
-    steps, _ = _next_steps({"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
+    steps, _ = next_steps({"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
                            {"fp32": {"images_per_s": 3000.0}}, transfer, audit, 64, torch.device("cuda"), None, [], [])
     assert steps[0]["id"] == "uint8_transfer" and steps[0]["est_speedup"] == pytest.approx(2.0)
     # stoker's Loader yields uint8 already on the GPU: no bus stage left, the model bounds.
     alt = [{"id": "pack", "title": "stoker pack", "action": "stoker pack SRC OUT",
             "result": {"images_per_s": 5000.0, "device": "cuda:0"}}]
-    steps, _ = _next_steps({"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
+    steps, _ = next_steps({"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
                            {"fp32": {"images_per_s": 3000.0}}, transfer, audit, 64, torch.device("cuda"), None, alt, [])
     assert [s["id"] for s in steps] == ["pack", "uint8_transfer"]
     assert steps[0]["est_speedup"] == pytest.approx(3.0) and steps[0]["measured"]
@@ -247,7 +248,7 @@ def test_model_file_factory_errors(capsys, shards, tmp_path):
 
 
 def test_model_file_factory_loads(tmp_path):
-    from stoker.tools.diagnose import build_user_model
+    from stoker.tools.diagnose_setup import build_user_model
 
     f = tmp_path / "mynet.py"
     f.write_text("from torch import nn\ndef build(num_classes):\n    return nn.Linear(4, num_classes)\n")
@@ -274,7 +275,7 @@ def test_bad_data_and_flags(capsys, tmp_path, shards):
 
 def test_backend_choice_says_what_and_why(capsys, shards, monkeypatch):
     from stoker.pipeline import deps
-    from stoker.tools.diagnose import backend_choice
+    from stoker.tools.diagnose_setup import backend_choice
 
     monkeypatch.setattr(deps, "HAS_DALI", False)
     monkeypatch.setattr(deps, "has_cuda", lambda: False)
@@ -359,3 +360,32 @@ def test_cli_image_folder_measures_torchvision_and_a_packed_sample(capsys, tmp_p
     assert alt["id"] == "pack" and alt["result"]["dtype"] == "uint8" and alt["result"]["images_per_s"] > 0
     assert any(s["id"] == "pack" for s in d["next_steps"] + d["not_helping"])
     assert not list((tmp_path / "tmp").iterdir())  # the packed sample is removed
+
+
+@needs_loader
+@pytest.mark.slow
+def test_diagnose_python_api_takes_a_module(shards):
+    from stoker.tools.diagnose import Diagnosis, diagnose
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+    lines = []
+    result = diagnose(shards, model=net, batch_size=4, crop=32, seconds=0.1, device="cpu", channels_last="off",
+                      progress=lines.append)
+    assert isinstance(result, Diagnosis) and result.bound in ("loader", "model")
+    assert result.to_dict()["settings"]["model"] == "Sequential" and result.verdict["label"] == f"{result.bound}-bound"
+    assert result.to_dict()["audit"]["total_params"] == 3 * 4 * 9 + 4 + 4 * 3 + 3
+    assert "verdict:" in result.format() and any(line.startswith("loader alone") for line in lines)
+    with pytest.raises(UsageError, match="--batch-size 0 must be >= 1"):
+        diagnose(shards, batch_size=0)
+
+
+def test_loader_hints_from_pack_settings():
+    from types import SimpleNamespace
+
+    from stoker.tools.diagnose_setup import loader_hints
+
+    (hint,) = loader_hints(SimpleNamespace(pack={"short_side": 512, "source": "/src"}), crop=224)
+    assert hint["id"] == "pack_smaller" and hint["action"] == "stoker pack /src OUT --short-side 256"
+    assert hint["est_loader_speedup"] == pytest.approx(4.0 ** 0.65)
+    assert loader_hints(SimpleNamespace(pack={"short_side": 256}), crop=224) == []
+    assert loader_hints(SimpleNamespace(pack={"fixture": True}), crop=224) == []
