@@ -28,6 +28,7 @@ from .packsource import Item
 from .sanitize import Sanitized, Settings, sanitize
 
 MAX_RETRIES = 3  # times Ray reruns a task whose worker died
+PROBE_TIMEOUT = 10.0  # seconds to connect to --ray-address before giving up
 CHUNK = 16  # images per task: amortizes Ray's per-task overhead (~1 ms)
 
 
@@ -55,6 +56,8 @@ def session(address: Optional[str], num_cpus: int) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
+    if address:
+        _probe(address)
     kw: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "configure_logging": True}
     try:
         if address:
@@ -76,6 +79,22 @@ class InputFailed(Exception):
     def __init__(self, path: str, why: str):
         super().__init__(path, why)
         self.path, self.why = path, why
+
+
+def _probe(address: str) -> None:
+    """Fail in seconds when nothing listens at a ``host:port`` / ``ray://host:port`` address
+    (``ray.init`` itself waits minutes for an unreachable cluster)."""
+    import socket
+
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto", "local": Ray resolves those itself, quickly
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT).close()
+    except OSError as e:
+        raise RayFailed(f"cannot reach the Ray cluster at {address}: {e.strerror or e} (is the head node up? "
+                        f"`ray start --head` prints its address)") from None
 
 
 def _run_chunk(fn: Callable[[str, Settings], Sanitized], paths: list[str], settings: Settings) -> list[Sanitized]:

@@ -1,7 +1,6 @@
 """Fixtures of the tools tests: real storage servers on 127.0.0.1 (see tests/storage_servers.py)."""
 
 import pytest
-
 from storage_servers import S3Server, s3_server
 
 

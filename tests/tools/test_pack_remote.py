@@ -12,12 +12,17 @@ import time
 from pathlib import Path
 
 import pytest
-from stoker.pipeline.storage import MissingExtra, StorageError, Store, is_url, parse_storage_options
+from stoker.pipeline.storage import (
+    MissingExtra,
+    StorageError,
+    Store,
+    is_url,
+    parse_storage_options,
+)
 from stoker.tools import ray_engine
 from stoker.tools.cli import main as cli
 from stoker.tools.packsource import scan
 from stoker.tools.synth import make_image_folder
-
 from storage_servers import dead_endpoint
 
 CLASSES = ("circles", "rings", "squares")
@@ -184,6 +189,31 @@ def test_storage_options_and_urls(s3):
         Store("nosuch://x/y")
     with pytest.raises(StorageError, match=r"^s3://b/ds: TypeError: .*no_such_option"):
         Store("s3://b/ds", {"no_such_option": 1}).check()
+
+
+def test_http_server_serves_what_store_reads(tmp_path):
+    from storage_servers import http_server
+
+    (tmp_path / "ds" / "train").mkdir(parents=True)
+    (tmp_path / "ds" / "train" / "stoker.json").write_bytes(b'{"format": 1}')
+    with http_server(tmp_path) as base:
+        store = Store(f"{base}/ds")
+        assert store.read_bytes("train/stoker.json") == b'{"format": 1}'
+        assert store.read_bytes("train/missing.json") is None
+        store.get_file("train/stoker.json", tmp_path / "copy.json")
+    assert (tmp_path / "copy.json").read_bytes() == b'{"format": 1}' and len(list(tmp_path.iterdir())) == 2
+
+
+def test_unreachable_ray_cluster_is_one_line_and_fast(tmp_path, capsys):
+    pytest.importorskip("ray")
+    src = folder(tmp_path / "src", per_class=1)
+    t0 = time.monotonic()
+    assert pack(src, tmp_path / "out", "--engine", "ray", "--ray-address", dead_endpoint().replace("http", "ray")) == 1
+    err = capsys.readouterr().err.strip()
+    assert time.monotonic() - t0 < 20
+    assert len(err.splitlines()) == 1 and "cannot reach the Ray cluster at ray://127.0.0.1:" in err, err
+    assert pack(src, tmp_path / "out", "--ray-address", "auto") == 2
+    assert "--ray-address needs --engine ray" in capsys.readouterr().err
 
 
 # --- the Ray engine: one local Ray (2 CPUs) for the module ---
