@@ -16,14 +16,15 @@ examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
-from .cli import get_args_parser, run_command
 from .errors import UsageError
 
 HELP = "the main job on a built-in dataset: generate, pack, benchmark the loader, train, summarize"
@@ -35,7 +36,8 @@ def default_cache() -> Path:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache", type=Path, default=None, help=f"where data, shards and runs go (default: {default_cache()})")
+    p.add_argument("--cache", type=Path, default=None,
+                   help=f"where data, shards and runs go (default: {default_cache()})")
     p.add_argument("--per-class", type=int, default=200, help="training images per class (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=4, help="training epochs (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=64, help="(default: %(default)s)")
@@ -59,76 +61,147 @@ def _generate(images: Path, *, per_class: int, val_per_class: int) -> None:
     os.replace(tmp, images)
 
 
-def main(args: argparse.Namespace) -> int:
+def _pack(src: Path, out: Path, **settings) -> None:
+    """Pack ``src`` into ``out`` (settings: `stoker pack` flags as keywords, True for a bare flag)."""
+    from .cli import run_command  # TODO(pack API): stoker.tools.pack.pack(src, out, **settings)
+
+    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in settings.items()]
+    run_command(["pack", str(src), str(out), *flags])
+
+
+@dataclasses.dataclass
+class DemoResult:
+    """What :func:`demo` did; :meth:`to_dict` is ``stoker demo --json``.
+
+    Attributes:
+        images: The generated ImageFolder (``train/``, ``val/``).
+        shards: Where it was packed.
+        run: The training run folder (checkpoints, metrics).
+        packed: Images packed per split (``train``, ``val``).
+        rejected: Inputs listed in ``rejects.jsonl``.
+        loader: stoker's Loader against torchvision ImageFolder: ``torchvision_images_per_s``,
+            ``stoker_images_per_s``, ``stoker_backend``, ``speedup``.
+        train: From the training summary: ``images_per_s``, ``data_wait``, ``val_top1``,
+            ``val_top5``, ``val_samples``, ``train_loss``, ``steps``, ``seconds``, ``device``, ``amp``.
+        chance_top1: Top-1 of guessing (1 / classes).
+        seconds: The whole run.
+    """
+
+    images: str
+    shards: str
+    run: str
+    packed: dict
+    rejected: int
+    loader: dict
+    train: dict
+    chance_top1: float
+    seconds: float
+
+    def to_dict(self) -> dict:
+        """The JSON-ready summary."""
+        return dataclasses.asdict(self)
+
+    def format_summary(self) -> str:
+        """The human summary ``stoker demo`` prints."""
+        t, b = self.train, self.loader
+        top1 = t["val_top1"]
+        verdict = "above chance" if top1 is not None and top1 > 2 * self.chance_top1 else "NOT clearly above chance"
+        return "\n".join([
+            "",
+            "stoker demo: summary",
+            f"  packed        {self.packed['train']:,} train + {self.packed['val']:,} val images, "
+            f"{self.rejected} rejected (listed in {Path(self.shards) / 'rejects.jsonl'})",
+            f"  loader        stoker {b['stoker_images_per_s']:,.0f} img/s ({b['stoker_backend']}) vs torchvision "
+            f"{b['torchvision_images_per_s']:,.0f} img/s: {b['speedup']:.1f}x",
+            f"  training      {t['images_per_s'] or 0:,.0f} img/s on {t['device']} (amp {t['amp']}), "
+            f"data wait {100 * (t['data_wait'] or 0):.0f}% of train time, {t['steps']} steps in {t['seconds']:.0f} s",
+            f"  val top-1     {100 * (top1 or 0):.1f}% (top-5 {100 * (t['val_top5'] or 0):.1f}%, chance "
+            f"{100 * self.chance_top1:.1f}%): {verdict}",
+            f"  run           {self.run}",
+            f"  total         {self.seconds:.0f} s",
+        ])
+
+
+def demo(*, cache: str | Path | None = None, per_class: int = 200, epochs: int = 4, batch_size: int = 64,
+         crop: Optional[int] = None, device: str = "auto", bench_seconds: float = 8.0, tiny: bool = False,
+         say: Optional[Callable[[str], None]] = None) -> DemoResult:
+    """Generate a small dataset, pack it, benchmark the loader on it, train on it.
+
+    The dataset and shards are cached in ``cache`` and reused; each call trains anew.
+
+    Args:
+        cache: Where data, shards and runs go (None: :func:`default_cache`).
+        per_class: Training images per class (val gets a fifth, at least 4).
+        epochs: Training epochs.
+        batch_size: Batch size of the benchmark and of training.
+        crop: Crop side (None: 224 on a GPU, 64 on the CPU).
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+        bench_seconds: Time per loader measured.
+        tiny: A smoke run of a few seconds: 12 per class, 1 epoch, 1 s per loader, batch <= 16.
+        say: Called with a line as each of the four steps starts.
+
+    Returns:
+        The :class:`DemoResult`.
+
+    Raises:
+        UsageError: A setting below 1, a cache folder that cannot be made, or a loader that fails.
+    """
+    from stoker.model.train import TrainConfig, train
     from stoker.pipeline.deps import has_cuda
     from stoker.pipeline.manifest import Manifest
 
-    if args.tiny:
-        args.per_class, args.epochs, args.bench_seconds = 12, 1, 1.0
-        args.batch_size = min(args.batch_size, 16)
-    for name in ("per_class", "epochs", "batch_size"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    gpu = args.device.startswith("cuda") or (args.device == "auto" and has_cuda())
-    crop = args.crop or (224 if gpu else 64)
-    cache = (args.cache or default_cache()).expanduser()
+    say = say or (lambda line: None)
+    if tiny:
+        per_class, epochs, bench_seconds, batch_size = 12, 1, 1.0, min(batch_size, 16)
+    for name, value in (("per-class", per_class), ("epochs", epochs), ("batch-size", batch_size)):
+        if value < 1:
+            raise UsageError(f"--{name} must be >= 1, got {value}")
+    gpu = device.startswith("cuda") or (device == "auto" and has_cuda())
+    crop = crop or (224 if gpu else 64)
+    cache = Path(cache or default_cache()).expanduser()
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot create cache directory {cache}: {e.strerror}") from None
-    tag = f"{args.per_class}pc"
-    images, shards = cache / f"images-{tag}", cache / f"shards-{tag}"
+    images, shards = cache / f"images-{per_class}pc", cache / f"shards-{per_class}pc"
     t0 = time.perf_counter()
 
-    print(f"[1/4] dataset: {images}", flush=True)
-    _generate(images, per_class=args.per_class, val_per_class=max(4, args.per_class // 5))
+    say(f"[1/4] dataset: {images}")
+    _generate(images, per_class=per_class, val_per_class=max(4, per_class // 5))
 
-    print(f"[2/4] pack: {shards}", flush=True)
-    run_command(["pack", str(images), str(shards), "--quiet"])
+    say(f"[2/4] pack: {shards}")
+    _pack(images, shards, quiet=True)
     train_m, val_m = Manifest.load(shards / "train"), Manifest.load(shards / "val")
     rejects = (shards / "rejects.jsonl").read_text().splitlines() if (shards / "rejects.jsonl").exists() else []
 
-    print(f"[3/4] loader benchmark ({args.bench_seconds:g} s each, crop {crop}, batch {args.batch_size})", flush=True)
+    say(f"[3/4] loader benchmark ({bench_seconds:g} s each, crop {crop}, batch {batch_size})")
     # On val: torchvision's ImageFolder would crash on the broken files planted in train/.
-    bench = _bench(shards / "val", images / "val", crop=crop, batch_size=args.batch_size,
-                   seconds=args.bench_seconds)
+    loader = _bench(shards / "val", images / "val", crop=crop, batch_size=batch_size, seconds=bench_seconds)
 
-    print(f"[4/4] train the inception-block network, {args.epochs} epoch(s)", flush=True)
-    from stoker.model.train import TrainConfig, train
-
+    say(f"[4/4] train the inception-block network, {epochs} epoch(s)")
     run_dir = cache / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    summary = train(TrainConfig(data=str(shards), out=str(run_dir), arch="inception", epochs=args.epochs,
-                                batch_size=args.batch_size, crop=crop, device=args.device, seed=0,
-                                warmup_epochs=min(1.0, args.epochs / 4), lr=0.05 if not args.tiny else None,
+    summary = train(TrainConfig(data=str(shards), out=str(run_dir), arch="inception", epochs=epochs,
+                                batch_size=batch_size, crop=crop, device=device, seed=0,
+                                warmup_epochs=min(1.0, epochs / 4), lr=0.05 if not tiny else None,
                                 progress=sys.stderr.isatty(), log_every=10))
-    result = {
-        "images": str(images), "shards": str(shards), "run": str(run_dir),
-        "packed": {"train": train_m.num_samples, "val": val_m.num_samples},
-        "rejected": len(rejects),
-        "loader": bench,
-        "train": {k: summary.get(k) for k in ("images_per_s", "data_wait", "val_top1", "val_top5", "val_samples",
-                                              "train_loss", "steps", "seconds", "device", "amp")},
-        "chance_top1": 1 / len(train_m.classes),
-        "seconds": time.perf_counter() - t0,
-    }
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        print(format_summary(result))
-    return 0
+    keys = ("images_per_s", "data_wait", "val_top1", "val_top5", "val_samples", "train_loss", "steps", "seconds",
+            "device", "amp")
+    return DemoResult(images=str(images), shards=str(shards), run=str(run_dir),
+                      packed={"train": train_m.num_samples, "val": val_m.num_samples}, rejected=len(rejects),
+                      loader=loader, train={k: summary.get(k) for k in keys}, chance_top1=1 / len(train_m.classes),
+                      seconds=time.perf_counter() - t0)
 
 
 def _bench(shards: Path, images: Path, *, crop: int, batch_size: int, seconds: float) -> dict:
     """stoker's Loader vs the torchvision ImageFolder baseline, side by side (`stoker bench`)."""
     from stoker.pipeline.deps import HAS_DALI
 
-    from . import bench
+    from .bench import bench
 
     ours = "stoker-dali" if HAS_DALI else "stoker-pil"
-    args = get_args_parser().parse_args([
-        "bench", str(shards), "--images", str(images), "--only", f"torchvision,{ours}", "--crop", str(crop),
-        "--batch-size", str(batch_size), "--seconds", str(seconds), "--epochs", "3", "--warmup", "1"])
-    rows = {r["pipeline"]: r for r in bench.run_bench(args)["rows"]}
+    result = bench(shards, images=images, only=["torchvision", ours], crop=crop, batch_size=batch_size,
+                   seconds=seconds, epochs=3, warmup=1, progress=True)
+    rows = {r["pipeline"]: r for r in result.rows}
     for r in rows.values():
         if "img_s" not in r:
             raise UsageError(f"loader benchmark failed ({r['label']}): {r.get('error')}")
@@ -137,21 +210,9 @@ def _bench(shards: Path, images: Path, *, crop: int, batch_size: int, seconds: f
             "stoker_backend": ours.split("-")[1], "speedup": mine / base}
 
 
-def format_summary(r: dict) -> str:
-    t, b = r["train"], r["loader"]
-    top1 = t["val_top1"]
-    verdict = "above chance" if top1 is not None and top1 > 2 * r["chance_top1"] else "NOT clearly above chance"
-    return "\n".join([
-        "",
-        "stoker demo: summary",
-        f"  packed        {r['packed']['train']:,} train + {r['packed']['val']:,} val images, "
-        f"{r['rejected']} rejected (listed in {Path(r['shards']) / 'rejects.jsonl'})",
-        f"  loader        stoker {b['stoker_images_per_s']:,.0f} img/s ({b['stoker_backend']}) vs torchvision "
-        f"{b['torchvision_images_per_s']:,.0f} img/s: {b['speedup']:.1f}x",
-        f"  training      {t['images_per_s'] or 0:,.0f} img/s on {t['device']} (amp {t['amp']}), "
-        f"data wait {100 * (t['data_wait'] or 0):.0f}% of train time, {t['steps']} steps in {t['seconds']:.0f} s",
-        f"  val top-1     {100 * (top1 or 0):.1f}% (top-5 {100 * (t['val_top5'] or 0):.1f}%, chance "
-        f"{100 * r['chance_top1']:.1f}%): {verdict}",
-        f"  run           {r['run']}",
-        f"  total         {r['seconds']:.0f} s",
-    ])
+def main(args: argparse.Namespace) -> int:
+    result = demo(cache=args.cache, per_class=args.per_class, epochs=args.epochs, batch_size=args.batch_size,
+                  crop=args.crop, device=args.device, bench_seconds=args.bench_seconds, tiny=args.tiny,
+                  say=lambda line: print(line, flush=True))
+    print(json.dumps(result.to_dict(), indent=1) if args.json else result.format_summary())
+    return 0

@@ -17,21 +17,12 @@ class DiagnoseError(StokerError):
 
 
 def resolve_amp(amp: str, device) -> tuple[Optional[str], str]:
-    """``(dtype or None, why)`` for the AMP measurement on ``device``."""
-    import torch
+    """``(dtype or None, why)`` for the AMP measurement on ``device``: the training runtime's
+    policy (:func:`stoker.model.train.runtime.resolve_amp`), plus bf16 on CPUs with native bf16."""
+    from stoker.model.train.runtime import resolve_amp as policy
 
-    from .diagnose_measure import cpu_bf16
-
-    dev = torch.device(device)
-    if amp == "off":
-        return None, "--amp off"
-    if amp in ("bf16", "fp16"):
-        return amp, f"--amp {amp}"
-    if dev.type == "cuda":
-        return ("bf16", "GPU supports bf16") if torch.cuda.is_bf16_supported() else ("fp16", "GPU lacks bf16")
-    if dev.type == "cpu" and cpu_bf16():
-        return "bf16", "CPU has native bf16"
-    return None, "skipped: no native bf16 on this CPU (AVX512-BF16/AMX); --amp bf16 measures it anyway"
+    spec = policy(amp, device, native_cpu_bf16=True)
+    return (spec.name if spec.enabled else None), spec.why
 
 
 def has_conv(model) -> bool:

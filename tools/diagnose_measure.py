@@ -13,11 +13,11 @@ import os
 import platform
 import sys
 import time
-from contextlib import nullcontext
 from typing import Callable, Iterable, Optional
 
 import torch
 from stoker.model.throughput import synchronize
+from stoker.model.train.runtime import cpu_bf16
 from torch import nn
 
 
@@ -102,23 +102,25 @@ def _loss(out, labels: torch.Tensor) -> torch.Tensor:
     return out.float().mean()
 
 
-class TrainStep:
-    """One SGD training step of ``model``: normalize uint8 on the device, forward, loss, backward, step.
-
-    Float batches (a torchvision pipeline's output) go to the model as they are; uint8 batches
-    pass through :class:`stoker.model.Normalize` first, unless the model already has one.
-    No host sync inside a step (the loss stays on the device).
+class _EndToEndStep:
+    """The step :func:`measure_end_to_end` times: the batch moved to ``device`` (and to
+    channels_last), uint8 normalized there by :class:`stoker.model.Normalize` unless the model
+    has one (float batches, a torchvision pipeline's, go in as they are), then stoker's one
+    training step, :class:`stoker.model.train.step.TrainStep` (SGD, autocast, GradScaler for
+    fp16 on CUDA). No host sync inside a step (the loss stays on the device).
 
     Args:
         model: The network; moved to ``device`` (and to channels_last when asked) in place.
         device: Where the step runs.
-        amp: ``None`` (fp32), ``"bf16"`` or ``"fp16"`` (autocast; fp16 with a GradScaler on CUDA).
+        amp: ``None`` (fp32), ``"bf16"`` or ``"fp16"``.
         channels_last: Convert the model and each batch to channels_last.
     """
 
     def __init__(self, model: nn.Module, *, device, amp: Optional[str] = None, channels_last: bool = False,
                  lr: float = 0.01) -> None:
         from stoker.model.normalize import Normalize, has_normalize
+        from stoker.model.train.runtime import make_scaler, resolve_amp
+        from stoker.model.train.step import TrainStep
 
         if amp not in (None, "bf16", "fp16"):
             raise ValueError(f"amp={amp!r} must be None, 'bf16' or 'fp16'")
@@ -126,29 +128,21 @@ class TrainStep:
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.model = model.to(self.device, memory_format=self.memory_format).train()
         self.normalize = None if has_normalize(model) else Normalize().to(self.device)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.9)
-        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
-        self.scaler = (torch.amp.GradScaler("cuda") if amp == "fp16" and self.device.type == "cuda" else None)
+        spec = resolve_amp(amp or "off", self.device)
+        scaler = make_scaler(spec) if spec.name == "fp16" and self.device.type == "cuda" else None
+        opt = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.9)
+        self.step = TrainStep(self._forward, opt, _loss, amp=spec, scaler=scaler)
+
+    def _forward(self, images: torch.Tensor):
+        normalize = self.normalize is not None and images.dtype == torch.uint8
+        return self.model(self.normalize(images) if normalize else images)
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
         if images.dim() == 4:
             images = images.contiguous(memory_format=self.memory_format)
-        ctx = (torch.autocast(device_type=self.device.type, dtype=self.dtype) if self.dtype is not None
-               else nullcontext())
-        with ctx:
-            x = self.normalize(images) if (self.normalize is not None and images.dtype == torch.uint8) else images
-            loss = _loss(self.model(x), labels)
-        self.opt.zero_grad(set_to_none=True)
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.opt)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.opt.step()
-        return loss.detach()
+        return self.step(images, labels)
 
     def restore(self) -> None:
         """Put the model back in contiguous memory format (after a channels_last measurement)."""
@@ -208,7 +202,7 @@ def measure_end_to_end(loader: Iterable, model: nn.Module, *, device, amp: Optio
     """
     device = torch.device(device)
     it = _batches(loader)
-    step = TrainStep(model, device=device, amp=amp, channels_last=channels_last)
+    step = _EndToEndStep(model, device=device, amp=amp, channels_last=channels_last)
     try:
         for _ in range(warmup_batches):
             images, labels = next(it)[:2]
@@ -269,14 +263,6 @@ def dist_version(*names: str) -> Optional[str]:
         except PackageNotFoundError:
             continue
     return None
-
-
-def cpu_bf16() -> bool:
-    """True when this CPU has native bf16 math (AVX512-BF16 or AMX), so CPU autocast can pay off."""
-    try:
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except AttributeError:  # older torch
-        return False
 
 
 def environment() -> dict:
