@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Union
 import torch
 from torch import nn
 
+from stoker import __version__
 from stoker.pipeline.fsutil import atomic_write
 
 from ..checkpoint import (CheckpointError, StopSignals, load_checkpoint, load_model_state, rng_state,
@@ -43,12 +44,6 @@ def _default_loader_factory(path: str, **kw: Any) -> Any:
     from stoker.pipeline import Loader
 
     return Loader(path, **kw)
-
-
-def _stoker_version() -> str:
-    from stoker import __version__
-
-    return __version__
 
 
 class _Window:
@@ -151,7 +146,7 @@ class _Run:
             "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
             "warmup_steps": self.warmup_steps, "params": count_parameters(net),
             "has_val": self.val_loader is not None,
-            "torch": str(torch.__version__), "stoker": _stoker_version(),
+            "torch": str(torch.__version__), "stoker": __version__,
         }
         if cfg.resume:
             self._resume()
@@ -314,14 +309,14 @@ class _Run:
 
     def _close_window(self, epoch: int, window: _Window, signals: StopSignals, bar: Any) -> None:
         """Read the window's loss (the one host<->device sync of the window, and the DDP stop vote); log it."""
-        d, dev = self.dist, self.device
-        red = torch.stack([window.loss.double(), torch.tensor(float(window.steps), dtype=torch.float64, device=dev),
-                           torch.tensor(float(signals.received is not None), dtype=torch.float64, device=dev)])
-        loss_sum, n_sum, stop_votes = all_reduce_sum(red, d).tolist()
+        counts = torch.tensor([window.steps, signals.received is not None], dtype=torch.float64, device=self.device)
+        totals = all_reduce_sum(torch.cat([window.loss.double()[None], counts]), self.dist)
+        loss_sum, n_sum, stop_votes = totals.tolist()
         seconds = time.perf_counter() - window.t0
         self.last_loss = loss_sum / n_sum
-        ips = window.images * d.world_size / seconds
-        self.windows.append((window.images * d.world_size, seconds, window.wait))
+        images = window.images * self.dist.world_size
+        ips = images / seconds
+        self.windows.append((images, seconds, window.wait))
         self.write_metrics({"kind": "train", "epoch": epoch, "step": self.step, "loss": self.last_loss,
                             "images_per_s": ips, "data_wait": window.wait / seconds,
                             "lr": self.scheduler.get_last_lr()[0], "time": time.time()})
