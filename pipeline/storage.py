@@ -122,8 +122,7 @@ def _defaults(proto: str) -> dict[str, Any]:
         if _env_endpoint(proto):  # older botocore ignores AWS_ENDPOINT_URL: pass it on
             opts["endpoint_url"] = _env_endpoint(proto)
         return opts
-    if proto in ("gs", "gcs"):
-        return {"timeout": READ_TIMEOUT}
+    # gs:// keeps gcsfs's own retry policy (its timeout knobs are not a stable API)
     if proto in ("http", "https"):
         import aiohttp
 

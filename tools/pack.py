@@ -106,7 +106,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", nargs="?", metavar="SRC",
                    help="image folder, train/+val/ tree, or CSV/TSV of path,label (integer labels must be in "
                         f"0..{MAX_LABEL:,}; other rows are rejected)")
-    p.add_argument("out", nargs="?", metavar="OUT", help="output folder (created)")
+    p.add_argument("out", nargs="?", metavar="OUT",
+                   help="output folder (created), or a URL: s3://bucket/ds, gs://..., any fsspec URL")
     g = p.add_argument_group("images")
     g.add_argument("--short-side", type=int, default=256, metavar="PX",
                    help="resize down so the shorter side is at most PX (0: keep the size; default 256)")
@@ -134,7 +135,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--part", metavar="I/N", help="pack only part I of N of the shuffled list (0-based)")
     g.add_argument("--merge", metavar="OUT", help="write the manifests of OUT once all its --part runs finished")
     g.add_argument("--engine", choices=("local", "ray"), default="local",
-                   help="local: a process pool on this machine (default); ray: Ray tasks (pip install stoker[ray])")
+                   help="local: a process pool on this machine (default); ray: Ray tasks (pip install stoker[ray]) "
+                        "on --ray-address, or on a local Ray with --workers CPUs; the output is the same")
     g.add_argument("--ray-address", metavar="ADDR",
                    help="the Ray cluster to run on (auto, ray://head:10001; default: a local Ray on this machine)")
     g.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
@@ -145,7 +147,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "config_kwargs.read_timeout=30)")
     g.add_argument("--staging", metavar="DIR",
                    help="local folder for the journal and the shards on their way up (default: "
-                        "~/.cache/stoker/pack-staging/<hash of OUT>); needs room for about one shard per worker")
+                        "~/.cache/stoker/pack-staging/<hash of OUT>); needs room for about two shards")
 
 
 def _check_out(src: Path, out: Path, what: str = "OUT") -> None:
@@ -267,13 +269,33 @@ def _sanitizer(settings: Settings, workers: int, base: Path, engine: str):
 class _Remote:
     """OUT is a URL: shards are built in the local staging folder (which holds the journal
     and the locks), uploaded as each is finished and then removed from staging; the
-    manifests are uploaded last. Uploads are atomic for readers (see ``Store.put_file``)."""
+    manifests are uploaded last. Uploads are atomic for readers (see ``Store.put_file``).
+
+    One upload runs in a background thread while the next shard is being built, so the
+    workers do not wait on the network; its error surfaces at the next :meth:`publish`
+    or :meth:`flush`.
+    """
 
     def __init__(self, store: Store, staging: Path):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.store, self.staging = store, staging
         self.listing: dict[str, dict[str, int]] = {}
+        self._uploader = ThreadPoolExecutor(1, thread_name_prefix="stoker-upload")
+        self._pending = None
 
     def publish(self, split_dir: Path, name: str) -> None:
+        """Upload a finished, journaled shard and its index (in the background), then drop them from staging."""
+        self.flush()
+        self._pending = self._uploader.submit(self._upload, split_dir, name)
+
+    def flush(self) -> None:
+        """Wait for the upload in flight; raises its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _upload(self, split_dir: Path, name: str) -> None:
         from stoker.pipeline.manifest import idx_path
 
         tar = split_dir / name
@@ -608,6 +630,8 @@ def _pack(args, out: Path, source: Source, identity: dict, settings: Settings, s
         run[split] = pack_part(out, split, source, part=part, parts=parts,
                                settings=settings, shard_size=shard_size, samples_per_shard=args.samples_per_shard,
                                workers=args.workers, progress=not args.quiet, engine=args.engine, remote=remote)
+    if remote is not None:
+        remote.flush()  # every shard is up before the manifests are planned
     restored = sum(r["restored"] for r in run.values())
     if restored:
         print(f"restored {restored} missing or damaged shard(s) of {where}", file=sys.stderr)

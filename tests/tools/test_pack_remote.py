@@ -131,6 +131,31 @@ def test_kill_9_mid_upload_then_rerun_uploads_only_the_rest(tmp_path, s3, src_an
     assert remote_tree(s3, bucket) == local
 
 
+def test_upload_failing_midway_is_one_line_and_rerun_finishes(tmp_path, s3, src_and_local, monkeypatch, capsys):
+    from stoker.pipeline.storage import storage_errors
+
+    src, local = src_and_local
+    bucket = s3.bucket()
+    real = Store.put_file
+    calls = []
+
+    def flaky(self, path, rel):  # the server goes away after four uploads
+        calls.append(rel)
+        if len(calls) > 4:
+            with storage_errors(self.url_of(rel)):
+                raise ConnectionRefusedError(111, "Connection refused")
+        return real(self, path, rel)
+
+    monkeypatch.setattr(Store, "put_file", flaky)
+    assert pack(src, f"s3://{bucket}/ds", *SHARD) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"cannot reach the server of s3://{bucket}/ds/train/train-000002.idx" in err
+    assert set(remote_tree(s3, bucket)) == {f"train/train-00000{i}.{e}" for i in (0, 1) for e in ("idx", "tar")}
+    monkeypatch.setattr(Store, "put_file", real)
+    assert pack(src, f"s3://{bucket}/ds", *SHARD) == 0
+    assert remote_tree(s3, bucket) == local
+
+
 def test_unreachable_server_is_one_line_and_fast(tmp_path, s3, monkeypatch, capsys):
     src = folder(tmp_path / "src", per_class=1)
     monkeypatch.setenv("AWS_ENDPOINT_URL", dead_endpoint())
