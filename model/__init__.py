@@ -22,7 +22,10 @@ _EXPORTS = {
     "CheckpointError": "checkpoint", "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint",
 }
 
-__all__ = list(_EXPORTS)
+__all__ = [
+    "IMAGENET_MEAN", "IMAGENET_STD", "Normalize", "with_normalize", "InceptionNet", "build_model",
+    "count_parameters", "measure_model", "CheckpointError", "save_checkpoint", "load_checkpoint",
+]
 
 if TYPE_CHECKING:
     from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint

@@ -32,7 +32,10 @@ _EXPORTS = {
     "train": "loop", "evaluate": "evaluation", "plot_metrics": "plotting",
 }
 
-__all__ = list(_EXPORTS)
+__all__ = [
+    "TrainConfig", "AMP_CHOICES", "OPTIMIZERS", "TASKS", "AmpSpec", "resolve_amp", "resolve_device",
+    "TrainStep", "lr_factor", "make_optimizer", "train", "evaluate", "plot_metrics",
+]
 
 if TYPE_CHECKING:
     from .config import AMP_CHOICES, OPTIMIZERS, TASKS, TrainConfig

@@ -348,7 +348,7 @@ class _Run:
 
     def _summary(self, seconds: float) -> dict[str, Any]:
         timed = self.windows[1:] if len(self.windows) > 1 else self.windows  # the first holds warm-up/compile
-        t_images, t_seconds, t_wait = (sum(x) for x in zip(*timed)) if timed else (0, 0.0, 0.0)
+        t_images, t_seconds, t_wait = (sum(x) for x in zip(*timed, strict=True)) if timed else (0, 0.0, 0.0)
         val = self.val or {}
         return {
             "run_dir": str(self.out),

@@ -1,7 +1,5 @@
 import os
-import pickle
 import random
-import zipfile
 
 import numpy as np
 import pytest

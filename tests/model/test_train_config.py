@@ -61,3 +61,14 @@ def test_explicit_amp_is_taken_as_asked():
     for amp, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("off", torch.float32)):
         spec = resolve_amp(amp, "cpu", native_cpu_bf16=True)
         assert (spec.name, spec.dtype, spec.enabled, spec.why) == (amp, dtype, amp != "off", f"--amp {amp}")
+
+
+@pytest.mark.parametrize("package", ["stoker.model", "stoker.model.train"])
+def test_every_public_name_resolves_and_nothing_else(package):
+    import importlib
+
+    mod = importlib.import_module(package)
+    assert sorted(mod.__all__) == sorted(mod._EXPORTS)
+    assert all(getattr(mod, name) is not None for name in mod.__all__)
+    for internal in ("run_training", "ReportNet", "weights_digest", "_Run"):
+        assert not hasattr(mod, internal), internal

@@ -133,7 +133,7 @@ def test_bad_config_named(data, tmp_path, kw, name):
 def test_lr_schedule_shape():
     f = [lr_factor(s, warmup_steps=4, total_steps=20) for s in range(20)]
     assert f[:4] == [0.25, 0.5, 0.75, 1.0]
-    assert all(a >= b for a, b in zip(f[4:], f[5:])) and f[-1] > 0
+    assert all(a >= b for a, b in zip(f[4:], f[5:], strict=False)) and f[-1] > 0
     assert lr_factor(20, warmup_steps=4, total_steps=20) == pytest.approx(0.0)
     assert lr_factor(0, warmup_steps=0, total_steps=10) == 1.0
 
