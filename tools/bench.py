@@ -39,6 +39,7 @@ from .bench_runners import torchvision_loader
 from .errors import UsageError
 from .peers import ffcv_bench
 from .peers.timing import epochs, timed
+from .results import Result
 
 # Kept for callers that imported them from here (tools/gpu_check.py, tools/bench_frameworks.py).
 _epochs, _timed = epochs, timed
@@ -67,8 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="default 64")
     p.add_argument("--crop", type=int, default=224, help="default 224")
     p.add_argument("--epochs", type=int, default=3, help="measured epochs per pipeline (default 3)")
-    p.add_argument("--seconds", type=float, default=30.0,
-                   help="stop a pipeline's measurement after this long (default 30)")
+    p.add_argument("--seconds", type=float, default=30.0, help="stop a pipeline's measurement after this long"
+                   " (default 30)")
     p.add_argument("--warmup", type=int, default=3, metavar="BATCHES",
                    help="batches run before timing starts (default 3)")
     p.add_argument("--workers", type=int, default=0, help="workers / threads per pipeline (default: cores)")
@@ -121,7 +122,7 @@ def _fmt_bytes(n: float) -> str:
 
 
 @dataclasses.dataclass
-class BenchResult:
+class BenchResult(Result):
     """What `stoker bench` measured; :meth:`to_dict` is its ``--json`` output.
 
     Attributes:
@@ -151,10 +152,6 @@ class BenchResult:
     rows: list
     summary: dict
     notes: list
-
-    def to_dict(self) -> dict:
-        """The JSON-ready report (``stoker bench --json``)."""
-        return dataclasses.asdict(self)
 
     def format_table(self) -> str:
         """The human table ``stoker bench`` prints."""

@@ -40,6 +40,7 @@ from typing import Optional, Sequence
 
 from .errors import UsageError
 from .peers import plain_pack as plain
+from .results import Result
 from .sanitize import IMAGE_EXTS
 
 HELP = "benchmark stoker pack against a plain webdataset+Pillow loop, 1..N workers"
@@ -146,7 +147,7 @@ def _pillow_name(info: dict) -> str:
 
 
 @dataclasses.dataclass
-class BenchPackResult:
+class BenchPackResult(Result):
     """What `stoker bench-pack` measured; :meth:`to_dict` is its ``--json`` output.
 
     Attributes:
@@ -174,10 +175,6 @@ class BenchPackResult:
     plain_pillow: dict
     plain_python: Optional[str]
     rows: list
-
-    def to_dict(self) -> dict:
-        """The JSON-ready report (``stoker bench-pack --json``)."""
-        return dataclasses.asdict(self)
 
     def format_table(self) -> str:
         """The human report ``stoker bench-pack`` prints."""

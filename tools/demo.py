@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .errors import UsageError
+from .results import Result
 
 HELP = "the main job on a built-in dataset: generate, pack, benchmark the loader, train, summarize"
 
@@ -70,7 +71,7 @@ def _pack(src: Path, out: Path, **settings) -> None:
 
 
 @dataclasses.dataclass
-class DemoResult:
+class DemoResult(Result):
     """What :func:`demo` did; :meth:`to_dict` is ``stoker demo --json``.
 
     Attributes:
@@ -96,10 +97,6 @@ class DemoResult:
     train: dict
     chance_top1: float
     seconds: float
-
-    def to_dict(self) -> dict:
-        """The JSON-ready summary."""
-        return dataclasses.asdict(self)
 
     def format_summary(self) -> str:
         """The human summary ``stoker demo`` prints."""
