@@ -26,7 +26,7 @@ from stoker.tools.synth import make_image_folder
 from storage_servers import dead_endpoint
 
 CLASSES = ("circles", "rings", "squares")
-SHARD = ["--samples-per-shard", "3"]
+SHARD = ["--samples-per-shard", "3", "--val-fraction", "0.25"]  # two splits: train/ and val/
 
 
 def folder(root: Path, **kw) -> Path:
@@ -63,7 +63,7 @@ def test_pack_to_s3_is_byte_identical_to_local_and_reruns_are_up_to_date(tmp_pat
     stage = tmp_path / "stage"
     assert pack(src, url, *SHARD, "--staging", stage) == 0
     assert f"listed in {url}/rejects.jsonl" in capsys.readouterr().out
-    assert remote_tree(s3, bucket) == local and len([k for k in local if k.endswith(".tar")]) == 7
+    assert remote_tree(s3, bucket) == local and len([k for k in local if k.endswith(".tar")]) == 8
     assert not list(stage.rglob("*.tar")) and not list(stage.rglob("*.idx"))  # staged shards left once uploaded
     assert pack(src, url, *SHARD, "--staging", stage) == 0
     assert "is up to date" in capsys.readouterr().out
@@ -126,7 +126,8 @@ def test_kill_9_mid_upload_then_rerun_uploads_only_the_rest(tmp_path, s3, src_an
     real = Store.put_file
     monkeypatch.setattr(Store, "put_file", lambda self, lp, rel: (uploaded.append(rel), real(self, lp, rel))[1])
     assert cli(argv) == 0
-    assert "train/train-000002.tar" in uploaded and uploaded[-1] == "train/stoker.json"
+    assert "train/train-000002.tar" in uploaded
+    assert uploaded[-3:] == ["rejects.jsonl", "train/stoker.json", "val/stoker.json"]  # the manifests last
     assert not {"train/train-000000.tar", "train/train-000001.tar", "train/train-000000.idx"} & set(uploaded)
     assert remote_tree(s3, bucket) == local
 
@@ -294,7 +295,7 @@ def test_ray_task_whose_worker_dies_is_retried(tmp_path, src_and_local, local_ra
 
 def test_ray_job_failing_midway_resumes_on_rerun(tmp_path, src_and_local, local_ray, monkeypatch, capsys):
     src, local = src_and_local
-    rels = [it.rel for it in scan(src, seed=0).splits["train"]]
+    rels = [it.rel for it in scan(src, seed=0, val_fraction=0.25).splits["train"]]
     bad = rels[len(rels) - 2]  # late in the list: earlier shards are finished first
     monkeypatch.setattr(ray_engine, "CHUNK", 2)
     monkeypatch.setattr(ray_engine, "sanitize", functools.partial(_fail_on, bad=bad))
