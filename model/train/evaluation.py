@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..case_study import regress_stats
 from .runtime import AmpSpec, Dist, all_reduce_sum
 
 
@@ -23,8 +24,6 @@ def evaluate(model: nn.Module, loader: Iterable, *, device: torch.device, amp: A
     Returns:
         ``n`` (samples), ``top1``, ``top5`` (None for regress), ``loss`` (mean per sample).
     """
-    from stoker.model.case_study import regress_stats
-
     was_training = model.training
     model.eval()
     stats = torch.zeros(4, dtype=torch.float64, device=device)  # top1, top5, count, loss sum

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..case_study import regress_loss
 from .runtime import AmpSpec
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -64,8 +65,6 @@ def loss_fn(task: str, *, label_smoothing: float = 0.0) -> LossFn:
     """Cross-entropy for ``classify``; for ``regress`` the case study's MSE on the label value."""
     if task == "classify":
         return lambda out, y: F.cross_entropy(out, y, label_smoothing=label_smoothing)
-    from stoker.model.case_study import regress_loss
-
     return regress_loss
 
 
