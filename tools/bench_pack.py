@@ -63,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _pack(src: Path, out: Path, **settings) -> None:
     """Pack ``src`` into ``out``; ``settings`` are `stoker pack` flags as keywords (True: a bare flag)."""
-    from .cli import run_command  # TODO(pack API): stoker.tools.pack.pack(src, out, **settings)
+    # TODO(pack API): stoker.tools.pack.pack(src, out, **settings) once it lands
+    from .cli import run_command
 
     flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in settings.items()]
     run_command(["pack", str(src), str(out), *flags])

@@ -64,7 +64,8 @@ def _generate(images: Path, *, per_class: int, val_per_class: int) -> None:
 
 def _pack(src: Path, out: Path, **settings) -> None:
     """Pack ``src`` into ``out`` (settings: `stoker pack` flags as keywords, True for a bare flag)."""
-    from .cli import run_command  # TODO(pack API): stoker.tools.pack.pack(src, out, **settings)
+    # TODO(pack API): stoker.tools.pack.pack(src, out, **settings) once it lands
+    from .cli import run_command
 
     flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in settings.items()]
     run_command(["pack", str(src), str(out), *flags])
