@@ -102,6 +102,7 @@ class ShardCache:
     def open(self) -> Manifest:
         """Fetch ``stoker.json`` (always: a repacked split is noticed) and every ``.idx`` not
         cached for the shard the manifest names (their sha256 is the key)."""
+        self._remove_dead_parts()
         remote = f"{self.root}/{MANIFEST_NAME}"
         try:
             data = self._fetch_bytes(remote, MANIFEST_NAME)
@@ -120,6 +121,18 @@ class ShardCache:
         stale = [s for s in self.manifest.shards if self._idx_key(s) != s.sha256]
         self._parallel(self._fetch_idx, stale)
         return self.manifest
+
+    def _remove_dead_parts(self) -> None:
+        """Downloads a killed process left (``.<shard>.<pid>.<thread>.part``): removed once
+        that process is gone (a live one may still be writing its own)."""
+        for part in self.dir.glob(".*.part"):
+            try:
+                pid = int(part.name.rsplit(".", 3)[-3])
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                _unlink(part)
+            except (ValueError, IndexError, PermissionError):
+                continue
 
     def _idx_key(self, info: ShardInfo) -> Optional[str]:
         try:

@@ -320,3 +320,17 @@ def test_verify_checks_a_pack_in_s3(tmp_path, s3env, monkeypatch, capsys):
     assert f"s3://{bucket}/nothing does not exist" in capsys.readouterr().err
     assert cli(["verify", str(root), "-q", opt]) == 2
     assert "--storage-option is for a URL" in capsys.readouterr().err
+
+
+def test_a_download_left_by_a_killed_process_is_removed(remote, tmp_path):
+    split, url = remote
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = cache / f".shard-000000.tar.{int(dead.stdout)}.140000.part"
+    live = cache / f".shard-000001.tar.{os.getpid()}.140000.part"
+    stale.write_bytes(b"half a shard")
+    live.write_bytes(b"being written")
+    loader = Loader(url, cache_dir=cache, **KW)
+    assert not stale.exists() and live.exists()
+    assert sorted(epoch(loader, 0)[1]) == list(range(48))
