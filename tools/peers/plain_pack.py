@@ -65,7 +65,7 @@ def pack(items: list, out: str, workers: int, short_side: int, quality: int) -> 
         else:
             results = map(encode, jobs)
         sink = stack.enter_context(wds.ShardWriter(os.path.join(out, "plain-%06d.tar"), maxsize=256e6, verbose=0))
-        for i, ((_, label), data) in enumerate(zip(items, results)):
+        for i, ((_, label), data) in enumerate(zip(items, results, strict=True)):
             sink.write({"__key__": f"{i:09d}", "jpg": data, "cls": label})
             n += 1
     return n
