@@ -27,7 +27,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Union
 
 from . import storage
 from .fsutil import PathLike, atomic_write
@@ -52,6 +52,30 @@ def default_cache_dir(url: str, storage_options: Optional[dict] = None) -> Path:
     """``~/.cache/stoker/shards/<hash of the split URL and its endpoint>`` (``$STOKER_CACHE_DIR``
     and ``$XDG_CACHE_HOME`` respected)."""
     return storage.default_cache_dir() / "shards" / storage.url_key(url, storage_options)
+
+
+def read_manifest(split: Union[PathLike, str], storage_options: Optional[dict] = None) -> Manifest:
+    """The ``stoker.json`` of a split, local or at a URL (one small request; nothing cached):
+    what ``stoker train``/``bench``/``diagnose`` read for class names and sample counts.
+
+    Raises:
+        ManifestError: no manifest there (or not a valid one); one line naming the place.
+        StorageError: the server cannot be reached (one line naming the URL).
+    """
+    if not is_url(split):
+        return Manifest.load(split)
+    url = str(split).rstrip("/")
+    data = storage.Store(url, storage_options).read_bytes(MANIFEST_NAME)
+    if data is None:
+        raise ManifestError(f"no {MANIFEST_NAME} at {url}: pack it with `stoker pack` (or check the URL)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="stoker-manifest-") as tmp:
+        (Path(tmp) / MANIFEST_NAME).write_bytes(data)
+        try:
+            return Manifest.load(tmp)
+        except ManifestError as e:
+            raise ManifestError(str(e).replace(str(Path(tmp) / MANIFEST_NAME), f"{url}/{MANIFEST_NAME}")) from None
 
 
 def _write(f, data: bytes) -> None:
@@ -382,4 +406,4 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
 
 
-__all__ = ["CHUNK", "CacheError", "ShardCache", "default_cache_dir", "is_url"]
+__all__ = ["CHUNK", "CacheError", "ShardCache", "default_cache_dir", "is_url", "read_manifest"]

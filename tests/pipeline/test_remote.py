@@ -181,7 +181,7 @@ def test_the_server_going_away_mid_epoch_is_one_line_naming_shard_and_url(tmp_pa
     assert time.monotonic() - start < 60  # bounded timeouts and attempts, never a hang
     msg = str(e.value)
     assert "\n" not in msg
-    assert f"cannot fetch shard shard-0000" in msg and f"from {url}/shard-0000" in msg
+    assert "cannot fetch shard shard-0000" in msg and f"from {url}/shard-0000" in msg
 
 
 def test_an_unreachable_endpoint_or_a_missing_split_is_one_line(remote, tmp_path, monkeypatch):
@@ -334,3 +334,13 @@ def test_a_download_left_by_a_killed_process_is_removed(remote, tmp_path):
     loader = Loader(url, cache_dir=cache, **KW)
     assert not stale.exists() and live.exists()
     assert sorted(epoch(loader, 0)[1]) == list(range(48))
+
+
+def test_read_manifest_of_a_url_or_a_path(remote, tmp_path):
+    from stoker.pipeline.cache import read_manifest
+
+    split, url = remote
+    assert read_manifest(url) == read_manifest(split) and read_manifest(url).num_samples == 48
+    val = url.rsplit("/", 1)[0] + "/val"
+    with pytest.raises(ManifestError, match=f"no stoker.json at {val}: pack it"):
+        read_manifest(val)
