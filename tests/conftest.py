@@ -1,16 +1,10 @@
-import json
-import os
-import random
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import write_split
+from storage_servers import S3Server, s3_server
 
 from stoker.pipeline.deps import has_cuda
-from stoker.pipeline.manifest import Manifest
-from stoker.tools.shardwriter import ShardWriter
-from stoker.tools.synth import CLASSES, draw, encode
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,30 +14,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-def write_split(split_dir: Path, *, num_samples: int, samples_per_shard: int, seed: int = 0,
-                classes=CLASSES, min_side: int = 40, max_side: int = 96) -> Manifest:
-    """Write tiny procedural shards + manifest directly (no packer): a test fixture.
-
-    Sample ``i`` (global position) has label ``i % len(classes)`` and key ``f"{i:09d}"``.
-    """
-    split_dir.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
-    shards = []
-    for start in range(0, num_samples, samples_per_shard):
-        with ShardWriter(split_dir / f"shard-{start // samples_per_shard:06d}.tar") as w:
-            for i in range(start, min(start + samples_per_shard, num_samples)):
-                label = i % len(classes)
-                size = (rng.randint(min_side, max_side), rng.randint(min_side, max_side))
-                meta = {"path": f"{classes[label]}/{i}.jpg", "width": size[0], "height": size[1],
-                        "class": classes[label]}
-                w.write(f"{i:09d}", {"jpg": encode(draw(classes[label], size, rng), quality=90), "cls": str(label).encode(),
-                                     "json": json.dumps(meta).encode()})
-        shards.append(w.info)
-    m = Manifest(num_samples=num_samples, classes=list(classes), shards=shards, pack={"fixture": True})
-    m.save(split_dir)
-    return m
 
 
 @pytest.fixture
@@ -60,17 +30,20 @@ def tiny_shards(tmp_path):
     return make
 
 
-def run_in_group(cmd, *, timeout, env=None):
-    """``subprocess.run`` for a launcher with children (torchrun and its ranks): it runs in its
-    own process group, killed as a whole on timeout or failure, so no rank outlives the test."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, even when torchrun is gone
-        except ProcessLookupError:
-            pass
-        proc.communicate()
+@pytest.fixture(scope="session")
+def s3_session() -> S3Server:
+    """One moto S3 server for the whole session (started on first use)."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    with s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3(s3_session, monkeypatch, tmp_path) -> S3Server:
+    """The S3 server, with the AWS_* variables pointing every client at it and stoker's cache
+    (pack staging) under tmp_path. Make a bucket with ``s3.bucket()``."""
+    for k, v in s3_session.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "stoker-cache"))
+    return s3_session

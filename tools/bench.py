@@ -38,11 +38,8 @@ from typing import Optional, Sequence
 from .bench_runners import torchvision_loader
 from .errors import UsageError
 from .peers import ffcv_bench
-from .peers.timing import epochs, timed
 from .results import Result
 
-# Kept for callers that imported them from here (tools/gpu_check.py, tools/bench_frameworks.py).
-_epochs, _timed = epochs, timed
 __all__ = ["bench", "BenchResult", "torchvision_loader", "ALL", "LABELS"]
 
 HELP = "side-by-side loader throughput: torchvision, webdataset, DALI reader, FFCV, stoker"

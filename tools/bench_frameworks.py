@@ -38,7 +38,7 @@ def _make_loader(cfg: dict, device):
         loader = Loader(cfg["data"], batch_size=cfg["batch_size"], crop=cfg["crop"], device=device,
                         threads=cfg["workers"])
         return loader, len(loader.dataset.classes)
-    from .bench import torchvision_loader
+    from .bench_runners import torchvision_loader
 
     dl, ds = torchvision_loader(cfg["images"], batch_size=cfg["batch_size"], crop=cfg["crop"],
                                 workers=cfg["workers"], pin_memory=device.type == "cuda")

@@ -292,4 +292,3 @@ def environment() -> dict:
     }
 
 
-_dist_version = dist_version  # tools/gpu_check.py imports it by this name

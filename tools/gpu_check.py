@@ -99,7 +99,7 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
 
     from stoker.pipeline.deps import HAS_DALI, gpu_jpeg_decode, pillow_info, resolve_backend, usable_cores
 
-    from .diagnose_measure import _dist_version
+    from .diagnose_measure import dist_version
 
     cuda = torch.cuda.is_available()
     backend, why = resolve_backend("auto", "cuda" if cuda else "cpu")
@@ -107,7 +107,7 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "python": sys.version.split()[0], "platform": platform.platform(),
-        "torch": torch.__version__, "torchvision": _dist_version("torchvision"),
+        "torch": torch.__version__, "torchvision": dist_version("torchvision"),
         "cuda": cuda, "cuda_version": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
@@ -116,7 +116,7 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
         "auto_backend": backend, "auto_backend_why": why,
         "gpu_jpeg_decode": works, "gpu_jpeg_decode_why": probe,
         # what the other parts need besides torch (a missing one explains a failed part)
-        "modules": {names[0]: _dist_version(*names) for names in (
+        "modules": {names[0]: dist_version(*names) for names in (
             ("numpy",), ("pillow", "pillow-simd"), ("tqdm",), ("pytest",), ("webdataset",))},
     }
 
@@ -234,7 +234,7 @@ def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
 def _measure_loader(ctx: dict, backend: str, device: str) -> dict:
     from stoker.pipeline import Loader
 
-    from .bench import _epochs, _timed
+    from .peers.timing import epochs, timed
 
     loader = Loader(ctx["split"], batch_size=ctx["batch_size"], crop=ctx["crop"], backend=backend,
                     device=device, train=True)
@@ -243,7 +243,7 @@ def _measure_loader(ctx: dict, backend: str, device: str) -> dict:
         loader.set_epoch(e)
         return iter(loader)
 
-    r = _timed(_epochs(epoch, 10 ** 6), {"warmup": 3 if not ctx["smoke"] else 1, "seconds": ctx["loader_seconds"]})
+    r = timed(epochs(epoch, 10 ** 6), {"warmup": 3 if not ctx["smoke"] else 1, "seconds": ctx["loader_seconds"]})
     r.update({"backend": loader.backend, "device": device,
               "gpu_fallbacks": getattr(loader._runner, "gpu_fallbacks", None)})
     return r

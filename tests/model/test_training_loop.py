@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import run_in_group, write_split
+from helpers import run_in_group, write_split
 from fake_loader import factory
 from stoker.model import build_model, load_checkpoint, with_normalize
 from stoker.model.checkpoint import CheckpointError, weights_digest

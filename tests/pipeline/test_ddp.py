@@ -13,7 +13,7 @@ import pytest
 from stoker.pipeline.deps import HAS_DALI
 from stoker.tools.synth import CLASSES
 
-from conftest import run_in_group, write_split
+from helpers import run_in_group, write_split
 
 SCRIPT = textwrap.dedent("""
     import json, sys

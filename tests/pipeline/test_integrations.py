@@ -15,7 +15,7 @@ from stoker.model import Normalize, with_normalize
 from stoker.pipeline.loader import Loader
 from stoker.tools.synth import make_image_folder
 
-from conftest import write_split
+from helpers import write_split
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

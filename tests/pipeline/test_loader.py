@@ -13,7 +13,7 @@ from stoker.pipeline.samples import LabelError
 from stoker.tools.shardwriter import ShardWriter
 from stoker.tools.synth import CLASSES, draw, encode
 
-from conftest import write_split
+from helpers import write_split
 
 BACKENDS = ["pil"] + (["dali"] if HAS_DALI else [])
 needs_dali = pytest.mark.skipif(not HAS_DALI, reason="nvidia-dali not installed")

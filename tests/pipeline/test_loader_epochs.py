@@ -14,7 +14,7 @@ from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.loader import LoaderError
 from stoker.tools.synth import CLASSES
 
-from conftest import write_split
+from helpers import write_split
 
 BACKENDS = ["pil"] + (["dali"] if HAS_DALI else [])
 

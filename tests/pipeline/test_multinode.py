@@ -14,7 +14,7 @@ import pytest
 
 from stoker.tools.synth import CLASSES
 
-from conftest import run_in_group, write_split
+from helpers import run_in_group, write_split
 from storage_servers import s3_server
 
 SCRIPT = textwrap.dedent("""

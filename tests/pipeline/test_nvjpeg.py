@@ -16,7 +16,7 @@ from stoker.pipeline.pil_backend import resize_into
 from stoker.tools.shardwriter import ShardWriter
 from stoker.tools.synth import CLASSES, draw, encode
 
-from conftest import write_split
+from helpers import write_split
 
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec (the backend's note)
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")

@@ -21,7 +21,7 @@ from stoker.pipeline.cache import CacheError
 from stoker.pipeline.storage import StorageError
 from stoker.tools.synth import CLASSES
 
-from conftest import write_split
+from helpers import write_split
 from storage_servers import dead_endpoint, http_server, s3_server
 
 KW = {"batch_size": 4, "crop": 24, "backend": "pil", "threads": 0}
@@ -344,3 +344,33 @@ def test_read_manifest_of_a_url_or_a_path(remote, tmp_path):
     val = url.rsplit("/", 1)[0] + "/val"
     with pytest.raises(ManifestError, match=f"no stoker.json at {val}: pack it"):
         read_manifest(val)
+
+
+def test_stoker_train_on_s3_gives_the_weights_of_the_local_copy(tmp_path, s3env):
+    import contextlib
+    import io
+    import json
+
+    from stoker.tools.cli import main as cli
+
+    root = tmp_path / "local"
+    write_split(root / "train", num_samples=32, samples_per_shard=8)
+    write_split(root / "val", num_samples=12, samples_per_shard=8, seed=1)
+    bucket = s3env.bucket()
+    upload(s3env, root / "train", bucket, "ds/train")
+    url = upload(s3env, root / "val", bucket, "ds/val").rsplit("/", 1)[0]
+    args = ["--epochs", "1", "--batch-size", "8", "--crop", "24", "--deterministic", "--no-progress", "--json",
+            "--threads", "1", "--backend", "pil"]
+
+    def run(data, out, *extra):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert cli(["train", data, "--out", str(tmp_path / out), *args, *extra]) == 0
+        return json.loads(buf.getvalue())
+
+    local = run(str(root), "local-run")
+    remote = run(url, "s3-run", "--cache-dir", str(tmp_path / "cache"))
+    assert remote["weights_sha256"] == local["weights_sha256"]
+    assert remote["val_samples"] == local["val_samples"] == 12
+    cached = sorted(str(p.relative_to(tmp_path / "cache")) for p in (tmp_path / "cache").rglob("*.tar"))
+    assert cached == [f"train/shard-00000{i}.tar" for i in range(4)] + [f"val/shard-00000{i}.tar" for i in range(2)]

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import write_split
+from helpers import write_split
 from stoker.model import load_checkpoint
 from stoker.tools.cli import main as cli
 
