@@ -20,6 +20,7 @@ import json
 import signal
 import sys
 
+from stoker import StokerError
 from stoker.model.train.config import AMP_CHOICES, OPTIMIZERS, TASKS  # no torch: `stoker --help` stays instant
 
 from .errors import CheckFailed, UsageError
@@ -51,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels-last", action="store_true", help="model and batches in channels_last memory format")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
-    p.add_argument("--backend", default="auto", help="Loader backend: auto, dali, pil (default: auto)")
+    p.add_argument("--backend", default="auto", help="Loader backend: auto, dali, nvjpeg, pil (default: auto)")
     p.add_argument("--threads", type=int, default=None, help="Loader decode threads (default: the Loader's choice)")
     p.add_argument("--torch-threads", type=int, default=None,
                    help="torch intra-op threads (CPU training; default: torch's choice)")
@@ -66,6 +67,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", action="store_true", help="write RUN/curves.png (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    g = p.add_argument_group("data in object storage (DATA is an s3://, gs://, https:// ... URL)")
+    g.add_argument("--storage-option", action="append", default=None, metavar="K=V",
+                   help="fsspec storage option, repeatable (e.g. endpoint_url=http://minio:9000)")
+    g.add_argument("--cache-dir", default=None, help="local shard cache, DIR/train and DIR/val (default: ~/.cache/stoker/shards/...)")
+    g.add_argument("--cache-limit", default=None, metavar="SIZE", help="bytes the cache may keep, e.g. 50GB")
+    g.add_argument("--shuffle", choices=("global", "block"), default="global",
+                   help="global: a fresh permutation of the whole split (default); block: shards per rank, "
+                        "samples shuffled within windows of --block-shards (for a bounded cache)")
+    g.add_argument("--block-shards", type=int, default=4, help="shards per window with --shuffle block")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -73,12 +83,24 @@ def main(args: argparse.Namespace) -> int:
     from stoker.model.train import TrainConfig, train
     from stoker.pipeline.manifest import ManifestError
 
+    from stoker.pipeline.storage import parse_storage_options
+
+    from .pack import parse_size
+
     try:
-        summary = train(TrainConfig.from_any(args))
+        config = TrainConfig.from_any(args)
+        config.storage_options = parse_storage_options(args.storage_option) or None
+        config.cache_limit = parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        summary = train(config)
     except (ManifestError, KeyboardInterrupt):
         raise
     except CheckpointError as e:
         raise CheckFailed(str(e)) from None
+    except StokerError:  # already one line with its exit code (storage, cache, labels)
+        raise
     except FloatingPointError as e:  # a diverging loss: the run failed, the request was fine
         raise CheckFailed(str(e)) from None
     except (ValueError, FileNotFoundError) as e:

@@ -73,6 +73,12 @@ class TrainConfig:
     plot: bool = False
     progress: bool = True
     num_classes: Optional[int] = None
+    # data in object storage (DATA is a URL): see stoker.pipeline.Loader
+    storage_options: Optional[dict] = None
+    cache_dir: Optional[str] = None
+    cache_limit: Optional[int] = None
+    shuffle: str = "global"
+    block_shards: int = 4
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad value."""

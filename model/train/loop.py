@@ -169,35 +169,65 @@ class _Run:
             torch.set_num_threads(cfg.torch_threads)
         seed_everything(cfg.seed, deterministic=cfg.deterministic)
 
-    def _split_dirs(self) -> tuple[Path, Path]:
+    def _split_dirs(self) -> tuple[str, str]:
+        from stoker.pipeline.storage import is_url
+
+        if is_url(self.cfg.data):  # object storage: the manifests say what is there
+            base = self.cfg.data.rstrip("/")
+            return f"{base}/train", f"{base}/val"
         data = Path(self.cfg.data)
         if not (data / "train").is_dir():
             raise FileNotFoundError(f"{data}: no train/ directory (expected DATA/train and optionally DATA/val)")
-        return data / "train", data / "val"
+        return str(data / "train"), str(data / "val")
 
-    def _classes(self, train_dir: Path) -> tuple[Optional[list[str]], int]:
+    def _classes(self, train_dir: str) -> tuple[Optional[list[str]], int]:
         """The class names (from the train manifest, unless ``num_classes`` is given) and their count."""
         cfg = self.cfg
         classes: Optional[list[str]] = None
         num_classes = cfg.num_classes
         if num_classes is None:
-            from stoker.pipeline.manifest import Manifest
+            from stoker.pipeline.cache import read_manifest
 
-            classes = Manifest.load(train_dir).classes
+            classes = read_manifest(train_dir, cfg.storage_options).classes
             num_classes = len(classes)
         self.num_outputs = 1 if cfg.task == "regress" else num_classes
         if cfg.task == "classify" and num_classes < 2:
             raise ValueError(f"{train_dir}: {num_classes} class(es); classification needs at least 2")
         return classes, num_classes
 
-    def _make_loaders(self, train_dir: Path, val_dir: Path) -> None:
+    def _has_split(self, split: str) -> bool:
+        from stoker.pipeline.storage import is_url
+
+        if not is_url(split):
+            return Path(split).is_dir()
+        from stoker.pipeline.cache import read_manifest
+        from stoker.pipeline.manifest import ManifestError
+
+        try:
+            read_manifest(split, self.cfg.storage_options)
+        except ManifestError:
+            return False
+        return True
+
+    def _make_loaders(self, train_dir: str, val_dir: str) -> None:
+        from stoker.pipeline.storage import is_url
+
         cfg = self.cfg
         kw = dict(batch_size=cfg.batch_size, crop=cfg.crop, device=str(self.device), seed=cfg.seed,
                   rank=self.dist.rank, world_size=self.dist.world_size, backend=cfg.backend,
                   threads=cfg.threads, channels_last=cfg.channels_last)
-        self.train_loader = self.factory(str(train_dir), train=True, drop_last=None, **kw)
-        self.val_loader = (self.factory(str(val_dir), train=False, drop_last=False, **kw)
-                           if val_dir.is_dir() else None)
+        if cfg.shuffle != "global":
+            kw.update(shuffle=cfg.shuffle, block_shards=cfg.block_shards)
+        remote = is_url(train_dir)
+        if remote:
+            kw.update(storage_options=cfg.storage_options, cache_limit=cfg.cache_limit)
+
+        def cache(split: str) -> dict:  # one cache folder per split: their shard names may coincide
+            return {"cache_dir": str(Path(cfg.cache_dir) / split) if cfg.cache_dir else None} if remote else {}
+
+        self.train_loader = self.factory(train_dir, train=True, drop_last=None, **kw, **cache("train"))
+        self.val_loader = (self.factory(val_dir, train=False, drop_last=False, **kw, **cache("val"))
+                           if self._has_split(val_dir) else None)
         self.train_loader.set_epoch(0)
         self.steps_per_epoch = len(self.train_loader)
         if self.steps_per_epoch < 1:
