@@ -407,3 +407,21 @@ def _unlink(path: Path) -> None:
 
 
 __all__ = ["CHUNK", "CacheError", "ShardCache", "default_cache_dir", "is_url", "read_manifest"]
+
+
+def local_copy(split: Union[PathLike, str], storage_options: Optional[dict] = None,
+               cache_dir: Optional[PathLike] = None) -> Path:
+    """The folder to read ``split`` from: a local split as it is, a URL fetched whole into the
+    shard cache (checked against its manifest). For tools that read every shard (bench,
+    diagnose); the Loader streams through :class:`ShardCache` itself."""
+    if not storage.is_url(split):
+        return Path(split)
+    cache = ShardCache(str(split), storage_options=storage_options, cache_dir=cache_dir)
+    try:
+        manifest = cache.open()
+        names = [s.name for s in manifest.shards]
+        cache.ensure(names)
+        cache.unpin(names)
+    finally:
+        cache.close()
+    return cache.dir

@@ -60,7 +60,9 @@ LABELS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", metavar="DATA", help="a packed split (or a dataset root with train/)")
+    p.add_argument("data", metavar="DATA", help="a packed split (or a dataset root with train/), local or a URL")
+    p.add_argument("--storage-option", action="append", default=None, metavar="K=V",
+                   help="fsspec storage option for a URL DATA, repeatable (e.g. endpoint_url=http://minio:9000)")
     p.add_argument("--images", metavar="SRC", help="the original ImageFolder tree, for (1) and (4)")
     p.add_argument("--batch-size", type=int, default=64, help="default 64")
     p.add_argument("--crop", type=int, default=224, help="default 224")
@@ -196,9 +198,18 @@ class BenchResult(Result):
         fig.savefig(path, dpi=120)
 
 
-def _split(data: str | Path) -> Path:
-    from stoker.pipeline.manifest import MANIFEST_NAME
+def _split(data: str | Path, storage_options: Optional[dict] = None) -> Path:
+    from stoker.pipeline.cache import local_copy, read_manifest
+    from stoker.pipeline.manifest import MANIFEST_NAME, ManifestError
+    from stoker.pipeline.storage import is_url
 
+    if is_url(data):  # fetched whole into the shard cache first; every pipeline then reads it
+        url = str(data).rstrip("/")
+        try:
+            read_manifest(url, storage_options)
+        except ManifestError:
+            url += "/train"
+        return local_copy(url, storage_options)
     split = Path(data)
     if not (split / MANIFEST_NAME).exists() and (split / "train" / MANIFEST_NAME).exists():
         split = split / "train"
@@ -236,11 +247,13 @@ def _plan(only: Sequence[str], *, images: Optional[str], ffcv_python: Optional[s
 def bench(data: str | Path, *, images: str | Path | None = None, batch_size: int = 64, crop: int = 224,
           epochs: int = 3, seconds: float = 30.0, warmup: int = 3, workers: Optional[int] = None,
           only: Optional[Sequence[str]] = None, repeat: int = 1, ffcv_python: Optional[str] = None,
-          ffcv_max_resolution: int = 256, progress: bool = False) -> BenchResult:
+          ffcv_max_resolution: int = 256, progress: bool = False,
+          storage_options: Optional[dict] = None) -> BenchResult:
     """Measure stoker's Loader and the usual loaders side by side, each in a fresh subprocess.
 
     Args:
-        data: A packed split (with stoker.json), or a dataset root with ``train/``.
+        data: A packed split (with stoker.json), or a dataset root with ``train/``; local or a
+            URL (fetched whole into the shard cache first, with ``storage_options``).
         images: The original ImageFolder, for the torchvision and FFCV pipelines.
         batch_size: Batch size of every pipeline.
         crop: Crop side (RandomResizedCrop + flip in every pipeline).
@@ -264,7 +277,7 @@ def bench(data: str | Path, *, images: str | Path | None = None, batch_size: int
     from stoker.pipeline.deps import usable_cores
     from tqdm import tqdm
 
-    split = _split(data)
+    split = _split(data, storage_options)
     if images and not Path(images).is_dir():
         raise UsageError(f"--images {images} is not a directory")
     images = str(images) if images else None
@@ -312,7 +325,13 @@ def bench(data: str | Path, *, images: str | Path | None = None, batch_size: int
 
 
 def main(args: argparse.Namespace) -> int:
-    result = bench(args.data, images=args.images, batch_size=args.batch_size, crop=args.crop, epochs=args.epochs,
+    from stoker.pipeline.storage import parse_storage_options
+
+    try:
+        options = parse_storage_options(args.storage_option) or None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    result = bench(args.data, storage_options=options, images=args.images, batch_size=args.batch_size, crop=args.crop, epochs=args.epochs,
                    seconds=args.seconds, warmup=args.warmup, workers=args.workers, only=args.only.split(","),
                    repeat=args.repeat, ffcv_python=args.ffcv_python,
                    ffcv_max_resolution=args.ffcv_max_resolution, progress=True)

@@ -51,7 +51,10 @@ HELP = "measure loader, model, transfer and end to end; say what bounds training
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", metavar="DATA", help="stoker shards (split folder or `stoker pack` OUT) or an ImageFolder")
+    p.add_argument("data", metavar="DATA", help="stoker shards (split folder or `stoker pack` OUT, local or a URL) "
+                   "or an ImageFolder")
+    p.add_argument("--storage-option", action="append", default=None, metavar="K=V",
+                   help="fsspec storage option for a URL DATA, repeatable")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--arch", default="inception",
                    help="stoker network ('inception'; 'report': the report's original network, one regressed "
@@ -125,7 +128,8 @@ def _check_settings(batch_size: int, crop: int, seconds: float, threads: Optiona
         raise UsageError(f"--threads {threads} must be >= 1")
 
 
-def diagnose(data: str | Path, *, arch: str = "inception", model=None, batch_size: int = 64, crop: int = 224,
+def diagnose(data: str | Path, *, storage_options: Optional[dict] = None, arch: str = "inception", model=None,
+             batch_size: int = 64, crop: int = 224,
              device: Optional[str] = None, seconds: float = 5.0, amp: str = "auto", channels_last: str = "auto",
              backend: str = "auto", decode: str = "auto", threads: Optional[int] = None,
              workers: Optional[int] = None, pack_sample_size: int = 256,
@@ -134,7 +138,9 @@ def diagnose(data: str | Path, *, arch: str = "inception", model=None, batch_siz
 
     Args:
         data: stoker shards (a split folder, or a `stoker pack` OUT with train/) or an ImageFolder
-            (then the torchvision pipeline is measured, and stoker on a packed sample of it).
+            (then the torchvision pipeline is measured, and stoker on a packed sample of it). Shards
+            may be at a URL: fetched whole into the shard cache first.
+        storage_options: fsspec options for a URL ``data`` (credentials, ``endpoint_url``).
         arch: stoker network (``"inception"``, ``"report"``) or a torchvision model name.
         model: Your network instead of ``arch``: an ``nn.Module`` taking normalized float NCHW
             input, or ``"package.module:factory"`` / ``"path/to/file.py:factory"``.
@@ -160,7 +166,7 @@ def diagnose(data: str | Path, *, arch: str = "inception", model=None, batch_siz
     from stoker.pipeline.deps import usable_cores
 
     _check_settings(batch_size, crop, seconds, threads)
-    kind, path = resolve_data(data)
+    kind, path = resolve_data(data, storage_options)
     device = resolve_device(device)
     chosen = backend_choice(backend, device)
     say = progress or (lambda line: None)
@@ -233,7 +239,13 @@ def diagnose(data: str | Path, *, arch: str = "inception", model=None, batch_siz
 
 
 def main(args: argparse.Namespace) -> int:
-    result = diagnose(args.data, arch=args.arch, model=args.model, batch_size=args.batch_size, crop=args.crop,
+    from stoker.pipeline.storage import parse_storage_options
+
+    try:
+        options = parse_storage_options(args.storage_option) or None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    result = diagnose(args.data, storage_options=options, arch=args.arch, model=args.model, batch_size=args.batch_size, crop=args.crop,
                       device=args.device, seconds=args.seconds, amp=args.amp, channels_last=args.channels_last,
                       backend=args.backend, decode=args.decode, threads=args.threads, workers=args.workers,
                       pack_sample_size=args.pack_sample,

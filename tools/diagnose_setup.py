@@ -87,10 +87,20 @@ def _is_image_folder(root: Path) -> bool:
     return False
 
 
-def resolve_data(path: str) -> tuple[str, Path]:
-    """``("shards", split_dir)`` or ``("imagefolder", root)``; UsageError otherwise."""
-    from stoker.pipeline.manifest import MANIFEST_NAME
+def resolve_data(path: str, storage_options: Optional[dict] = None) -> tuple[str, Path]:
+    """``("shards", split_dir)`` or ``("imagefolder", root)``; UsageError otherwise. A URL is
+    fetched whole into the shard cache first (its split, or its ``train/``)."""
+    from stoker.pipeline.cache import local_copy, read_manifest
+    from stoker.pipeline.manifest import MANIFEST_NAME, ManifestError
+    from stoker.pipeline.storage import is_url
 
+    if is_url(path):
+        url = str(path).rstrip("/")
+        try:
+            read_manifest(url, storage_options)
+        except ManifestError:
+            url += "/train"
+        return "shards", local_copy(url, storage_options)
     root = Path(path).expanduser()
     if not root.is_dir():
         raise UsageError(f"DATA {path} is not a folder")

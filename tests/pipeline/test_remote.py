@@ -374,3 +374,17 @@ def test_stoker_train_on_s3_gives_the_weights_of_the_local_copy(tmp_path, s3env)
     assert remote["val_samples"] == local["val_samples"] == 12
     cached = sorted(str(p.relative_to(tmp_path / "cache")) for p in (tmp_path / "cache").rglob("*.tar"))
     assert cached == [f"train/shard-00000{i}.tar" for i in range(4)] + [f"val/shard-00000{i}.tar" for i in range(2)]
+
+
+def test_bench_and_diagnose_take_a_url(remote, tmp_path, monkeypatch):
+    from stoker.tools.bench import bench
+    from stoker.tools.diagnose_setup import resolve_data
+
+    split, url = remote
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))
+    kind, local = resolve_data(url.rsplit("/", 1)[0])  # the dataset root: its train/ is taken
+    assert kind == "shards" and sorted(p.name for p in local.glob("*.tar")) == sorted(
+        p.name for p in split.glob("*.tar"))
+    assert all((local / p.name).read_bytes() == p.read_bytes() for p in split.glob("*.tar"))
+    result = bench(url, only=["stoker-pil"], batch_size=8, crop=24, seconds=2, epochs=1, warmup=1, workers=1)
+    assert result.data == str(local) and result.rows and result.rows[0].get("img_s", 0) > 0, result.rows
