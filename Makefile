@@ -23,6 +23,7 @@ demo: $(STAMP)
 	$(VENV)/bin/stoker demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 clean:

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 from .augment import RATIO, SCALE, VAL_CROP_FRACTION
 
+
 def build_pipeline(source: Callable, *, batch_size: int, crop: int, decode: str = "cpu",
                    threads: int = 2, prefetch: int = 2, device_id: Optional[int] = None,
                    hw_decoder_load: float = 0.65, resize: bool = True, layout: str = "CHW",

@@ -698,18 +698,18 @@ class _PilRunner:
     def __init__(self, loader: Loader):
         from .pil_backend import PilRunner
 
-        l = self.l = loader
-        self.runner = PilRunner(l.index, crop=l.crop, train=l.train, chw=not l.channels_last, workers=l.threads, prefetch=l.prefetch,
-                                pin_memory=l.device.type == "cuda")
+        ld = self.l = loader
+        self.runner = PilRunner(ld.index, crop=ld.crop, train=ld.train, chw=not ld.channels_last,
+                                workers=ld.threads, prefetch=ld.prefetch, pin_memory=ld.device.type == "cuda")
 
     def iterate(self, batches: list, epoch: int):
-        l = self.l
-        for (images, labels, consumed, bad), ids in zip(self.runner.iterate(batches, epoch, l.seed), batches):
-            if not len(labels) and l.train:  # nothing loadable: stand-ins, decoded here (rare)
-                images, labels, _ = self.runner.batch(epoch, l.seed, l._stand_in(ids))
-            if l.channels_last:
+        ld = self.l
+        for (images, labels, consumed, bad), ids in zip(self.runner.iterate(batches, epoch, ld.seed), batches):
+            if not len(labels) and ld.train:  # nothing loadable: stand-ins, decoded here (rare)
+                images, labels, _ = self.runner.batch(epoch, ld.seed, ld._stand_in(ids))
+            if ld.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC memory → NCHW shape, channels_last
-            yield (images.to(l.device, non_blocking=True), labels.to(l.device, non_blocking=True),
+            yield (images.to(ld.device, non_blocking=True), labels.to(ld.device, non_blocking=True),
                    consumed, bad)
 
 
@@ -732,22 +732,22 @@ class _DaliRunner:
         _register_atexit()  # after DALI's: atexit runs last-registered first
         _RUNNERS.add(self)
 
-        l = self.l
+        ld = self.l
         device_id = None
-        if l.decode == "mixed":
+        if ld.decode == "mixed":
             import torch
 
-            device_id = l.device.index if l.device.index is not None else torch.cuda.current_device()
+            device_id = ld.device.index if ld.device.index is not None else torch.cuda.current_device()
         self.pipe = build_pipeline(
-            self._source, batch_size=l.batch_size, crop=l.crop, decode=l.decode,
-            threads=max(1, l.threads), prefetch=l.prefetch, device_id=device_id,
-            hw_decoder_load=l.hw_decoder_load, resize=self.resize_in_graph,
-            layout="HWC" if l.channels_last else "CHW")
+            self._source, batch_size=ld.batch_size, crop=ld.crop, decode=ld.decode,
+            threads=max(1, ld.threads), prefetch=ld.prefetch, device_id=device_id,
+            hw_decoder_load=ld.hw_decoder_load, resize=self.resize_in_graph,
+            layout="HWC" if ld.channels_last else "CHW")
         self.pipe.build()
 
     def _source(self):
         """DALI's batch callback: called ahead of consumption (prefetch), in order."""
-        l = self.l
+        ld = self.l
         empties = self._carry  # val batches with no loadable sample: yielded empty, in order
         while True:
             try:
@@ -755,7 +755,7 @@ class _DaliRunner:
             except StopIteration:
                 self._carry = empties  # trailing all-bad batches: yielded at the end
                 raise
-            enc, wh = l.index.images(ids)
+            enc, wh = ld.index.images(ids)
             consumed, nbad = len(ids), 0
             ok = wh[:, 0] > 0  # header guard: truncated / foreign bytes never reach the decoder
             if not ok.all():
@@ -763,18 +763,18 @@ class _DaliRunner:
                 planned = ids
                 ids, wh = ids[ok], wh[ok]
                 enc = [e for e, k in zip(enc, ok) if k]
-                if not len(ids) and l.train:  # stand-ins keep every rank's step count
-                    ids = l._stand_in(planned)
-                    enc, wh = l.index.images(ids)
+                if not len(ids) and ld.train:  # stand-ins keep every rank's step count
+                    ids = ld._stand_in(planned)
+                    enc, wh = ld.index.images(ids)
             if len(ids):
                 break
             empties = empties + [(consumed, nbad)]
         self._carry = []
-        if l.train:
-            boxes, flips = augment.random_resized_crop(wh, ids, seed=l.seed, epoch=epoch)
+        if ld.train:
+            boxes, flips = augment.random_resized_crop(wh, ids, seed=ld.seed, epoch=epoch)
         else:
-            boxes, flips = augment.center_crop(wh, l.crop), np.zeros(len(ids), bool)
-        self._meta.append((l.index.labels(ids), flips, consumed, nbad, ids, empties))
+            boxes, flips = augment.center_crop(wh, ld.crop), np.zeros(len(ids), bool)
+        self._meta.append((ld.index.labels(ids), flips, consumed, nbad, ids, empties))
         anchors = boxes[:, :2].astype(np.float32)
         shapes = boxes[:, 2:].astype(np.float32)
         if self.resize_in_graph:
@@ -785,41 +785,41 @@ class _DaliRunner:
         """A val batch none of whose samples passed the header guard: yielded with no samples."""
         import torch
 
-        l, c = self.l, self.l.crop
-        images = torch.empty((0, c, c, 3) if l.channels_last else (0, 3, c, c), dtype=torch.uint8)
-        if l.channels_last:
+        ld, c = self.l, self.l.crop
+        images = torch.empty((0, c, c, 3) if ld.channels_last else (0, 3, c, c), dtype=torch.uint8)
+        if ld.channels_last:
             images = images.permute(0, 3, 1, 2)
-        return (images.to(l.device), torch.empty(0, dtype=torch.int64, device=l.device),
+        return (images.to(ld.device), torch.empty(0, dtype=torch.int64, device=ld.device),
                 consumed, nbad)
 
     def _finish(self, out, flips):
         """DALI output → torch on the loader's device."""
         import torch
 
-        l = self.l
+        ld = self.l
         if self.resize_in_graph:
             # exec_dynamic: DALI does not reuse an output's memory while a reference lives,
             # so the dlpack view is safe to hand out without a copy.
             images = torch.from_dlpack(out.as_tensor())
-            if l.channels_last:
+            if ld.channels_last:
                 images = images.permute(0, 3, 1, 2)
-            return images.to(l.device, non_blocking=True)
+            return images.to(ld.device, non_blocking=True)
         from PIL import Image
 
         from .pil_backend import resize_into
 
-        n, c = len(out), l.crop
-        shape = (n, c, c, 3) if l.channels_last else (n, 3, c, c)
-        images = torch.empty(shape, dtype=torch.uint8, pin_memory=l.device.type == "cuda")
+        n, c = len(out), ld.crop
+        shape = (n, c, c, 3) if ld.channels_last else (n, 3, c, c)
+        images = torch.empty(shape, dtype=torch.uint8, pin_memory=ld.device.type == "cuda")
         buf = images.numpy()
         # pillow-simd resize of each decoded crop (the decode itself was DALI's, ROI only).
         # One thread: splitting the batch over a thread pool measured slower (GIL).
         for k in range(n):
             resize_into(buf, k, Image.fromarray(np.asarray(out[k])), c, bool(flips[k]),
-                        chw=not l.channels_last)
-        if l.channels_last:
+                        chw=not ld.channels_last)
+        if ld.channels_last:
             images = images.permute(0, 3, 1, 2)
-        return images.to(l.device, non_blocking=True)
+        return images.to(ld.device, non_blocking=True)
 
     def _describe_failure(self, ids: np.ndarray, error: BaseException) -> str:
         """One line for a DALI error on the batch ``ids``: its shards and sample keys (the
@@ -872,13 +872,10 @@ class _DaliRunner:
                     put(self._empty(*item))
                 self._carry = []
                 put(_END)
-        except Exception as e:  # noqa: BLE001 - handed to the consumer, naming the shards
-            if stop.is_set():  # nobody is listening (abandoned, or interpreter exit)
-                e = None
-            elif self._meta:
-                e = RuntimeError(self._describe_failure(self._meta[0][4], e))
-            if e is not None:
-                put(_Failure(e))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, naming the shards
+            if not stop.is_set():  # else nobody is listening (abandoned, or interpreter exit)
+                error = RuntimeError(self._describe_failure(self._meta[0][4], exc)) if self._meta else exc
+                put(_Failure(error))
             done = True  # the pipeline is not drained after an error; it is rebuilt
             self.pipe = None
         finally:

@@ -1,10 +1,10 @@
 from pathlib import Path
 
 import pytest
-from helpers import write_split
-from storage_servers import S3Server, s3_server
 
+from helpers import write_split
 from stoker.pipeline.deps import has_cuda
+from storage_servers import S3Server, s3_server
 
 
 def pytest_collection_modifyitems(config, items):

@@ -28,8 +28,8 @@ def write_split(split_dir: Path, *, num_samples: int, samples_per_shard: int, se
                 size = (rng.randint(min_side, max_side), rng.randint(min_side, max_side))
                 meta = {"path": f"{classes[label]}/{i}.jpg", "width": size[0], "height": size[1],
                         "class": classes[label]}
-                w.write(f"{i:09d}", {"jpg": encode(draw(classes[label], size, rng), quality=90), "cls": str(label).encode(),
-                                     "json": json.dumps(meta).encode()})
+                image = encode(draw(classes[label], size, rng), quality=90)
+                w.write(f"{i:09d}", {"jpg": image, "cls": str(label).encode(), "json": json.dumps(meta).encode()})
         shards.append(w.info)
     m = Manifest(num_samples=num_samples, classes=list(classes), shards=shards, pack={"fixture": True})
     m.save(split_dir)

@@ -274,8 +274,9 @@ def bench(data: str | Path, *, images: str | Path | None = None, batch_size: int
         UsageError: ``data`` is not packed, ``images`` is not a folder, a count is below 1,
             or ``only`` names an unknown pipeline.
     """
-    from stoker.pipeline.deps import usable_cores
     from tqdm import tqdm
+
+    from stoker.pipeline.deps import usable_cores
 
     split = _split(data, storage_options)
     if images and not Path(images).is_dir():
@@ -331,7 +332,8 @@ def main(args: argparse.Namespace) -> int:
         options = parse_storage_options(args.storage_option) or None
     except ValueError as e:
         raise UsageError(str(e)) from None
-    result = bench(args.data, storage_options=options, images=args.images, batch_size=args.batch_size, crop=args.crop, epochs=args.epochs,
+    result = bench(args.data, storage_options=options, images=args.images, batch_size=args.batch_size,
+                   crop=args.crop, epochs=args.epochs,
                    seconds=args.seconds, warmup=args.warmup, workers=args.workers, only=args.only.split(","),
                    repeat=args.repeat, ffcv_python=args.ffcv_python,
                    ffcv_max_resolution=args.ffcv_max_resolution, progress=True)

@@ -238,6 +238,7 @@ def bench_pack(src: str | Path, *, workers: Optional[Sequence[int]] = None, shor
     import tqdm  # noqa: F401  (imports outside the timed region: neither side pays them)
     import webdataset  # noqa: F401
     from PIL import Image
+
     from stoker.pipeline.deps import pillow_info
 
     src = Path(src)

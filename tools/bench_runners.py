@@ -28,8 +28,9 @@ def torchvision_loader(root, *, batch_size: int, crop: int, workers: int, pin_me
     ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize + DataLoader, float32 batches.
     Returns ``(loader, dataset)``."""
     import torch
-    from stoker.model.normalize import IMAGENET_MEAN, IMAGENET_STD
     from torchvision import datasets, transforms
+
+    from stoker.model.normalize import IMAGENET_MEAN, IMAGENET_STD
 
     tf = transforms.Compose([transforms.RandomResizedCrop(crop), transforms.RandomHorizontalFlip(),
                              transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
@@ -71,6 +72,7 @@ def _run_wds(cfg):
 
 def _run_dali_reader(cfg):
     import torch
+
     from stoker.pipeline.dali_graph import reader_pipeline
     from stoker.pipeline.manifest import idx_path
 
@@ -105,6 +107,7 @@ def _decode_all(job):
     import io
 
     from PIL import Image
+
     from stoker.pipeline.samples import SampleIndex
 
     data, lo, hi = job

@@ -245,7 +245,8 @@ def main(args: argparse.Namespace) -> int:
         options = parse_storage_options(args.storage_option) or None
     except ValueError as e:
         raise UsageError(str(e)) from None
-    result = diagnose(args.data, storage_options=options, arch=args.arch, model=args.model, batch_size=args.batch_size, crop=args.crop,
+    result = diagnose(args.data, storage_options=options, arch=args.arch, model=args.model,
+                      batch_size=args.batch_size, crop=args.crop,
                       device=args.device, seconds=args.seconds, amp=args.amp, channels_last=args.channels_last,
                       backend=args.backend, decode=args.decode, threads=args.threads, workers=args.workers,
                       pack_sample_size=args.pack_sample,

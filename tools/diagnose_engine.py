@@ -62,6 +62,7 @@ def run_diagnosis(loader: Iterable, model, *, batch_size: int, crop: int, device
         ``end_to_end``, ``transfer``, ``audit``, ``verdict``, ``next_steps``, ``not_helping``.
     """
     import torch
+
     from stoker import __version__
     from stoker.model.audit import audit_model
 

@@ -16,9 +16,10 @@ import time
 from typing import Callable, Iterable, Optional
 
 import torch
+from torch import nn
+
 from stoker.model.throughput import synchronize
 from stoker.model.train.runtime import cpu_bf16
-from torch import nn
 
 
 def _images_of(batch):

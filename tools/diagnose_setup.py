@@ -131,6 +131,7 @@ def backend_choice(requested: str, device: str) -> dict:
     (:func:`stoker.pipeline.deps.resolve_backend`); a backend that cannot run here is a
     :class:`UsageError` naming the fix."""
     import torch
+
     from stoker.pipeline.deps import resolve_backend
 
     try:

@@ -526,7 +526,8 @@ def _lock(path: Path, what: str):
 def _print_summary(out: str, totals: dict, run: dict, seconds: float) -> None:
     print(f"{'split':6} {'packed':>9} {'rejected':>9} {'skipped':>8} {'shards':>7} {'bytes':>14}")
     for split, t in totals.items():
-        print(f"{split:6} {t['samples']:>9,} {t['rejected']:>9,} {t['skipped']:>8,} {t['shards']:>7,} {t['bytes']:>14,}")
+        print(f"{split:6} {t['samples']:>9,} {t['rejected']:>9,} {t['skipped']:>8,} {t['shards']:>7,} "
+              f"{t['bytes']:>14,}")
     if run:  # not after --merge
         n = sum(r["packed"] + r["rejected"] for r in run.values())
         rate = n / seconds if seconds > 0 else 0.0

@@ -214,6 +214,7 @@ def sanitize_bytes(data: bytes, settings: Settings) -> Sanitized:
 
 def _convert(im, data: bytes, settings: Settings) -> Sanitized:
     from PIL import Image
+
     from stoker.pipeline.decodecheck import jpeg_copy_safe
 
     w, h = im.size

@@ -70,7 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data in object storage (DATA is an s3://, gs://, https:// ... URL)")
     g.add_argument("--storage-option", action="append", default=None, metavar="K=V",
                    help="fsspec storage option, repeatable (e.g. endpoint_url=http://minio:9000)")
-    g.add_argument("--cache-dir", default=None, help="local shard cache, DIR/train and DIR/val (default: ~/.cache/stoker/shards/...)")
+    g.add_argument("--cache-dir", default=None,
+                   help="local shard cache, DIR/train and DIR/val (default: ~/.cache/stoker/shards/...)")
     g.add_argument("--cache-limit", default=None, metavar="SIZE", help="bytes the cache may keep, e.g. 50GB")
     g.add_argument("--shuffle", choices=("global", "block"), default="global",
                    help="global: a fresh permutation of the whole split (default); block: shards per rank, "
@@ -82,7 +83,6 @@ def main(args: argparse.Namespace) -> int:
     from stoker.model.checkpoint import CheckpointError
     from stoker.model.train import TrainConfig, train
     from stoker.pipeline.manifest import ManifestError
-
     from stoker.pipeline.storage import parse_storage_options
 
     from .pack import parse_size

@@ -30,8 +30,15 @@ from typing import Optional
 
 from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.fsutil import sha256_file
-from stoker.pipeline.index import (IdxFormatError, TarFormatError, image_component, read_idx, read_label,
-                                   sample_key, scan_tar)
+from stoker.pipeline.index import (
+    IdxFormatError,
+    TarFormatError,
+    image_component,
+    read_idx,
+    read_label,
+    sample_key,
+    scan_tar,
+)
 from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
 from stoker.pipeline.storage import Store, is_url, parse_storage_options, storage_errors
 

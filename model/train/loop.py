@@ -28,15 +28,33 @@ from torch import nn
 from stoker import __version__
 from stoker.pipeline.fsutil import atomic_write
 
-from ..checkpoint import (CheckpointError, StopSignals, load_checkpoint, load_model_state, rng_state,
-                          save_checkpoint, set_rng_state, weights_digest)
+from ..checkpoint import (
+    CheckpointError,
+    StopSignals,
+    load_checkpoint,
+    load_model_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    weights_digest,
+)
 from ..nets import build_model, count_parameters
 from ..normalize import with_normalize
 from .config import BEST, CONFIG, LAST, METRICS, TrainConfig
 from .evaluation import evaluate
 from .plotting import plot_metrics
-from .runtime import (Dist, all_reduce_sum, broadcast_buffers, init_distributed, make_scaler, resolve_amp,
-                      resolve_device, seed_everything, shutdown_distributed, wrap_ddp)
+from .runtime import (
+    Dist,
+    all_reduce_sum,
+    broadcast_buffers,
+    init_distributed,
+    make_scaler,
+    resolve_amp,
+    resolve_device,
+    seed_everything,
+    shutdown_distributed,
+    wrap_ddp,
+)
 from .step import TrainStep, loss_fn, make_optimizer, make_scheduler
 
 

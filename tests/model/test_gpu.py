@@ -4,8 +4,8 @@ import math
 
 import pytest
 import torch
-
 from fake_loader import factory
+
 from stoker.model import Normalize, build_model, load_checkpoint, measure_model
 from stoker.model.train import TrainConfig, train
 

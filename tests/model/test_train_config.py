@@ -6,8 +6,7 @@ import sys
 import pytest
 import torch
 
-from stoker.model.train import AMP_CHOICES, TrainConfig, resolve_amp
-from stoker.model.train import runtime
+from stoker.model.train import AMP_CHOICES, TrainConfig, resolve_amp, runtime
 
 NO_TORCH = """
 import sys

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
+from fake_loader import factory
 
 from helpers import run_in_group, write_split
-from fake_loader import factory
 from stoker.model import build_model, load_checkpoint, with_normalize
 from stoker.model.checkpoint import CheckpointError, weights_digest
 from stoker.model.train import TrainConfig, lr_factor, resolve_amp, train

@@ -10,10 +10,9 @@ import time
 
 import pytest
 
+from helpers import run_in_group, write_split
 from stoker.pipeline.deps import HAS_DALI
 from stoker.tools.synth import CLASSES
-
-from helpers import run_in_group, write_split
 
 SCRIPT = textwrap.dedent("""
     import json, sys

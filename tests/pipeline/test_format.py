@@ -1,10 +1,10 @@
-import subprocess
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
 
-from stoker.pipeline.index import read_idx, index_tar
+from stoker.pipeline.index import index_tar, read_idx
 from stoker.pipeline.manifest import Manifest, ManifestError, check_shards
 from stoker.pipeline.order import epoch_permutation, rank_indices
 

@@ -11,11 +11,10 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import write_split
 from stoker.model import Normalize, with_normalize
 from stoker.pipeline.loader import Loader
 from stoker.tools.synth import make_image_folder
-
-from helpers import write_split
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

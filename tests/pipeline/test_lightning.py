@@ -9,11 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import run_in_group, write_split
 from stoker.model import with_normalize
 from stoker.pipeline.deps import HAS_DALI
 from stoker.tools.synth import CLASSES
-
-from helpers import run_in_group, write_split
 
 pl = pytest.importorskip("pytorch_lightning")
 from stoker.pipeline.lightning import StokerDataModule  # noqa: E402 - needs the extra

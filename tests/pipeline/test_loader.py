@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import write_split
 from stoker.pipeline import Loader, ManifestError
 from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.manifest import Manifest
 from stoker.pipeline.samples import LabelError
 from stoker.tools.shardwriter import ShardWriter
 from stoker.tools.synth import CLASSES, draw, encode
-
-from helpers import write_split
 
 BACKENDS = ["pil"] + (["dali"] if HAS_DALI else [])
 needs_dali = pytest.mark.skipif(not HAS_DALI, reason="nvidia-dali not installed")

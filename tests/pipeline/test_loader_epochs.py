@@ -9,12 +9,11 @@ import itertools
 import pytest
 import torch
 
+from helpers import write_split
 from stoker.pipeline import Loader
 from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.loader import LoaderError
 from stoker.tools.synth import CLASSES
-
-from helpers import write_split
 
 BACKENDS = ["pil"] + (["dali"] if HAS_DALI else [])
 

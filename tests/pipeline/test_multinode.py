@@ -12,9 +12,8 @@ import threading
 
 import pytest
 
-from stoker.tools.synth import CLASSES
-
 from helpers import run_in_group, write_split
+from stoker.tools.synth import CLASSES
 from storage_servers import s3_server
 
 SCRIPT = textwrap.dedent("""

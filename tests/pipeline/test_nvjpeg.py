@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import write_split
 from stoker.pipeline import Loader, deps
 from stoker.pipeline.manifest import Manifest
 from stoker.pipeline.nvjpeg_backend import NvjpegRunner, crop_resize, decode_jpegs
 from stoker.pipeline.pil_backend import resize_into
 from stoker.tools.shardwriter import ShardWriter
 from stoker.tools.synth import CLASSES, draw, encode
-
-from helpers import write_split
 
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec (the backend's note)
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")

@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import write_split
 from stoker.pipeline import Loader, ManifestError, order
 from stoker.pipeline import cache as cache_mod
 from stoker.pipeline.cache import CacheError
 from stoker.pipeline.storage import StorageError
 from stoker.tools.synth import CLASSES
-
-from helpers import write_split
 from storage_servers import dead_endpoint, http_server, s3_server
 
 KW = {"batch_size": 4, "crop": 24, "backend": "pil", "threads": 0}

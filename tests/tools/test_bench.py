@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from stoker.pipeline.deps import HAS_DALI
 from stoker.tools import cli
 from stoker.tools.errors import UsageError

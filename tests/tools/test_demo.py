@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from stoker.tools.cli import main
 
 

@@ -4,13 +4,14 @@ import time
 
 import pytest
 import torch
+from torch import nn
+
 from stoker.model.audit import audit_model
 from stoker.tools import cli
 from stoker.tools.diagnose_engine import run_diagnosis
 from stoker.tools.diagnose_measure import measure_loader, measure_transfer
 from stoker.tools.diagnose_report import format_report, judge, next_steps
 from stoker.tools.errors import UsageError
-from torch import nn
 
 
 class SlowLoader:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+
 from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.index import MAX_CLASSES, parse_label, read_idx, scan_tar
 from stoker.pipeline.manifest import Manifest

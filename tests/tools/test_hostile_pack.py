@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+
 from stoker.pipeline.decodecheck import jpeg_copy_safe
 from stoker.pipeline.manifest import Manifest
 from stoker.tools.cli import main as cli

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+
 from stoker.pipeline.index import index_tar, read_idx
 from stoker.pipeline.manifest import Manifest, check_shards
 from stoker.tools.cli import main as cli
@@ -93,6 +94,7 @@ def test_index_usage_errors(tmp_path, capsys):
 def test_index_skips_images_the_loader_cannot_read(tmp_path, capsys):
     """A WebP sample (Pillow decodes it, the loader does not) is marked to skip, not passed."""
     import webdataset as wds
+
     from stoker.pipeline import Loader
 
     folder = tmp_path / "webp"

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from stoker.pipeline.index import index_tar, read_idx
 from stoker.pipeline.manifest import Manifest, check_shards
 from stoker.tools.cli import main as cli

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from stoker.pipeline.storage import (
     MissingExtra,
     StorageError,
