@@ -15,10 +15,8 @@ same crops.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import operator
-import queue
 import sys
 import threading
 import warnings
@@ -30,10 +28,11 @@ import numpy as np
 
 from stoker import StokerError
 
-from . import augment, order
+from . import augment, order, producer
 from .cache import ShardCache, is_url
 from .deps import BACKEND_NAMES, has_cuda, resolve_backend, usable_cores
 from .fsutil import PathLike
+from .producer import END, Failure, ProducerThread, stop_at_exit
 from .samples import SampleIndex, open_split
 
 BACKENDS = BACKEND_NAMES
@@ -713,7 +712,7 @@ class _PilRunner:
                    consumed, bad)
 
 
-class _DaliRunner:
+class _DaliRunner(ProducerThread):
     """Feeds the DALI graph from the loader's order; one pipeline reused across epochs."""
 
     def __init__(self, loader: Loader):
@@ -729,8 +728,7 @@ class _DaliRunner:
     def _build(self):
         from .dali_graph import build_pipeline  # imports DALI, which registers its atexit teardown
 
-        _register_atexit()  # after DALI's: atexit runs last-registered first
-        _RUNNERS.add(self)
+        stop_at_exit(self)  # after DALI's own atexit hook: ours runs first
 
         ld = self.l
         device_id = None
@@ -846,12 +844,7 @@ class _DaliRunner:
         import torch
 
         def put(item) -> None:  # never blocks past a consumer that has gone
-            while not stop.is_set():
-                try:
-                    out_q.put(item, timeout=0.1)
-                    return
-                except queue.Full:
-                    pass
+            producer.put(out_q, stop, item)
 
         done = False
         try:
@@ -871,11 +864,11 @@ class _DaliRunner:
                 for item in self._carry:
                     put(self._empty(*item))
                 self._carry = []
-                put(_END)
+                put(END)
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, naming the shards
             if not stop.is_set():  # else nobody is listening (abandoned, or interpreter exit)
                 error = RuntimeError(self._describe_failure(self._meta[0][4], exc)) if self._meta else exc
-                put(_Failure(error))
+                put(Failure(error))
             done = True  # the pipeline is not drained after an error; it is rebuilt
             self.pipe = None
         finally:
@@ -900,61 +893,10 @@ class _DaliRunner:
         self._carry = []
         # A producer thread runs DALI and the pillow resize while the caller trains on the
         # previous batch (pillow and DALI release the GIL while they work).
-        out_q: queue.Queue = queue.Queue(maxsize=max(1, self.l.prefetch - 1))
-        stop = threading.Event()
-        worker = threading.Thread(target=self._produce, args=(out_q, stop), daemon=True,
-                                  name="stoker-loader")
-        self._stop, self._worker = stop, worker
-        worker.start()
-        try:
-            while True:
-                item = out_q.get()
-                if item is _END:
-                    break
-                if isinstance(item, _Failure):
-                    raise item.error
-                yield item
-        finally:
-            self._halt(stop, worker)
-
-    def _halt(self, stop: threading.Event, worker: threading.Thread) -> None:
-        """Stop the producer thread and wait for it (it drains DALI's queue first)."""
-        stop.set()
-        # While the interpreter finalizes, a daemon thread can no longer run: joining it would
-        # hang. The atexit hook below has already stopped it in that case.
-        if not sys.is_finalizing() and worker is not threading.current_thread():
-            worker.join()
-        if self._worker is worker:
-            self._stop = self._worker = None
-
-    def shutdown(self) -> None:
-        """Stop an abandoned iteration's producer before DALI tears its pipelines down."""
-        stop, worker = self._stop, self._worker
-        if stop is not None and worker is not None:
-            self._halt(stop, worker)
+        yield from self._run_producer(self._produce, (), prefetch=self.l.prefetch, name="stoker-loader")
 
 
-#: DALI runners alive in this process (weak: a runner goes with its Loader)
-_RUNNERS: "weakref.WeakSet[_DaliRunner]" = weakref.WeakSet()
-_ATEXIT_REGISTERED = False
 
-
-def _shutdown_runners() -> None:
-    for runner in list(_RUNNERS):
-        try:
-            runner.shutdown()
-        except Exception:  # noqa: BLE001 - exiting anyway; never print a traceback here
-            pass
-
-
-def _register_atexit() -> None:
-    """Register :func:`_shutdown_runners` once, after DALI is imported: atexit handlers run in
-    reverse order, so producer threads stop before DALI shuts its pipelines down (a thread
-    still running a pipeline then would hit a torn-down one)."""
-    global _ATEXIT_REGISTERED
-    if not _ATEXIT_REGISTERED:
-        atexit.register(_shutdown_runners)
-        _ATEXIT_REGISTERED = True
 
 
 class _Prefetcher:
@@ -994,12 +936,6 @@ class _Prefetcher:
         self._thread, self._error = None, None
 
 
-class _Failure:
-    def __init__(self, error: BaseException):
-        self.error = error
-
-
-_END = object()
 
 
 __all__ = ["Loader", "LoaderError", "LoaderIterator", "LoaderDataset", "LoaderSampler", "LoaderBatchSampler",

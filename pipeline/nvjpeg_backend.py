@@ -19,18 +19,16 @@ and resize are tested without a GPU.
 
 from __future__ import annotations
 
-import atexit
 import io
 import queue
-import sys
 import threading
 import warnings
-import weakref
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from . import augment
+from . import augment, producer
+from .producer import END, Failure, ProducerThread, stop_at_exit
 
 
 def decode_jpegs(datas: list, device) -> list:
@@ -92,7 +90,7 @@ def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None
         out[pick] = out[pick].flip(-1)
 
 
-class NvjpegRunner:
+class NvjpegRunner(ProducerThread):
     """The Loader's runner for ``backend="nvjpeg"``: ``iterate(batches, epoch)`` yields one
     ``(images, labels, consumed, bad)`` per batch of global sample ids, in order.
 
@@ -116,7 +114,7 @@ class NvjpegRunner:
         self._stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._stop: Optional[threading.Event] = None
         self._worker: Optional[threading.Thread] = None
-        _register(self)
+        stop_at_exit(self)
 
     # ---- one batch ---------------------------------------------------------------------
     def _empty(self, consumed: int, nbad: int) -> tuple:
@@ -212,12 +210,7 @@ class NvjpegRunner:
         import torch
 
         def put(item) -> None:  # never blocks past a consumer that has gone
-            while not stop.is_set():
-                try:
-                    out_q.put(item, timeout=0.1)
-                    return
-                except queue.Full:
-                    pass
+            producer.put(out_q, stop, item)
 
         ctx = torch.cuda.stream(self._stream) if self.cuda else contextlib.nullcontext()
         dev = torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext()
@@ -233,10 +226,10 @@ class NvjpegRunner:
                         event = torch.cuda.Event()
                         event.record(self._stream)
                     put((item, event))
-            put(_END)
+            put(END)
         except Exception as e:  # noqa: BLE001 - handed to the consumer, naming the shards
             if not stop.is_set():
-                put(_Failure(RuntimeError(self._describe_failure(ids, e))))
+                put(Failure(RuntimeError(self._describe_failure(ids, e))))
 
     def _describe_failure(self, ids, error: BaseException) -> str:
         index, split = self.l.index, self.l.path
@@ -255,19 +248,9 @@ class NvjpegRunner:
         import torch
 
         self._epoch_fallbacks, self._fallback_examples = 0, []
-        out_q: queue.Queue = queue.Queue(maxsize=max(1, self.l.prefetch - 1))
-        stop = threading.Event()
-        worker = threading.Thread(target=self._produce, args=(batches, epoch, out_q, stop), daemon=True,
-                                  name="stoker-nvjpeg")
-        self._stop, self._worker = stop, worker
-        worker.start()
+        items = self._run_producer(self._produce, (batches, epoch), prefetch=self.l.prefetch, name="stoker-nvjpeg")
         try:
-            while True:
-                item = out_q.get()
-                if item is _END:
-                    break
-                if isinstance(item, _Failure):
-                    raise item.error
+            for item in items:
                 (images, labels, consumed, bad), event = item
                 if event is not None:
                     # the consumer's stream waits for the producer's work (no host sync), and the
@@ -278,54 +261,10 @@ class NvjpegRunner:
                     labels.record_stream(current)
                 yield images, labels, consumed, bad
         finally:
-            self._halt(stop, worker)
+            items.close()  # stops the producer thread now, not whenever the GC gets to it
         if self._epoch_fallbacks:
             shown = "; ".join(self._fallback_examples)
             warnings.warn(f"stoker Loader {self.l.path}: epoch {epoch}: {self._epoch_fallbacks} sample(s) "
                           f"decoded on the CPU, not the GPU: {shown}", RuntimeWarning, stacklevel=2)
-
-    def _halt(self, stop: threading.Event, worker: threading.Thread) -> None:
-        stop.set()
-        if not sys.is_finalizing() and worker is not threading.current_thread():
-            worker.join()
-        if self._worker is worker:
-            self._stop = self._worker = None
-
-    def shutdown(self) -> None:
-        """Stop an abandoned iteration's producer thread."""
-        stop, worker = self._stop, self._worker
-        if stop is not None and worker is not None:
-            self._halt(stop, worker)
-
-
-#: runners alive in this process (weak: a runner goes with its Loader)
-_RUNNERS: "weakref.WeakSet[NvjpegRunner]" = weakref.WeakSet()
-_ATEXIT_REGISTERED = False
-
-
-def _shutdown_runners() -> None:
-    for runner in list(_RUNNERS):
-        try:
-            runner.shutdown()
-        except Exception:  # noqa: BLE001 - exiting anyway; never print a traceback here
-            pass
-
-
-def _register(runner: NvjpegRunner) -> None:
-    """Track ``runner`` so an iteration abandoned at exit stops its producer thread before the
-    interpreter (and CUDA) tear down under it."""
-    global _ATEXIT_REGISTERED
-    _RUNNERS.add(runner)
-    if not _ATEXIT_REGISTERED:
-        atexit.register(_shutdown_runners)
-        _ATEXIT_REGISTERED = True
-
-
-class _Failure:
-    def __init__(self, error: BaseException):
-        self.error = error
-
-
-_END = object()
 
 __all__ = ["NvjpegRunner", "crop_resize", "decode_jpegs", "decode_cpu"]

@@ -50,3 +50,14 @@ def run_in_group(cmd, *, timeout, env=None):
         except ProcessLookupError:
             pass
         proc.communicate()
+
+
+def run_epoch(loader, epoch=None):
+    """``(images, labels)`` lists of one pass over ``loader`` (after ``set_epoch(epoch)`` if given)."""
+    if epoch is not None:
+        loader.set_epoch(epoch)
+    images, labels = [], []
+    for x, y in loader:
+        images.append(x)
+        labels.append(y)
+    return images, labels

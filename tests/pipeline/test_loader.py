@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import write_split
+from helpers import run_epoch, write_split
 from stoker.pipeline import Loader, ManifestError
 from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.manifest import Manifest
@@ -27,14 +27,7 @@ def split(tmp_path):
     return path
 
 
-def run(loader, epoch=None):
-    if epoch is not None:
-        loader.set_epoch(epoch)
-    images, labels = [], []
-    for x, y in loader:
-        images.append(x)
-        labels.append(y)
-    return images, labels
+run = run_epoch
 
 
 def flat(labels):
