@@ -72,7 +72,8 @@ class Loader:
             or ``"auto"``: DALI when installed, else nvjpeg on a CUDA device where torchvision's
             GPU decode works, else pil. :attr:`backend_reason` says why.
         decode: ``"mixed"`` (nvJPEG + hardware decoder, GPU resize), ``"cpu"``, or ``"auto"``
-            (mixed when ``device`` is CUDA and the backend is DALI).
+            (mixed when ``device`` is CUDA and the backend is DALI or nvjpeg, which only
+            decodes on the GPU).
         threads: DALI threads / pillow worker processes (default: usable cores).
         drop_last: drop this rank's incomplete last batch; default ``True`` for train
             (every rank and every step has ``batch_size`` samples), ``False`` for val (every
@@ -177,11 +178,14 @@ class Loader:
             raise ValueError(f"device={device!r} but torch sees no CUDA device (use device='cpu')")
         # which backend, and why (also what `stoker diagnose` reports)
         backend, self.backend_reason = resolve_backend(backend, str(self.device))
-        if decode == "auto":
-            decode = "mixed" if backend == "dali" and self.device.type == "cuda" else "cpu"
+        if decode == "auto":  # nvjpeg always decodes on the GPU: say so
+            decode = "mixed" if backend in ("dali", "nvjpeg") and self.device.type == "cuda" else "cpu"
+        if backend == "nvjpeg" and decode != "mixed":
+            raise ValueError("backend='nvjpeg' decodes on the GPU: use decode='auto' (or 'mixed'), "
+                             "or backend='dali'/'pil' for CPU decode")
         if decode == "mixed":
-            if backend != "dali":
-                raise ValueError("decode='mixed' needs backend='dali'")
+            if backend == "pil":
+                raise ValueError("decode='mixed' needs backend='dali' or 'nvjpeg'")
             if self.device.type != "cuda":
                 raise ValueError(f"decode='mixed' decodes on the GPU but device={device!r}: "
                                  "use device='cuda' or decode='cpu'")
