@@ -20,8 +20,9 @@ import json
 import signal
 import sys
 
+# no torch in these imports: `stoker --help` stays instant
 from stoker import StokerError
-from stoker.model.train.config import AMP_CHOICES, OPTIMIZERS, TASKS  # no torch: `stoker --help` stays instant
+from stoker.model.train.config import AMP_CHOICES, OPTIMIZERS, SHUFFLES, TASKS
 
 from .errors import CheckFailed, UsageError
 
@@ -73,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-dir", default=None,
                    help="local shard cache, DIR/train and DIR/val (default: ~/.cache/stoker/shards/...)")
     g.add_argument("--cache-limit", default=None, metavar="SIZE", help="bytes the cache may keep, e.g. 50GB")
-    g.add_argument("--shuffle", choices=("global", "block"), default="global",
+    g.add_argument("--shuffle", choices=SHUFFLES, default="global",
                    help="global: a fresh permutation of the whole split (default); block: shards per rank, "
                         "samples shuffled within windows of --block-shards (for a bounded cache)")
     g.add_argument("--block-shards", type=int, default=4, help="shards per window with --shuffle block")

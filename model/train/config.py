@@ -17,6 +17,8 @@ AMP_CHOICES = ("auto", "bf16", "fp16", "off")
 OPTIMIZERS = ("sgd", "adamw")
 #: ``--task``: ``regress`` is the seed report's case study (:mod:`stoker.model.case_study`).
 TASKS = ("classify", "regress")
+#: the Loader's sample orders (see stoker.pipeline.Loader)
+SHUFFLES = ("global", "block")
 
 # The run directory.
 LAST = "last.pt"

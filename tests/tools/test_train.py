@@ -177,4 +177,5 @@ def test_cli_choices_are_the_configs():
     p = argparse.ArgumentParser()
     train_cli.add_arguments(p)
     choices = {a.dest: a.choices for a in p._actions if a.choices}
-    assert choices == {"amp": config.AMP_CHOICES, "optimizer": config.OPTIMIZERS, "task": config.TASKS}
+    assert choices == {"amp": config.AMP_CHOICES, "optimizer": config.OPTIMIZERS, "task": config.TASKS,
+                       "shuffle": config.SHUFFLES}
