@@ -45,6 +45,12 @@ class StorageError(StokerError):
     exit_code = 1
 
 
+class StorageOptionError(StokerError, ValueError):
+    """A ``--storage-option`` that is not ``KEY=VALUE``: exit 2, the message names it."""
+
+    exit_code = 2
+
+
 class MissingExtra(StokerError):
     """An optional package is not installed: exit 2; the message names the pip extra."""
 
@@ -80,13 +86,13 @@ def parse_storage_options(pairs: Optional[Sequence[str]]) -> dict[str, Any]:
     {"read_timeout": 30}}``. Values are JSON when they parse as JSON, else strings.
 
     Raises:
-        ValueError: a pair without ``=`` (the message names it).
+        StorageOptionError: a pair without ``=`` (the message names it; a ValueError too).
     """
     options: dict[str, Any] = {}
     for pair in pairs or ():
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--storage-option {pair!r} should be KEY=VALUE, e.g. endpoint_url=http://host:9000")
+            raise StorageOptionError(f"--storage-option {pair!r} should be KEY=VALUE, e.g. endpoint_url=http://host:9000")
         try:
             value: Any = json.loads(text)
         except ValueError:

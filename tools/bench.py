@@ -328,11 +328,8 @@ def bench(data: str | Path, *, images: str | Path | None = None, batch_size: int
 def main(args: argparse.Namespace) -> int:
     from stoker.pipeline.storage import parse_storage_options
 
-    try:
-        options = parse_storage_options(args.storage_option) or None
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    result = bench(args.data, storage_options=options, images=args.images, batch_size=args.batch_size,
+    result = bench(args.data, storage_options=parse_storage_options(args.storage_option) or None,
+                   images=args.images, batch_size=args.batch_size,
                    crop=args.crop, epochs=args.epochs,
                    seconds=args.seconds, warmup=args.warmup, workers=args.workers, only=args.only.split(","),
                    repeat=args.repeat, ffcv_python=args.ffcv_python,

@@ -241,11 +241,8 @@ def diagnose(data: str | Path, *, storage_options: Optional[dict] = None, arch: 
 def main(args: argparse.Namespace) -> int:
     from stoker.pipeline.storage import parse_storage_options
 
-    try:
-        options = parse_storage_options(args.storage_option) or None
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    result = diagnose(args.data, storage_options=options, arch=args.arch, model=args.model,
+    result = diagnose(args.data, storage_options=parse_storage_options(args.storage_option) or None,
+                      arch=args.arch, model=args.model,
                       batch_size=args.batch_size, crop=args.crop,
                       device=args.device, seconds=args.seconds, amp=args.amp, channels_last=args.channels_last,
                       backend=args.backend, decode=args.decode, threads=args.threads, workers=args.workers,

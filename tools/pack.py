@@ -579,10 +579,7 @@ def main(args: argparse.Namespace) -> int:
         if parts > 1:
             raise UsageError("--part with a URL OUT is not supported: use --engine ray to pack on many machines, "
                              "or pack the parts into a shared folder")
-        try:
-            options = parse_storage_options(args.storage_option)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+        options = parse_storage_options(args.storage_option)
         store = Store(args.out, options)
         store.check()  # reachable, bucket exists: before any work
         out = Path(args.staging) if args.staging else default_cache_dir() / "pack-staging" / url_key(args.out, options)

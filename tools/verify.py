@@ -341,10 +341,7 @@ def main(args: argparse.Namespace) -> int:
     if args.sample < 0 or args.workers < 1:
         raise UsageError("--sample must be >= 0 and --workers >= 1")
     if is_url(args.dir):
-        try:
-            options = parse_storage_options(args.storage_option)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
+        options = parse_storage_options(args.storage_option)
         # one split at a time: the temporary copy is at most one split's size
         reports: list[ShardReport] = []
         for url in remote_splits(args.dir, options):
