@@ -1,6 +1,6 @@
 """The read side: shard format, sample order, and the fast :class:`Loader`."""
 
-from .manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ManifestError, ShardInfo
+from .shards.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ManifestError, ShardInfo
 
 
 def __getattr__(name: str):

@@ -31,7 +31,7 @@ from typing import Any, Iterable, Optional, Union
 
 from . import storage
 from .fsutil import PathLike, atomic_write
-from .manifest import MANIFEST_NAME, Manifest, ManifestError, ShardInfo, idx_path
+from .shards.manifest import MANIFEST_NAME, Manifest, ManifestError, ShardInfo, idx_path
 from .storage import StorageError, is_url
 
 #: bytes read from storage per call while streaming a shard to disk

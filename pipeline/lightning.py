@@ -119,7 +119,7 @@ class StokerDataModule(pl.LightningDataModule):
     @property
     def classes(self) -> list:
         """Class names of the train split (index = label)."""
-        from .manifest import Manifest
+        from .shards.manifest import Manifest
 
         return list(Manifest.load(self.root / self.train_split).classes)
 

@@ -33,7 +33,7 @@ from .cache import ShardCache, is_url
 from .deps import BACKEND_NAMES, has_cuda, resolve_backend, usable_cores
 from .fsutil import PathLike
 from .producer import END, Failure, ProducerThread, stop_at_exit
-from .samples import SampleIndex, open_split
+from .shards.samples import SampleIndex, open_split
 
 BACKENDS = BACKEND_NAMES
 SHUFFLES = order.SHUFFLES
@@ -611,7 +611,7 @@ class LoaderDataset:
     def __getitem__(self, i: int):
         raise TypeError(f"loader.dataset[{i!r}]: stoker's Loader decodes whole batches, there is no per-sample "
                         "access; iterate the Loader, or read raw samples with "
-                        f"stoker.pipeline.samples.open_split({str(self._loader.path)!r})")
+                        f"stoker.pipeline.shards.samples.open_split({str(self._loader.path)!r})")
 
     def __repr__(self) -> str:
         return f"LoaderDataset({str(self._loader.path)!r}, samples={len(self)}, classes={len(self.classes)})"

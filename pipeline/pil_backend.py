@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from . import augment
-from .samples import SampleIndex, image_size
+from .shards.samples import SampleIndex, image_size
 
 # A whole batch is one DataLoader item, so worker→parent traffic is one tensor per batch.
 

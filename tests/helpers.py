@@ -7,8 +7,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from stoker.pipeline.manifest import Manifest
-from stoker.tools.shardwriter import ShardWriter
+from stoker.pipeline.shards.manifest import Manifest
+from stoker.pipeline.shards.writer import ShardWriter
 from stoker.tools.synth import CLASSES, draw, encode
 
 

@@ -200,7 +200,7 @@ class BenchResult(Result):
 
 def _split(data: str | Path, storage_options: Optional[dict] = None) -> Path:
     from stoker.pipeline.cache import local_copy, read_manifest
-    from stoker.pipeline.manifest import MANIFEST_NAME, ManifestError
+    from stoker.pipeline.shards.manifest import MANIFEST_NAME, ManifestError
     from stoker.pipeline.storage import is_url
 
     if is_url(data):  # fetched whole into the shard cache first; every pipeline then reads it

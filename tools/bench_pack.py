@@ -110,7 +110,7 @@ def plain_pack(src: Path, out: Path, *, workers: int, short_side: int, quality: 
 
 def stoker_pack(src: Path, out: Path, *, workers: int, short_side: int, quality: int) -> int:
     """Pack ``src`` with ``stoker pack --reencode``; returns the number of samples."""
-    from stoker.pipeline.manifest import Manifest
+    from stoker.pipeline.shards.manifest import Manifest
 
     with contextlib.redirect_stdout(io.StringIO()):
         _pack(src, out, reencode=True, short_side=short_side, quality=quality, workers=workers, quiet=True)

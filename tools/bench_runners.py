@@ -17,7 +17,7 @@ from .peers.timing import epochs, timed, tree_cpu, tree_peak_rss
 
 
 def _shards(data: str) -> list[str]:
-    from stoker.pipeline.manifest import Manifest
+    from stoker.pipeline.shards.manifest import Manifest
 
     m = Manifest.load(data)
     return [str(Path(data) / s.name) for s in m.shards]
@@ -74,7 +74,7 @@ def _run_dali_reader(cfg):
     import torch
 
     from stoker.pipeline.dali_graph import reader_pipeline
-    from stoker.pipeline.manifest import idx_path
+    from stoker.pipeline.shards.manifest import idx_path
 
     tars = _shards(cfg["data"])
     pipe = reader_pipeline(tars, [str(idx_path(t)) for t in tars], batch_size=cfg["batch_size"],
@@ -108,7 +108,7 @@ def _decode_all(job):
 
     from PIL import Image
 
-    from stoker.pipeline.samples import SampleIndex
+    from stoker.pipeline.shards.samples import SampleIndex
 
     data, lo, hi = job
     idx = SampleIndex(data)
@@ -122,7 +122,7 @@ def _run_ceiling(cfg):
     """Every image decoded once per epoch by `workers` processes, nothing else."""
     from multiprocessing import get_context
 
-    from stoker.pipeline.samples import SampleIndex
+    from stoker.pipeline.shards.samples import SampleIndex
 
     n = len(SampleIndex(cfg["data"]))
     w = cfg["workers"]

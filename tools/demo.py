@@ -146,7 +146,7 @@ def demo(*, cache: str | Path | None = None, per_class: int = 200, epochs: int =
     """
     from stoker.model.train import TrainConfig, train
     from stoker.pipeline.deps import has_cuda
-    from stoker.pipeline.manifest import Manifest
+    from stoker.pipeline.shards.manifest import Manifest
 
     say = say or (lambda line: None)
     if tiny:

@@ -184,7 +184,7 @@ def diagnose(data: str | Path, *, storage_options: Optional[dict] = None, arch: 
     alternatives = []
     try:
         if kind == "shards":
-            from stoker.pipeline.manifest import Manifest
+            from stoker.pipeline.shards.manifest import Manifest
 
             loader = stoker_loader(path, **loader_kw)
             manifest = Manifest.load(path)
@@ -211,7 +211,7 @@ def diagnose(data: str | Path, *, storage_options: Optional[dict] = None, arch: 
                                 f"DataLoader(num_workers={workers}): float32 batches on the host"}
             n = min(pack_sample_size, num_samples)
             if n > 0:
-                from stoker.pipeline.manifest import Manifest
+                from stoker.pipeline.shards.manifest import Manifest
 
                 say(f"packing {n} images into a temporary folder to measure stoker on them")
                 tmp = Path(tempfile.mkdtemp(prefix="stoker-diagnose-"))

@@ -91,7 +91,7 @@ def resolve_data(path: str, storage_options: Optional[dict] = None) -> tuple[str
     """``("shards", split_dir)`` or ``("imagefolder", root)``; UsageError otherwise. A URL is
     fetched whole into the shard cache first (its split, or its ``train/``)."""
     from stoker.pipeline.cache import local_copy, read_manifest
-    from stoker.pipeline.manifest import MANIFEST_NAME, ManifestError
+    from stoker.pipeline.shards.manifest import MANIFEST_NAME, ManifestError
     from stoker.pipeline.storage import is_url
 
     if is_url(path):
@@ -165,7 +165,7 @@ def pack_sample(root: Path, n: int, tmp: Path) -> Path:
 def count_data(kind: str, path: Path) -> tuple[int, int]:
     """``(classes, samples)`` of shards (from the manifest) or an ImageFolder (by listing it)."""
     if kind == "shards":
-        from stoker.pipeline.manifest import Manifest
+        from stoker.pipeline.shards.manifest import Manifest
 
         manifest = Manifest.load(path)
         return len(manifest.classes), manifest.num_samples

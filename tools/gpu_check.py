@@ -153,7 +153,7 @@ def part_pytest(ctx: dict, save: Callable[[dict], None]) -> dict:
 
 def _image_files(src: Path) -> list[tuple[Path, str]]:
     """``(path, class)`` of the images of ``src``: class subfolders, or one class for a flat folder."""
-    from stoker.pipeline.samples import IMAGE_EXTS
+    from stoker.pipeline.shards.samples import IMAGE_EXTS
 
     exts = {f".{e}" for e in IMAGE_EXTS}
     out = []
@@ -169,7 +169,7 @@ def _image_files(src: Path) -> list[tuple[Path, str]]:
 def _unpack(split: Path, dst: Path) -> None:
     """Write the images of a packed split back out as an ImageFolder (``dst/<label>/<key>.jpg``),
     so a small packed dataset (what fits on a machine without network) can be packed repeated."""
-    from stoker.pipeline.samples import KIND_PNG, SampleIndex
+    from stoker.pipeline.shards.samples import KIND_PNG, SampleIndex
 
     idx = SampleIndex(split)
     try:
@@ -185,7 +185,7 @@ def _unpack(split: Path, dst: Path) -> None:
 def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
     import shutil
 
-    from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, check_shards
+    from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, check_shards
 
     from .cli import run_command
 
@@ -257,7 +257,7 @@ def _nvjpeg_stages(ctx: dict, device: str, batches: int = 8) -> dict:
     from stoker.model.throughput import synchronize
     from stoker.pipeline import augment
     from stoker.pipeline.nvjpeg_backend import crop_resize, decode_jpegs
-    from stoker.pipeline.samples import open_split
+    from stoker.pipeline.shards.samples import open_split
 
     idx = open_split(ctx["split"])
     dev, B, c = torch.device(device), ctx["batch_size"], ctx["crop"]

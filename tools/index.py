@@ -34,8 +34,8 @@ from typing import Optional, Sequence
 
 from stoker import __version__
 from stoker.pipeline.fsutil import sha256_file
-from stoker.pipeline.index import MAX_CLASSES, TarFormatError, image_component, read_label, scan_tar, write_idx
-from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ManifestError, ShardInfo, idx_path
+from stoker.pipeline.shards.idx import MAX_CLASSES, TarFormatError, image_component, read_label, scan_tar, write_idx
+from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ManifestError, ShardInfo, idx_path
 
 from .errors import CheckFailed, UsageError
 from .verify import ImageChecker, fork_method

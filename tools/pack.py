@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from stoker import StokerError, __version__
+from stoker.pipeline.shards.writer import ShardWriter, shard_name
 from stoker.pipeline.storage import Store, default_cache_dir, is_url, parse_storage_options, url_key
 
 from .errors import CheckFailed, UsageError
@@ -63,7 +64,6 @@ from .packjournal import (
     merge,
     part_status,
     read_settings,
-    shard_name,
     shard_record,
     state_dir,
 )
@@ -296,7 +296,7 @@ class _Remote:
             pending.result()
 
     def _upload(self, split_dir: Path, name: str) -> None:
-        from stoker.pipeline.manifest import idx_path
+        from stoker.pipeline.shards.manifest import idx_path
 
         tar = split_dir / name
         # the index goes up first: a shard under its final name always has its index
@@ -313,7 +313,7 @@ class _Remote:
         """Journaled shards not in place remotely: ``(to rebuild, to upload from staging)``.
         One listing per split; a shard counts as in place when its size is the journaled one
         and its ``.idx`` is there (object stores write whole objects or none)."""
-        from stoker.pipeline.manifest import idx_path
+        from stoker.pipeline.shards.manifest import idx_path
 
         sizes = self.store.sizes(split_dir.name)
         rebuild, upload, first = [], [], start
@@ -338,14 +338,14 @@ class _Remote:
 
     def manifests_match(self, out: Path, splits: list[str]) -> bool:
         """The uploaded rejects.jsonl and manifests equal the staged ones."""
-        from stoker.pipeline.manifest import MANIFEST_NAME
+        from stoker.pipeline.shards.manifest import MANIFEST_NAME
 
         names = [REJECTS_NAME] + [f"{s}/{MANIFEST_NAME}" for s in splits]
         return all(self.store.read_bytes(n) == (out / n).read_bytes() for n in names)
 
     def publish_manifests(self, out: Path, splits: list[str]) -> None:
         """Upload rejects.jsonl, then each split's stoker.json: the manifests last."""
-        from stoker.pipeline.manifest import MANIFEST_NAME
+        from stoker.pipeline.shards.manifest import MANIFEST_NAME
 
         self.store.put_file(out / REJECTS_NAME, REJECTS_NAME)
         for split in splits:
@@ -353,7 +353,7 @@ class _Remote:
 
 
 def _local_shard_ok(tar: Path, size: int) -> bool:
-    from stoker.pipeline.manifest import idx_path
+    from stoker.pipeline.shards.manifest import idx_path
 
     try:
         return tar.stat().st_size == size and idx_path(tar).stat().st_size > 0
@@ -386,7 +386,6 @@ def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end:
                       progress: bool, engine: str = "local", remote: Optional[_Remote] = None) -> dict:
     from tqdm import tqdm
 
-    from .shardwriter import ShardWriter
 
     split_dir = out / split
     split_dir.mkdir(parents=True, exist_ok=True)
@@ -466,7 +465,7 @@ def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end:
 def _damaged_shards(split_dir: Path, records: list[dict], start: int) -> list[tuple[int, int, dict]]:
     """Journaled shards that are missing, have another size than journaled, or lack
     their ``.idx``: ``(first input, end input, shard record)`` each. Stats only: cheap."""
-    from stoker.pipeline.manifest import idx_path
+    from stoker.pipeline.shards.manifest import idx_path
 
     bad, first = [], start
     for r in records:
@@ -488,9 +487,8 @@ def _restore(split_dir: Path, items: list[Item], source: Source, damaged: list[t
     """Rebuild journaled shards that were deleted or damaged after they were written:
     the inputs of a shard's range are packed again into the same name (deterministic,
     so byte-identical). Raises CheckFailed when the rebuilt bytes differ (SRC changed)."""
-    from stoker.pipeline.manifest import idx_path
+    from stoker.pipeline.shards.manifest import idx_path
 
-    from .shardwriter import ShardWriter
 
     with _sanitizer(settings, workers, source.base, engine) as sanitizer:
         for first, end, info in damaged:

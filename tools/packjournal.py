@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from stoker.pipeline.fsutil import atomic_write
-from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo
 
 from .errors import UsageError
 
@@ -33,13 +33,6 @@ REJECTS_NAME = "rejects.jsonl"
 
 def state_dir(out: Path) -> Path:
     return out / STATE_DIR
-
-
-def shard_name(split: str, index: int, part: int, parts: int) -> str:
-    """``train-000003.tar``, or ``train-p1of4-000003.tar`` for a part of a split pack."""
-    if parts == 1:
-        return f"{split}-{index:06d}.tar"
-    return f"{split}-p{part}of{parts}-{index:06d}.tar"
 
 
 def journal_path(out: Path, split: str, part: int, parts: int) -> Path:
@@ -188,7 +181,7 @@ def _plan(out: Path, shard_ok: Optional[ShardCheck] = None) -> tuple[dict[str, M
 
 def _shard_ok(tar: Path, size: int) -> bool:
     """The shard exists with its journaled size and has a non-empty ``.idx`` (stats only)."""
-    from stoker.pipeline.manifest import idx_path
+    from stoker.pipeline.shards.manifest import idx_path
 
     try:
         return tar.stat().st_size == size and idx_path(tar).stat().st_size > 0

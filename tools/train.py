@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from stoker.model.checkpoint import CheckpointError
     from stoker.model.train import TrainConfig, train
-    from stoker.pipeline.manifest import ManifestError
+    from stoker.pipeline.shards.manifest import ManifestError
     from stoker.pipeline.storage import parse_storage_options
 
     from .pack import parse_size

@@ -30,7 +30,7 @@ from typing import Optional
 
 from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.fsutil import sha256_file
-from stoker.pipeline.index import (
+from stoker.pipeline.shards.idx import (
     IdxFormatError,
     TarFormatError,
     image_component,
@@ -39,7 +39,7 @@ from stoker.pipeline.index import (
     sample_key,
     scan_tar,
 )
-from stoker.pipeline.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
+from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
 from stoker.pipeline.storage import Store, is_url, parse_storage_options, storage_errors
 
 from .errors import CheckFailed, UsageError
@@ -112,7 +112,7 @@ def _quiet_stderr():
 
 class ImageChecker:
     """Decode images the way the Loader does and say which fail: the Loader's header guard
-    (:func:`~stoker.pipeline.samples.image_size`), then pillow (the pil backend), then DALI's
+    (:func:`~stoker.pipeline.shards.samples.image_size`), then pillow (the pil backend), then DALI's
     CPU decoder when DALI is installed (a small CPU-only pipeline fed in batches).
 
     Args:
@@ -129,7 +129,7 @@ class ImageChecker:
 
     def check(self, datas: list[bytes]) -> list[Optional[str]]:
         """One entry per image: None when every decoder reads it, else why not."""
-        from stoker.pipeline.samples import image_size
+        from stoker.pipeline.shards.samples import image_size
 
         out: list[Optional[str]] = []
         for data in datas:

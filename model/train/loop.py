@@ -219,7 +219,7 @@ class _Run:
         if not is_url(split):
             return Path(split).is_dir()
         from stoker.pipeline.cache import read_manifest
-        from stoker.pipeline.manifest import ManifestError
+        from stoker.pipeline.shards.manifest import ManifestError
 
         try:
             read_manifest(split, self.cfg.storage_options)

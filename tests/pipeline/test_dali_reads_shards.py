@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stoker.pipeline.deps import HAS_DALI
-from stoker.pipeline.manifest import Manifest, idx_path
+from stoker.pipeline.shards.manifest import Manifest, idx_path
 from stoker.tools.cli import main as cli
 from stoker.tools.synth import make_image_folder
 

@@ -4,9 +4,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from stoker.pipeline.index import index_tar, read_idx
-from stoker.pipeline.manifest import Manifest, ManifestError, check_shards
 from stoker.pipeline.order import epoch_permutation, rank_indices
+from stoker.pipeline.shards.idx import index_tar, read_idx
+from stoker.pipeline.shards.manifest import Manifest, ManifestError, check_shards
 
 
 def test_fixture_shards_roundtrip_index_and_manifest(tiny_shards):
@@ -78,7 +78,7 @@ def test_samples_per_rank_matches_rank_indices(n, world):
 @pytest.mark.parametrize("name", ["plain/000001.jpg", "a b.jpg", "c\nd.cls", "e%41f.jpg", "tab\t.x", "ü ñ.jpg",
                                   "caf\udce9.jpg", "\u3000wide space.jpg"])
 def test_idx_names_escape_to_one_field_and_back(name, tmp_path):
-    from stoker.pipeline.index import Component, escape_name, unescape_name, write_idx
+    from stoker.pipeline.shards.idx import Component, escape_name, unescape_name, write_idx
 
     field = escape_name(name)
     assert len(field.split()) == 1 and unescape_name(field) == name
@@ -93,7 +93,7 @@ def test_scan_tar_reads_non_utf8_member_names(tmp_path):
     import io
     import tarfile
 
-    from stoker.pipeline.index import scan_tar
+    from stoker.pipeline.shards.idx import scan_tar
 
     with tarfile.open(tmp_path / "t.tar", "w", format=tarfile.GNU_FORMAT) as tar:
         for name, data in (("caf\udce9.jpg", b"x" * 10), ("caf\udce9.cls", b"1")):

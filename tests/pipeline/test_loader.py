@@ -9,9 +9,9 @@ import torch
 from helpers import run_epoch, write_split
 from stoker.pipeline import Loader, ManifestError
 from stoker.pipeline.deps import HAS_DALI
-from stoker.pipeline.manifest import Manifest
-from stoker.pipeline.samples import LabelError
-from stoker.tools.shardwriter import ShardWriter
+from stoker.pipeline.shards.manifest import Manifest
+from stoker.pipeline.shards.samples import LabelError
+from stoker.pipeline.shards.writer import ShardWriter
 from stoker.tools.synth import CLASSES, draw, encode
 
 BACKENDS = ["pil"] + (["dali"] if HAS_DALI else [])
@@ -135,7 +135,7 @@ def test_channels_last_same_values(split, backend):
 def test_val_matches_reference_center_crop(split, backend):
     from PIL import Image
 
-    from stoker.pipeline.samples import SampleIndex
+    from stoker.pipeline.shards.samples import SampleIndex
 
     images, labels = run(make(split, backend=backend, train=False, batch_size=50), 0)
     idx = SampleIndex(split)
@@ -291,7 +291,7 @@ def test_abandoned_dali_iteration_exits_without_tracebacks(split, tmp_path, mode
 def _garble(split, positions):
     """Overwrite the image bytes of ``positions`` with garbage of the same size: the manifest's
     size check passes, the header guard fails."""
-    from stoker.pipeline.samples import SampleIndex
+    from stoker.pipeline.shards.samples import SampleIndex
 
     idx = SampleIndex(split)
     for i in positions:

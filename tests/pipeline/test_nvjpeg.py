@@ -11,10 +11,10 @@ import torch
 
 from helpers import run_epoch, write_split
 from stoker.pipeline import Loader, deps
-from stoker.pipeline.manifest import Manifest
 from stoker.pipeline.nvjpeg_backend import NvjpegRunner, crop_resize, decode_jpegs
 from stoker.pipeline.pil_backend import resize_into
-from stoker.tools.shardwriter import ShardWriter
+from stoker.pipeline.shards.manifest import Manifest
+from stoker.pipeline.shards.writer import ShardWriter
 from stoker.tools.synth import CLASSES, draw, encode
 
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec (the backend's note)
@@ -287,7 +287,7 @@ def test_gpu_rejects_are_decoded_on_the_cpu_counted_and_kept(tmp_path):
 
 def _garble(split, positions):
     """Overwrite the image bytes of ``positions`` with same-size garbage (fails the header guard)."""
-    from stoker.pipeline.samples import SampleIndex
+    from stoker.pipeline.shards.samples import SampleIndex
 
     idx = SampleIndex(split)
     for i in positions:

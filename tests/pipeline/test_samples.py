@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from stoker.pipeline import augment
-from stoker.pipeline.manifest import Manifest
-from stoker.pipeline.samples import BYTES_PER_SAMPLE, SampleIndex, image_size, open_split
-from stoker.tools.shardwriter import ShardWriter
+from stoker.pipeline.shards.manifest import Manifest
+from stoker.pipeline.shards.samples import BYTES_PER_SAMPLE, SampleIndex, image_size, open_split
+from stoker.pipeline.shards.writer import ShardWriter
 from stoker.tools.synth import draw
 
 
@@ -97,8 +97,8 @@ def test_repeated_component_is_never_loaded_even_without_a_manifest_skip(tmp_pat
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     from stoker.pipeline.fsutil import sha256_file
-    from stoker.pipeline.index import index_tar, write_idx
-    from stoker.pipeline.manifest import ShardInfo
+    from stoker.pipeline.shards.idx import index_tar, write_idx
+    from stoker.pipeline.shards.manifest import ShardInfo
 
     write_idx(split / "a.idx", index_tar(split / "a.tar"))
     info = ShardInfo("a.tar", 2, (split / "a.tar").stat().st_size, sha256_file(split / "a.tar"))
@@ -108,7 +108,7 @@ def test_repeated_component_is_never_loaded_even_without_a_manifest_skip(tmp_pat
 
 
 def test_idx_pointing_outside_the_tar_is_one_line(tmp_path):
-    from stoker.pipeline.index import IdxFormatError
+    from stoker.pipeline.shards.idx import IdxFormatError
 
     split = tmp_path / "s"
     split.mkdir()

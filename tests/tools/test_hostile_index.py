@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 
 from stoker.pipeline.deps import HAS_DALI
-from stoker.pipeline.index import MAX_CLASSES, parse_label, read_idx, scan_tar
-from stoker.pipeline.manifest import Manifest
-from stoker.pipeline.samples import LabelError, SampleIndex, open_split
+from stoker.pipeline.shards.idx import MAX_CLASSES, parse_label, read_idx, scan_tar
+from stoker.pipeline.shards.manifest import Manifest
+from stoker.pipeline.shards.samples import LabelError, SampleIndex, open_split
 from stoker.tools.cli import main as cli
 
 
@@ -408,7 +408,7 @@ def test_garbage_idx(tmp_path, capsys, how, what):
     else:
         assert "t.idx does not match the tar (rerun `stoker index" in line
         what = "sample 1 points outside its tar"
-    from stoker.pipeline.index import IdxFormatError
+    from stoker.pipeline.shards.idx import IdxFormatError
 
     with pytest.raises(IdxFormatError, match=r"^index .*t\.idx: " + what.replace("(", r"\(").replace(")", r"\)")):
         open_split(tmp_path / "s")

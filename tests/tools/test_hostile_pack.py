@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from stoker.pipeline.decodecheck import jpeg_copy_safe
-from stoker.pipeline.manifest import Manifest
+from stoker.pipeline.shards.manifest import Manifest
 from stoker.tools.cli import main as cli
 from stoker.tools.sanitize import Settings, sanitize_bytes
 from stoker.tools.synth import bomb_png, draw, encode, make_image_folder, nasty_files
@@ -445,7 +445,7 @@ def test_empty_val_folder_is_said(tmp_path, capsys):
 # --- faults ------------------------------------------------------------------------------------
 
 def test_disk_full_mid_shard_is_one_line_and_rerun_finishes_identically(tmp_path, monkeypatch, capsys):
-    from stoker.tools import shardwriter
+    from stoker.pipeline.shards import writer as shardwriter
 
     src = folder(tmp_path / "src", per_class=4)
     assert pack(src, tmp_path / "clean", "--samples-per-shard", "3") == 0

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from stoker.pipeline.index import index_tar, read_idx
-from stoker.pipeline.manifest import Manifest, check_shards
+from stoker.pipeline.shards.idx import index_tar, read_idx
+from stoker.pipeline.shards.manifest import Manifest, check_shards
 from stoker.tools.cli import main as cli
 
 

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from stoker.pipeline.index import read_idx
+from stoker.pipeline.shards.idx import read_idx
 from stoker.tools.cli import main as cli
 from stoker.tools.synth import make_image_folder
 

@@ -14,12 +14,19 @@ import tarfile
 from pathlib import Path
 from typing import Mapping
 
-from stoker.pipeline.index import Component, Sample, write_idx
-from stoker.pipeline.manifest import ShardInfo, idx_path
+from .idx import Component, Sample, write_idx
+from .manifest import ShardInfo, idx_path
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # what tarfile and GNU tar pad archives to
 MTIME = 0  # fixed: the same input gives the same bytes
+
+
+def shard_name(split: str, index: int, part: int = 0, parts: int = 1) -> str:
+    """``train-000003.tar``, or ``train-p1of4-000003.tar`` for a part of a split pack."""
+    if parts == 1:
+        return f"{split}-{index:06d}.tar"
+    return f"{split}-p{part}of{parts}-{index:06d}.tar"
 
 
 class ShardWriter:

@@ -22,8 +22,8 @@ import numpy as np
 
 from stoker import StokerError
 
-from .fsutil import PathLike
-from .index import IDX_VERSION, IMAGE_EXTS, MAX_CLS_BYTES, IdxFormatError, bad_idx, read_idx, sample_key
+from ..fsutil import PathLike
+from .idx import IMAGE_EXTS, MAX_CLS_BYTES, IdxFormatError, bad_idx, idx_fields, idx_lines, read_idx, sample_key
 from .manifest import Manifest, check_shards, idx_path
 
 KIND_NONE, KIND_JPEG, KIND_PNG = 0, 1, 2
@@ -42,20 +42,9 @@ _SOF_OK = frozenset({0xC0, 0xC1, 0xC2})
 
 
 def _parse_idx(path: Path, with_json: bool):
-    """Fast ``.idx`` parse into per-sample arrays (no per-component objects)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.readline().split()
-            lines = f.read().split(b"\n")
-    except OSError as e:
-        raise bad_idx(path, f"cannot be read: {e.strerror}") from None
-    if len(head) != 2 or head[0] != IDX_VERSION.encode() or not head[1].isdigit():
-        raise bad_idx(path, f"first line should be '{IDX_VERSION} <count>'")
-    if lines and not lines[-1]:
-        lines.pop()
+    """An ``.idx`` as per-sample arrays (no per-sample objects kept)."""
+    lines = idx_lines(path)
     n = len(lines)
-    if n != int(head[1]):
-        raise bad_idx(path, f"declares {int(head[1])} samples but lists {n}")
     img_off = np.zeros(n, np.int64)
     img_size = np.zeros(n, np.uint32)
     cls_off = np.zeros(n, np.int64)
@@ -64,29 +53,24 @@ def _parse_idx(path: Path, with_json: bool):
     js_off = np.zeros(n, np.int64) if with_json else None
     js_size = np.zeros(n, np.uint32) if with_json else None
     for i, line in enumerate(lines):
-        fields = line.split()
-        if not fields or len(fields) % 4:
-            raise bad_idx(path, f"line {i + 2}: expected groups of 'ext offset size name'")
-        exts = [e.lower() for e in fields[0::4]]
+        comps = idx_fields(path, i + 2, line)
+        exts = [c[0].lower() for c in comps]
         if len(set(exts)) != len(exts):
             continue  # a repeated component (a.jpg a.cls a.jpg): never paired, left invalid
         try:
-            for j in range(0, len(fields), 4):
-                if not (fields[j + 1].isdigit() and fields[j + 2].isdigit()):
-                    raise ValueError
-                ext = exts[j // 4]
+            for ext, (_, offset, size, _name) in zip(exts, comps):
                 if ext in _KIND and not kind[i]:
                     kind[i] = _KIND[ext]
-                    img_off[i] = int(fields[j + 1])
-                    img_size[i] = int(fields[j + 2])
+                    img_off[i] = offset
+                    img_size[i] = size
                 elif ext == b"cls":
-                    cls_off[i] = int(fields[j + 1])
-                    cls_size[i] = min(int(fields[j + 2]), 65535)
+                    cls_off[i] = offset
+                    cls_size[i] = min(size, 65535)
                 elif with_json and ext == b"json":
-                    js_off[i] = int(fields[j + 1])
-                    js_size[i] = int(fields[j + 2])
-        except (ValueError, OverflowError):
-            raise bad_idx(path, f"line {i + 2}: offset/size are not non-negative integers") from None
+                    js_off[i] = offset
+                    js_size[i] = size
+        except OverflowError:
+            raise bad_idx(path, f"line {i + 2}: offset/size out of range") from None
     return img_off, img_size, cls_off, cls_size, kind, js_off, js_size
 
 

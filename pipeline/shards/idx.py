@@ -23,7 +23,7 @@ from typing import BinaryIO, Iterable, List, Optional, Sequence, Union
 
 from stoker import StokerError
 
-from .fsutil import PathLike, atomic_write
+from ..fsutil import PathLike, atomic_write
 
 IDX_VERSION = "v1.2"
 #: component names (case-insensitive) read as a sample's image: what the loader decodes
@@ -155,42 +155,53 @@ def bad_idx(path: Path, what: str) -> IdxFormatError:
     return IdxFormatError(f"index {path}: {what} (rerun `stoker index {path.parent}`)")
 
 
-def read_idx(path: PathLike) -> list[Sample]:
-    """Parse an ``.idx`` file; raise :class:`IdxFormatError` naming the file on bad input."""
+def idx_lines(path: PathLike) -> list[bytes]:
+    """The sample lines of an ``.idx``, once its first line and sample count are checked.
+
+    Raises :class:`IdxFormatError` naming the file on a missing, empty or miscounted index.
+    """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        lines = path.read_bytes().split(b"\n")
     except OSError as e:
         raise bad_idx(path, f"cannot be read: {e.strerror}") from None
-    lines = data.decode("utf-8", "surrogateescape").split("\n")
     if lines and not lines[-1]:
         lines.pop()
     if not lines:
         raise bad_idx(path, "empty")
     head = lines[0].split()
-    if len(head) != 2 or head[0] != IDX_VERSION or not head[1].isascii() or not head[1].isdigit():
-        got = f", got {lines[0]!r}" if len(lines[0]) <= 40 and lines[0].isprintable() and lines[0].isascii() else ""
+    if len(head) != 2 or head[0] != IDX_VERSION.encode() or not head[1].isdigit():
+        first = lines[0].decode("ascii", "replace")
+        got = f", got {first!r}" if len(first) <= 40 and first.isprintable() and lines[0].isascii() else ""
         raise bad_idx(path, f"first line should be '{IDX_VERSION} <count>'{got}")
-    samples: list[Sample] = []
-    for lineno, line in enumerate(lines[1:], start=2):
-        fields = line.split()
-        if not fields or len(fields) % 4:
-            raise bad_idx(path, f"line {lineno}: expected groups of 'ext offset size name'")
-        try:
-            sample = [Component(fields[i], _count(fields[i + 1]), _count(fields[i + 2]), unescape_name(fields[i + 3]))
-                      for i in range(0, len(fields), 4)]
-        except ValueError:
-            raise bad_idx(path, f"line {lineno}: offset/size are not non-negative integers") from None
-        samples.append(sample)
-    if len(samples) != int(head[1]):
-        raise bad_idx(path, f"declares {head[1]} samples but lists {len(samples)}")
-    return samples
+    if len(lines) - 1 != int(head[1]):
+        raise bad_idx(path, f"declares {int(head[1])} samples but lists {len(lines) - 1}")
+    return lines[1:]
 
 
-def _count(text: str) -> int:
-    if not (text.isascii() and text.isdigit()):
-        raise ValueError(text)
-    return int(text)
+def idx_fields(path: PathLike, lineno: int, line: bytes) -> list[tuple[bytes, int, int, bytes]]:
+    """One sample line as ``(ext, offset, size, escaped name)`` per component.
+
+    Fields split on ASCII whitespace only, as DALI's reader does.
+    """
+    fields = line.split()
+    if not fields or len(fields) % 4:
+        raise bad_idx(Path(path), f"line {lineno}: expected groups of 'ext offset size name'")
+    out = []
+    for i in range(0, len(fields), 4):
+        offset, size = fields[i + 1], fields[i + 2]
+        if not (offset.isdigit() and size.isdigit()):
+            raise bad_idx(Path(path), f"line {lineno}: offset/size are not non-negative integers")
+        out.append((fields[i], int(offset), int(size), fields[i + 3]))
+    return out
+
+
+def read_idx(path: PathLike) -> list[Sample]:
+    """Parse an ``.idx`` file; raise :class:`IdxFormatError` naming the file on bad input."""
+    text = lambda b: b.decode("utf-8", "surrogateescape")  # noqa: E731
+    return [[Component(text(ext), offset, size, unescape_name(text(name)))
+             for ext, offset, size, name in idx_fields(path, lineno, line)]
+            for lineno, line in enumerate(idx_lines(path), start=2)]
 
 
 def group_members(members: Iterable[tuple[str, int, int]]) -> list[Sample]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from stoker import StokerError
 
-from .fsutil import PathLike, atomic_write, sha256_file
+from ..fsutil import PathLike, atomic_write, sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "stoker.json"
