@@ -6,19 +6,22 @@
 ...     for images, labels in loader:   # uint8 [N, 3, crop, crop] on device; int64 labels
 ...         ...
 
-The sample order is ours (:mod:`.order`), not the reader's: each epoch is a fresh global
-permutation of ``(seed, epoch)`` split across ranks, fed to DALI through
-``fn.external_source`` as byte ranges of memory-mapped shards (:mod:`.samples`). The crop
-boxes and flips are ours too (:mod:`.augment`), so both backends and a resumed run see the
-same crops.
+The sample order is ours (:mod:`.order`), not a reader's: each epoch is a fresh global
+permutation of ``(seed, epoch)`` split across ranks, cut into fixed batches of sample positions
+that a decode backend (:mod:`.backend`: DALI, nvjpeg or pillow, one module each) turns into
+uint8 batches. The crop boxes and flips are ours too (:mod:`.augment`), so every backend and a
+resumed run see the same crops. A URL's shards come through the cache (:mod:`.cache`; block mode
+one window ahead: :mod:`.prefetch`).
+
+This module is the Loader and its DataLoader-shaped surface (``dataset``, ``sampler``,
+``batch_sampler``, the DataLoader arguments it explains); it stays one module past 400 lines
+because that is one object's contract: validation, epochs, resume state and iteration share
+the same few fields.
 """
 
 from __future__ import annotations
 
-import collections
 import operator
-import sys
-import threading
 import warnings
 import weakref
 from pathlib import Path
@@ -28,11 +31,12 @@ import numpy as np
 
 from stoker import StokerError
 
-from . import augment, order, producer
+from . import order
+from .backend import Runner, runner_class
 from .cache import ShardCache, is_url
 from .deps import BACKEND_NAMES, has_cuda, resolve_backend, usable_cores
 from .fsutil import PathLike
-from .producer import END, Failure, ProducerThread, stop_at_exit
+from .prefetch import fetched_windows, group_by_window
 from .shards.samples import SampleIndex, open_split
 
 BACKENDS = BACKEND_NAMES
@@ -235,7 +239,7 @@ class Loader:
         self._closed = False
         # weak: an iterator the caller drops is closed at once (its producer thread stops)
         self._active: Optional[weakref.ref] = None
-        self._runner = None
+        self._runner: Optional[Runner] = None
         self._order = np.zeros(0, np.int64)
         self._usable: Optional[set] = None  # shards a stand-in may come from (block mode, URL)
 
@@ -403,16 +407,16 @@ class Loader:
         try:
             for inner in fetched:
                 try:
-                    for images, labels, consumed, bad in inner:
+                    for batch in inner:
                         k += 1
-                        self.position += consumed
-                        self.skipped += bad
+                        self.position += batch.consumed
+                        self.skipped += batch.skipped
                         if k == last:
                             # The epoch ends when its last batch is handed out, not when the caller
                             # asks for one more: loops bounded by len(loader) (Lightning, islice, zip
                             # with a range) never ask, and must still get a fresh epoch next time.
                             self._finish_epoch(stop)
-                        yield images, labels
+                        yield batch.images, batch.labels
                 finally:
                     inner.close()  # now, not whenever the GC gets to it: stops the producer in order
         finally:
@@ -422,25 +426,10 @@ class Loader:
         return [idx[s:min(s + self.batch_size, stop)] for s in range(start, stop, self.batch_size)]
 
     def _chunks(self, batches: list, epoch: int) -> list:
-        """Block mode: ``[(batches, shard numbers they read)]``, one entry per window (a batch
-        goes with the window of its first sample and may reach into the next one)."""
-        if not batches:
-            return []
-        windows = self._plan(epoch)[1]
-        shard_window = np.zeros(len(self._valid_counts), np.int64)
-        for w, shards in enumerate(windows):
-            shard_window[shards] = w
-        chunks: list = []
-        for b in batches:
-            shards = np.unique(np.searchsorted(self.index.shard_start, b, side="right") - 1)
-            w = int(shard_window[self.index.shard_of(int(b[0]))])
-            if not chunks or chunks[-1][0] != w:
-                chunks.append((w, [], set()))
-            chunks[-1][1].append(b)
-            chunks[-1][2].update(shards.tolist())
-        return [(group, sorted(shards)) for _, group, shards in chunks]
+        """Block mode: ``[(batches, shard numbers they read)]``, one entry per window."""
+        return group_by_window(batches, self._plan(epoch)[1], self.index)
 
-    def _fetched(self, batches: list, runner) -> Iterator[tuple]:
+    def _fetched(self, batches: list, runner: Runner) -> Iterator[Iterator]:
         """Runner iterations over ``batches`` whose shards are in the local cache: all of
         them (a local split, or global mode: the whole split is fetched before the first
         batch), or one window at a time, the next window fetched in the background."""
@@ -455,18 +444,13 @@ class Loader:
             return
         chunks = [(group, [names[s] for s in shards]) for group, shards in self._chunks(batches, self.epoch)]
         self.index.max_maps = 2 * self.block_shards + 2  # maps of evicted shards are closed
-        pool = _Prefetcher(cache)
+        windows = fetched_windows(cache, chunks)
         try:
-            pool.start(chunks[0][1])
-            for i, (group, needed) in enumerate(chunks):
-                pool.wait()  # this window's shards are here (or its download's error is raised)
-                ahead = chunks[i + 1][1] if i + 1 < len(chunks) else []
-                cache.unpin(cache.pinned() - set(needed) - set(ahead))  # evictable from now on
+            for group, needed in windows:
                 self._usable = {names.index(n) for n in needed}
-                pool.start(ahead)  # the next window downloads while this one trains
                 yield runner.iterate(group, self.epoch)
         finally:
-            pool.stop()
+            windows.close()  # a download in flight ends first
             self._usable = None
 
     def _finish_epoch(self, stop: int) -> None:
@@ -499,8 +483,8 @@ class Loader:
         cannot be iterated afterwards. Also what ``with Loader(...) as loader:`` does on exit."""
         self._close_active()
         runner, self._runner = self._runner, None
-        if runner is not None and hasattr(runner, "shutdown"):
-            runner.shutdown()
+        if runner is not None:
+            runner.close()
         self.index.close()
         if self.cache is not None:
             self.cache.close()
@@ -533,16 +517,9 @@ class Loader:
                                f"passes the image header check (run `stoker verify {self.path}`)")
         return np.asarray(picked, np.int64)
 
-    def _get_runner(self):
+    def _get_runner(self) -> Runner:
         if self._runner is None:
-            if self.backend == "dali":
-                self._runner = _DaliRunner(self)
-            elif self.backend == "nvjpeg":
-                from .nvjpeg_backend import NvjpegRunner
-
-                self._runner = NvjpegRunner(self)
-            else:
-                self._runner = _PilRunner(self)
+            self._runner = runner_class(self.backend)(self)
         return self._runner
 
     def __repr__(self) -> str:
@@ -695,251 +672,6 @@ def _non_negative(value: Any, name: str) -> int:
     if value < 0:
         raise ValueError(f"{name}={value!r} must be a non-negative integer")
     return value
-
-
-class _PilRunner:
-    def __init__(self, loader: Loader):
-        from .pil_backend import PilRunner
-
-        ld = self.l = loader
-        self.runner = PilRunner(ld.index, crop=ld.crop, train=ld.train, chw=not ld.channels_last,
-                                workers=ld.threads, prefetch=ld.prefetch, pin_memory=ld.device.type == "cuda")
-
-    def iterate(self, batches: list, epoch: int):
-        ld = self.l
-        for (images, labels, consumed, bad), ids in zip(self.runner.iterate(batches, epoch, ld.seed), batches):
-            if not len(labels) and ld.train:  # nothing loadable: stand-ins, decoded here (rare)
-                images, labels, _ = self.runner.batch(epoch, ld.seed, ld._stand_in(ids))
-            if ld.channels_last:
-                images = images.permute(0, 3, 1, 2)  # NHWC memory → NCHW shape, channels_last
-            yield (images.to(ld.device, non_blocking=True), labels.to(ld.device, non_blocking=True),
-                   consumed, bad)
-
-
-class _DaliRunner(ProducerThread):
-    """Feeds the DALI graph from the loader's order; one pipeline reused across epochs."""
-
-    def __init__(self, loader: Loader):
-        self.l = loader
-        self.pipe = None
-        self.resize_in_graph = loader.decode == "mixed" or loader.cpu_resize == "dali"
-        self._plan: Iterator = iter(())
-        self._meta: collections.deque = collections.deque()
-        self._carry: list = []
-        self._stop: Optional[threading.Event] = None
-        self._worker: Optional[threading.Thread] = None
-
-    def _build(self):
-        from .dali_graph import build_pipeline  # imports DALI, which registers its atexit teardown
-
-        stop_at_exit(self)  # after DALI's own atexit hook: ours runs first
-
-        ld = self.l
-        device_id = None
-        if ld.decode == "mixed":
-            import torch
-
-            device_id = ld.device.index if ld.device.index is not None else torch.cuda.current_device()
-        self.pipe = build_pipeline(
-            self._source, batch_size=ld.batch_size, crop=ld.crop, decode=ld.decode,
-            threads=max(1, ld.threads), prefetch=ld.prefetch, device_id=device_id,
-            hw_decoder_load=ld.hw_decoder_load, resize=self.resize_in_graph,
-            layout="HWC" if ld.channels_last else "CHW")
-        self.pipe.build()
-
-    def _source(self):
-        """DALI's batch callback: called ahead of consumption (prefetch), in order."""
-        ld = self.l
-        empties = self._carry  # val batches with no loadable sample: yielded empty, in order
-        while True:
-            try:
-                epoch, ids = next(self._plan)
-            except StopIteration:
-                self._carry = empties  # trailing all-bad batches: yielded at the end
-                raise
-            enc, wh = ld.index.images(ids)
-            consumed, nbad = len(ids), 0
-            ok = wh[:, 0] > 0  # header guard: truncated / foreign bytes never reach the decoder
-            if not ok.all():
-                nbad = int((~ok).sum())
-                planned = ids
-                ids, wh = ids[ok], wh[ok]
-                enc = [e for e, k in zip(enc, ok) if k]
-                if not len(ids) and ld.train:  # stand-ins keep every rank's step count
-                    ids = ld._stand_in(planned)
-                    enc, wh = ld.index.images(ids)
-            if len(ids):
-                break
-            empties = empties + [(consumed, nbad)]
-        self._carry = []
-        if ld.train:
-            boxes, flips = augment.random_resized_crop(wh, ids, seed=ld.seed, epoch=epoch)
-        else:
-            boxes, flips = augment.center_crop(wh, ld.crop), np.zeros(len(ids), bool)
-        self._meta.append((ld.index.labels(ids), flips, consumed, nbad, ids, empties))
-        anchors = boxes[:, :2].astype(np.float32)
-        shapes = boxes[:, 2:].astype(np.float32)
-        if self.resize_in_graph:
-            return enc, anchors, shapes, flips.astype(np.int32)
-        return enc, anchors, shapes
-
-    def _empty(self, consumed: int, nbad: int):
-        """A val batch none of whose samples passed the header guard: yielded with no samples."""
-        import torch
-
-        ld, c = self.l, self.l.crop
-        images = torch.empty((0, c, c, 3) if ld.channels_last else (0, 3, c, c), dtype=torch.uint8)
-        if ld.channels_last:
-            images = images.permute(0, 3, 1, 2)
-        return (images.to(ld.device), torch.empty(0, dtype=torch.int64, device=ld.device),
-                consumed, nbad)
-
-    def _finish(self, out, flips):
-        """DALI output → torch on the loader's device."""
-        import torch
-
-        ld = self.l
-        if self.resize_in_graph:
-            # exec_dynamic: DALI does not reuse an output's memory while a reference lives,
-            # so the dlpack view is safe to hand out without a copy.
-            images = torch.from_dlpack(out.as_tensor())
-            if ld.channels_last:
-                images = images.permute(0, 3, 1, 2)
-            return images.to(ld.device, non_blocking=True)
-        from PIL import Image
-
-        from .pil_backend import resize_into
-
-        n, c = len(out), ld.crop
-        shape = (n, c, c, 3) if ld.channels_last else (n, 3, c, c)
-        images = torch.empty(shape, dtype=torch.uint8, pin_memory=ld.device.type == "cuda")
-        buf = images.numpy()
-        # pillow-simd resize of each decoded crop (the decode itself was DALI's, ROI only).
-        # One thread: splitting the batch over a thread pool measured slower (GIL).
-        for k in range(n):
-            resize_into(buf, k, Image.fromarray(np.asarray(out[k])), c, bool(flips[k]),
-                        chw=not ld.channels_last)
-        if ld.channels_last:
-            images = images.permute(0, 3, 1, 2)
-        return images.to(ld.device, non_blocking=True)
-
-    def _describe_failure(self, ids: np.ndarray, error: BaseException) -> str:
-        """One line for a DALI error on the batch ``ids``: its shards and sample keys (the
-        failing one when DALI says which), and what to run."""
-        import re
-
-        index, split = self.l.index, self.l.path
-        shards = sorted({index.shard_names[index.shard_of(int(i))] for i in ids})
-        keys = [index.key(int(i)) for i in ids]
-        text = str(error)
-        m = re.search(r"sample #(\d+)", text)
-        if m and int(m.group(1)) < len(keys):
-            what = f"sample key {keys[int(m.group(1))]} does not decode"
-        else:
-            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-            what = (lines[-1] if lines else type(error).__name__)[:200]
-        shown = ", ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
-        return (f"DALI failed on a batch of {split} (shards {', '.join(shards)}; keys {shown}): "
-                f"{what}; run `stoker verify {split}` to find corrupt samples "
-                f"(`stoker index {split}` rewrites the manifest to skip undecodable ones)")
-
-    def _produce(self, out_q, stop):
-        """Run the pipeline and the pillow stage; put finished batches on ``out_q``."""
-        import torch
-
-        def put(item) -> None:  # never blocks past a consumer that has gone
-            producer.put(out_q, stop, item)
-
-        done = False
-        try:
-            while not stop.is_set():
-                try:
-                    (out,) = self.pipe.run()
-                except StopIteration:
-                    done = True
-                    break
-                labels, flips, consumed, nbad, _, empties = self._meta.popleft()
-                for item in empties:
-                    put(self._empty(*item))
-                images = self._finish(out, flips)
-                labels = torch.from_numpy(labels).to(self.l.device, non_blocking=True)
-                put((images, labels, consumed, nbad))
-            if done:
-                for item in self._carry:
-                    put(self._empty(*item))
-                self._carry = []
-                put(END)
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer, naming the shards
-            if not stop.is_set():  # else nobody is listening (abandoned, or interpreter exit)
-                error = RuntimeError(self._describe_failure(self._meta[0][4], exc)) if self._meta else exc
-                put(Failure(error))
-            done = True  # the pipeline is not drained after an error; it is rebuilt
-            self.pipe = None
-        finally:
-            if not done and self.pipe is not None:  # abandoned: stop feeding, drain the queue
-                self._plan = iter(())
-                try:
-                    while True:
-                        self.pipe.run()
-                except StopIteration:
-                    pass
-                except Exception:  # noqa: BLE001 - torn down (interpreter exit): rebuild if used again
-                    self.pipe = None
-            if self.pipe is not None:
-                self.pipe.reset()
-            self._meta.clear()
-
-    def iterate(self, batches: list, epoch: int):
-        if self.pipe is None:
-            self._build()
-        self._plan = iter([(epoch, b) for b in batches])
-        self._meta.clear()
-        self._carry = []
-        # A producer thread runs DALI and the pillow resize while the caller trains on the
-        # previous batch (pillow and DALI release the GIL while they work).
-        yield from self._run_producer(self._produce, (), prefetch=self.l.prefetch, name="stoker-loader")
-
-
-
-
-
-class _Prefetcher:
-    """Fetches one window's shards into the cache in a background thread."""
-
-    def __init__(self, cache: ShardCache):
-        self.cache = cache
-        self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
-
-    def start(self, names: list) -> None:
-        self.wait()
-        if not names:
-            return
-
-        def run() -> None:
-            try:
-                self.cache.ensure(names)
-            except BaseException as e:  # noqa: BLE001 - raised in the consumer by wait()
-                self._error = e
-
-        self._thread = threading.Thread(target=run, daemon=True, name="stoker-prefetch")
-        self._thread.start()
-
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()  # downloads end: every storage call has a timeout and few attempts
-            self._thread = None
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def stop(self) -> None:
-        """At the end or on abandon: let a running download finish; its error is dropped."""
-        if self._thread is not None and not sys.is_finalizing():
-            self._thread.join()
-        self._thread, self._error = None, None
-
-
 
 
 __all__ = ["Loader", "LoaderError", "LoaderIterator", "LoaderDataset", "LoaderSampler", "LoaderBatchSampler",

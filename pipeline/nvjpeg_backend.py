@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from . import augment, producer
+from .backend import Batch, empty_batch
 from .producer import END, Failure, ProducerThread, stop_at_exit
 
 
@@ -91,8 +92,9 @@ def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None
 
 
 class NvjpegRunner(ProducerThread):
-    """The Loader's runner for ``backend="nvjpeg"``: ``iterate(batches, epoch)`` yields one
-    ``(images, labels, consumed, bad)`` per batch of global sample ids, in order.
+    """The Loader's runner for ``backend="nvjpeg"`` (a :class:`.backend.Runner`):
+    ``iterate(batches, epoch)`` yields one :class:`.backend.Batch` per batch of global sample
+    ids, in order.
 
     Attributes:
         gpu_fallbacks: samples decoded with pillow on the CPU instead of on the device
@@ -117,14 +119,6 @@ class NvjpegRunner(ProducerThread):
         stop_at_exit(self)
 
     # ---- one batch ---------------------------------------------------------------------
-    def _empty(self, consumed: int, nbad: int) -> tuple:
-        """A val batch none of whose samples is loadable: yielded with no samples."""
-        import torch
-
-        c = self.l.crop
-        images = self._alloc(0, c)
-        return images, torch.empty(0, dtype=torch.int64, device=self.device), consumed, nbad
-
     def _alloc(self, n: int, crop: int):
         import torch
 
@@ -177,8 +171,8 @@ class NvjpegRunner(ProducerThread):
         keep = np.array([d is not None for d in decoded], bool)
         return [d for d in decoded if d is not None], ids[keep], wh[keep]
 
-    def _batch(self, ids: np.ndarray, epoch: int) -> tuple:
-        """One batch: ``(images, labels, consumed, bad)`` on the device."""
+    def _batch(self, ids: np.ndarray, epoch: int) -> Batch:
+        """One batch, on the device."""
         import torch
 
         ld = self.l
@@ -190,7 +184,7 @@ class NvjpegRunner(ProducerThread):
         nbad = consumed - len(ids)
         if not len(ids):
             if not ld.train:
-                return self._empty(consumed, nbad)
+                return empty_batch(ld, consumed, nbad)
             # stand-ins keep every rank's step count (the Loader's rule, as in the other backends)
             stand_in = ld._stand_in(planned)
             decoded, ids, wh = self._load(stand_in, *ld.index.images(stand_in))
@@ -201,7 +195,7 @@ class NvjpegRunner(ProducerThread):
         images = self._alloc(len(ids), ld.crop)
         crop_resize(decoded, boxes, flips, images)
         labels = torch.from_numpy(ld.index.labels(ids)).to(self.device, non_blocking=True)
-        return images, labels, consumed, nbad
+        return Batch(images, labels, consumed, nbad)
 
     # ---- the producer thread -----------------------------------------------------------
     def _produce(self, batches: list, epoch: int, out_q: queue.Queue, stop: threading.Event) -> None:
@@ -242,29 +236,34 @@ class NvjpegRunner(ProducerThread):
         return (f"nvjpeg backend failed on a batch of {split} (shards {', '.join(shards)}; keys "
                 f"{', '.join(keys)}{more}): {what}")
 
-    def iterate(self, batches: list, epoch: int) -> Iterator[tuple]:
-        """Yield ``(images, labels, consumed, bad)`` for each of ``batches`` (arrays of global
-        sample ids), in order; images uint8 NCHW on the loader's device."""
+    def iterate(self, batches: list, epoch: int) -> Iterator[Batch]:
+        """One :class:`.backend.Batch` per array of global sample ids in ``batches``, in order;
+        images uint8 NCHW on the loader's device."""
         import torch
 
         self._epoch_fallbacks, self._fallback_examples = 0, []
         items = self._run_producer(self._produce, (batches, epoch), prefetch=self.l.prefetch, name="stoker-nvjpeg")
         try:
             for item in items:
-                (images, labels, consumed, bad), event = item
+                batch, event = item
                 if event is not None:
                     # the consumer's stream waits for the producer's work (no host sync), and the
                     # allocator must not hand these blocks back to the producer's stream too early
                     current = torch.cuda.current_stream(self.device)
                     current.wait_event(event)
-                    images.record_stream(current)
-                    labels.record_stream(current)
-                yield images, labels, consumed, bad
+                    batch.images.record_stream(current)
+                    batch.labels.record_stream(current)
+                yield batch
         finally:
             items.close()  # stops the producer thread now, not whenever the GC gets to it
         if self._epoch_fallbacks:
             shown = "; ".join(self._fallback_examples)
             warnings.warn(f"stoker Loader {self.l.path}: epoch {epoch}: {self._epoch_fallbacks} sample(s) "
                           f"decoded on the CPU, not the GPU: {shown}", RuntimeWarning, stacklevel=2)
+
+    def close(self) -> None:
+        """Stop an iteration's producer thread."""
+        self.shutdown()
+
 
 __all__ = ["NvjpegRunner", "crop_resize", "decode_jpegs", "decode_cpu"]

@@ -14,6 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from . import augment
+from .backend import Batch
 from .shards.samples import SampleIndex, image_size
 
 # A whole batch is one DataLoader item, so worker→parent traffic is one tensor per batch.
@@ -118,17 +119,20 @@ class _Plan:
 
 
 class PilRunner:
-    """Persistent pillow worker processes fed batches of sample positions."""
+    """The Loader's runner for ``backend="pil"`` (a :class:`.backend.Runner`): persistent pillow
+    worker processes (one torch DataLoader serving every epoch) fed batches of sample positions."""
 
-    def __init__(self, index: SampleIndex, *, crop: int, train: bool, chw: bool,
-                 workers: int, prefetch: int, pin_memory: bool):
+    def __init__(self, loader):
         import sys
 
         import torch
 
+        self.l = loader
         self.plan = _Plan()
-        self.index = index
-        self.dataset = dataset = PilBatches(index, crop=crop, train=train, chw=chw)
+        self.index = loader.index
+        self.dataset = dataset = PilBatches(loader.index, crop=loader.crop, train=loader.train,
+                                            chw=not loader.channels_last)
+        workers = loader.threads
         kw = {}
         if workers > 0:
             # fork is cheapest, but forking a process where DALI's native threads run can
@@ -137,10 +141,10 @@ class PilRunner:
             method = "fork" if "fork" in methods and "nvidia.dali.backend_impl" not in sys.modules else None
             if method is None and "forkserver" in methods:
                 method = "forkserver"
-            kw = {"prefetch_factor": max(1, prefetch), "persistent_workers": True,
+            kw = {"prefetch_factor": max(1, loader.prefetch), "persistent_workers": True,
                   "multiprocessing_context": method}
         self.dl = torch.utils.data.DataLoader(dataset, sampler=self.plan, batch_size=None,
-                                              num_workers=workers, pin_memory=pin_memory,
+                                              num_workers=workers, pin_memory=loader.device.type == "cuda",
                                               collate_fn=_identity, **kw)
 
     def _labels(self, ids: np.ndarray, bad):
@@ -148,16 +152,24 @@ class PilRunner:
 
         return torch.from_numpy(self.index.labels(ids[~bad.numpy()]))
 
-    def batch(self, epoch: int, seed: int, ids: np.ndarray) -> tuple:
-        """Decode one batch here, in this process: ``(images, labels, bad)``."""
-        images, bad = self.dataset[(epoch, seed, ids)]
-        return images, self._labels(ids, bad), bad
-
-    def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[tuple]:
-        """Yield ``(images, labels, consumed, num_bad)`` for ``batches`` (arrays of positions)."""
-        self.plan.items = [(epoch, seed, b) for b in batches]
+    def iterate(self, batches: list, epoch: int) -> Iterator[Batch]:
+        """One :class:`.backend.Batch` per array of global sample positions in ``batches``."""
+        ld = self.l
+        self.plan.items = [(epoch, ld.seed, b) for b in batches]
         for (images, bad), ids in zip(self.dl, batches):
-            yield images, self._labels(ids, bad), len(ids), int(bad.sum())
+            labels, consumed, nbad = self._labels(ids, bad), len(ids), int(bad.sum())
+            if not len(labels) and ld.train:  # nothing loadable: stand-ins, decoded here (rare)
+                stand_in = ld._stand_in(ids)
+                images, stand_in_bad = self.dataset[(epoch, ld.seed, stand_in)]
+                labels = self._labels(stand_in, stand_in_bad)
+            if ld.channels_last:
+                images = images.permute(0, 3, 1, 2)  # NHWC memory → NCHW shape, channels_last
+            yield Batch(images.to(ld.device, non_blocking=True), labels.to(ld.device, non_blocking=True),
+                        consumed, nbad)
+
+    def close(self) -> None:
+        """Let the worker processes go (the DataLoader's iterator shuts them down when dropped)."""
+        self.dl = None
 
 
 __all__ = ["PilBatches", "PilRunner", "resize_into", "decode_region", "image_size"]
