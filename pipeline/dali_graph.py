@@ -5,7 +5,7 @@ decodes with nvJPEG / the hardware JPEG decoder and resizes on the GPU, ``decode
 runs the same operators on the CPU (with ``device_id=None``: DALI's CPU-only mode).
 
 The sample order and the crop parameters are not DALI's: the loader feeds them through
-``fn.external_source`` (see :mod:`stoker.pipeline.loader`), so the order is a global
+``fn.external_source`` (see :mod:`stoker.pipeline.dali_backend`), so the order is a global
 per-epoch permutation and the crops are the ones the pillow backend computes too.
 Only the crop region is decoded (``decoders.image_slice`` uses ROI decoding).
 """
@@ -13,8 +13,6 @@ Only the crop region is decoded (``decoders.image_slice`` uses ROI decoding).
 from __future__ import annotations
 
 from typing import Callable, Optional
-
-from .augment import RATIO, SCALE, VAL_CROP_FRACTION
 
 
 def build_pipeline(source: Callable, *, batch_size: int, crop: int, decode: str = "cpu",
@@ -78,34 +76,4 @@ def build_pipeline(source: Callable, *, batch_size: int, crop: int, decode: str 
                         prefetch_queue_depth=prefetch, seed=seed, exec_dynamic=True)
 
 
-def reader_pipeline(paths: list, index_paths: list, *, batch_size: int, crop: int, threads: int = 2,
-                    seed: int = 0, decode: str = "cpu", device_id: Optional[int] = None,
-                    shuffle_buffer: int = 1024, train: bool = True):
-    """DALI's own ``fn.readers.webdataset`` graph over the same shards (for ``stoker bench``):
-    buffer shuffle, shard order kept, DALI's random crop. A reference, not used by Loader."""
-    from nvidia.dali import fn, pipeline_def, types
-
-    @pipeline_def
-    def reader_graph():
-        jpegs, labels = fn.readers.webdataset(
-            paths=paths, index_paths=index_paths, ext=["jpg;jpeg;png", "cls"],
-            missing_component_behavior="skip", random_shuffle=train,
-            initial_fill=shuffle_buffer, name="reader", seed=seed,
-            dtypes=[types.UINT8, types.UINT8])
-        if train:
-            images = fn.decoders.image_random_crop(jpegs, device=decode, output_type=types.RGB,
-                                                   random_area=list(SCALE), random_aspect_ratio=list(RATIO))
-            images = fn.resize(images, size=[crop, crop])
-            mirror = fn.random.coin_flip()
-        else:
-            images = fn.decoders.image(jpegs, device=decode, output_type=types.RGB)
-            images = fn.resize(images, resize_shorter=round(crop / VAL_CROP_FRACTION))
-            mirror = 0
-        images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW",
-                                          crop=[crop, crop], mirror=mirror)
-        return images, labels
-
-    return reader_graph(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed)
-
-
-__all__ = ["build_pipeline", "reader_pipeline"]
+__all__ = ["build_pipeline"]

@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from .peers.timing import epochs, timed, tree_cpu, tree_peak_rss
 
@@ -70,10 +71,41 @@ def _run_wds(cfg):
     return timed(epochs(lambda e: iter(dl), cfg["epochs"] + 1), cfg)
 
 
+def reader_pipeline(paths: list, index_paths: list, *, batch_size: int, crop: int, threads: int = 2,
+                    seed: int = 0, decode: str = "cpu", device_id: Optional[int] = None,
+                    shuffle_buffer: int = 1024, train: bool = True):
+    """DALI's own ``fn.readers.webdataset`` graph over the same shards, column ``dali-reader``:
+    buffer shuffle, shard order kept, DALI's random crop. A reference, not used by the Loader."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    from stoker.pipeline.augment import RATIO, SCALE, VAL_CROP_FRACTION
+
+    @pipeline_def
+    def reader_graph():
+        jpegs, labels = fn.readers.webdataset(
+            paths=paths, index_paths=index_paths, ext=["jpg;jpeg;png", "cls"],
+            missing_component_behavior="skip", random_shuffle=train,
+            initial_fill=shuffle_buffer, name="reader", seed=seed,
+            dtypes=[types.UINT8, types.UINT8])
+        if train:
+            images = fn.decoders.image_random_crop(jpegs, device=decode, output_type=types.RGB,
+                                                   random_area=list(SCALE), random_aspect_ratio=list(RATIO))
+            images = fn.resize(images, size=[crop, crop])
+            mirror = fn.random.coin_flip()
+        else:
+            images = fn.decoders.image(jpegs, device=decode, output_type=types.RGB)
+            images = fn.resize(images, resize_shorter=round(crop / VAL_CROP_FRACTION))
+            mirror = 0
+        images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW",
+                                          crop=[crop, crop], mirror=mirror)
+        return images, labels
+
+    return reader_graph(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed)
+
+
 def _run_dali_reader(cfg):
     import torch
 
-    from stoker.pipeline.dali_graph import reader_pipeline
     from stoker.pipeline.shards.manifest import idx_path
 
     tars = _shards(cfg["data"])
