@@ -89,10 +89,7 @@ def run_bench(*, models: list[str], device: str = "auto", batch_size: Optional[i
             if gpu:
                 torch.cuda.empty_cache()
         rows.append(row)
-    for r in rows:  # speed-up vs the same model's plain fp32 row
-        base = next((b for b in rows if b["model"] == r["model"] and b["amp"] == "fp32" and not b["channels_last"]
-                     and not b["compile"] and "images_per_s" in b), None)
-        r["speedup"] = r["images_per_s"] / base["images_per_s"] if base and "images_per_s" in r else None
+    add_speedups(rows)
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": str(dev),
@@ -106,6 +103,15 @@ def run_bench(*, models: list[str], device: str = "auto", batch_size: Optional[i
         "warmup_steps": warmup_steps,
         "rows": rows,
     }
+
+
+def add_speedups(rows: list[dict[str, Any]]) -> None:
+    """Set each row's ``speedup``: its images/s over the same model's plain fp32 row (fp32, no
+    channels_last, no compile); None for a failed row or a model without that row."""
+    for r in rows:
+        base = next((b for b in rows if b["model"] == r["model"] and b["amp"] == "fp32" and not b["channels_last"]
+                     and not b["compile"] and "images_per_s" in b), None)
+        r["speedup"] = r["images_per_s"] / base["images_per_s"] if base and "images_per_s" in r else None
 
 
 def format_table(res: dict[str, Any]) -> str:

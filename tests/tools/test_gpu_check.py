@@ -5,7 +5,9 @@ import json
 import pytest
 
 from stoker.pipeline.deps import has_cuda
-from stoker.tools import gpu_check
+from stoker.tools import gpu_check, gpu_check_report, gpu_check_steps
+from stoker.tools.bench_model import add_speedups
+from stoker.tools.errors import UsageError
 
 no_cuda = pytest.mark.skipif(has_cuda(), reason="on a GPU machine the check runs for real (minutes)")
 
@@ -17,7 +19,7 @@ def _result(**parts):
         "auto_backend_why": "nvidia-dali is not installed; torchvision 0.26.0 decodes JPEGs on the GPU (nvJPEG)",
         "modules": {"numpy": "2.1", "pillow": "11.0", "tqdm": "4.67", "pytest": None, "webdataset": None}}}
     result = {"settings": {"smoke": False}, "parts": {"environment": env, **parts}}
-    result["targets"] = gpu_check._targets(result)
+    result["targets"] = gpu_check_report.targets(result)
     return result
 
 
@@ -38,7 +40,7 @@ def test_markdown_reports_rows_failures_and_targets():
     train = {"status": "ok", "seconds": 90.0, "result": {
         "command": "stoker train x --arch resnet50", "steps": 45, "seconds": 60.0, "images_per_s": 2500.0,
         "data_wait": 0.125}}
-    md = gpu_check.format_markdown(_result(loader=loader, **{"bench-model": model}, train=train))
+    md = gpu_check_report.format_markdown(_result(loader=loader, **{"bench-model": model}, train=train))
     assert md.startswith("# stoker GPU check, 2026-12-03 06:00 UTC: NVIDIA H200\n")
     assert "Loader backend `auto` here: **nvjpeg** (nvidia-dali is not installed; torchvision" in md
     assert "\nnot installed here: pytest, webdataset\n" in md
@@ -56,7 +58,7 @@ def test_markdown_reports_rows_failures_and_targets():
 
 
 def test_markdown_of_a_run_where_parts_were_skipped():
-    md = gpu_check.format_markdown(_result(pytest={"status": "skipped", "seconds": 0.1,
+    md = gpu_check_report.format_markdown(_result(pytest={"status": "skipped", "seconds": 0.1,
                                                    "why": "no CUDA device: every gpu test would skip"}))
     assert "| pytest | skipped | 0 | no CUDA device: every gpu test would skip |" in md
     assert "- nvjpeg vs pil images/s: target >= 3x, measured -: not measured" in md
@@ -68,6 +70,7 @@ def test_markdown_of_a_run_where_parts_were_skipped():
     (["--limit", "loader=soon"], "'soon' is not a number of seconds"),
     (["--batch-size", "0"], "--batch-size must be at least 1"),
     (["--data", "/no/such/dir"], "--data /no/such/dir is not a folder"),
+    (["--limit", "train=0"], "--limit train=0: must be > 0 seconds"),
 ])
 def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, argv, needle):
     assert gpu_check._cli(["--out", str(tmp_path / "out"), *argv]) == 2
@@ -76,13 +79,35 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, argv, needle):
     assert not (tmp_path / "out").exists()
 
 
+@no_cuda
+def test_the_api_returns_what_it_writes(tmp_path):
+    result = gpu_check.gpu_check(None, tmp_path / "out", parts=["pytest"], limits={"environment": 120})
+    assert isinstance(result, gpu_check.GpuCheckResult) and result.ok
+    assert {k: v["status"] for k, v in result.parts.items()} == {"environment": "ok", "pytest": "skipped"}
+    assert result.parts["pytest"]["why"] == "no CUDA device: every gpu test would skip"
+    assert result.settings["data"] is None and result.settings["smoke"] is False
+    assert json.loads((tmp_path / "out" / "gpu_check.json").read_text()) == result.to_dict()
+    assert (tmp_path / "out" / "gpu_check.md").read_text() == result.format_markdown()
+    with pytest.raises(UsageError, match=r"^--limit nope=5: expected PART=SECONDS"):
+        gpu_check.gpu_check(None, tmp_path / "out2", limits={"nope": 5})
+    assert not (tmp_path / "out2").exists()
+
+
+def test_speedups_are_against_the_same_models_plain_fp32_row():
+    rows = [{"model": m, "amp": a, "channels_last": cl, "compile": False, **r} for m, a, cl, r in (
+        ("a", "fp32", False, {"images_per_s": 100.0}), ("a", "bf16", True, {"images_per_s": 250.0}),
+        ("a", "fp16", False, {"error": "RuntimeError: no kernel"}), ("b", "bf16", False, {"images_per_s": 9.0}))]
+    add_speedups(rows)
+    assert [r["speedup"] for r in rows] == [1.0, 2.5, None, None]  # b has no plain fp32 row
+
+
 def test_data_part_generates_and_packs_repeated_images(tmp_path):
     ctx = {"out": str(tmp_path), "data": None, "synthetic": 12, "repeat": 3}
-    r = gpu_check.part_data(ctx, lambda result: None)
+    r = gpu_check_steps.part_data(ctx, lambda result: None)
     assert (r["samples"], r["images"], r["repeat"], r["packed_here"]) == (36, 12, 3, True)  # 12 images, 3 times
     assert r["split"] == str(tmp_path / "packed" / "train") and r["root"] == str(tmp_path / "packed")
     assert r["pack"]["short_side"] == 256  # the default pack settings
-    assert gpu_check.part_data(ctx, lambda result: None) == r  # a rerun reuses the packed data
+    assert gpu_check_steps.part_data(ctx, lambda result: None) == r  # a rerun reuses the packed data
 
 
 @no_cuda
