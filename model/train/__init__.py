@@ -10,7 +10,8 @@ module             owns
                    names; imports no torch (``stoker train --help`` stays instant)
 ``runtime``        device, the AMP policy (:func:`resolve_amp`), DDP setup/teardown, seeds
 ``step``           :class:`TrainStep` (the one training step), loss, optimizer, LR schedule
-``loop``           :func:`train`: setup, epochs, logging, checkpoints, resume, the summary
+``run``            :class:`~.run.Run`: one run's runtime, loaders, model + optimizer, resume, checkpoints
+``loop``           :func:`train`: the epochs, log windows (loss, images/s, data wait), validation, summary
 ``evaluation``     :func:`evaluate`: val top-1/top-5 summed over ranks
 ``plotting``       :func:`plot_metrics`: ``RUN/curves.png``
 =================  =============================================================================

@@ -1,0 +1,248 @@
+"""One training run's parts and state: what :func:`~stoker.model.train.loop.train` drives.
+
+:class:`Run` builds the runtime (device, AMP, DDP, seeds), the loaders, the model with its
+optimizer, schedule and scaler, and the resolved config (``RUN/config.json``); resumes from a
+checkpoint; and writes rank 0's outputs (log lines, ``metrics.jsonl``, checkpoints). The
+epoch loop that uses it is :mod:`.loop`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from stoker import __version__
+from stoker.pipeline.fsutil import atomic_write
+
+from ..checkpoint import CheckpointError, load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
+from ..nets import build_model, count_parameters
+from ..normalize import with_normalize
+from .config import CONFIG, LAST, METRICS, TrainConfig
+from .runtime import (
+    Dist,
+    init_distributed,
+    make_scaler,
+    resolve_amp,
+    resolve_device,
+    seed_everything,
+    shutdown_distributed,
+    wrap_ddp,
+)
+from .step import TrainStep, loss_fn, make_optimizer, make_scheduler
+
+
+class Run:
+    """One call of :func:`~stoker.model.train.loop.train`: :meth:`setup` builds everything
+    (and resumes), :meth:`checkpoint` saves the state, :meth:`close` ends DDP.
+
+    The counters (:attr:`step`, :attr:`epoch_step`, :attr:`best_top1`) are what a checkpoint
+    holds besides the model, optimizer, scheduler, scaler and loader states; the loop
+    advances them.
+    """
+
+    def __init__(self, cfg: TrainConfig, loader_factory: Callable[..., Any]) -> None:
+        self.cfg = cfg
+        self.factory = loader_factory
+        self.out = Path(cfg.out)
+        self.dist: Optional[Dist] = None
+        self.start_epoch, self.step, self.epoch_step = 0, 0, 0
+        self.best_top1 = -1.0
+        self.loader_state: Optional[dict] = None  # the train loader's position to resume from, once
+
+    # rank-0 outputs ------------------------------------------------------------
+    def log(self, msg: str) -> None:
+        """Print ``stoker train: msg`` on stderr (rank 0), above a progress bar."""
+        if self.dist.main:
+            from tqdm import tqdm
+
+            tqdm.write(f"stoker train: {msg}", file=sys.stderr)
+
+    def write_metrics(self, row: dict[str, Any]) -> None:
+        """Append ``row`` to ``RUN/metrics.jsonl`` (rank 0)."""
+        if self.dist.main:
+            with open(self.out / METRICS, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def checkpoint(self, *, epoch: int, epoch_complete: bool, path: Optional[Path] = None) -> None:
+        """Save the run's state (rank 0) to ``path`` (default ``RUN/last.pt``); mid-epoch with the
+        train loader's position, so a resume continues at the next batch."""
+        if self.dist.main:
+            save_checkpoint(path or self.out / LAST, {
+                "model": self.raw.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "loader": None if epoch_complete else self.train_loader.state_dict(),
+                "rng": rng_state(),
+                "config": self.resolved,
+                "epoch": epoch,
+                "epoch_step": self.epoch_step,
+                "epoch_complete": epoch_complete,
+                "step": self.step,
+                "best_top1": self.best_top1,
+            })
+
+    def close(self) -> None:
+        """End DDP (when it was started)."""
+        if self.dist is not None:
+            shutdown_distributed(self.dist)
+
+    # setup -----------------------------------------------------------------------
+    def setup(self) -> None:
+        """Build everything (a bad setting fails before any I/O it can), resume when asked, and
+        write the resolved config (rank 0)."""
+        cfg = self.cfg
+        self._start_runtime()
+        train_dir, val_dir = self._split_dirs()
+        classes, num_classes = self._classes(train_dir)
+        net = build_model(cfg.arch, self.num_outputs, image_size=cfg.crop)  # a bad --arch fails before any I/O
+        self._make_loaders(train_dir, val_dir)
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        self.warmup_steps = min(round(cfg.warmup_epochs * self.steps_per_epoch), max(0, self.total_steps - 1))
+        global_batch = cfg.batch_size * self.dist.world_size
+        lr, wd = cfg.peak_lr(global_batch), cfg.resolved_weight_decay()
+        self._make_model(net, lr=lr, weight_decay=wd)
+        self.resolved = {
+            **dataclasses.asdict(cfg),
+            "lr": lr, "weight_decay": wd, "amp": self.amp.name, "amp_requested": cfg.amp,
+            "device": str(self.device), "world_size": self.dist.world_size, "global_batch": global_batch,
+            "num_classes": num_classes, "num_outputs": self.num_outputs, "classes": classes,
+            "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
+            "warmup_steps": self.warmup_steps, "params": count_parameters(net),
+            "has_val": self.val_loader is not None,
+            "torch": str(torch.__version__), "stoker": __version__,
+        }
+        if cfg.resume:
+            self._resume()
+        if self.dist.main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            with atomic_write(self.out / CONFIG, "w") as f:
+                json.dump(self.resolved, f, indent=1, default=str)
+                f.write("\n")
+
+    def _start_runtime(self) -> None:
+        cfg = self.cfg
+        self.device = resolve_device(cfg.device)
+        self.dist = init_distributed(self.device)
+        if self.dist.enabled and self.device.type == "cuda":
+            self.device = torch.device("cuda", self.dist.local_rank)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.amp = resolve_amp(cfg.amp, self.device)
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        seed_everything(cfg.seed, deterministic=cfg.deterministic)
+
+    def _split_dirs(self) -> tuple[str, str]:
+        from stoker.pipeline.storage import is_url
+
+        if is_url(self.cfg.data):  # object storage: the manifests say what is there
+            base = self.cfg.data.rstrip("/")
+            return f"{base}/train", f"{base}/val"
+        data = Path(self.cfg.data)
+        if not (data / "train").is_dir():
+            raise FileNotFoundError(f"{data}: no train/ directory (expected DATA/train and optionally DATA/val)")
+        return str(data / "train"), str(data / "val")
+
+    def _classes(self, train_dir: str) -> tuple[Optional[list[str]], int]:
+        """The class names (from the train manifest, unless ``num_classes`` is given) and their count."""
+        cfg = self.cfg
+        classes: Optional[list[str]] = None
+        num_classes = cfg.num_classes
+        if num_classes is None:
+            from stoker.pipeline.cache import read_manifest
+
+            classes = read_manifest(train_dir, cfg.storage_options).classes
+            num_classes = len(classes)
+        self.num_outputs = 1 if cfg.task == "regress" else num_classes
+        if cfg.task == "classify" and num_classes < 2:
+            raise ValueError(f"{train_dir}: {num_classes} class(es); classification needs at least 2")
+        return classes, num_classes
+
+    def _has_split(self, split: str) -> bool:
+        from stoker.pipeline.storage import is_url
+
+        if not is_url(split):
+            return Path(split).is_dir()
+        from stoker.pipeline.cache import read_manifest
+        from stoker.pipeline.shards.manifest import ManifestError
+
+        try:
+            read_manifest(split, self.cfg.storage_options)
+        except ManifestError:
+            return False
+        return True
+
+    def _make_loaders(self, train_dir: str, val_dir: str) -> None:
+        from stoker.pipeline.storage import is_url
+
+        cfg = self.cfg
+        kw = dict(batch_size=cfg.batch_size, crop=cfg.crop, device=str(self.device), seed=cfg.seed,
+                  rank=self.dist.rank, world_size=self.dist.world_size, backend=cfg.backend,
+                  threads=cfg.threads, channels_last=cfg.channels_last)
+        if cfg.shuffle != "global":
+            kw.update(shuffle=cfg.shuffle, block_shards=cfg.block_shards)
+        remote = is_url(train_dir)
+        if remote:
+            kw.update(storage_options=cfg.storage_options, cache_limit=cfg.cache_limit)
+
+        def cache(split: str) -> dict:  # one cache folder per split: their shard names may coincide
+            return {"cache_dir": str(Path(cfg.cache_dir) / split) if cfg.cache_dir else None} if remote else {}
+
+        self.train_loader = self.factory(train_dir, train=True, drop_last=None, **kw, **cache("train"))
+        self.val_loader = (self.factory(val_dir, train=False, drop_last=False, **kw, **cache("val"))
+                           if self._has_split(val_dir) else None)
+        self.train_loader.set_epoch(0)
+        self.steps_per_epoch = len(self.train_loader)
+        if self.steps_per_epoch < 1:
+            raise ValueError(f"{train_dir}: too few samples for one batch of {cfg.batch_size} "
+                             f"x {self.dist.world_size} rank(s); lower --batch-size")
+
+    def _make_model(self, net: nn.Module, *, lr: float, weight_decay: float) -> None:
+        cfg = self.cfg
+        mf = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        self.raw = with_normalize(net).to(self.device, memory_format=mf)
+        self.optimizer = make_optimizer(self.raw, cfg.optimizer, lr=lr, momentum=cfg.momentum,
+                                        weight_decay=weight_decay, fused=self.device.type == "cuda")
+        self.scheduler = make_scheduler(self.optimizer, warmup_steps=self.warmup_steps, total_steps=self.total_steps)
+        self.scaler = make_scaler(self.amp)
+        model = wrap_ddp(self.raw, self.dist, self.device)
+        train_model = torch.compile(model) if cfg.compile else model
+        self.eval_model = torch.compile(self.raw) if cfg.compile else self.raw
+        self.train_model = train_model
+        self.train_step = TrainStep(train_model, self.optimizer, loss_fn(cfg.task, label_smoothing=cfg.label_smoothing),
+                                    amp=self.amp, scaler=self.scaler, scheduler=self.scheduler)
+
+    def _resume(self) -> None:
+        cfg = self.cfg
+        path = self.out / LAST if cfg.resume in ("auto", "last") else Path(cfg.resume)
+        state = load_checkpoint(path, arch=cfg.arch, num_outputs=self.num_outputs)
+        old = state["config"]
+        if (old.get("batch_size"), old.get("world_size")) != (cfg.batch_size, self.dist.world_size):
+            raise CheckpointError(f"{path}: resuming needs the same batch size and world size (checkpoint: "
+                                  f"{old.get('batch_size')} x {old.get('world_size')}, now: "
+                                  f"{cfg.batch_size} x {self.dist.world_size})")
+        if old.get("total_steps") != self.total_steps:
+            raise CheckpointError(f"{path}: the checkpoint's run has {old.get('total_steps')} steps in all, this one "
+                                  f"{self.total_steps} (change of --epochs or data?): the schedule would not match")
+        load_model_state(self.raw, state["model"], source=str(path))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        self.best_top1 = float(state.get("best_top1", -1.0))
+        if state["epoch_complete"]:
+            self.start_epoch, self.epoch_step = int(state["epoch"]) + 1, 0
+        else:
+            self.start_epoch, self.epoch_step = int(state["epoch"]), int(state["epoch_step"])
+            self.loader_state = state["loader"]
+        self.resolved["resumed_from"] = {"path": str(path), "step": self.step}
+        self.log(f"resumed from {path} at step {self.step} (epoch {self.start_epoch + 1}, "
+                 f"step {self.epoch_step} of {self.steps_per_epoch})")
