@@ -14,13 +14,17 @@ examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import platform
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from .errors import UsageError
+from .results import Result
+
+__all__ = ["bench_model", "BenchModelResult", "add_speedups"]
 
 HELP = "model-only training speed: fp32/bf16/fp16 x channels_last x compile on synthetic batches"
 
@@ -47,11 +51,82 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false")
 
 
-def run_bench(*, models: list[str], device: str = "auto", batch_size: Optional[int] = None,
-              image_size: Optional[int] = None, num_classes: int = 1000, amps: Optional[list[str]] = None,
-              channels_last: str = "both", compile: Optional[str] = None, seconds: Optional[float] = None,
-              steps_min: int = 5, warmup_steps: int = 3, progress: bool = True) -> dict[str, Any]:
-    """Measure every combination; a setting that fails gets an ``error`` instead of figures."""
+@dataclasses.dataclass
+class BenchModelResult(Result):
+    """What ``stoker bench-model`` measured; :meth:`to_dict` is its ``--json`` output.
+
+    Attributes:
+        date: When, ``YYYY-MM-DD HH:MM UTC``.
+        device: The torch device measured on.
+        device_name: The GPU's name, or the CPU and its thread count.
+        torch: torch's version.
+        batch_size: Images per step.
+        image_size: Side of the square synthetic input.
+        num_classes: Outputs of each model.
+        seconds: Timed seconds per setting (at least).
+        warmup_steps: Untimed steps per setting first.
+        rows: One dict per setting: ``model``, ``amp``, ``channels_last``, ``compile``, then
+            ``images_per_s``, ``step_ms``, ``steps``, ``first_step_s``, ``params``,
+            ``peak_mem_mb`` or ``error``; and ``speedup`` (see :func:`add_speedups`).
+    """
+
+    date: str
+    device: str
+    device_name: str
+    torch: str
+    batch_size: int
+    image_size: int
+    num_classes: int
+    seconds: float
+    warmup_steps: int
+    rows: list
+
+    def format_table(self) -> str:
+        """The human table ``stoker bench-model`` prints."""
+        lines = [f"stoker bench-model: {self.device_name}, torch {self.torch}, {self.date}",
+                 f"batch {self.batch_size} x {self.image_size}x{self.image_size} synthetic uint8 on {self.device}, "
+                 f"forward + backward + SGD step",
+                 "",
+                 f"{'model':<14}{'amp':<6}{'channels_last':<15}{'compile':<9}{'images/s':>10}{'ms/step':>10}"
+                 f"{'vs fp32':>9}"]
+        for r in self.rows:
+            yes_no = ["yes" if r[k] else "no" for k in ("channels_last", "compile")]
+            head = f"{r['model']:<14}{r['amp']:<6}{yes_no[0]:<15}{yes_no[1]:<9}"
+            if "error" in r:
+                lines.append(head + f"  failed: {r['error'][:80]}")
+            else:
+                sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
+                lines.append(head + f"{r['images_per_s']:>10.1f}{r['step_ms']:>10.1f}{sp:>9}")
+        return "\n".join(lines)
+
+
+def bench_model(models: Sequence[str], *, device: str = "auto", batch_size: Optional[int] = None,
+                image_size: Optional[int] = None, num_classes: int = 1000, amps: Optional[Sequence[str]] = None,
+                channels_last: str = "both", compile: Optional[str] = None, seconds: Optional[float] = None,
+                steps_min: int = 5, warmup_steps: int = 3, progress: bool = True) -> BenchModelResult:
+    """Train each model on a synthetic uint8 batch on the device, for every setting; images/s.
+
+    Args:
+        models: ``inception``, ``report`` or torchvision model names.
+        device: ``auto``, ``cpu``, ``cuda``, ``cuda:1``, ...
+        batch_size: Images per step (None: 256 on a GPU, 16 on the CPU).
+        image_size: Side of the square input (None: 224 on a GPU, 64 on the CPU).
+        num_classes: Outputs of each model.
+        amps: Of ``fp32``, ``bf16``, ``fp16`` (None: all three on a GPU, fp32 and bf16 on the CPU).
+        channels_last: ``off``, ``on`` or ``both``.
+        compile: ``torch.compile`` ``off``, ``on`` or ``both`` (None: both on a GPU, off on the CPU).
+        seconds: Timed seconds per setting, at least (None: 5 on a GPU, 1 on the CPU).
+        steps_min: Timed steps per setting, at least.
+        warmup_steps: Untimed steps per setting first (compilation included).
+        progress: Show a progress bar on stderr.
+
+    Returns:
+        The :class:`BenchModelResult`; a setting that failed (no fp16 kernel, no compiler) has an
+        ``error`` row instead of figures.
+
+    Raises:
+        ValueError: An unknown amp, choice or model name (before any timing).
+    """
     import torch
     from tqdm import tqdm
 
@@ -69,6 +144,9 @@ def run_bench(*, models: list[str], device: str = "auto", batch_size: Optional[i
     for a in amps:
         if a not in _AMP_NAMES:
             raise ValueError(f"amp {a!r} is not one of fp32, bf16, fp16")
+    for name, value in (("channels_last", channels_last), ("compile", compile)):
+        if value not in _BOTH:
+            raise ValueError(f"{name} {value!r} is not one of {', '.join(_BOTH)}")
     for m in models:
         build_model(m, num_classes, image_size=image_size)  # unknown names fail before any timing
 
@@ -90,19 +168,13 @@ def run_bench(*, models: list[str], device: str = "auto", batch_size: Optional[i
                 torch.cuda.empty_cache()
         rows.append(row)
     add_speedups(rows)
-    return {
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": str(dev),
-        "device_name": (torch.cuda.get_device_name(dev) if gpu
-                        else f"CPU {platform.processor() or platform.machine()} x {torch.get_num_threads()} threads"),
-        "torch": torch.__version__,
-        "batch_size": batch_size,
-        "image_size": image_size,
-        "num_classes": num_classes,
-        "seconds": seconds,
-        "warmup_steps": warmup_steps,
-        "rows": rows,
-    }
+    return BenchModelResult(
+        date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        device=str(dev),
+        device_name=(torch.cuda.get_device_name(dev) if gpu
+                     else f"CPU {platform.processor() or platform.machine()} x {torch.get_num_threads()} threads"),
+        torch=torch.__version__, batch_size=batch_size, image_size=image_size, num_classes=num_classes,
+        seconds=seconds, warmup_steps=warmup_steps, rows=rows)
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> None:
@@ -114,34 +186,17 @@ def add_speedups(rows: list[dict[str, Any]]) -> None:
         r["speedup"] = r["images_per_s"] / base["images_per_s"] if base and "images_per_s" in r else None
 
 
-def format_table(res: dict[str, Any]) -> str:
-    lines = [f"stoker bench-model: {res['device_name']}, torch {res['torch']}, {res['date']}",
-             f"batch {res['batch_size']} x {res['image_size']}x{res['image_size']} synthetic uint8 on {res['device']}, "
-             f"forward + backward + SGD step",
-             "",
-             f"{'model':<14}{'amp':<6}{'channels_last':<15}{'compile':<9}{'images/s':>10}{'ms/step':>10}{'vs fp32':>9}"]
-    for r in res["rows"]:
-        yes_no = ["yes" if r[k] else "no" for k in ("channels_last", "compile")]
-        head = f"{r['model']:<14}{r['amp']:<6}{yes_no[0]:<15}{yes_no[1]:<9}"
-        if "error" in r:
-            lines.append(head + f"  failed: {r['error'][:80]}")
-        else:
-            sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
-            lines.append(head + f"{r['images_per_s']:>10.1f}{r['step_ms']:>10.1f}{sp:>9}")
-    return "\n".join(lines)
-
-
 def main(args: argparse.Namespace) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     amps = [a.strip() for a in args.amp.split(",") if a.strip()] if args.amp else None
     if not models:
         raise UsageError("--models is empty")
     try:
-        res = run_bench(models=models, device=args.device, batch_size=args.batch_size, image_size=args.image_size,
-                        num_classes=args.num_classes, amps=amps, channels_last=args.channels_last,
-                        compile=args.compile, seconds=args.seconds, steps_min=args.steps_min,
-                        warmup_steps=args.warmup_steps, progress=args.progress)
+        result = bench_model(models, device=args.device, batch_size=args.batch_size, image_size=args.image_size,
+                             num_classes=args.num_classes, amps=amps, channels_last=args.channels_last,
+                             compile=args.compile, seconds=args.seconds, steps_min=args.steps_min,
+                             warmup_steps=args.warmup_steps, progress=args.progress)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    print(json.dumps(res, indent=1) if args.json else format_table(res))
+    print(json.dumps(result.to_dict(), indent=1) if args.json else result.format_table())
     return 0

@@ -269,7 +269,7 @@ def _model_plan(ctx: dict) -> tuple[dict, list]:
 def part_bench_model(ctx: dict, save: Callable[[dict], None]) -> dict:
     if not ctx["cuda"] and not ctx["smoke"]:
         raise Skip("no CUDA device (model speed on the CPU is `stoker bench-model --device cpu`)")
-    from .bench_model import add_speedups, run_bench
+    from .bench_model import add_speedups, bench_model
 
     settings, combos = _model_plan(ctx)
     deadline = time.monotonic() + time_left(ctx)
@@ -282,12 +282,11 @@ def part_bench_model(ctx: dict, save: Callable[[dict], None]) -> dict:
             result["not_run"].append({"model": m, "amp": a, "channels_last": cl, "compile": co})
             continue
         t = time.monotonic()
-        res = run_bench(models=[m], device="cuda" if ctx["cuda"] else "cpu", amps=[a],
-                        channels_last="on" if cl else "off", compile="on" if co else "off", progress=False,
-                        **settings)
+        res = bench_model([m], device="cuda" if ctx["cuda"] else "cpu", amps=[a], channels_last="on" if cl else "off",
+                          compile="on" if co else "off", progress=False, **settings)
         slowest = max(slowest, time.monotonic() - t) if co else slowest
-        result.update({"device_name": res["device_name"], "torch": res["torch"]})
-        result["rows"] += res["rows"]
+        result.update({"device_name": res.device_name, "torch": res.torch})
+        result["rows"] += res.rows
         save(result)
     if not result["rows"]:
         raise TimeoutError(f"no setting fits in the {ctx['limit']:.0f} s time box")
