@@ -39,46 +39,27 @@ examples:
 from __future__ import annotations
 
 import argparse
-import collections
 import errno
-import json
 import os
 import re
 import sys
 import time
-from functools import partial
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Mapping, Optional
 
 from stoker import StokerError, __version__
-from stoker.pipeline.shards.writer import ShardWriter, shard_name
 from stoker.pipeline.storage import Store, default_cache_dir, is_url, parse_storage_options, url_key
 
-from .errors import CheckFailed, UsageError
-from .packjournal import (
-    REJECTS_NAME,
-    Journal,
-    claim,
-    is_merged,
-    journal_path,
-    merge,
-    part_status,
-    read_settings,
-    shard_record,
-    state_dir,
-)
-from .packsource import MAX_LABEL, Item, Source, display_path, part_range, scan
-from .sanitize import MAX_BYTES, PIL_MAX_PIXELS, Sanitized, Settings, sanitize
+from .errors import UsageError
+from .pack_engine import pack_part
+from .pack_remote import Remote
+from .pack_result import InputsRejected, PackResult, WriteFailed
+from .packjournal import claim, merge, merged_totals, read_settings
+from .packsource import MAX_LABEL, Source, display_path, scan
+from .sanitize import MAX_BYTES, PIL_MAX_PIXELS, Settings
 
 HELP = "pack an image folder or CSV into WebDataset shards + DALI .idx + stoker.json"
 DEFAULT_SHARD_SIZE = 256 * 1000**2
-CHUNK = 8  # images per worker task: amortizes inter-process overhead
-
-
-class WriteFailed(StokerError):
-    """Writing OUT failed (disk full, quota, I/O error): exit 1; what was written is intact."""
-
-    exit_code = 1
 
 
 def parse_size(text: str, flag: str = "--shard-size") -> int:
@@ -150,6 +131,164 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "~/.cache/stoker/pack-staging/<hash of OUT>); needs room for about two shards")
 
 
+def pack(src: str | Path, out: str | Path, *, short_side: int = 256, max_side: int = 0, quality: int = 90,
+         reencode: bool = False, max_pixels: int = PIL_MAX_PIXELS, max_file_size: int = MAX_BYTES,
+         shard_size: int = DEFAULT_SHARD_SIZE, samples_per_shard: int = 0, seed: int = 0, val_fraction: float = 0.0,
+         workers: Optional[int] = None, part: int = 0, parts: int = 1, engine: str = "local",
+         ray_address: Optional[str] = None, strict: bool = False, storage_options: Optional[Mapping[str, Any]] = None,
+         staging: str | Path | None = None, progress: bool = False) -> PackResult:
+    """Pack ``src`` into shards in ``out`` (see the module doc); rerun the same call to resume.
+
+    Args:
+        src: An ImageFolder tree, a tree with train/ and val/, or a CSV/TSV of path,label rows.
+        out: The output folder (created), or a URL (s3://bucket/ds, gs://..., any fsspec URL).
+        short_side: Resize down so the shorter side is at most this (0: keep the size).
+        max_side: Resize down so the longer side is at most this (0: no limit).
+        quality: JPEG quality of re-encoded images.
+        reencode: Re-encode every image, even JPEGs that could be copied as they are.
+        max_pixels: Reject images larger than this many pixels, before decoding.
+        max_file_size: Reject input files larger than this many bytes, before reading.
+        shard_size: Start a new shard before one would exceed this many bytes.
+        samples_per_shard: Exactly this many samples per shard (0: by ``shard_size``).
+        seed: Seed of the sample shuffle and of the val split.
+        val_fraction: A seeded, stratified fraction of the images for val/ (when SRC has no val/).
+        workers: Processes (or Ray CPUs) sanitizing images (None: the CPU count).
+        part: Pack only this part of ``parts`` of the shuffled list (0-based); then :func:`merge_parts`.
+        parts: Into how many parts the list is cut (1: the whole).
+        engine: ``"local"`` (a process pool) or ``"ray"`` (Ray tasks; the output is the same).
+        ray_address: The Ray cluster of ``engine="ray"`` (None: a local Ray).
+        strict: Raise :class:`InputsRejected` when any input was rejected.
+        storage_options: fsspec options of a URL ``out``.
+        staging: The local folder of a URL ``out`` for the journal and the shards on their way up
+            (None: under ~/.cache/stoker/pack-staging).
+        progress: Show a progress bar on stderr.
+
+    Returns:
+        The :class:`PackResult`.
+
+    Raises:
+        UsageError: A bad setting or path, or ``out`` holds something else.
+        InputsRejected: ``strict`` and some inputs were rejected (the pack is finished).
+        WriteFailed: Writing ``out`` failed (disk full, ...); rerun the same call.
+        CheckFailed: A shard deleted since it was packed rebuilds differently (SRC changed).
+    """
+    if not 0 <= part < parts:
+        raise UsageError(f"--part {part}/{parts} should be I/N with 0 <= I < N, e.g. 0/4")
+    try:
+        settings = Settings(short_side=short_side, max_side=max_side, quality=quality, reencode=reencode,
+                            max_pixels=max_pixels, max_bytes=max_file_size)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if shard_size < 1:
+        raise UsageError(f"--shard-size must be positive, got {shard_size}")
+    if samples_per_shard < 0:
+        raise UsageError(f"--samples-per-shard must be >= 0, got {samples_per_shard}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise UsageError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    if engine not in ("local", "ray"):
+        raise UsageError(f"--engine must be local or ray, got {engine!r}")
+    if engine != "ray" and ray_address:
+        raise UsageError("--ray-address needs --engine ray")
+    src = Path(src)
+    if not src.exists():
+        raise UsageError(f"SRC {src} does not exist")
+    remote: Optional[Remote] = None
+    if is_url(out):
+        if parts > 1:
+            raise UsageError("--part with a URL OUT is not supported: use --engine ray to pack on many machines, "
+                             "or pack the parts into a shared folder")
+        options = dict(storage_options or {})
+        store = Store(str(out), options)
+        store.check()  # reachable, bucket exists: before any work
+        local = Path(staging) if staging else default_cache_dir() / "pack-staging" / url_key(str(out), options)
+        remote = Remote(store, local)
+        _check_out(src, local, "--staging")
+    else:
+        if staging or storage_options:
+            raise UsageError("--staging and --storage-option are for a URL OUT (s3://bucket/ds, ...)")
+        local = Path(out)
+        _check_out(src, local)
+    t0 = time.perf_counter()
+    source = scan(src, seed=seed, val_fraction=val_fraction)
+    _make_out(local, "--staging" if remote else "OUT")
+    identity = _settings_identity(src, source, settings, seed=seed, shard_size=shard_size,
+                                  samples_per_shard=samples_per_shard, val_fraction=val_fraction, parts=parts)
+    job = dict(part=part, parts=parts, settings=settings, shard_size=shard_size, samples_per_shard=samples_per_shard,
+               workers=workers, progress=progress, engine=engine, remote=remote)
+    try:
+        if engine == "ray":
+            from stoker.pipeline.deps import usable_cores
+
+            from .ray_engine import session
+
+            with session(ray_address, min(workers, usable_cores())):
+                result = _run(local, source, identity, t0, job)
+        else:
+            result = _run(local, source, identity, t0, job)
+    except OSError as e:
+        raise _write_failed(e, local) from None
+    return _checked(result, strict)
+
+
+def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
+    """Write the manifests and rejects.jsonl of ``out`` once every ``parts`` run of :func:`pack` finished.
+
+    Raises:
+        UsageError: ``out`` is a URL or holds no pack, or parts are not finished (named).
+        InputsRejected: ``strict`` and some inputs were rejected.
+        WriteFailed: Writing ``out`` failed.
+    """
+    if is_url(out):
+        raise UsageError("--merge takes a local OUT: --part with a URL OUT is not supported (use --engine ray "
+                         "to pack on many machines)")
+    out, t0 = Path(out), time.perf_counter()
+    try:
+        totals = merge(out)
+    except OSError as e:
+        raise _write_failed(e, out) from None
+    inputs = sum(s["num_inputs"] for s in (read_settings(out) or {}).get("splits", {}).values())
+    return _checked(PackResult(out=str(out), inputs=inputs, splits=totals, run={},
+                               seconds=time.perf_counter() - t0), strict)
+
+
+def _checked(result: PackResult, strict: bool) -> PackResult:
+    if strict and result.rejected and not result.up_to_date and result.parts == 1:
+        raise InputsRejected(f"{result.rejected} input(s) rejected (--strict); see rejects.jsonl", result)
+    return result
+
+
+def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> PackResult:
+    """Pack every split of ``source`` into ``out`` (the staging folder of a URL OUT), then merge."""
+    remote: Optional[Remote] = job["remote"]
+    where = remote.store.url if remote else str(out)
+    if remote is not None and read_settings(out) is None and not remote.store.is_empty():
+        raise UsageError(f"OUT {where} is not empty and this machine holds no pack journal for it (in {out}); "
+                         f"use an empty location, or the --staging folder of the pack that wrote it")
+    claim(out, identity)
+    run = {split: pack_part(out, split, source, **job) for split in source.splits}
+    if remote is not None:
+        remote.flush()  # every shard is up before the manifests are planned
+    part, parts, splits = job["part"], job["parts"], list(source.splits)
+    inputs = sum(len(v) for v in source.splits.values())
+    worked = any(r["packed"] or r["rejected"] or r["restored"] for r in run.values())
+    shard_ok = remote.shard_ok if remote else None
+    if parts == 1 and not worked:
+        totals = merged_totals(out, shard_ok)
+        if totals is not None and (remote is None or remote.manifests_match(out, splits)):
+            return PackResult(out=where, inputs=inputs, splits=totals, run=run,
+                              seconds=time.perf_counter() - t0, up_to_date=True)
+    if parts > 1:
+        return PackResult(out=where, inputs=inputs, splits={}, run=run, seconds=time.perf_counter() - t0,
+                          part=part, parts=parts)
+    totals = merge(out, shard_ok)
+    if remote is not None:
+        remote.publish_manifests(out, splits)
+    return PackResult(out=where, inputs=inputs, splits=totals, run=run, seconds=time.perf_counter() - t0)
+
+
 def _check_out(src: Path, out: Path, what: str = "OUT") -> None:
     rs, ro = src.resolve(), out.resolve()
     if rs.is_dir() and (ro == rs or rs in ro.parents):  # it would pack its own output
@@ -173,436 +312,29 @@ def _make_out(out: Path, what: str = "OUT") -> None:
         raise UsageError(f"cannot write to {what} {out}: {e.strerror or e}") from None
 
 
-def _settings_identity(args, src: Path, source: Source, settings: Settings, shard_size: int, parts: int) -> dict:
+def _settings_identity(src: Path, source: Source, settings: Settings, *, seed: int, shard_size: int,
+                       samples_per_shard: int, val_fraction: float, parts: int) -> dict:
     """Everything that determines the bytes of the pack: equal dicts -> equal output."""
     return {
         "journal_format": 1,
         "stoker_version": __version__,
         "source": str(src.resolve()),
-        "seed": args.seed,
+        "seed": seed,
         "short_side": settings.short_side,
         "max_side": settings.max_side,
         "quality": settings.quality,
         "reencode": settings.reencode,
         "max_pixels": settings.max_pixels,
         "max_bytes": settings.max_bytes,
-        "shard_size": 0 if args.samples_per_shard else shard_size,
-        "samples_per_shard": args.samples_per_shard,
-        "val_fraction": args.val_fraction,
+        "shard_size": 0 if samples_per_shard else shard_size,
+        "samples_per_shard": samples_per_shard,
+        "val_fraction": val_fraction,
         "parts": parts,
         "classes": source.classes,
         "splits": {s: {"num_inputs": len(items), "digest": source.digest(s), "skipped": source.skipped.get(s, 0),
                        "scan_rejects": [list(r) for r in source.rejects.get(s, [])]}
                    for s, items in source.splits.items()},
     }
-
-
-def _worker_init() -> None:
-    """Workers leave Ctrl-C to the main process and die with it, even on kill -9."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _sanitize_chunk(chunk: list[str], settings: Settings) -> list[Sanitized]:
-    return [sanitize(path, settings) for path in chunk]
-
-
-class _Sanitizer:
-    """Sanitizes items in order: in this process (workers=1), or in a process pool with
-    a bounded window of chunks in flight, so memory stays flat however long the list.
-
-    The pool is forked on ``__enter__``, before the progress bar starts its thread.
-    """
-
-    def __init__(self, settings: Settings, workers: int, base: Path):
-        self.settings, self.workers, self.base, self.pool = settings, workers, str(base), None
-
-    def __enter__(self) -> "_Sanitizer":
-        if self.workers > 1:
-            import multiprocessing as mp
-
-            ctx = mp.get_context("spawn" if sys.platform == "darwin" else "fork")
-            self.pool = ctx.Pool(self.workers, _worker_init)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-
-    def results(self, items: list[Item]) -> Iterator[Sanitized]:
-        if self.pool is None:  # one at a time: a shard is written as soon as its images are ready
-            for it in items:
-                yield sanitize(os.path.join(self.base, it.rel), self.settings)
-            return
-        fn = partial(_sanitize_chunk, settings=self.settings)
-        chunks = ([os.path.join(self.base, it.rel) for it in items[i:i + CHUNK]]
-                  for i in range(0, len(items), CHUNK))
-        pending: collections.deque = collections.deque()
-        for c in chunks:
-            pending.append(self.pool.apply_async(fn, (c,)))
-            if len(pending) >= 4 * self.workers:
-                break
-        while pending:
-            res = pending.popleft().get()
-            nxt = next(chunks, None)
-            if nxt is not None:
-                pending.append(self.pool.apply_async(fn, (nxt,)))
-            yield from res
-
-
-def _sanitizer(settings: Settings, workers: int, base: Path, engine: str):
-    """The engine that sanitizes images: a process pool here, or Ray tasks."""
-    if engine == "ray":
-        from .ray_engine import RaySanitizer
-
-        return RaySanitizer(settings, base)
-    return _Sanitizer(settings, workers, base)
-
-
-class _Remote:
-    """OUT is a URL: shards are built in the local staging folder (which holds the journal
-    and the locks), uploaded as each is finished and then removed from staging; the
-    manifests are uploaded last. Uploads are atomic for readers (see ``Store.put_file``).
-
-    One upload runs in a background thread while the next shard is being built, so the
-    workers do not wait on the network; its error surfaces at the next :meth:`publish`
-    or :meth:`flush`.
-    """
-
-    def __init__(self, store: Store, staging: Path):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.store, self.staging = store, staging
-        self.listing: dict[str, dict[str, int]] = {}
-        self._uploader = ThreadPoolExecutor(1, thread_name_prefix="stoker-upload")
-        self._pending = None
-
-    def publish(self, split_dir: Path, name: str) -> None:
-        """Upload a finished, journaled shard and its index (in the background), then drop them from staging."""
-        self.flush()
-        self._pending = self._uploader.submit(self._upload, split_dir, name)
-
-    def flush(self) -> None:
-        """Wait for the upload in flight; raises its error."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
-
-    def _upload(self, split_dir: Path, name: str) -> None:
-        from stoker.pipeline.shards.manifest import idx_path
-
-        tar = split_dir / name
-        # the index goes up first: a shard under its final name always has its index
-        self.store.put_file(idx_path(tar), f"{split_dir.name}/{idx_path(tar).name}")
-        self.store.put_file(tar, f"{split_dir.name}/{name}")
-        tar.unlink()
-        idx_path(tar).unlink()
-
-    def _ok(self, sizes: dict[str, int], name: str, size: int) -> bool:
-        return sizes.get(name) == size and sizes.get(name[: -len(".tar")] + ".idx", 0) > 0
-
-    def check(self, split_dir: Path, records: list[dict], start: int
-              ) -> tuple[list[tuple[int, int, dict]], list[str]]:
-        """Journaled shards not in place remotely: ``(to rebuild, to upload from staging)``.
-        One listing per split; a shard counts as in place when its size is the journaled one
-        and its ``.idx`` is there (object stores write whole objects or none)."""
-        from stoker.pipeline.shards.manifest import idx_path
-
-        sizes = self.store.sizes(split_dir.name)
-        rebuild, upload, first = [], [], start
-        for r in records:
-            info = r.get("shard")
-            if info:
-                tar = split_dir / info["name"]
-                if self._ok(sizes, info["name"], info["bytes"]):
-                    tar.unlink(missing_ok=True)  # uploaded just before a kill: the staged copy is done with
-                    idx_path(tar).unlink(missing_ok=True)
-                elif _local_shard_ok(tar, info["bytes"]):
-                    upload.append(info["name"])
-                else:
-                    rebuild.append((first, r["end"], info))
-            first = r["end"]
-        return rebuild, upload
-
-    def shard_ok(self, split: str, name: str, size: int) -> bool:
-        if split not in self.listing:
-            self.listing[split] = self.store.sizes(split)
-        return self._ok(self.listing[split], name, size)
-
-    def manifests_match(self, out: Path, splits: list[str]) -> bool:
-        """The uploaded rejects.jsonl and manifests equal the staged ones."""
-        from stoker.pipeline.shards.manifest import MANIFEST_NAME
-
-        names = [REJECTS_NAME] + [f"{s}/{MANIFEST_NAME}" for s in splits]
-        return all(self.store.read_bytes(n) == (out / n).read_bytes() for n in names)
-
-    def publish_manifests(self, out: Path, splits: list[str]) -> None:
-        """Upload rejects.jsonl, then each split's stoker.json: the manifests last."""
-        from stoker.pipeline.shards.manifest import MANIFEST_NAME
-
-        self.store.put_file(out / REJECTS_NAME, REJECTS_NAME)
-        for split in splits:
-            self.store.put_file(out / split / MANIFEST_NAME, f"{split}/{MANIFEST_NAME}")
-
-
-def _local_shard_ok(tar: Path, size: int) -> bool:
-    from stoker.pipeline.shards.manifest import idx_path
-
-    try:
-        return tar.stat().st_size == size and idx_path(tar).stat().st_size > 0
-    except OSError:
-        return False
-
-
-def _components(it: Item, res: Sanitized, classes: list[str]) -> dict[str, bytes]:
-    """The tar members of one packed sample (file names stored as valid UTF-8)."""
-    meta = {"path": display_path(it.rel), "width": res.width, "height": res.height, "class": classes[it.label]}
-    return {"cls": str(it.label).encode(), "jpg": res.jpg, "json": json.dumps(meta).encode()}
-
-
-def _sample_bytes(components: dict[str, bytes]) -> int:
-    return sum(512 + len(v) + (-len(v) % 512) for v in components.values())
-
-
-def pack_part(out: Path, split: str, source: Source, *, part: int, parts: int, **kw) -> dict:
-    """Pack part ``part`` of ``parts`` of one split into shards, resuming from the
-    journal; ``kw`` as :func:`_pack_part_locked`. Returns this run's counts: packed,
-    rejected, copied, shards, bytes."""
-    start, end = part_range(len(source.splits[split]), part, parts)
-    state_dir(out).mkdir(parents=True, exist_ok=True)
-    with _lock(journal_path(out, split, part, parts).with_suffix(".lock"), f"{split} part {part}/{parts}"):
-        return _pack_part_locked(out, split, source, start=start, end=end, part=part, parts=parts, **kw)
-
-
-def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end: int, part: int, parts: int,
-                      settings: Settings, shard_size: int, samples_per_shard: int, workers: int,
-                      progress: bool, engine: str = "local", remote: Optional[_Remote] = None) -> dict:
-    from tqdm import tqdm
-
-
-    split_dir = out / split
-    split_dir.mkdir(parents=True, exist_ok=True)
-    prefix = shard_name(split, 0, part, parts)[: -len("000000.tar")]
-    for stale in split_dir.glob(prefix + "*.tmp"):  # a shard or index from a killed run
-        stale.unlink()
-    journal = Journal(journal_path(out, split, part, parts))
-    records = journal.load(repair=True)
-    nshards, pos, done = part_status(records)
-    pos = max(pos, start)
-    stats = {"packed": 0, "rejected": 0, "copied": 0, "shards": 0, "bytes": 0, "restored": 0}
-    if remote is None:
-        damaged, uploads = _damaged_shards(split_dir, records, start), []
-    else:
-        damaged, uploads = remote.check(split_dir, records, start)
-    if damaged:
-        stats["restored"] = _restore(split_dir, source.splits[split], source, damaged, settings=settings,
-                                     workers=workers, engine=engine)
-    if remote is not None:  # staged shards of a killed run, and the ones just rebuilt
-        for name in uploads + [info["name"] for _, _, info in damaged]:
-            remote.publish(split_dir, name)
-        stats["restored"] += len(uploads)
-    if done:
-        return stats
-    writer: Optional[ShardWriter] = None
-    rejects: list[tuple[str, str]] = []
-
-    def close(end_pos: int) -> None:
-        """Finish the open shard (if any) and journal it with the rejects of its range."""
-        nonlocal writer, nshards, rejects
-        info = None
-        if writer is not None:
-            writer.__exit__(None, None, None)
-            info = writer.info
-            writer = None
-            nshards += 1
-            stats["shards"] += 1
-            stats["bytes"] += info.bytes
-        journal.append(shard_record(info, end_pos, rejects))
-        rejects = []
-        if remote is not None and info is not None:  # journaled first: a kill mid-upload re-uploads
-            remote.publish(split_dir, info.name)
-
-    desc = split + (f" {part}/{parts}" if parts > 1 else "")
-    items, classes = source.splits[split], source.classes
-    with _sanitizer(settings, workers, source.base, engine) as sanitizer, tqdm(
-            total=end - start, initial=pos - start, desc=desc, unit="img", file=sys.stderr,
-            disable=None if progress else True, smoothing=0.05, dynamic_ncols=True) as bar:
-        try:
-            for i, res in enumerate(sanitizer.results(items[pos:end]), start=pos):
-                it = items[i]
-                bar.update(1)
-                if res.jpg is None:
-                    rejects.append((display_path(it.rel), res.reason))
-                    stats["rejected"] += 1
-                    continue
-                comps = _components(it, res, classes)
-                if writer is not None and (
-                        len(writer) >= samples_per_shard if samples_per_shard
-                        else writer.bytes_written + _sample_bytes(comps) + 1024 > shard_size):
-                    close(i)
-                if writer is None:  # entered and exited by hand: shards roll over mid-loop
-                    writer = ShardWriter(out / split / shard_name(split, nshards, part, parts)).__enter__()
-                writer.write(f"{i:09d}", comps)
-                stats["packed"] += 1
-                stats["copied"] += res.copied
-            if writer is not None or rejects:
-                close(end)
-            journal.append({"done": True, "end": end})
-        except BaseException:
-            if writer is not None:  # leave no half shard under a .tmp name
-                writer.__exit__(*sys.exc_info())
-            raise
-    return stats
-
-
-def _damaged_shards(split_dir: Path, records: list[dict], start: int) -> list[tuple[int, int, dict]]:
-    """Journaled shards that are missing, have another size than journaled, or lack
-    their ``.idx``: ``(first input, end input, shard record)`` each. Stats only: cheap."""
-    from stoker.pipeline.shards.manifest import idx_path
-
-    bad, first = [], start
-    for r in records:
-        info = r.get("shard")
-        if info:
-            tar = split_dir / info["name"]
-            try:
-                ok = tar.stat().st_size == info["bytes"] and idx_path(tar).stat().st_size > 0
-            except OSError:
-                ok = False
-            if not ok:
-                bad.append((first, r["end"], info))
-        first = r["end"]
-    return bad
-
-
-def _restore(split_dir: Path, items: list[Item], source: Source, damaged: list[tuple[int, int, dict]], *,
-             settings: Settings, workers: int, engine: str = "local") -> int:
-    """Rebuild journaled shards that were deleted or damaged after they were written:
-    the inputs of a shard's range are packed again into the same name (deterministic,
-    so byte-identical). Raises CheckFailed when the rebuilt bytes differ (SRC changed)."""
-    from stoker.pipeline.shards.manifest import idx_path
-
-
-    with _sanitizer(settings, workers, source.base, engine) as sanitizer:
-        for first, end, info in damaged:
-            path = split_dir / info["name"]
-            with ShardWriter(path) as writer:
-                for i, res in enumerate(sanitizer.results(items[first:end]), start=first):
-                    if res.jpg is not None:
-                        writer.write(f"{i:09d}", _components(items[i], res, source.classes))
-            if writer.info.sha256 != info["sha256"]:
-                path.unlink(missing_ok=True)
-                idx_path(path).unlink(missing_ok=True)
-                raise CheckFailed(f"shard {path} was missing or damaged and rebuilds differently: the images in "
-                                  f"SRC changed since it was packed; delete {split_dir.parent} and pack again")
-    return len(damaged)
-
-
-def _lock(path: Path, what: str):
-    """Hold an exclusive lock on ``path`` while packing, so a second run of the same
-    part (a double-submitted job) stops with a usage error instead of racing."""
-    f = open(path, "a")
-    try:
-        import fcntl
-
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except ImportError:  # no fcntl (Windows): run unguarded
-        pass
-    except OSError:
-        f.close()
-        raise UsageError(f"{what} of {path.parent.parent} is being packed by another process") from None
-    return f
-
-
-def _print_summary(out: str, totals: dict, run: dict, seconds: float) -> None:
-    print(f"{'split':6} {'packed':>9} {'rejected':>9} {'skipped':>8} {'shards':>7} {'bytes':>14}")
-    for split, t in totals.items():
-        print(f"{split:6} {t['samples']:>9,} {t['rejected']:>9,} {t['skipped']:>8,} {t['shards']:>7,} "
-              f"{t['bytes']:>14,}")
-    if run:  # not after --merge
-        n = sum(r["packed"] + r["rejected"] for r in run.values())
-        rate = n / seconds if seconds > 0 else 0.0
-        copied = sum(r["copied"] for r in run.values())
-        print(f"this run: {n:,} images in {seconds:.1f} s ({rate:,.0f} images/s), {copied:,} copied as they were")
-    _note_empty(totals)
-    rej = sum(t["rejected"] for t in totals.values())
-    if rej:
-        print(f"{rej:,} rejected inputs listed in {out.rstrip('/')}/{REJECTS_NAME}")
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.merge:
-        if args.src or args.out:
-            raise UsageError("--merge OUT takes no SRC/OUT arguments")
-        if is_url(args.merge):
-            raise UsageError("--merge takes a local OUT: --part with a URL OUT is not supported (use --engine ray "
-                             "to pack on many machines)")
-        out = Path(args.merge)
-        try:
-            totals = merge(out)
-        except OSError as e:
-            raise _write_failed(e, out) from None
-        _print_summary(str(out), totals, {}, 0.0)
-        return _strict(args, totals)
-    if not args.src or not args.out:
-        raise UsageError("need SRC and OUT (or --merge OUT)")
-    part, parts = parse_part(args.part)
-    max_bytes = parse_size(args.max_file_size, "--max-file-size")
-    try:
-        settings = Settings(short_side=args.short_side, max_side=args.max_side, quality=args.quality,
-                            reencode=args.reencode, max_pixels=args.max_pixels, max_bytes=max_bytes)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    shard_size = parse_size(args.shard_size)
-    if args.samples_per_shard < 0:
-        raise UsageError(f"--samples-per-shard must be >= 0, got {args.samples_per_shard}")
-    if not 0.0 <= args.val_fraction < 1.0:
-        raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
-    if args.workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    if args.engine != "ray" and args.ray_address:
-        raise UsageError("--ray-address needs --engine ray")
-    src = Path(args.src)
-    if not src.exists():
-        raise UsageError(f"SRC {src} does not exist")
-    remote: Optional[_Remote] = None
-    if is_url(args.out):
-        if parts > 1:
-            raise UsageError("--part with a URL OUT is not supported: use --engine ray to pack on many machines, "
-                             "or pack the parts into a shared folder")
-        options = parse_storage_options(args.storage_option)
-        store = Store(args.out, options)
-        store.check()  # reachable, bucket exists: before any work
-        out = Path(args.staging) if args.staging else default_cache_dir() / "pack-staging" / url_key(args.out, options)
-        remote = _Remote(store, out)
-        _check_out(src, out, "--staging")
-    else:
-        if args.staging or args.storage_option:
-            raise UsageError("--staging and --storage-option are for a URL OUT (s3://bucket/ds, ...)")
-        out = Path(args.out)
-        _check_out(src, out)
-    t0 = time.perf_counter()
-    source = scan(src, seed=args.seed, val_fraction=args.val_fraction)
-    _make_out(out, "--staging" if remote else "OUT")
-    identity = _settings_identity(args, src, source, settings, shard_size, parts)
-    try:
-        if args.engine == "ray":
-            from stoker.pipeline.deps import usable_cores
-
-            from .ray_engine import session
-
-            with session(args.ray_address, min(args.workers, usable_cores())):
-                return _pack(args, out, source, identity, settings, shard_size, part, parts, t0, remote)
-        return _pack(args, out, source, identity, settings, shard_size, part, parts, t0, remote)
-    except OSError as e:
-        raise _write_failed(e, out) from None
 
 
 def _write_failed(e: OSError, out: Path) -> StokerError:
@@ -614,56 +346,33 @@ def _write_failed(e: OSError, out: Path) -> StokerError:
                        f"(finished shards are kept)")
 
 
-def _pack(args, out: Path, source: Source, identity: dict, settings: Settings, shard_size: int, part: int,
-          parts: int, t0: float, remote: Optional[_Remote] = None) -> int:
-    where = remote.store.url if remote else str(out)
-    if remote is not None and read_settings(out) is None and not remote.store.is_empty():
-        raise UsageError(f"OUT {where} is not empty and this machine holds no pack journal for it (in {out}); "
-                         f"use an empty location, or the --staging folder of the pack that wrote it")
-    claim(out, identity)
-    run = {}
-    for split in source.splits:
-        run[split] = pack_part(out, split, source, part=part, parts=parts,
-                               settings=settings, shard_size=shard_size, samples_per_shard=args.samples_per_shard,
-                               workers=args.workers, progress=not args.quiet, engine=args.engine, remote=remote)
-    if remote is not None:
-        remote.flush()  # every shard is up before the manifests are planned
-    restored = sum(r["restored"] for r in run.values())
-    if restored:
-        print(f"restored {restored} missing or damaged shard(s) of {where}", file=sys.stderr)
-    worked = any(r["packed"] or r["rejected"] or r["restored"] for r in run.values())
-    shard_ok = remote.shard_ok if remote else None
-    splits = list(source.splits)
-    if (parts == 1 and not worked and is_merged(out, identity, shard_ok)
-            and (remote is None or remote.manifests_match(out, splits))):
-        n = sum(len(v) for v in source.splits.values())
-        print(f"{where} is up to date ({n:,} inputs, nothing to do)")
-        return 0
-    seconds = time.perf_counter() - t0
-    if parts > 1:
-        for split, r in run.items():
-            print(f"{split} part {part}/{parts}: {r['packed']:,} packed, {r['rejected']:,} rejected, "
-                  f"{r['shards']} shards this run")
-        print(f"part {part}/{parts} done in {seconds:.1f} s; when every part is done: stoker pack --merge {out}")
-        return 0
-    totals = merge(out, shard_ok)
-    if remote is not None:
-        remote.publish_manifests(out, splits)
-    _print_summary(where, totals, run, seconds)
-    return _strict(args, totals)
-
-
-def _note_empty(totals: dict) -> None:
-    """One line per split that ends with no samples: never an empty split without a word."""
-    for split, t in totals.items():
-        if not t["samples"]:
-            why = f"all {t['rejected']:,} inputs were rejected" if t["rejected"] else "it has no input images"
-            print(f"note: {split}/ holds no samples: {why}", file=sys.stderr)
-
-
-def _strict(args, totals: dict) -> int:
-    rejected = sum(t["rejected"] for t in totals.values())
-    if args.strict and rejected:
-        raise CheckFailed(f"{rejected} input(s) rejected (--strict); see rejects.jsonl")
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.merge:
+            if args.src or args.out:
+                raise UsageError("--merge OUT takes no SRC/OUT arguments")
+            result = merge_parts(args.merge, strict=args.strict)
+        else:
+            if not args.src or not args.out:
+                raise UsageError("need SRC and OUT (or --merge OUT)")
+            part, parts = parse_part(args.part)
+            max_file_size = parse_size(args.max_file_size, "--max-file-size")
+            shard_size = parse_size(args.shard_size)
+            result = pack(args.src, args.out, short_side=args.short_side, max_side=args.max_side,
+                          quality=args.quality, reencode=args.reencode, max_pixels=args.max_pixels,
+                          max_file_size=max_file_size, shard_size=shard_size, samples_per_shard=args.samples_per_shard,
+                          seed=args.seed, val_fraction=args.val_fraction, workers=args.workers, part=part,
+                          parts=parts, engine=args.engine, ray_address=args.ray_address, strict=args.strict,
+                          storage_options=parse_storage_options(args.storage_option), staging=args.staging,
+                          progress=not args.quiet)
+    except InputsRejected as e:  # the pack is done: its summary, then the error
+        _print(e.result)
+        raise
+    _print(result)
     return 0
 
+
+def _print(result: PackResult) -> None:
+    for line in result.notes():
+        print(line, file=sys.stderr)
+    print(result.summary())

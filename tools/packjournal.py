@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from stoker.pipeline.fsutil import atomic_write
-from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
 
 from .errors import UsageError
 
@@ -136,7 +136,7 @@ def _plan(out: Path, shard_ok: Optional[ShardCheck] = None) -> tuple[dict[str, M
     """What :func:`merge` writes: ``(manifests by split, rejects.jsonl text, totals)``."""
     if shard_ok is None:
         def shard_ok(split: str, name: str, size: int) -> bool:
-            return _shard_ok(out / split / name, size)
+            return local_shard_ok(out / split / name, size)
     settings = read_settings(out)
     if settings is None:
         raise UsageError(f"{out} holds no stoker pack in progress (no {STATE_DIR}/{SETTINGS_NAME})")
@@ -179,24 +179,25 @@ def _plan(out: Path, shard_ok: Optional[ShardCheck] = None) -> tuple[dict[str, M
     return manifests, text, totals
 
 
-def _shard_ok(tar: Path, size: int) -> bool:
+def local_shard_ok(tar: Path, size: int) -> bool:
     """The shard exists with its journaled size and has a non-empty ``.idx`` (stats only)."""
-    from stoker.pipeline.shards.manifest import idx_path
-
     try:
         return tar.stat().st_size == size and idx_path(tar).stat().st_size > 0
     except OSError:
         return False
 
 
-def is_merged(out: Path, settings: dict, shard_ok: Optional[ShardCheck] = None) -> bool:
-    """True when every split's manifest and rejects.jsonl hold exactly what :func:`merge`
-    would write (the pack is finished and nothing, e.g. ``stoker index``, rewrote them)."""
+def merged_totals(out: Path, shard_ok: Optional[ShardCheck] = None) -> Optional[dict[str, Any]]:
+    """:func:`merge`'s totals when every split's manifest and rejects.jsonl already hold exactly
+    what it would write (the pack is finished and nothing, e.g. ``stoker index``, rewrote them),
+    else None."""
     try:
-        manifests, rejects_text, _ = _plan(out, shard_ok)
+        manifests, rejects_text, totals = _plan(out, shard_ok)
         if (out / REJECTS_NAME).read_text(encoding="utf-8") != rejects_text:
-            return False
-        return all((out / split / MANIFEST_NAME).read_text(encoding="utf-8") == m.to_json()
-                   for split, m in manifests.items())
+            return None
+        if all((out / split / MANIFEST_NAME).read_text(encoding="utf-8") == m.to_json()
+               for split, m in manifests.items()):
+            return totals
+        return None
     except (OSError, ValueError, UsageError):
-        return False
+        return None

@@ -221,13 +221,13 @@ def test_parts_then_merge_equal_plain_pack(tmp_path, capsys):
 # Runs `stoker pack` with sanitize blocked (forever) on one input: a deterministic point to kill -9 at.
 _BLOCKING_PACK = """
 import sys, time
-import stoker.tools.pack as pack
-real = pack.sanitize
+import stoker.tools.pack_engine as engine
+real = engine.sanitize
 def blocking(path, settings):
     if path.endswith(sys.argv[1]):
         time.sleep(3600)
     return real(path, settings)
-pack.sanitize = blocking
+engine.sanitize = blocking
 from stoker.tools.cli import main
 sys.exit(main(sys.argv[2:]))
 """
