@@ -18,17 +18,14 @@ examples:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import random
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Mapping, Optional
 
-from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.fsutil import sha256_file
 from stoker.pipeline.shards.idx import (
     IdxFormatError,
@@ -43,6 +40,8 @@ from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, 
 from stoker.pipeline.storage import Store, is_url, parse_storage_options, storage_errors
 
 from .errors import CheckFailed, UsageError
+from .imagecheck import ImageChecker
+from .results import Result
 
 HELP = "check shards against stoker.json: checksums, tar, .idx, and that every image decodes"
 
@@ -63,6 +62,53 @@ class ShardReport:
     problems: list[str] = field(default_factory=list)
 
 
+@dataclass
+class VerifyResult(Result):
+    """What :func:`verify` found; ``stoker verify`` prints :meth:`table`, then :meth:`problem_lines`
+    and :meth:`failure` (exit 1) or :meth:`summary`.
+
+    Attributes:
+        path: The folder or URL checked.
+        shards: One :class:`ShardReport` per shard, split by split.
+        ok: No shard has a problem.
+    """
+
+    path: str
+    shards: list[ShardReport]
+    ok: bool
+
+    @property
+    def problems(self) -> list[str]:
+        """Every problem found, each naming its shard (and sample)."""
+        return [p for r in self.shards for p in r.problems]
+
+    def table(self) -> str:
+        """One row per shard: samples, bytes, sha256 and .idx ok, images decoded, bad, skipped."""
+        w = max([len(f"{r.split}/{r.name}") for r in self.shards] + [5])
+        lines = [f"{'shard':{w}} {'samples':>8} {'bytes':>13} {'sha256':>6} {'idx':>4} {'decoded':>8} {'bad':>5} "
+                 f"{'skip':>5}"]
+        lines += [f"{r.split + '/' + r.name:{w}} {r.samples:>8,} {r.bytes:>13,} {'ok' if r.sha_ok else 'BAD':>6} "
+                  f"{'ok' if r.idx_ok else 'BAD':>4} {r.decoded:>8,} {r.bad:>5,} {r.skipped:>5,}" for r in self.shards]
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """The closing line of a clean check."""
+        return (f"ok: {len(self.shards)} shards, {sum(r.samples for r in self.shards):,} samples, "
+                f"{sum(r.decoded for r in self.shards):,} images decoded")
+
+    def problem_lines(self, limit: int = 50) -> list[str]:
+        """The first ``limit`` problems, indented, and how many more."""
+        problems = self.problems
+        more = [f"  ... and {len(problems) - limit} more"] if len(problems) > limit else []
+        return [f"  {p}" for p in problems[:limit]] + more
+
+    def failure(self) -> str:
+        """One line: how many problems in how many shards, and the first."""
+        problems = self.problems
+        bad = len({(r.split, r.name) for r in self.shards if r.problems})
+        return f"{len(problems)} problem(s) in {bad} shard(s); first: {problems[0]}" if problems else ""
+
+
 def find_splits(path: Path) -> list[Path]:
     """Split folders to check: ``path`` itself if it holds a manifest, else its
     subfolders that do."""
@@ -74,118 +120,6 @@ def find_splits(path: Path) -> list[Path]:
     if not splits:
         raise UsageError(f"no {MANIFEST_NAME} in {path} or its subfolders: is it a stoker pack?")
     return splits
-
-
-def decode_check(data: bytes, *, require_rgb: bool = True) -> Optional[str]:
-    """None when ``data`` decodes completely with pillow as the pil backend decodes it
-    (to an RGB image, if ``require_rgb``), else what is wrong."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()
-            if require_rgb and im.mode != "RGB":
-                return f"mode {im.mode}, not RGB"
-            if im.mode != "RGB":
-                im.convert("RGB")  # what the pil backend does with L, P, LA, CMYK ...
-    except Exception as e:  # noqa: BLE001 - any decoder failure is a finding, not a crash
-        return f"does not decode with pillow: {str(e).strip() or type(e).__name__}"
-    return None
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Silence native writes to fd 2 (DALI's image parser logs each bad image there)."""
-    try:
-        saved = os.dup(2)
-    except OSError:
-        yield
-        return
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-class ImageChecker:
-    """Decode images the way the Loader does and say which fail: the Loader's header guard
-    (:func:`~stoker.pipeline.shards.samples.image_size`), then pillow (the pil backend), then DALI's
-    CPU decoder when DALI is installed (a small CPU-only pipeline fed in batches).
-
-    Args:
-        require_rgb: a packed shard must hold RGB images; foreign ones only need to decode.
-        dali: use DALI (default: when installed).
-        batch_size: images per DALI run.
-    """
-
-    def __init__(self, *, require_rgb: bool = True, dali: Optional[bool] = None, batch_size: int = 32):
-        self.require_rgb, self.batch_size = require_rgb, batch_size
-        self.dali = HAS_DALI if dali is None else dali
-        self._pipe = None
-        self._feed: list = []
-
-    def check(self, datas: list[bytes]) -> list[Optional[str]]:
-        """One entry per image: None when every decoder reads it, else why not."""
-        from stoker.pipeline.shards.samples import image_size
-
-        out: list[Optional[str]] = []
-        for data in datas:
-            if image_size(data) is None:
-                out.append("fails the loader's header check (truncated, not a JPEG/PNG, or a JPEG kind "
-                           "the decoders do not read)")
-            else:
-                out.append(decode_check(data, require_rgb=self.require_rgb))
-        if self.dali:
-            todo = [k for k, why in enumerate(out) if why is None]
-            for s in range(0, len(todo), self.batch_size):
-                part = todo[s:s + self.batch_size]
-                for k, why in zip(part, self._dali_check([datas[k] for k in part])):
-                    out[k] = why
-        return out
-
-    def _build(self):
-        from nvidia.dali import fn, pipeline_def, types
-
-        @pipeline_def(batch_size=self.batch_size, num_threads=1, device_id=None, prefetch_queue_depth=1)
-        def decode_graph():
-            encoded = fn.external_source(source=lambda: self._feed, batch=True, dtype=types.UINT8)
-            return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
-
-        pipe = decode_graph()
-        pipe.build()
-        return pipe
-
-    def _run(self, datas: list[bytes]) -> None:
-        import numpy as np
-
-        if self._pipe is None:
-            self._pipe = self._build()
-        self._feed = [np.frombuffer(d, np.uint8) for d in datas]
-        try:
-            with _quiet_stderr():
-                self._pipe.run()
-        except Exception:
-            self._pipe = None  # a DALI pipeline is unusable after an error: rebuild it
-            raise
-
-    def _dali_check(self, datas: list[bytes]) -> list[Optional[str]]:
-        try:
-            self._run(datas)
-            return [None] * len(datas)
-        except Exception:  # noqa: BLE001 - find the failing image(s) one by one
-            pass
-        out: list[Optional[str]] = []
-        for data in datas:
-            try:
-                self._run([data])
-                out.append(None)
-            except Exception as e:  # noqa: BLE001
-                lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and "pipeline" not in ln.lower()]
-                out.append(f"does not decode with DALI: {(lines[-1] if lines else type(e).__name__)[:120]}")
-        return out
 
 
 def verify_shard(split_dir: str, split: str, info: ShardInfo, num_classes: int, check: Optional[list[int]],
@@ -337,27 +271,50 @@ def download_split(url: str, storage_options: dict, dest: Path) -> Path:
     return dest
 
 
-def main(args: argparse.Namespace) -> int:
-    if args.sample < 0 or args.workers < 1:
+def verify(path: str | Path, *, sample: int = 0, seed: int = 0, workers: Optional[int] = None,
+           storage_options: Optional[Mapping[str, Any]] = None, progress: bool = False) -> VerifyResult:
+    """Check the shards of a pack (all its splits) or of one split against their stoker.json.
+
+    Args:
+        path: A pack's OUT or one split folder: a path, or an fsspec URL (its shards are
+            downloaded to a temporary folder one split at a time).
+        sample: Decode this many random images per split instead of all (0: all); checksums
+            and indexes are always checked.
+        seed: Seed choosing the ``sample`` images.
+        workers: Processes checking shards in parallel (None: the CPU count).
+        storage_options: fsspec options of a URL ``path``.
+        progress: Show a progress bar on stderr.
+
+    Returns:
+        The :class:`VerifyResult`; ``ok`` is False when any shard has a problem.
+
+    Raises:
+        UsageError: A bad setting, or ``path`` is missing or holds no stoker.json.
+    """
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if sample < 0 or workers < 1:
         raise UsageError("--sample must be >= 0 and --workers >= 1")
-    if is_url(args.dir):
-        options = parse_storage_options(args.storage_option)
+    how = dict(sample=sample, seed=seed, workers=workers, progress=progress)
+    if is_url(path):
+        options = dict(storage_options or {})
         # one split at a time: the temporary copy is at most one split's size
         reports: list[ShardReport] = []
-        for url in remote_splits(args.dir, options):
+        for url in remote_splits(str(path), options):
             with tempfile.TemporaryDirectory(prefix="stoker-verify-") as tmp:
-                split_dir = download_split(url, options, Path(tmp) / url.rsplit("/", 1)[-1])
-                reports += _check([split_dir], args)
-        return _report(reports)
-    if args.storage_option:
-        raise UsageError(f"--storage-option is for a URL (s3://, gs://, https://, file://); {args.dir} is a local path")
-    root = Path(args.dir)
-    if not root.exists():
-        raise UsageError(f"{root} does not exist")
-    return _report(_check(find_splits(root), args))
+                reports += _check([download_split(url, options, Path(tmp) / url.rsplit("/", 1)[-1])], **how)
+    else:
+        if storage_options:
+            raise UsageError(f"--storage-option is for a URL (s3://, gs://, https://, file://); {path} is a "
+                             f"local path")
+        root = Path(path)
+        if not root.exists():
+            raise UsageError(f"{root} does not exist")
+        reports = _check(find_splits(root), **how)
+    return VerifyResult(path=str(path), shards=reports, ok=not any(r.problems for r in reports))
 
 
-def _check(split_dirs: list[Path], args: argparse.Namespace) -> list[ShardReport]:
+def _check(split_dirs: list[Path], *, sample: int, seed: int, workers: int, progress: bool
+           ) -> list[ShardReport]:
     from tqdm import tqdm
 
     jobs = []
@@ -368,9 +325,9 @@ def _check(split_dirs: list[Path], args: argparse.Namespace) -> list[ShardReport
             if isinstance(entry, (list, tuple)) and len(entry) in (2, 3):
                 skips.setdefault(entry[0], []).append(int(entry[1]))
         picks: dict[int, list[int]] = {}
-        if args.sample:
-            rng = random.Random(args.seed)
-            chosen = sorted(rng.sample(range(m.num_samples), min(args.sample, m.num_samples)))
+        if sample:
+            rng = random.Random(seed)
+            chosen = sorted(rng.sample(range(m.num_samples), min(sample, m.num_samples)))
             starts, acc = [], 0
             for s in m.shards:
                 starts.append(acc)
@@ -379,15 +336,15 @@ def _check(split_dirs: list[Path], args: argparse.Namespace) -> list[ShardReport
                 k = max(j for j, st in enumerate(starts) if st <= g)
                 picks.setdefault(k, []).append(g - starts[k])
         for k, s in enumerate(m.shards):
-            check = picks.get(k, []) if args.sample else None
+            check = picks.get(k, []) if sample else None
             jobs.append((str(split_dir), split_dir.name, s, len(m.classes), check, skips.get(s.name, []),
                          "indexed_by" not in m.pack))
     reports: list[ShardReport] = []
-    bar = tqdm(total=len(jobs), desc="verify", unit="shard", file=sys.stderr, disable=None if not args.quiet else True)
-    if args.workers > 1 and len(jobs) > 1:
+    bar = tqdm(total=len(jobs), desc="verify", unit="shard", file=sys.stderr, disable=None if progress else True)
+    if workers > 1 and len(jobs) > 1:
         import multiprocessing as mp
 
-        with mp.get_context(fork_method()).Pool(min(args.workers, len(jobs))) as pool:
+        with mp.get_context(fork_method()).Pool(min(workers, len(jobs))) as pool:
             for rep in pool.imap(_run, jobs):
                 reports.append(rep)
                 bar.update(1)
@@ -399,24 +356,13 @@ def _check(split_dirs: list[Path], args: argparse.Namespace) -> list[ShardReport
     return reports
 
 
-def _report(reports: list[ShardReport]) -> int:
-    _print_table(reports)
-    problems = [p for r in reports for p in r.problems]
-    if problems:
-        for p in problems[:50]:
-            print(f"  {p}", file=sys.stderr)
-        if len(problems) > 50:
-            print(f"  ... and {len(problems) - 50} more", file=sys.stderr)
-        raise CheckFailed(f"{len(problems)} problem(s) in {len({(r.split, r.name) for r in reports if r.problems})} "
-                          f"shard(s); first: {problems[0]}")
-    total = sum(r.samples for r in reports)
-    print(f"ok: {len(reports)} shards, {total:,} samples, {sum(r.decoded for r in reports):,} images decoded")
+def main(args: argparse.Namespace) -> int:
+    result = verify(args.dir, sample=args.sample, seed=args.seed, workers=args.workers,
+                    storage_options=parse_storage_options(args.storage_option), progress=not args.quiet)
+    print(result.table())
+    if not result.ok:
+        for line in result.problem_lines():
+            print(line, file=sys.stderr)
+        raise CheckFailed(result.failure())
+    print(result.summary())
     return 0
-
-
-def _print_table(reports: list[ShardReport]) -> None:
-    w = max([len(f"{r.split}/{r.name}") for r in reports] + [5])
-    print(f"{'shard':{w}} {'samples':>8} {'bytes':>13} {'sha256':>6} {'idx':>4} {'decoded':>8} {'bad':>5} {'skip':>5}")
-    for r in reports:
-        print(f"{r.split + '/' + r.name:{w}} {r.samples:>8,} {r.bytes:>13,} {'ok' if r.sha_ok else 'BAD':>6} "
-              f"{'ok' if r.idx_ok else 'BAD':>4} {r.decoded:>8,} {r.bad:>5,} {r.skipped:>5,}")
