@@ -25,9 +25,7 @@ example:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import io
 import json
 import os
 import shutil
@@ -59,15 +57,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "from PyPI; default: in this process, with this process's Pillow)")
     p.add_argument("--tmp", metavar="DIR", help="where to write the shards (default: the system temp folder)")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
-
-
-def _pack(src: Path, out: Path, **settings) -> None:
-    """Pack ``src`` into ``out``; ``settings`` are `stoker pack` flags as keywords (True: a bare flag)."""
-    # TODO(pack API): stoker.tools.pack.pack(src, out, **settings) once it lands
-    from .cli import run_command
-
-    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in settings.items()]
-    run_command(["pack", str(src), str(out), *flags])
 
 
 def _plain_subprocess(python: str, cfg: dict) -> dict:
@@ -110,11 +99,10 @@ def plain_pack(src: Path, out: Path, *, workers: int, short_side: int, quality: 
 
 def stoker_pack(src: Path, out: Path, *, workers: int, short_side: int, quality: int) -> int:
     """Pack ``src`` with ``stoker pack --reencode``; returns the number of samples."""
-    from stoker.pipeline.shards.manifest import Manifest
+    from .pack import pack
 
-    with contextlib.redirect_stdout(io.StringIO()):
-        _pack(src, out, reencode=True, short_side=short_side, quality=quality, workers=workers, quiet=True)
-    return Manifest.load(out / "train").num_samples
+    result = pack(src, out, reencode=True, short_side=short_side, quality=quality, workers=workers)
+    return result.splits["train"]["samples"]
 
 
 def link_image_folder(src: Path, dst: Path, limit: int = 0) -> int:

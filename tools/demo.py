@@ -62,15 +62,6 @@ def _generate(images: Path, *, per_class: int, val_per_class: int) -> None:
     os.replace(tmp, images)
 
 
-def _pack(src: Path, out: Path, **settings) -> None:
-    """Pack ``src`` into ``out`` (settings: `stoker pack` flags as keywords, True for a bare flag)."""
-    # TODO(pack API): stoker.tools.pack.pack(src, out, **settings) once it lands
-    from .cli import run_command
-
-    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in settings.items()]
-    run_command(["pack", str(src), str(out), *flags])
-
-
 @dataclasses.dataclass
 class DemoResult(Result):
     """What :func:`demo` did; :meth:`to_dict` is ``stoker demo --json``.
@@ -148,6 +139,8 @@ def demo(*, cache: str | Path | None = None, per_class: int = 200, epochs: int =
     from stoker.pipeline.deps import has_cuda
     from stoker.pipeline.shards.manifest import Manifest
 
+    from .pack import pack
+
     say = say or (lambda line: None)
     if tiny:
         per_class, epochs, bench_seconds, batch_size = 12, 1, 1.0, min(batch_size, 16)
@@ -168,9 +161,8 @@ def demo(*, cache: str | Path | None = None, per_class: int = 200, epochs: int =
     _generate(images, per_class=per_class, val_per_class=max(4, per_class // 5))
 
     say(f"[2/4] pack: {shards}")
-    _pack(images, shards, quiet=True)
-    train_m, val_m = Manifest.load(shards / "train"), Manifest.load(shards / "val")
-    rejects = (shards / "rejects.jsonl").read_text().splitlines() if (shards / "rejects.jsonl").exists() else []
+    packed = pack(images, shards)
+    classes = Manifest.load(shards / "train").classes
 
     say(f"[3/4] loader benchmark ({bench_seconds:g} s each, crop {crop}, batch {batch_size})")
     # On val: torchvision's ImageFolder would crash on the broken files planted in train/.
@@ -185,8 +177,8 @@ def demo(*, cache: str | Path | None = None, per_class: int = 200, epochs: int =
     keys = ("images_per_s", "data_wait", "val_top1", "val_top5", "val_samples", "train_loss", "steps", "seconds",
             "device", "amp")
     return DemoResult(images=str(images), shards=str(shards), run=str(run_dir),
-                      packed={"train": train_m.num_samples, "val": val_m.num_samples}, rejected=len(rejects),
-                      loader=loader, train={k: summary.get(k) for k in keys}, chance_top1=1 / len(train_m.classes),
+                      packed={split: t["samples"] for split, t in packed.splits.items()}, rejected=packed.rejected,
+                      loader=loader, train={k: summary.get(k) for k in keys}, chance_top1=1 / len(classes),
                       seconds=time.perf_counter() - t0)
 
 

@@ -8,7 +8,6 @@ ImageFolder so stoker can be measured on it.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -141,24 +140,15 @@ def backend_choice(requested: str, device: str) -> dict:
     return {"name": name, "why": why if requested == "auto" else f"--backend {requested}"}
 
 
-def _pack(src: Path, out: Path, **settings) -> None:
-    """Pack ``src`` into ``out``; ``settings`` are `stoker pack` flags as keywords (True: a bare flag)."""
-    # TODO(pack API): stoker.tools.pack.pack(src, out, **settings) once it lands
-    from .cli import run_command
-
-    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in settings.items()]
-    run_command(["pack", str(src), str(out), *flags])
-
-
 def pack_sample(root: Path, n: int, tmp: Path) -> Path:
     """Pack ``n`` random images of ImageFolder ``root`` (symlinked into ``tmp``) with the
     default settings; return the packed split folder."""
     from .bench_pack import link_image_folder
+    from .pack import pack
 
     src = tmp / "src"
     link_image_folder(root, src, n)
-    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the report (--json) alone
-        _pack(src, tmp / "out", quiet=True)
+    print(pack(src, tmp / "out").summary(), file=sys.stderr)  # stdout carries the report (--json) alone
     return tmp / "out" / "train"
 
 
