@@ -11,8 +11,6 @@ from typing import Optional, Sequence
 
 from stoker import StokerError, __version__
 
-from .errors import UsageError
-
 # name -> module (relative to stoker.tools); the order is the order in --help.
 COMMANDS = {
     "pack": "pack",
@@ -39,15 +37,6 @@ def get_args_parser() -> argparse.ArgumentParser:
         mod.add_arguments(p)
         p.set_defaults(_main=mod.main)
     return parser
-
-
-def run_command(argv: Sequence[str]) -> None:
-    """Run a subcommand in this process, parsed exactly as on the command line; its errors
-    propagate, and a non-zero exit becomes a :class:`UsageError` naming the command."""
-    args = get_args_parser().parse_args(list(argv))
-    rc = args._main(args)
-    if rc:
-        raise UsageError(f"`stoker {' '.join(argv)}` exited {rc}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -113,17 +113,12 @@ def _unpack(split: Path, dst: Path) -> None:
         idx.close()
 
 
-def _pack(src: Path, root: Path) -> None:
-    """Pack the ImageFolder ``src`` into ``root`` with the default settings, quietly."""
-    from .cli import run_command
-
-    run_command(["pack", str(src), str(root), "-q"])
-
-
 def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
     import shutil
 
     from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, check_shards
+
+    from .pack import pack
 
     out = Path(ctx["out"])
     data = Path(ctx["data"]) if ctx["data"] else None
@@ -161,7 +156,7 @@ def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
                 shutil.copyfile(path, dst)
     root = out / "packed"
     if not (root / "train" / MANIFEST_NAME).exists():
-        _pack(src, root)
+        pack(src, root)  # the default settings, quietly
     m = Manifest.load(root / "train")
     return {"split": str(root / "train"), "root": str(root), "samples": m.num_samples, "packed_here": True,
             "source": str(ctx["data"] or data), "images": len(files), "repeat": ctx["repeat"], "pack": m.pack}

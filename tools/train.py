@@ -89,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
     from .pack import parse_size
 
     try:
-        config = TrainConfig.from_any(args)
+        config = TrainConfig.from_any(vars(args))
         config.storage_options = parse_storage_options(args.storage_option) or None
         config.cache_limit = parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None
     except ValueError as e:

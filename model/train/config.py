@@ -118,10 +118,12 @@ class TrainConfig:
         return 5e-5 if self.optimizer == "sgd" else 0.05
 
     @classmethod
-    def from_any(cls, config: Union["TrainConfig", Mapping[str, Any], Any]) -> "TrainConfig":
-        """A TrainConfig from itself, a dict, or an argparse Namespace (unknown keys ignored)."""
+    def from_any(cls, config: Union["TrainConfig", Mapping[str, Any]]) -> "TrainConfig":
+        """A TrainConfig from itself or a dict of its fields (unknown keys ignored)."""
         if isinstance(config, cls):
             return dataclasses.replace(config)
-        d = dict(config) if isinstance(config, Mapping) else vars(config)
+        if not isinstance(config, Mapping):
+            raise TypeError(f"config must be a TrainConfig or a dict, not {type(config).__name__}")
+        d = dict(config)
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})

@@ -204,7 +204,7 @@ def train(config: Union[TrainConfig, Mapping[str, Any], Any], *,
     """Run a training and return its summary (every rank returns one; rank 0 wrote the files).
 
     Args:
-        config: A :class:`TrainConfig`, a dict or an argparse Namespace of its fields.
+        config: A :class:`TrainConfig`, or a dict of its fields.
         loader_factory: ``factory(path, *, batch_size, train, crop, device, seed, rank,
             world_size, backend, threads, drop_last, channels_last)`` returning an object with
             the :class:`stoker.pipeline.Loader` interface (``set_epoch``, ``__iter__`` yielding
