@@ -13,10 +13,10 @@ uint8 batches. The crop boxes and flips are ours too (:mod:`.augment`), so every
 resumed run see the same crops. A URL's shards come through the cache (:mod:`.cache`; block mode
 one window ahead: :mod:`.prefetch`).
 
-This module is the Loader and its DataLoader-shaped surface (``dataset``, ``sampler``,
-``batch_sampler``, the DataLoader arguments it explains); it stays one module past 400 lines
-because that is one object's contract: validation, epochs, resume state and iteration share
-the same few fields.
+This module is the Loader itself (its DataLoader-shaped views, ``dataset``, ``sampler`` and
+``batch_sampler``, are in :mod:`.dataloader_compat`); it stays one module past 400 lines because
+that is one object's contract: validation, epochs, resume state and iteration share the same
+few fields.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from stoker import StokerError
 from . import order
 from .backend import Runner, runner_class
 from .cache import ShardCache, is_url
+from .dataloader_compat import LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
 from .deps import BACKEND_NAMES, has_cuda, resolve_backend, usable_cores
 from .fsutil import PathLike
 from .prefetch import fetched_windows, group_by_window
@@ -141,7 +142,7 @@ class Loader:
         import torch
 
         if dataloader_kwargs:
-            raise ValueError(_habit_message(dataloader_kwargs))
+            raise ValueError(habit_message(dataloader_kwargs))
 
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
@@ -156,7 +157,7 @@ class Loader:
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch={prefetch!r} must be a positive integer")
         if isinstance(shuffle, bool):  # a DataLoader habit: the order is ours, not a flag
-            raise ValueError(_habit_message({"shuffle": shuffle}))
+            raise ValueError(habit_message({"shuffle": shuffle}))
         if shuffle not in SHUFFLES:
             raise ValueError(f"shuffle={shuffle!r} must be one of {SHUFFLES}")
         if not isinstance(block_shards, int) or block_shards < 1:
@@ -560,108 +561,6 @@ class LoaderIterator:
 
 class LoaderError(StokerError, RuntimeError):
     """A Loader used in a way it cannot serve (an iterator replaced by a newer one)."""
-
-
-class LoaderDataset:
-    """``loader.dataset``: the split seen as a dataset, for code that reads ``len(dataset)``,
-    ``dataset.classes`` or ``dataset.class_to_idx``. Samples are decoded in whole batches by
-    the Loader, so there is no per-sample ``dataset[i]``."""
-
-    def __init__(self, loader: Loader):
-        self._loader = loader
-
-    def __len__(self) -> int:
-        return self._loader.num_samples
-
-    @property
-    def classes(self) -> list:
-        return list(self._loader.index.manifest.classes)
-
-    @property
-    def class_to_idx(self) -> dict:
-        return {name: i for i, name in enumerate(self._loader.index.manifest.classes)}
-
-    @property
-    def root(self) -> Path:
-        return self._loader.path
-
-    def __getitem__(self, i: int):
-        raise TypeError(f"loader.dataset[{i!r}]: stoker's Loader decodes whole batches, there is no per-sample "
-                        "access; iterate the Loader, or read raw samples with "
-                        f"stoker.pipeline.shards.samples.open_split({str(self._loader.path)!r})")
-
-    def __repr__(self) -> str:
-        return f"LoaderDataset({str(self._loader.path)!r}, samples={len(self)}, classes={len(self.classes)})"
-
-
-class LoaderSampler:
-    """``loader.sampler``: this rank's sample positions for the current epoch, in order."""
-
-    def __init__(self, loader: Loader):
-        self._loader = loader
-
-    def set_epoch(self, epoch: int) -> None:
-        self._loader.set_epoch(epoch)
-
-    @property
-    def epoch(self) -> int:
-        return self._loader.epoch
-
-    def __len__(self) -> int:
-        return self._loader._rank_count()
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._loader.indices().tolist())
-
-
-class LoaderBatchSampler(LoaderSampler):
-    """``loader.batch_sampler``: this rank's batches (lists of sample positions) this epoch."""
-
-    @property
-    def batch_size(self) -> int:
-        return self._loader.batch_size
-
-    @property
-    def drop_last(self) -> bool:
-        return self._loader.drop_last
-
-    @property
-    def sampler(self) -> LoaderSampler:
-        return LoaderSampler(self._loader)
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __iter__(self) -> Iterator[list]:
-        loader = self._loader
-        idx, stop, size = loader.indices(), loader._epoch_stop(), loader.batch_size
-        return (idx[s:min(s + size, stop)].tolist() for s in range(0, stop, size))
-
-
-#: torch DataLoader arguments people pass out of habit -> what the Loader takes instead
-_DATALOADER_HABITS = {
-    "num_workers": "threads=N (decode threads; default: all usable cores)",
-    "shuffle": "train=True (a fresh global permutation every epoch) or train=False (stored order); "
-               "shuffle='block' (shards permuted, samples within windows of shards) for a bounded cache",
-    "pin_memory": "device='cuda' (batches arrive on the device already)",
-    "persistent_workers": "nothing (the Loader keeps its pipeline across epochs)",
-    "prefetch_factor": "prefetch=N (batches prepared ahead)",
-    "sampler": "seed=, rank=, world_size= (the Loader orders and splits samples itself)",
-    "batch_sampler": "batch_size= and drop_last= (the Loader orders and splits samples itself)",
-    "collate_fn": "nothing (batches are uint8 images and int64 labels; transform them on the device)",
-    "worker_init_fn": "nothing (decode runs in the Loader's own threads)",
-    "generator": "seed=N",
-    "timeout": "nothing",
-    "multiprocessing_context": "nothing",
-}
-
-
-def _habit_message(kwargs: dict) -> str:
-    unknown = sorted(set(kwargs) - set(_DATALOADER_HABITS))
-    if unknown:
-        raise TypeError(f"Loader() got an unexpected keyword argument {unknown[0]!r}")
-    return "; ".join(f"{name}= is a torch DataLoader argument: stoker's Loader takes {_DATALOADER_HABITS[name]}"
-                     for name in kwargs)
 
 
 def _non_negative(value: Any, name: str) -> int:

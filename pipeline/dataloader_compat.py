@@ -1,0 +1,116 @@
+"""The DataLoader-shaped views of a :class:`~.loader.Loader`, for training code written
+against ``torch.utils.data.DataLoader``: ``loader.dataset`` (``len``, ``classes``,
+``class_to_idx``), ``loader.sampler`` and ``loader.batch_sampler`` (whose ``set_epoch`` sets
+the Loader's epoch, as DistributedSampler's does), and the one-line answer to a DataLoader
+argument passed out of habit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from .loader import Loader
+
+
+class LoaderDataset:
+    """``loader.dataset``: the split seen as a dataset, for code that reads ``len(dataset)``,
+    ``dataset.classes`` or ``dataset.class_to_idx``. Samples are decoded in whole batches by
+    the Loader, so there is no per-sample ``dataset[i]``."""
+
+    def __init__(self, loader: Loader):
+        self._loader = loader
+
+    def __len__(self) -> int:
+        return self._loader.num_samples
+
+    @property
+    def classes(self) -> list:
+        return list(self._loader.index.manifest.classes)
+
+    @property
+    def class_to_idx(self) -> dict:
+        return {name: i for i, name in enumerate(self._loader.index.manifest.classes)}
+
+    @property
+    def root(self) -> Path:
+        return self._loader.path
+
+    def __getitem__(self, i: int):
+        raise TypeError(f"loader.dataset[{i!r}]: stoker's Loader decodes whole batches, there is no per-sample "
+                        "access; iterate the Loader, or read raw samples with "
+                        f"stoker.pipeline.shards.samples.open_split({str(self._loader.path)!r})")
+
+    def __repr__(self) -> str:
+        return f"LoaderDataset({str(self._loader.path)!r}, samples={len(self)}, classes={len(self.classes)})"
+
+
+class LoaderSampler:
+    """``loader.sampler``: this rank's sample positions for the current epoch, in order."""
+
+    def __init__(self, loader: Loader):
+        self._loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self._loader.epoch
+
+    def __len__(self) -> int:
+        return self._loader._rank_count()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._loader.indices().tolist())
+
+
+class LoaderBatchSampler(LoaderSampler):
+    """``loader.batch_sampler``: this rank's batches (lists of sample positions) this epoch."""
+
+    @property
+    def batch_size(self) -> int:
+        return self._loader.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._loader.drop_last
+
+    @property
+    def sampler(self) -> LoaderSampler:
+        return LoaderSampler(self._loader)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self) -> Iterator[list]:
+        loader = self._loader
+        idx, stop, size = loader.indices(), loader._epoch_stop(), loader.batch_size
+        return (idx[s:min(s + size, stop)].tolist() for s in range(0, stop, size))
+
+
+#: torch DataLoader arguments people pass out of habit -> what the Loader takes instead
+_DATALOADER_HABITS = {
+    "num_workers": "threads=N (decode threads; default: all usable cores)",
+    "shuffle": "train=True (a fresh global permutation every epoch) or train=False (stored order); "
+               "shuffle='block' (shards permuted, samples within windows of shards) for a bounded cache",
+    "pin_memory": "device='cuda' (batches arrive on the device already)",
+    "persistent_workers": "nothing (the Loader keeps its pipeline across epochs)",
+    "prefetch_factor": "prefetch=N (batches prepared ahead)",
+    "sampler": "seed=, rank=, world_size= (the Loader orders and splits samples itself)",
+    "batch_sampler": "batch_size= and drop_last= (the Loader orders and splits samples itself)",
+    "collate_fn": "nothing (batches are uint8 images and int64 labels; transform them on the device)",
+    "worker_init_fn": "nothing (decode runs in the Loader's own threads)",
+    "generator": "seed=N",
+    "timeout": "nothing",
+    "multiprocessing_context": "nothing",
+}
+
+
+def habit_message(kwargs: dict) -> str:
+    """What to pass instead of each DataLoader argument in ``kwargs``; TypeError for any other."""
+    unknown = sorted(set(kwargs) - set(_DATALOADER_HABITS))
+    if unknown:
+        raise TypeError(f"Loader() got an unexpected keyword argument {unknown[0]!r}")
+    return "; ".join(f"{name}= is a torch DataLoader argument: stoker's Loader takes {_DATALOADER_HABITS[name]}"
+                     for name in kwargs)
