@@ -40,8 +40,13 @@ def get_args_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = get_args_parser().parse_args(argv)
     accelerator = Accelerator(cpu=args.cpu)
-    kw = {"batch_size": args.batch_size, "crop": args.crop, "device": accelerator.device,
-          "rank": accelerator.process_index, "world_size": accelerator.num_processes}
+    kw = {
+        "batch_size": args.batch_size,
+        "crop": args.crop,
+        "device": accelerator.device,
+        "rank": accelerator.process_index,
+        "world_size": accelerator.num_processes,
+    }
     train = Loader(f"{args.data}/train", train=True, **kw)
     val = Loader(f"{args.data}/val", train=False, **kw)
     net = torchvision.models.get_model(args.arch, num_classes=len(train.dataset.classes))

@@ -65,9 +65,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     dm = StokerDataModule(args.data, batch_size=args.batch_size, crop=args.crop)
     module = Classifier(args.arch, num_classes=dm.num_classes)
     devices = int(args.devices) if args.devices.isdigit() else args.devices
-    trainer = pl.Trainer(max_epochs=args.epochs, accelerator=args.accelerator, devices=devices,
-                         strategy=args.strategy, limit_train_batches=args.limit_train_batches,
-                         logger=False, enable_checkpointing=False)
+    trainer = pl.Trainer(
+        max_epochs=args.epochs,
+        accelerator=args.accelerator,
+        devices=devices,
+        strategy=args.strategy,
+        limit_train_batches=args.limit_train_batches,
+        logger=False,
+        enable_checkpointing=False,
+    )
     trainer.fit(module, datamodule=dm)
     return {"global_step": trainer.global_step, "val_acc": float(trainer.callback_metrics["val_acc"])}
 

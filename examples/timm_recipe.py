@@ -72,8 +72,14 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                     seen += len(labels)
             accuracy = correct / seen
             print(f"epoch {epoch}: {steps} steps, val acc {accuracy:.3f} over {seen} images")
-    return {"steps": steps, "val_seen": seen, "val_acc": accuracy, "crop": crop,
-            "mean": list(cfg["mean"]), "std": list(cfg["std"])}
+    return {
+        "steps": steps,
+        "val_seen": seen,
+        "val_acc": accuracy,
+        "crop": crop,
+        "mean": list(cfg["mean"]),
+        "std": list(cfg["std"]),
+    }
 
 
 if __name__ == "__main__":

@@ -15,16 +15,31 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 _EXPORTS = {
-    "IMAGENET_MEAN": "normalize", "IMAGENET_STD": "normalize", "Normalize": "normalize",
+    "IMAGENET_MEAN": "normalize",
+    "IMAGENET_STD": "normalize",
+    "Normalize": "normalize",
     "with_normalize": "normalize",
-    "InceptionNet": "nets", "build_model": "nets", "count_parameters": "nets",
+    "InceptionNet": "nets",
+    "build_model": "nets",
+    "count_parameters": "nets",
     "measure_model": "throughput",
-    "CheckpointError": "checkpoint", "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint",
+    "CheckpointError": "checkpoint",
+    "save_checkpoint": "checkpoint",
+    "load_checkpoint": "checkpoint",
 }
 
 __all__ = [
-    "IMAGENET_MEAN", "IMAGENET_STD", "Normalize", "with_normalize", "InceptionNet", "build_model",
-    "count_parameters", "measure_model", "CheckpointError", "save_checkpoint", "load_checkpoint",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "Normalize",
+    "with_normalize",
+    "InceptionNet",
+    "build_model",
+    "count_parameters",
+    "measure_model",
+    "CheckpointError",
+    "save_checkpoint",
+    "load_checkpoint",
 ]
 
 if TYPE_CHECKING:

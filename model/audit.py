@@ -116,8 +116,10 @@ class ModelAudit:
             name = la.name or "(root)"
             lines.append(f"{name[:32]:<32} {la.kind[:18]:<18} {la.params:>12,} {la.param_share:>6.1%} {gf}{mark}")
         gf_total = f"{self.flops_per_image / 1e9:.3f}" if self.flops_per_image is not None else "?"
-        lines.append(f"total: {self.total_params:,} parameters, {gf_total} GFLOPs forward per "
-                     f"{'x'.join(map(str, self.input_size))} image")
+        lines.append(
+            f"total: {self.total_params:,} parameters, {gf_total} GFLOPs forward per "
+            f"{'x'.join(map(str, self.input_size))} image"
+        )
         return "\n".join(lines)
 
 
@@ -137,6 +139,7 @@ def _count_flops(model: nn.Module, input_size: Sequence[int], input_dtype: torch
         def record(module, args, out):
             if isinstance(out, torch.Tensor):
                 shapes[path] = list(out.shape[1:])
+
         return record
 
     handles = [m.register_forward_hook(hook(path)) for path, m in model.named_modules()]
@@ -149,8 +152,10 @@ def _count_flops(model: nn.Module, input_size: Sequence[int], input_dtype: torch
                 counter = FlopCounterMode(display=False, depth=None)
                 if method == "meta":
                     # Swap every tensor for a meta twin: nothing computed, no weights copied.
-                    state = {k: torch.empty_like(v, device="meta")
-                             for k, v in list(model.named_parameters()) + list(model.named_buffers())}
+                    state = {
+                        k: torch.empty_like(v, device="meta")
+                        for k, v in list(model.named_parameters()) + list(model.named_buffers())
+                    }
                     x = _example(input_size, input_dtype, "meta")
                     with counter, torch.no_grad():
                         torch.func.functional_call(model, state, (x,))
@@ -168,7 +173,7 @@ def _count_flops(model: nn.Module, input_size: Sequence[int], input_dtype: torch
                     if key == root:
                         path = ""
                     elif key.startswith(root + "."):
-                        path = key[len(root) + 1:]
+                        path = key[len(root) + 1 :]
                     else:
                         continue
                     per_module[path] = int(sum(ops.values()))
@@ -191,9 +196,14 @@ def _example(input_size: Sequence[int], dtype: torch.dtype, device) -> torch.Ten
     return torch.randn(shape, dtype=dtype, device=device)
 
 
-def audit_model(model: nn.Module, *, input_size: Sequence[int] = (3, 224, 224),
-                input_dtype: torch.dtype = torch.float32, dominant_share: float = 0.5,
-                count_flops: bool = True) -> ModelAudit:
+def audit_model(
+    model: nn.Module,
+    *,
+    input_size: Sequence[int] = (3, 224, 224),
+    input_dtype: torch.dtype = torch.float32,
+    dominant_share: float = 0.5,
+    count_flops: bool = True,
+) -> ModelAudit:
     """Audit ``model``'s parameters per layer and its FLOPs per image.
 
     Args:
@@ -236,24 +246,47 @@ def audit_model(model: nn.Module, *, input_size: Sequence[int] = (3, 224, 224),
     full_res = None
     if flops_total and len(input_size) == 3:
         leaves = [p for p, m in modules.items() if not any(True for _ in m.children())]
-        done = sum(per_module.get(p, 0) for p in leaves
-                   if len(shapes.get(p, ())) == 3 and tuple(shapes[p][-2:]) == input_size[-2:])
+        done = sum(
+            per_module.get(p, 0)
+            for p in leaves
+            if len(shapes.get(p, ())) == 3 and tuple(shapes[p][-2:]) == input_size[-2:]
+        )
         full_res = done / flops_total
     layers = []
     for path, n in owned.items():
         mod = modules[path]
         f = per_module.get(path, 0 if flops_total is not None else None)
-        layers.append(LayerAudit(
-            name=path, kind=type(mod).__name__, detail=mod.extra_repr(), params=n,
-            param_share=n / total if total else 0.0, flops=f,
-            flop_share=(f / flops_total) if (f is not None and flops_total) else None,
-            out_shape=shapes.get(path)))
+        layers.append(
+            LayerAudit(
+                name=path,
+                kind=type(mod).__name__,
+                detail=mod.extra_repr(),
+                params=n,
+                param_share=n / total if total else 0.0,
+                flops=f,
+                flop_share=(f / flops_total) if (f is not None and flops_total) else None,
+                out_shape=shapes.get(path),
+            )
+        )
     layers.sort(key=lambda la: (-la.params, la.name))
 
     dominant = layers[0] if layers and layers[0].param_share >= dominant_share else None
-    flatten_head = bool(dominant is not None and isinstance(modules[dominant.name], nn.Linear)
-                        and modules[dominant.name].in_features >= _FLATTEN_HEAD_MIN_IN)
-    return ModelAudit(model=type(model).__name__, total_params=total, trainable_params=trainable,
-                      input_size=input_size, flops_per_image=flops_total, flop_method=method,
-                      layers=layers, dominant=dominant, dominant_share=dominant_share,
-                      flatten_head=flatten_head, full_res_flop_share=full_res, flop_error=err)
+    flatten_head = bool(
+        dominant is not None
+        and isinstance(modules[dominant.name], nn.Linear)
+        and modules[dominant.name].in_features >= _FLATTEN_HEAD_MIN_IN
+    )
+    return ModelAudit(
+        model=type(model).__name__,
+        total_params=total,
+        trainable_params=trainable,
+        input_size=input_size,
+        flops_per_image=flops_total,
+        flop_method=method,
+        layers=layers,
+        dominant=dominant,
+        dominant_share=dominant_share,
+        flatten_head=flatten_head,
+        full_res_flop_share=full_res,
+        flop_error=err,
+    )

@@ -44,8 +44,10 @@ class ReportNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-2:] != (self.image_size, self.image_size):
-            raise ValueError(f"ReportNet(image_size={self.image_size}) needs {self.image_size}x{self.image_size} "
-                             f"input, got {tuple(x.shape[-2:])}")
+            raise ValueError(
+                f"ReportNet(image_size={self.image_size}) needs {self.image_size}x{self.image_size} "
+                f"input, got {tuple(x.shape[-2:])}"
+            )
         return self.fc(torch.flatten(self.pool(self.block(x)), 1))
 
 

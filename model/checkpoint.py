@@ -102,8 +102,7 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def load_checkpoint(path: PathLike, *, arch: Optional[str] = None,
-                    num_outputs: Optional[int] = None) -> dict[str, Any]:
+def load_checkpoint(path: PathLike, *, arch: Optional[str] = None, num_outputs: Optional[int] = None) -> dict[str, Any]:
     """Read and verify a checkpoint (on the CPU) without executing pickled code.
 
     Args:
@@ -122,14 +121,17 @@ def load_checkpoint(path: PathLike, *, arch: Optional[str] = None,
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... on bad files
         if "weights_only" in str(e) or "Unsupported global" in str(e):
-            raise CheckpointError(f"{path}: refused: it holds pickled objects other than tensors and plain data "
-                                  f"(loaded with weights_only=True)") from None
+            raise CheckpointError(
+                f"{path}: refused: it holds pickled objects other than tensors and plain data "
+                f"(loaded with weights_only=True)"
+            ) from None
         raise CheckpointError(f"{path}: not a readable checkpoint ({_one_line(e)})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a stoker checkpoint (no '{FORMAT}' marker)")
     if state.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint version {state.get('version')!r} is not supported "
-                              f"(expected {VERSION})")
+        raise CheckpointError(
+            f"{path}: checkpoint version {state.get('version')!r} is not supported (expected {VERSION})"
+        )
     try:
         ok = state.get("digest") == digest(state)
     except TypeError as e:
@@ -144,8 +146,9 @@ def load_checkpoint(path: PathLike, *, arch: Optional[str] = None,
     return state
 
 
-def load_model_state(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], *,
-                     source: str = "checkpoint") -> None:
+def load_model_state(
+    model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], *, source: str = "checkpoint"
+) -> None:
     """``model.load_state_dict(strict=True)`` with a one-line :class:`CheckpointError` on mismatch."""
     own = model.state_dict()
     missing = [k for k in own if k not in state_dict]
@@ -159,13 +162,15 @@ def load_model_state(model: torch.nn.Module, state_dict: Mapping[str, torch.Tens
             parts.append(f"{len(unexpected)} unexpected keys (e.g. {unexpected[0]})")
         if shapes:
             k = shapes[0]
-            parts.append(f"{len(shapes)} shape mismatches "
-                         f"(e.g. {k}: {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)})")
+            parts.append(
+                f"{len(shapes)} shape mismatches (e.g. {k}: {tuple(state_dict[k].shape)} vs {tuple(own[k].shape)})"
+            )
         raise CheckpointError(f"{source}: does not fit this model (a different architecture?): {'; '.join(parts)}")
     model.load_state_dict(state_dict, strict=True)
 
 
 # --- RNG states as plain data (weights_only-loadable: no numpy arrays, no tuples of objects)
+
 
 def rng_state() -> dict[str, Any]:
     """Python, NumPy, torch CPU and CUDA generator states."""
@@ -173,8 +178,13 @@ def rng_state() -> dict[str, Any]:
     np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     return {
         "python": {"version": py[0], "state": list(py[1]), "gauss": py[2]},
-        "numpy": {"name": np_name, "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
-                  "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+        "numpy": {
+            "name": np_name,
+            "keys": torch.from_numpy(np_keys.astype(np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "gauss": float(np_gauss),
+        },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
     }

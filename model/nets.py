@@ -61,15 +61,19 @@ class InceptionNet(nn.Module):
         dropout: Dropout before the head (0 disables it).
     """
 
-    def __init__(self, num_classes: int = 1000, *, in_channels: int = 3, stem: bool = True,
-                 dropout: float = 0.0) -> None:
+    def __init__(
+        self, num_classes: int = 1000, *, in_channels: int = 3, stem: bool = True, dropout: float = 0.0
+    ) -> None:
         super().__init__()
         if num_classes < 1:
             raise ValueError(f"num_classes={num_classes} must be >= 1")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout={dropout} must be in [0, 1)")
-        self.stem = (nn.Sequential(ConvBNReLU(in_channels, 32, 3, stride=2), ConvBNReLU(32, 64, 3, stride=2))
-                     if stem else nn.Identity())
+        self.stem = (
+            nn.Sequential(ConvBNReLU(in_channels, 32, 3, stride=2), ConvBNReLU(32, 64, 3, stride=2))
+            if stem
+            else nn.Identity()
+        )
         self.block = InceptionBlock(64 if stem else in_channels)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()

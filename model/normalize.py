@@ -61,8 +61,9 @@ class Normalize(nn.Module):
         return f"mean={m}, std={s}"
 
 
-def with_normalize(net: nn.Module, mean: Sequence[float] = IMAGENET_MEAN,
-                   std: Sequence[float] = IMAGENET_STD) -> nn.Sequential:
+def with_normalize(
+    net: nn.Module, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
+) -> nn.Sequential:
     """``net`` with :class:`Normalize` in front, so it takes the loader's uint8 batches.
 
     Returns ``nn.Sequential(normalize=Normalize(mean, std), net=net)``; state_dict keys of

@@ -26,10 +26,19 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_model(model: nn.Module, *, batch_size: int = 64, image_size: int = 224,
-                  device: Union[str, torch.device] = "auto", amp: str = "off", channels_last: bool = False,
-                  compile: bool = False, seconds: float = 3.0, steps_min: int = 5,
-                  warmup_steps: int = 3) -> dict[str, Any]:
+def measure_model(
+    model: nn.Module,
+    *,
+    batch_size: int = 64,
+    image_size: int = 224,
+    device: Union[str, torch.device] = "auto",
+    amp: str = "off",
+    channels_last: bool = False,
+    compile: bool = False,
+    seconds: float = 3.0,
+    steps_min: int = 5,
+    warmup_steps: int = 3,
+) -> dict[str, Any]:
     """Images/s of forward + backward + SGD step on one synthetic uint8 batch.
 
     A deep copy of ``model`` is trained (the caller's model is left untouched), with
@@ -61,8 +70,9 @@ def measure_model(model: nn.Module, *, batch_size: int = 64, image_size: int = 2
     if batch_size < 1 or image_size < 1:
         raise ValueError(f"batch_size={batch_size} and image_size={image_size} must be >= 1")
     if seconds < 0 or steps_min < 1 or warmup_steps < 1:
-        raise ValueError(f"seconds={seconds}, steps_min={steps_min}, warmup_steps={warmup_steps}: "
-                         f"need >= 0, >= 1, >= 1")
+        raise ValueError(
+            f"seconds={seconds}, steps_min={steps_min}, warmup_steps={warmup_steps}: need >= 0, >= 1, >= 1"
+        )
     dev = resolve_device(str(device))
     spec = resolve_amp(amp, dev)
     mf = torch.channels_last if channels_last else torch.contiguous_format
@@ -89,8 +99,9 @@ def measure_model(model: nn.Module, *, batch_size: int = 64, image_size: int = 2
     opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, fused=dev.type == "cuda")
     fwd = torch.compile(net) if compile else net
     # C > 1 outputs: cross-entropy; one output: the case study's regression (MSE)
-    train_step = TrainStep(fwd, opt, loss_fn("classify" if num_out > 1 else "regress"), amp=spec,
-                           scaler=make_scaler(spec))
+    train_step = TrainStep(
+        fwd, opt, loss_fn("classify" if num_out > 1 else "regress"), amp=spec, scaler=make_scaler(spec)
+    )
 
     def step() -> torch.Tensor:
         return train_step(x, y)

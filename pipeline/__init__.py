@@ -12,4 +12,5 @@ def __getattr__(name: str):
         return Loader
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "Loader", "Manifest", "ManifestError", "ShardInfo"]

@@ -40,9 +40,15 @@ def uniforms(ids: np.ndarray, n: int, *, seed: int, epoch: int) -> np.ndarray:
     return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def random_resized_crop(wh: np.ndarray, ids: np.ndarray, *, seed: int, epoch: int,
-                        scale: tuple[float, float] = SCALE,
-                        ratio: tuple[float, float] = RATIO) -> tuple[np.ndarray, np.ndarray]:
+def random_resized_crop(
+    wh: np.ndarray,
+    ids: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    scale: tuple[float, float] = SCALE,
+    ratio: tuple[float, float] = RATIO,
+) -> tuple[np.ndarray, np.ndarray]:
     """Crop boxes and flips for a batch, with torchvision ``RandomResizedCrop.get_params``
     semantics (10 attempts, then the fallback center crop).
 
@@ -57,7 +63,7 @@ def random_resized_crop(wh: np.ndarray, ids: np.ndarray, *, seed: int, epoch: in
     W = wh[:, 0:1].astype(np.float64)
     H = wh[:, 1:2].astype(np.float64)
     u = uniforms(ids, 4 * ATTEMPTS + 1, seed=seed, epoch=epoch)
-    ua, ur, ui, uj = (u[:, k * ATTEMPTS:(k + 1) * ATTEMPTS] for k in range(4))
+    ua, ur, ui, uj = (u[:, k * ATTEMPTS : (k + 1) * ATTEMPTS] for k in range(4))
     area = W * H * (scale[0] + ua * (scale[1] - scale[0]))
     lo, hi = math.log(ratio[0]), math.log(ratio[1])
     aspect = np.exp(lo + ur * (hi - lo))
@@ -76,8 +82,9 @@ def random_resized_crop(wh: np.ndarray, ids: np.ndarray, *, seed: int, epoch: in
     fw = np.where(in_ratio < ratio[0], Wf, np.where(in_ratio > ratio[1], np.rint(Hf * ratio[1]), Wf))
     fh = np.where(in_ratio < ratio[0], np.rint(Wf / ratio[0]), Hf)
     fx, fy = np.floor((Wf - fw) / 2), np.floor((Hf - fh) / 2)
-    boxes = np.stack([np.where(found, bx, fx), np.where(found, by, fy),
-                      np.where(found, bw, fw), np.where(found, bh, fh)], axis=1).astype(np.int64)
+    boxes = np.stack(
+        [np.where(found, bx, fx), np.where(found, by, fy), np.where(found, bw, fw), np.where(found, bh, fh)], axis=1
+    ).astype(np.int64)
     flip = u[:, -1] < 0.5
     return boxes, flip
 

@@ -100,13 +100,20 @@ class ShardCache:
             stay under it. ``None``: no limit.
     """
 
-    def __init__(self, url: str, *, storage_options: Optional[dict] = None,
-                 cache_dir: Optional[PathLike] = None, cache_limit: Optional[int] = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: Optional[dict] = None,
+        cache_dir: Optional[PathLike] = None,
+        cache_limit: Optional[int] = None,
+    ):
         self.url = str(url).rstrip("/")
         self.fs, self.root = storage.filesystem(self.url, storage_options)
         self.root = str(self.root).rstrip("/")
-        self.dir = (Path(cache_dir).expanduser() if cache_dir is not None
-                    else default_cache_dir(self.url, storage_options))
+        self.dir = (
+            Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir(self.url, storage_options)
+        )
         self.cache_limit = cache_limit
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -131,8 +138,9 @@ class ShardCache:
         try:
             data = self._fetch_bytes(remote, MANIFEST_NAME)
         except FileNotFoundError:
-            raise ManifestError(f"no {MANIFEST_NAME} at {self.url}: pack it with `stoker pack` "
-                                "(or check the URL)") from None
+            raise ManifestError(
+                f"no {MANIFEST_NAME} at {self.url}: pack it with `stoker pack` (or check the URL)"
+            ) from None
         local = self.dir / MANIFEST_NAME
         if not local.exists() or local.read_bytes() != data:
             with self._disk(MANIFEST_NAME), atomic_write(local) as f:
@@ -172,8 +180,9 @@ class ShardCache:
             try:
                 data = self._fetch_bytes(f"{self.root}/{name}", name)
             except FileNotFoundError:
-                raise ManifestError(f"index {self.url}/{name} is missing (run `stoker index` on the split "
-                                    "and upload it)") from None
+                raise ManifestError(
+                    f"index {self.url}/{name} is missing (run `stoker index` on the split and upload it)"
+                ) from None
             with self._disk(name):
                 with atomic_write(self.dir / name) as f:
                     f.write(data)
@@ -288,12 +297,16 @@ class ShardCache:
                     f.write(f"{info.sha256} {info.bytes} {st.st_mtime_ns}\n")
                 return
             _unlink(tmp)
-            mismatch = (f"got {n:,} bytes with sha256 {h.hexdigest()[:16]}..., the manifest says "
-                        f"{info.bytes:,} bytes with sha256 {info.sha256[:16]}...")
+            mismatch = (
+                f"got {n:,} bytes with sha256 {h.hexdigest()[:16]}..., the manifest says "
+                f"{info.bytes:,} bytes with sha256 {info.sha256[:16]}..."
+            )
         if mismatch.startswith("download failed"):
             raise CacheError(f"cannot fetch shard {name} from {url} after {ATTEMPTS} attempts: {mismatch[17:]}")
-        raise CacheError(f"shard {name} at {url} does not match its {MANIFEST_NAME} ({mismatch}): refused; "
-                         "re-upload the shard or re-pack the split")
+        raise CacheError(
+            f"shard {name} at {url} does not match its {MANIFEST_NAME} ({mismatch}): refused; "
+            "re-upload the shard or re-pack the split"
+        )
 
     def _open_kwargs(self) -> dict:
         # stream the object front to back: no range requests (a plain HTTP server need not
@@ -374,9 +387,11 @@ class ShardCache:
             yield
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise CacheError(f"the shard cache {self.dir} is full: cannot write {name} from {self.url} "
-                                 "(free space there, or pass cache_dir= on a larger disk or a smaller "
-                                 "cache_limit= with shuffle='block')") from None
+                raise CacheError(
+                    f"the shard cache {self.dir} is full: cannot write {name} from {self.url} "
+                    "(free space there, or pass cache_dir= on a larger disk or a smaller "
+                    "cache_limit= with shuffle='block')"
+                ) from None
             raise
 
     def _parallel(self, fn, items: list) -> None:
@@ -409,8 +424,9 @@ def _unlink(path: Path) -> None:
 __all__ = ["CHUNK", "CacheError", "ShardCache", "default_cache_dir", "is_url", "read_manifest"]
 
 
-def local_copy(split: Union[PathLike, str], storage_options: Optional[dict] = None,
-               cache_dir: Optional[PathLike] = None) -> Path:
+def local_copy(
+    split: Union[PathLike, str], storage_options: Optional[dict] = None, cache_dir: Optional[PathLike] = None
+) -> Path:
     """The folder to read ``split`` from: a local split as it is, a URL fetched whole into the
     shard cache (checked against its manifest). For tools that read every shard (bench,
     diagnose); the Loader streams through :class:`ShardCache` itself."""

@@ -47,10 +47,17 @@ class DaliRunner(ProducerThread):
 
             device_id = ld.device.index if ld.device.index is not None else torch.cuda.current_device()
         self.pipe = build_pipeline(
-            self._source, batch_size=ld.batch_size, crop=ld.crop, decode=ld.decode,
-            threads=max(1, ld.threads), prefetch=ld.prefetch, device_id=device_id,
-            hw_decoder_load=ld.hw_decoder_load, resize=self.resize_in_graph,
-            layout="HWC" if ld.channels_last else "CHW")
+            self._source,
+            batch_size=ld.batch_size,
+            crop=ld.crop,
+            decode=ld.decode,
+            threads=max(1, ld.threads),
+            prefetch=ld.prefetch,
+            device_id=device_id,
+            hw_decoder_load=ld.hw_decoder_load,
+            resize=self.resize_in_graph,
+            layout="HWC" if ld.channels_last else "CHW",
+        )
         self.pipe.build()
 
     def _source(self):
@@ -112,8 +119,7 @@ class DaliRunner(ProducerThread):
         # pillow-simd resize of each decoded crop (the decode itself was DALI's, ROI only).
         # One thread: splitting the batch over a thread pool measured slower (GIL).
         for k in range(n):
-            resize_into(buf, k, Image.fromarray(np.asarray(out[k])), c, bool(flips[k]),
-                        chw=not ld.channels_last)
+            resize_into(buf, k, Image.fromarray(np.asarray(out[k])), c, bool(flips[k]), chw=not ld.channels_last)
         if ld.channels_last:
             images = images.permute(0, 3, 1, 2)
         return images.to(ld.device, non_blocking=True)
@@ -134,9 +140,11 @@ class DaliRunner(ProducerThread):
             lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
             what = (lines[-1] if lines else type(error).__name__)[:200]
         shown = ", ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
-        return (f"DALI failed on a batch of {split} (shards {', '.join(shards)}; keys {shown}): "
-                f"{what}; run `stoker verify {split}` to find corrupt samples "
-                f"(`stoker index {split}` rewrites the manifest to skip undecodable ones)")
+        return (
+            f"DALI failed on a batch of {split} (shards {', '.join(shards)}; keys {shown}): "
+            f"{what}; run `stoker verify {split}` to find corrupt samples "
+            f"(`stoker index {split}` rewrites the manifest to skip undecodable ones)"
+        )
 
     def _produce(self, out_q, stop):
         """Run the pipeline and the pillow stage; put finished batches on ``out_q``."""

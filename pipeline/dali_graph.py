@@ -15,10 +15,22 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 
-def build_pipeline(source: Callable, *, batch_size: int, crop: int, decode: str = "cpu",
-                   threads: int = 2, prefetch: int = 2, device_id: Optional[int] = None,
-                   hw_decoder_load: float = 0.65, resize: bool = True, layout: str = "CHW",
-                   interp: str = "linear", antialias: bool = True, seed: int = 0):
+def build_pipeline(
+    source: Callable,
+    *,
+    batch_size: int,
+    crop: int,
+    decode: str = "cpu",
+    threads: int = 2,
+    prefetch: int = 2,
+    device_id: Optional[int] = None,
+    hw_decoder_load: float = 0.65,
+    resize: bool = True,
+    layout: str = "CHW",
+    interp: str = "linear",
+    antialias: bool = True,
+    seed: int = 0,
+):
     """Build the DALI pipeline (call ``.build()`` / ``.run()`` on it).
 
     Args:
@@ -45,35 +57,47 @@ def build_pipeline(source: Callable, *, batch_size: int, crop: int, decode: str 
         raise ValueError(f"decode={decode!r} must be 'cpu' or 'mixed'")
     if layout not in ("CHW", "HWC"):
         raise ValueError(f"layout={layout!r} must be 'CHW' or 'HWC'")
-    interp_type = {"linear": types.INTERP_LINEAR, "cubic": types.INTERP_CUBIC,
-                   "nn": types.INTERP_NN}[interp]
+    interp_type = {"linear": types.INTERP_LINEAR, "cubic": types.INTERP_CUBIC, "nn": types.INTERP_NN}[interp]
 
     @pipeline_def(enable_conditionals=False)
     def stoker_graph():
         if resize:
             encoded, anchor, shape, mirror = fn.external_source(
-                source=source, num_outputs=4, batch=True,
-                dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32])
+                source=source, num_outputs=4, batch=True, dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32]
+            )
         else:
             encoded, anchor, shape = fn.external_source(
-                source=source, num_outputs=3, batch=True,
-                dtype=[types.UINT8, types.FLOAT, types.FLOAT])
+                source=source, num_outputs=3, batch=True, dtype=[types.UINT8, types.FLOAT, types.FLOAT]
+            )
         kw = {"hw_decoder_load": hw_decoder_load} if decode == "mixed" else {}
         # ROI decode: only the crop box is decoded (EXIF is not applied: `stoker pack`
         # stores pixels upright, and the box was computed on the stored size)
         images = fn.decoders.image_slice(
-            encoded, anchor, shape, device=decode, output_type=types.RGB,
-            normalized_anchor=False, normalized_shape=False, adjust_orientation=False,
-            axis_names="WH", **kw)
+            encoded,
+            anchor,
+            shape,
+            device=decode,
+            output_type=types.RGB,
+            normalized_anchor=False,
+            normalized_shape=False,
+            adjust_orientation=False,
+            axis_names="WH",
+            **kw,
+        )
         if not resize:
             return images
-        images = fn.resize(images, size=[crop, crop], interp_type=interp_type, antialias=antialias,
-                           dtype=types.UINT8)
+        images = fn.resize(images, size=[crop, crop], interp_type=interp_type, antialias=antialias, dtype=types.UINT8)
         return fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout=layout, mirror=mirror)
 
     # exec_dynamic: outputs own their memory, so they can go to torch via dlpack uncopied
-    return stoker_graph(batch_size=batch_size, num_threads=threads, device_id=device_id,
-                        prefetch_queue_depth=prefetch, seed=seed, exec_dynamic=True)
+    return stoker_graph(
+        batch_size=batch_size,
+        num_threads=threads,
+        device_id=device_id,
+        prefetch_queue_depth=prefetch,
+        seed=seed,
+        exec_dynamic=True,
+    )
 
 
 __all__ = ["build_pipeline"]

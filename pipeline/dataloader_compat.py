@@ -37,9 +37,11 @@ class LoaderDataset:
         return self._loader.path
 
     def __getitem__(self, i: int):
-        raise TypeError(f"loader.dataset[{i!r}]: stoker's Loader decodes whole batches, there is no per-sample "
-                        "access; iterate the Loader, or read raw samples with "
-                        f"stoker.pipeline.shards.samples.open_split({str(self._loader.path)!r})")
+        raise TypeError(
+            f"loader.dataset[{i!r}]: stoker's Loader decodes whole batches, there is no per-sample "
+            "access; iterate the Loader, or read raw samples with "
+            f"stoker.pipeline.shards.samples.open_split({str(self._loader.path)!r})"
+        )
 
     def __repr__(self) -> str:
         return f"LoaderDataset({str(self._loader.path)!r}, samples={len(self)}, classes={len(self.classes)})"
@@ -86,14 +88,14 @@ class LoaderBatchSampler(LoaderSampler):
     def __iter__(self) -> Iterator[list]:
         loader = self._loader
         idx, stop, size = loader.indices(), loader._epoch_stop(), loader.batch_size
-        return (idx[s:min(s + size, stop)].tolist() for s in range(0, stop, size))
+        return (idx[s : min(s + size, stop)].tolist() for s in range(0, stop, size))
 
 
 #: torch DataLoader arguments people pass out of habit -> what the Loader takes instead
 _DATALOADER_HABITS = {
     "num_workers": "threads=N (decode threads; default: all usable cores)",
     "shuffle": "train=True (a fresh global permutation every epoch) or train=False (stored order); "
-               "shuffle='block' (shards permuted, samples within windows of shards) for a bounded cache",
+    "shuffle='block' (shards permuted, samples within windows of shards) for a bounded cache",
     "pin_memory": "device='cuda' (batches arrive on the device already)",
     "persistent_workers": "nothing (the Loader keeps its pipeline across epochs)",
     "prefetch_factor": "prefetch=N (batches prepared ahead)",
@@ -112,5 +114,6 @@ def habit_message(kwargs: dict) -> str:
     unknown = sorted(set(kwargs) - set(_DATALOADER_HABITS))
     if unknown:
         raise TypeError(f"Loader() got an unexpected keyword argument {unknown[0]!r}")
-    return "; ".join(f"{name}= is a torch DataLoader argument: stoker's Loader takes {_DATALOADER_HABITS[name]}"
-                     for name in kwargs)
+    return "; ".join(
+        f"{name}= is a torch DataLoader argument: stoker's Loader takes {_DATALOADER_HABITS[name]}" for name in kwargs
+    )

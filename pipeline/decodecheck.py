@@ -87,7 +87,7 @@ def jpeg_copy_safe(data: bytes) -> Optional[str]:
         length = struct.unpack_from(">H", data, pos)[0]
         if length < 2 or pos + length > n:
             return "truncated header"
-        seg = data[pos + 2:pos + length]
+        seg = data[pos + 2 : pos + length]
         pos += length
         if marker in _SOF_KIND:
             return _SOF_KIND[marker]
@@ -123,7 +123,7 @@ def jpeg_copy_safe(data: bytes) -> Optional[str]:
                 return "truncated frame header"
             ids = []
             for c in range(ncomp):
-                cid, hv, _tq = seg[6 + 3 * c:9 + 3 * c]
+                cid, hv, _tq = seg[6 + 3 * c : 9 + 3 * c]
                 if not (1 <= hv >> 4 <= 2 and 1 <= hv & 15 <= 2):
                     return f"unusual sampling factors {hv >> 4}x{hv & 15}"
                 ids.append(cid)

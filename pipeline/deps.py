@@ -63,7 +63,8 @@ _PROBE_JPEG = (
     "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAgGBgcGBQgHBwcJCQgKDBQNDAsLDBkSEw8UHRofHh0aHBwgJC4nICIsIxwcKDcpLDAxNDQ0Hyc5"
     "PTgyPC4zNDL/2wBDAQkJCQwLDBgNDRgyIRwhMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjL/wAAR"
     "CAAIABADASIAAhEBAxEB/8QAFQABAQAAAAAAAAAAAAAAAAAAAAb/xAAUEAEAAAAAAAAAAAAAAAAAAAAA/8QAFQEBAQAAAAAAAAAAAAAAAAAA"
-    "BAf/xAAUEQEAAAAAAAAAAAAAAAAAAAAA/9oADAMBAAIRAxEAPwCTADUp/9k=")
+    "BAf/xAAUEQEAAAAAAAAAAAAAAAAAAAAA/9oADAMBAAIRAxEAPwCTADUp/9k="
+)
 
 BACKEND_NAMES = ("auto", "dali", "nvjpeg", "pil")
 
@@ -116,22 +117,25 @@ def resolve_backend(requested: str, device_type: str) -> tuple[str, str]:
         raise ValueError(f"device {device!r}: only 'cpu' and 'cuda' are supported")
     if requested == "dali":
         if not HAS_DALI:
-            raise ValueError("backend='dali' but nvidia-dali is not installed (pip install "
-                             "nvidia-dali-cuda120, or use backend='pil')")
+            raise ValueError(
+                "backend='dali' but nvidia-dali is not installed (pip install "
+                "nvidia-dali-cuda120, or use backend='pil')"
+            )
         return "dali", "requested"
     if requested == "pil":
         return "pil", "requested"
     if requested == "nvjpeg":
         if device_type != "cuda":
-            raise ValueError("backend='nvjpeg' decodes on the GPU but the device is the CPU: use "
-                             "device='cuda', or backend='pil'")
+            raise ValueError(
+                "backend='nvjpeg' decodes on the GPU but the device is the CPU: use device='cuda', or backend='pil'"
+            )
         if not has_cuda():
-            raise ValueError("backend='nvjpeg' but torch sees no CUDA device (use backend='pil' "
-                             "and device='cpu')")
+            raise ValueError("backend='nvjpeg' but torch sees no CUDA device (use backend='pil' and device='cpu')")
         works, why = gpu_jpeg_decode(device)
         if not works:
-            raise ValueError(f"backend='nvjpeg' but torchvision cannot decode JPEGs on this GPU "
-                             f"({why}); use backend='pil'")
+            raise ValueError(
+                f"backend='nvjpeg' but torchvision cannot decode JPEGs on this GPU ({why}); use backend='pil'"
+            )
         return "nvjpeg", "requested"
     if HAS_DALI:
         where = "it decodes on the GPU" if device_type == "cuda" else "its CPU decode is the fastest CPU path"

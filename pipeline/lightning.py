@@ -45,8 +45,9 @@ class MissingExtraError(StokerError, ImportError):
 
 
 if pl is None:
-    raise MissingExtraError(f"stoker.pipeline.lightning needs PyTorch Lightning: pip install {EXTRA} "
-                            "(or pip install pytorch-lightning)")
+    raise MissingExtraError(
+        f"stoker.pipeline.lightning needs PyTorch Lightning: pip install {EXTRA} (or pip install pytorch-lightning)"
+    )
 
 
 class StokerDataModule(pl.LightningDataModule):
@@ -67,14 +68,25 @@ class StokerDataModule(pl.LightningDataModule):
     :func:`stoker.model.with_normalize` in front of the network.
     """
 
-    def __init__(self, root: PathLike, *, batch_size: int, val_batch_size: Optional[int] = None,
-                 crop: int = 224, seed: int = 0, train_split: str = "train", val_split: Optional[str] = "val",
-                 device: Union[str, Any, None] = None, **loader_kwargs: Any):
+    def __init__(
+        self,
+        root: PathLike,
+        *,
+        batch_size: int,
+        val_batch_size: Optional[int] = None,
+        crop: int = 224,
+        seed: int = 0,
+        train_split: str = "train",
+        val_split: Optional[str] = "val",
+        device: Union[str, Any, None] = None,
+        **loader_kwargs: Any,
+    ):
         super().__init__()
         for name in ("rank", "world_size", "train", "path"):
             if name in loader_kwargs:
-                raise ValueError(f"StokerDataModule sets {name}= itself (from the trainer and the split names); "
-                                 "drop it")
+                raise ValueError(
+                    f"StokerDataModule sets {name}= itself (from the trainer and the split names); drop it"
+                )
         self.root = Path(root)
         self.batch_size = batch_size
         self.val_batch_size = batch_size if val_batch_size is None else val_batch_size
@@ -102,8 +114,17 @@ class StokerDataModule(pl.LightningDataModule):
         loader = self._loaders.get(key)
         if loader is None:
             # One Loader per split for the whole fit: Lightning calls set_epoch on it each epoch.
-            loader = Loader(self.root / split, batch_size=batch_size, train=train, crop=self.crop,
-                            seed=self.seed, rank=rank, world_size=world, device=device, **self.loader_kwargs)
+            loader = Loader(
+                self.root / split,
+                batch_size=batch_size,
+                train=train,
+                crop=self.crop,
+                seed=self.seed,
+                rank=rank,
+                world_size=world,
+                device=device,
+                **self.loader_kwargs,
+            )
             self._loaders[key] = loader
         return loader
 

@@ -130,15 +130,33 @@ class Loader:
         ValueError: a bad argument value, named in the message.
     """
 
-    def __init__(self, path: PathLike, *, batch_size: int, train: bool = True, crop: int = 224,
-                 device: Union[str, Any] = "cpu", seed: int = 0, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, backend: str = "auto", decode: str = "auto",
-                 threads: Optional[int] = None, drop_last: Optional[bool] = None,
-                 channels_last: bool = False, hw_decoder_load: float = 0.65, prefetch: int = 2,
-                 cpu_resize: str = "pillow", sha256: bool = False, shuffle: str = "global",
-                 block_shards: int = 4, storage_options: Optional[dict] = None,
-                 cache_dir: Optional[PathLike] = None, cache_limit: Optional[int] = None,
-                 **dataloader_kwargs: Any):
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        batch_size: int,
+        train: bool = True,
+        crop: int = 224,
+        device: Union[str, Any] = "cpu",
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        backend: str = "auto",
+        decode: str = "auto",
+        threads: Optional[int] = None,
+        drop_last: Optional[bool] = None,
+        channels_last: bool = False,
+        hw_decoder_load: float = 0.65,
+        prefetch: int = 2,
+        cpu_resize: str = "pillow",
+        sha256: bool = False,
+        shuffle: str = "global",
+        block_shards: int = 4,
+        storage_options: Optional[dict] = None,
+        cache_dir: Optional[PathLike] = None,
+        cache_limit: Optional[int] = None,
+        **dataloader_kwargs: Any,
+    ):
         import torch
 
         if dataloader_kwargs:
@@ -166,11 +184,17 @@ class Loader:
             raise ValueError(f"cache_limit={cache_limit!r} must be a positive number of bytes")
         remote = is_url(path)
         if not remote:
-            given = [k for k, v in (("storage_options", storage_options), ("cache_dir", cache_dir),
-                                    ("cache_limit", cache_limit)) if v is not None]
+            given = [
+                k
+                for k, v in (
+                    ("storage_options", storage_options),
+                    ("cache_dir", cache_dir),
+                    ("cache_limit", cache_limit),
+                )
+                if v is not None
+            ]
             if given:
-                raise ValueError(f"{given[0]}= is for a URL (s3://, gs://, https://, file://); "
-                                 f"{path} is a local path")
+                raise ValueError(f"{given[0]}= is for a URL (s3://, gs://, https://, file://); {path} is a local path")
         if not 0.0 <= float(hw_decoder_load) <= 1.0:
             raise ValueError(f"hw_decoder_load={hw_decoder_load!r} must be in [0, 1]")
         try:
@@ -186,14 +210,17 @@ class Loader:
         if decode == "auto":  # nvjpeg always decodes on the GPU: say so
             decode = "mixed" if backend in ("dali", "nvjpeg") and self.device.type == "cuda" else "cpu"
         if backend == "nvjpeg" and decode != "mixed":
-            raise ValueError("backend='nvjpeg' decodes on the GPU: use decode='auto' (or 'mixed'), "
-                             "or backend='dali'/'pil' for CPU decode")
+            raise ValueError(
+                "backend='nvjpeg' decodes on the GPU: use decode='auto' (or 'mixed'), "
+                "or backend='dali'/'pil' for CPU decode"
+            )
         if decode == "mixed":
             if backend == "pil":
                 raise ValueError("decode='mixed' needs backend='dali' or 'nvjpeg'")
             if self.device.type != "cuda":
-                raise ValueError(f"decode='mixed' decodes on the GPU but device={device!r}: "
-                                 "use device='cuda' or decode='cpu'")
+                raise ValueError(
+                    f"decode='mixed' decodes on the GPU but device={device!r}: use device='cuda' or decode='cpu'"
+                )
         default_rank, default_world = _dist_defaults()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
@@ -213,8 +240,9 @@ class Loader:
         #: the local cache of a URL's shards (``None`` for a local split)
         self.cache: Optional[ShardCache] = None
         if remote:
-            self.cache = ShardCache(self.path, storage_options=storage_options, cache_dir=cache_dir,
-                                    cache_limit=cache_limit)
+            self.cache = ShardCache(
+                self.path, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
+            )
             self.index: SampleIndex = SampleIndex(self.cache.dir, self.cache.open(), manifest_sizes=True)
         else:
             # Checks sizes and .idx presence of every shard (sha256 on request) before any batch.
@@ -252,12 +280,16 @@ class Loader:
         if order.num_batches(share, self.batch_size, drop_last=self.drop_last) > 0:
             return
         if share == 0:
-            raise ValueError(f"world_size={self.world_size} is larger than the {self.num_samples} "
-                             f"loadable samples of {self.path}: rank {last} would get none "
-                             f"(use fewer processes or a larger split)")
-        raise ValueError(f"batch_size={self.batch_size} with drop_last=True leaves rank {last} no batch: "
-                         f"its share is {share} samples ({self.num_samples} over world_size="
-                         f"{self.world_size}); use batch_size<={share} or drop_last=False")
+            raise ValueError(
+                f"world_size={self.world_size} is larger than the {self.num_samples} "
+                f"loadable samples of {self.path}: rank {last} would get none "
+                f"(use fewer processes or a larger split)"
+            )
+        raise ValueError(
+            f"batch_size={self.batch_size} with drop_last=True leaves rank {last} no batch: "
+            f"its share is {share} samples ({self.num_samples} over world_size="
+            f"{self.world_size}); use batch_size<={share} or drop_last=False"
+        )
 
     def _check_cache_limit(self) -> None:
         """``cache_limit`` must hold what the loader pins at once: the whole split in global
@@ -267,17 +299,23 @@ class Loader:
             return
         if self.shuffle == "global":
             if sum(sizes) > limit:
-                raise ValueError(f"cache_limit={limit:,} is smaller than {self.path} ({sum(sizes):,} bytes), "
-                                 "which shuffle='global' keeps cached whole: use shuffle='block' or a larger "
-                                 "cache_limit")
+                raise ValueError(
+                    f"cache_limit={limit:,} is smaller than {self.path} ({sum(sizes):,} bytes), "
+                    "which shuffle='global' keeps cached whole: use shuffle='block' or a larger "
+                    "cache_limit"
+                )
             return
         chunks = self._chunks(self._batches(0, self._epoch_stop(), self.indices(0)), 0)
-        need = max((sum(sizes[s] for s in set(a) | set(b)) for (_, a), (_, b)
-                    in zip(chunks, chunks[1:] + [([], [])])), default=0)
+        need = max(
+            (sum(sizes[s] for s in set(a) | set(b)) for (_, a), (_, b) in zip(chunks, chunks[1:] + [([], [])])),
+            default=0,
+        )
         if need > limit:
-            raise ValueError(f"cache_limit={limit:,} is smaller than two windows of block_shards="
-                             f"{self.block_shards} ({need:,} bytes of {self.path}): raise cache_limit "
-                             "or lower block_shards")
+            raise ValueError(
+                f"cache_limit={limit:,} is smaller than two windows of block_shards="
+                f"{self.block_shards} ({need:,} bytes of {self.path}): raise cache_limit "
+                "or lower block_shards"
+            )
 
     # ---- order ---------------------------------------------------------------------------
     def _share(self, rank: int) -> int:
@@ -289,9 +327,15 @@ class Loader:
 
     def _plan(self, epoch: int) -> tuple:
         """Block mode: ``(positions into valid, windows of shard numbers)`` of this rank's epoch."""
-        return order.block_plan(self._valid_counts, seed=self.seed, epoch=epoch, rank=self.rank,
-                                world_size=self.world_size, train=self.train,
-                                block_shards=self.block_shards)
+        return order.block_plan(
+            self._valid_counts,
+            seed=self.seed,
+            epoch=epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            train=self.train,
+            block_shards=self.block_shards,
+        )
 
     def _epoch_stop(self) -> int:
         """Samples of this rank's epoch order that are handed out (``drop_last`` applied)."""
@@ -309,8 +353,14 @@ class Loader:
         if self.shuffle == "block":
             pick = self._plan(epoch)[0]
         else:
-            pick = order.rank_indices(self.num_samples, seed=self.seed, epoch=epoch, rank=self.rank,
-                                      world_size=self.world_size, train=self.train)
+            pick = order.rank_indices(
+                self.num_samples,
+                seed=self.seed,
+                epoch=epoch,
+                rank=self.rank,
+                world_size=self.world_size,
+                train=self.train,
+            )
         return self.index.valid[pick]
 
     def set_epoch(self, epoch: int) -> None:
@@ -332,8 +382,13 @@ class Loader:
         handed out so far); once an epoch's last batch is handed out the state already names
         the next epoch at position 0."""
         epoch, position = (self.epoch + 1, 0) if self._finished else (self.epoch, self.position)
-        state = {"seed": self.seed, "epoch": epoch, "position": position,
-                 "world_size": self.world_size, "num_samples": self.num_samples}
+        state = {
+            "seed": self.seed,
+            "epoch": epoch,
+            "position": position,
+            "world_size": self.world_size,
+            "num_samples": self.num_samples,
+        }
         if self.shuffle == "block":  # another order: a state of one mode means nothing in the other
             state.update(shuffle="block", block_shards=self.block_shards)
         return state
@@ -346,24 +401,29 @@ class Loader:
         if missing:
             raise ValueError(f"state is missing {sorted(missing)}")
         if state.get("world_size", self.world_size) != self.world_size:
-            raise ValueError(f"state was saved with world_size={state['world_size']}, "
-                             f"this loader has world_size={self.world_size}")
+            raise ValueError(
+                f"state was saved with world_size={state['world_size']}, this loader has world_size={self.world_size}"
+            )
         mode = (state.get("shuffle", "global"), state.get("block_shards", self.block_shards))
         if mode[0] != self.shuffle or (self.shuffle == "block" and mode[1] != self.block_shards):
             saved = f"shuffle={mode[0]!r}" + (f", block_shards={mode[1]}" if mode[0] == "block" else "")
-            mine = f"shuffle={self.shuffle!r}" + (f", block_shards={self.block_shards}"
-                                                 if self.shuffle == "block" else "")
+            mine = f"shuffle={self.shuffle!r}" + (
+                f", block_shards={self.block_shards}" if self.shuffle == "block" else ""
+            )
             raise ValueError(f"state was saved with {saved}, this loader has {mine} (another sample order)")
         if state.get("num_samples", self.num_samples) != self.num_samples:
-            raise ValueError(f"state was saved for num_samples={state['num_samples']}, "
-                             f"{self.path} has {self.num_samples}")
+            raise ValueError(
+                f"state was saved for num_samples={state['num_samples']}, {self.path} has {self.num_samples}"
+            )
         seed = _non_negative(state["seed"], "state['seed']")
         epoch = _non_negative(state["epoch"], "state['epoch']")
         position = _non_negative(state["position"], "state['position']")
         stop = self._epoch_stop()
         if position > stop:
-            raise ValueError(f"state['position']={position} is past the end of rank {self.rank}'s epoch "
-                             f"({stop} samples): the state is from another split or batch size")
+            raise ValueError(
+                f"state['position']={position} is past the end of rank {self.rank}'s epoch "
+                f"({stop} samples): the state is from another split or batch size"
+            )
         self._close_active()
         self.seed = seed
         self._start_epoch(epoch)
@@ -424,7 +484,7 @@ class Loader:
             fetched.close()  # a window download in flight ends before the iteration does
 
     def _batches(self, start: int, stop: int, idx: np.ndarray) -> list:
-        return [idx[s:min(s + self.batch_size, stop)] for s in range(start, stop, self.batch_size)]
+        return [idx[s : min(s + self.batch_size, stop)] for s in range(start, stop, self.batch_size)]
 
     def _chunks(self, batches: list, epoch: int) -> list:
         """Block mode: ``[(batches, shard numbers they read)]``, one entry per window."""
@@ -458,8 +518,12 @@ class Loader:
         self.position = max(self.position, stop)
         self._finished = True
         if self.skipped:
-            warnings.warn(f"stoker Loader {self.path}: epoch {self.epoch}: skipped {self.skipped} "
-                          f"undecodable sample(s) on rank {self.rank}", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"stoker Loader {self.path}: epoch {self.epoch}: skipped {self.skipped} "
+                f"undecodable sample(s) on rank {self.rank}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     # ---- the DataLoader-shaped surface training code reads -------------------------------
     @property
@@ -508,14 +572,16 @@ class Loader:
             order = order[np.isin(shard, list(self._usable))]
         picked: list = []
         for s in range(0, len(order), 64):
-            chunk = order[s:s + 64]
+            chunk = order[s : s + 64]
             _, wh = self.index.images(chunk)
             picked.extend(chunk[wh[:, 0] > 0][: len(planned) - len(picked)].tolist())
             if len(picked) == len(planned):
                 break
         if not picked:
-            raise RuntimeError(f"stoker Loader {self.path}: no sample of rank {self.rank}'s share "
-                               f"passes the image header check (run `stoker verify {self.path}`)")
+            raise RuntimeError(
+                f"stoker Loader {self.path}: no sample of rank {self.rank}'s share "
+                f"passes the image header check (run `stoker verify {self.path}`)"
+            )
         return np.asarray(picked, np.int64)
 
     def _get_runner(self) -> Runner:
@@ -524,10 +590,12 @@ class Loader:
         return self._runner
 
     def __repr__(self) -> str:
-        return (f"Loader({str(self.path)!r}, batch_size={self.batch_size}, train={self.train}, "
-                f"crop={self.crop}, device={str(self.device)!r}, backend={self.backend!r}, "
-                f"decode={self.decode!r}, shuffle={self.shuffle!r}, rank={self.rank}, "
-                f"world_size={self.world_size}, num_samples={self.num_samples})")
+        return (
+            f"Loader({str(self.path)!r}, batch_size={self.batch_size}, train={self.train}, "
+            f"crop={self.crop}, device={str(self.device)!r}, backend={self.backend!r}, "
+            f"decode={self.decode!r}, shuffle={self.shuffle!r}, rank={self.rank}, "
+            f"world_size={self.world_size}, num_samples={self.num_samples})"
+        )
 
 
 class LoaderIterator:
@@ -546,8 +614,10 @@ class LoaderIterator:
 
     def __next__(self):
         if self._superseded:
-            raise LoaderError(f"this iterator over {self._path} was replaced by a newer iter(loader): a Loader "
-                              "runs one iteration at a time (use a second Loader to read the split twice at once)")
+            raise LoaderError(
+                f"this iterator over {self._path} was replaced by a newer iter(loader): a Loader "
+                "runs one iteration at a time (use a second Loader to read the split twice at once)"
+            )
         return next(self._gen)
 
     def close(self) -> None:
@@ -573,5 +643,14 @@ def _non_negative(value: Any, name: str) -> int:
     return value
 
 
-__all__ = ["Loader", "LoaderError", "LoaderIterator", "LoaderDataset", "LoaderSampler", "LoaderBatchSampler",
-           "BACKENDS", "DECODES", "SHUFFLES"]
+__all__ = [
+    "Loader",
+    "LoaderError",
+    "LoaderIterator",
+    "LoaderDataset",
+    "LoaderSampler",
+    "LoaderBatchSampler",
+    "BACKENDS",
+    "DECODES",
+    "SHUFFLES",
+]

@@ -75,13 +75,16 @@ def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None
         H, W = img.shape[-2:]
         x, y = min(max(0, x), W - 1), min(max(0, y), H - 1)  # a box past the edge: clamped
         w, h = max(1, min(w, W - x)), max(1, min(h, H - y))
-        regions.append(img[:, y:y + h, x:x + w])
+        regions.append(img[:, y : y + h, x : x + w])
         groups.setdefault((h, w), []).append(k)
     for (h, w), ks in groups.items():
         batch = regions[ks[0]].unsqueeze(0) if len(ks) == 1 else torch.stack([regions[k] for k in ks])
         if (h, w) != (crop, crop):
-            batch = F.interpolate(batch.float(), size=(crop, crop), mode="bilinear", align_corners=False,
-                                  antialias=True).add_(0.5).clamp_(0, 255)  # float -> uint8 truncates: +0.5 rounds
+            batch = (
+                F.interpolate(batch.float(), size=(crop, crop), mode="bilinear", align_corners=False, antialias=True)
+                .add_(0.5)
+                .clamp_(0, 255)
+            )  # float -> uint8 truncates: +0.5 rounds
         if len(ks) == 1:
             out[ks[0]].copy_(batch[0])
         else:
@@ -134,7 +137,7 @@ class NvjpegRunner(ProducerThread):
         blob = np.concatenate(enc) if enc else np.zeros(0, np.uint8)  # one copy, writable
         flat = torch.from_numpy(blob)
         offs = np.concatenate([[0], np.cumsum([len(e) for e in enc])]).tolist()
-        datas = [flat[offs[k]:offs[k + 1]] for k in range(len(enc))]
+        datas = [flat[offs[k] : offs[k + 1]] for k in range(len(enc))]
         jpeg = [k for k, e in enumerate(enc) if len(e) > 2 and e[0] == 0xFF and e[1] == 0xD8]
         out: list = [None] * len(enc)
         failed = dict.fromkeys(sorted(set(range(len(enc))) - set(jpeg)), "not a JPEG")
@@ -149,8 +152,8 @@ class NvjpegRunner(ProducerThread):
                 if len(ks) == 1:
                     failed[ks[0]] = " ".join(str(e).split())[:120] or type(e).__name__
                 else:
-                    decode(ks[:len(ks) // 2])
-                    decode(ks[len(ks) // 2:])
+                    decode(ks[: len(ks) // 2])
+                    decode(ks[len(ks) // 2 :])
 
         if jpeg:
             decode(jpeg)
@@ -233,8 +236,10 @@ class NvjpegRunner(ProducerThread):
         shards = sorted({index.shard_names[index.shard_of(int(i))] for i in ids})
         keys = [index.key(int(i)) for i in ids[:8]]
         more = f" (+{len(ids) - 8} more)" if len(ids) > 8 else ""
-        return (f"nvjpeg backend failed on a batch of {split} (shards {', '.join(shards)}; keys "
-                f"{', '.join(keys)}{more}): {what}")
+        return (
+            f"nvjpeg backend failed on a batch of {split} (shards {', '.join(shards)}; keys "
+            f"{', '.join(keys)}{more}): {what}"
+        )
 
     def iterate(self, batches: list, epoch: int) -> Iterator[Batch]:
         """One :class:`.backend.Batch` per array of global sample ids in ``batches``, in order;
@@ -258,8 +263,12 @@ class NvjpegRunner(ProducerThread):
             items.close()  # stops the producer thread now, not whenever the GC gets to it
         if self._epoch_fallbacks:
             shown = "; ".join(self._fallback_examples)
-            warnings.warn(f"stoker Loader {self.l.path}: epoch {epoch}: {self._epoch_fallbacks} sample(s) "
-                          f"decoded on the CPU, not the GPU: {shown}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"stoker Loader {self.l.path}: epoch {epoch}: {self._epoch_fallbacks} sample(s) "
+                f"decoded on the CPU, not the GPU: {shown}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def close(self) -> None:
         """Stop an iteration's producer thread."""

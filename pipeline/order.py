@@ -77,8 +77,9 @@ def block_rank_range(num_samples: int, *, rank: int, world_size: int, train: boo
     return rank * num_samples // world_size, (rank + 1) * num_samples // world_size
 
 
-def block_plan(shard_counts, *, seed: int, epoch: int, rank: int, world_size: int, train: bool,
-               block_shards: int) -> tuple[np.ndarray, list[np.ndarray]]:
+def block_plan(
+    shard_counts, *, seed: int, epoch: int, rank: int, world_size: int, train: bool, block_shards: int
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """This rank's epoch order in block mode and the shards of each window.
 
     The epoch's shards are permuted (train) and laid end to end; each rank takes a contiguous
@@ -113,12 +114,12 @@ def block_plan(shard_counts, *, seed: int, epoch: int, rank: int, world_size: in
             mine.append(s)
     out, windows = [], []
     for w in range(0, len(mine), block_shards):
-        part = np.concatenate(pieces[w:w + block_shards])
+        part = np.concatenate(pieces[w : w + block_shards])
         if train:
             rng = np.random.Generator(np.random.PCG64([int(seed) & 0xFFFFFFFF, int(epoch), 1 + rank, w]))
             part = part[rng.permutation(len(part))]
         out.append(part)
-        windows.append(np.asarray(mine[w:w + block_shards], np.int64))
+        windows.append(np.asarray(mine[w : w + block_shards], np.int64))
     indices = np.concatenate(out) if out else np.zeros(0, np.int64)
     return indices, windows
 

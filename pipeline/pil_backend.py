@@ -130,8 +130,9 @@ class PilRunner:
         self.l = loader
         self.plan = _Plan()
         self.index = loader.index
-        self.dataset = dataset = PilBatches(loader.index, crop=loader.crop, train=loader.train,
-                                            chw=not loader.channels_last)
+        self.dataset = dataset = PilBatches(
+            loader.index, crop=loader.crop, train=loader.train, chw=not loader.channels_last
+        )
         workers = loader.threads
         kw = {}
         if workers > 0:
@@ -141,11 +142,20 @@ class PilRunner:
             method = "fork" if "fork" in methods and "nvidia.dali.backend_impl" not in sys.modules else None
             if method is None and "forkserver" in methods:
                 method = "forkserver"
-            kw = {"prefetch_factor": max(1, loader.prefetch), "persistent_workers": True,
-                  "multiprocessing_context": method}
-        self.dl = torch.utils.data.DataLoader(dataset, sampler=self.plan, batch_size=None,
-                                              num_workers=workers, pin_memory=loader.device.type == "cuda",
-                                              collate_fn=_identity, **kw)
+            kw = {
+                "prefetch_factor": max(1, loader.prefetch),
+                "persistent_workers": True,
+                "multiprocessing_context": method,
+            }
+        self.dl = torch.utils.data.DataLoader(
+            dataset,
+            sampler=self.plan,
+            batch_size=None,
+            num_workers=workers,
+            pin_memory=loader.device.type == "cuda",
+            collate_fn=_identity,
+            **kw,
+        )
 
     def _labels(self, ids: np.ndarray, bad):
         import torch
@@ -164,8 +174,9 @@ class PilRunner:
                 labels = self._labels(stand_in, stand_in_bad)
             if ld.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC memory → NCHW shape, channels_last
-            yield Batch(images.to(ld.device, non_blocking=True), labels.to(ld.device, non_blocking=True),
-                        consumed, nbad)
+            yield Batch(
+                images.to(ld.device, non_blocking=True), labels.to(ld.device, non_blocking=True), consumed, nbad
+            )
 
     def close(self) -> None:
         """Let the worker processes go (the DataLoader's iterator shuts them down when dropped)."""

@@ -38,8 +38,7 @@ class ProducerThread:
     _stop: Optional[threading.Event] = None
     _worker: Optional[threading.Thread] = None
 
-    def _run_producer(self, produce: Callable[..., None], args: tuple, *, prefetch: int,
-                      name: str) -> Iterator[Any]:
+    def _run_producer(self, produce: Callable[..., None], args: tuple, *, prefetch: int, name: str) -> Iterator[Any]:
         """Start ``produce(*args, out_q, stop)`` in a daemon thread and yield what it puts on
         ``out_q`` until :data:`END`; a :class:`Failure` it puts is raised here. Closing this
         generator (an abandoned iteration) stops the thread and waits for it."""

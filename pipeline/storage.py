@@ -27,9 +27,12 @@ from stoker import StokerError
 
 #: protocol -> (package that implements it, stoker extra that installs it)
 _EXTRAS = {
-    "s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"),
-    "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
-    "http": ("aiohttp", "http"), "https": ("aiohttp", "http"),
+    "s3": ("s3fs", "s3"),
+    "s3a": ("s3fs", "s3"),
+    "gs": ("gcsfs", "gcs"),
+    "gcs": ("gcsfs", "gcs"),
+    "http": ("aiohttp", "http"),
+    "https": ("aiohttp", "http"),
 }
 #: stores where one PUT is atomic for readers (an object appears whole or not at all)
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oss"}
@@ -92,7 +95,9 @@ def parse_storage_options(pairs: Optional[Sequence[str]]) -> dict[str, Any]:
     for pair in pairs or ():
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
-            raise StorageOptionError(f"--storage-option {pair!r} should be KEY=VALUE, e.g. endpoint_url=http://host:9000")
+            raise StorageOptionError(
+                f"--storage-option {pair!r} should be KEY=VALUE, e.g. endpoint_url=http://host:9000"
+            )
         try:
             value: Any = json.loads(text)
         except ValueError:
@@ -122,8 +127,11 @@ def _defaults(proto: str) -> dict[str, Any]:
     """Timeouts and a bounded retry per protocol, so a batch job never hangs on a dead server."""
     if proto in ("s3", "s3a"):
         opts: dict[str, Any] = {
-            "config_kwargs": {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
-                              "retries": {"max_attempts": RETRIES, "mode": "standard"}},
+            "config_kwargs": {
+                "connect_timeout": CONNECT_TIMEOUT,
+                "read_timeout": READ_TIMEOUT,
+                "retries": {"max_attempts": RETRIES, "mode": "standard"},
+            },
         }
         if _env_endpoint(proto):  # older botocore ignores AWS_ENDPOINT_URL: pass it on
             opts["endpoint_url"] = _env_endpoint(proto)
@@ -132,8 +140,11 @@ def _defaults(proto: str) -> dict[str, Any]:
     if proto in ("http", "https"):
         import aiohttp
 
-        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT,
-                                                                   sock_read=READ_TIMEOUT)}}
+        return {
+            "client_kwargs": {
+                "timeout": aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
+            }
+        }
     return {}
 
 
@@ -177,16 +188,26 @@ def _describe(e: BaseException, url: str) -> StorageError:
     name = type(e).__name__
     text = _one_line(e)
     if isinstance(e, PermissionError) or "AccessDenied" in text or "Forbidden" in text or "403" in text:
-        return StorageError(f"access denied to {url}: check the credentials (AWS_ACCESS_KEY_ID, ...) "
-                            f"and the bucket's permissions")
+        return StorageError(
+            f"access denied to {url}: check the credentials (AWS_ACCESS_KEY_ID, ...) and the bucket's permissions"
+        )
     if name == "NoCredentialsError":
-        return StorageError(f"no credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-                            f"or --storage-option anon=true for a public bucket")
+        return StorageError(
+            f"no credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            f"or --storage-option anon=true for a public bucket"
+        )
     if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
         return StorageError(f"{url}: the bucket does not exist (create it first)")
-    if (name in ("EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionError",
-                 "ServerTimeoutError", "ReadTimeoutError", "FSTimeoutError", "TimeoutError")
-            or isinstance(e, (ConnectionError, TimeoutError))):
+    if name in (
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ClientConnectorError",
+        "ConnectionError",
+        "ServerTimeoutError",
+        "ReadTimeoutError",
+        "FSTimeoutError",
+        "TimeoutError",
+    ) or isinstance(e, (ConnectionError, TimeoutError)):
         return StorageError(f"cannot reach the server of {url}: {text}")
     return StorageError(f"{url}: {name}: {text}")
 
@@ -234,8 +255,9 @@ class Store:
                         self.fs.ls(parent, detail=False)
                     except FileNotFoundError:
                         if "/" not in parent and protocol(self.url) in _OBJECT_STORES:
-                            raise StorageError(f"{self.url}: the bucket {parent} does not exist "
-                                               f"(create it first)") from None
+                            raise StorageError(
+                                f"{self.url}: the bucket {parent} does not exist (create it first)"
+                            ) from None
 
     def sizes(self, rel: str = "") -> dict[str, int]:
         """``{name: bytes}`` of the files directly under ``rel`` (``{}`` when it does not exist)."""
@@ -245,8 +267,11 @@ class Store:
                 entries = self.fs.ls(self._path(rel), detail=True)
             except FileNotFoundError:
                 return {}
-            return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
-                    for e in entries if e.get("type") == "file"}
+            return {
+                e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+                for e in entries
+                if e.get("type") == "file"
+            }
 
     def is_empty(self) -> bool:
         """True when nothing is stored under the URL."""

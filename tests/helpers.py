@@ -12,8 +12,16 @@ from stoker.pipeline.shards.writer import ShardWriter
 from stoker.tools.synth import CLASSES, draw, encode
 
 
-def write_split(split_dir: Path, *, num_samples: int, samples_per_shard: int, seed: int = 0,
-                classes=CLASSES, min_side: int = 40, max_side: int = 96) -> Manifest:
+def write_split(
+    split_dir: Path,
+    *,
+    num_samples: int,
+    samples_per_shard: int,
+    seed: int = 0,
+    classes=CLASSES,
+    min_side: int = 40,
+    max_side: int = 96,
+) -> Manifest:
     """Write tiny procedural shards + manifest directly (no packer): a test fixture.
 
     Sample ``i`` (global position) has label ``i % len(classes)`` and key ``f"{i:09d}"``.
@@ -26,8 +34,12 @@ def write_split(split_dir: Path, *, num_samples: int, samples_per_shard: int, se
             for i in range(start, min(start + samples_per_shard, num_samples)):
                 label = i % len(classes)
                 size = (rng.randint(min_side, max_side), rng.randint(min_side, max_side))
-                meta = {"path": f"{classes[label]}/{i}.jpg", "width": size[0], "height": size[1],
-                        "class": classes[label]}
+                meta = {
+                    "path": f"{classes[label]}/{i}.jpg",
+                    "width": size[0],
+                    "height": size[1],
+                    "class": classes[label],
+                }
                 image = encode(draw(classes[label], size, rng), quality=90)
                 w.write(f"{i:09d}", {"jpg": image, "cls": str(label).encode(), "json": json.dumps(meta).encode()})
         shards.append(w.info)
@@ -39,8 +51,9 @@ def write_split(split_dir: Path, *, num_samples: int, samples_per_shard: int, se
 def run_in_group(cmd, *, timeout, env=None):
     """``subprocess.run`` for a launcher with children (torchrun and its ranks): it runs in its
     own process group, killed as a whole on timeout or failure, so no rank outlives the test."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

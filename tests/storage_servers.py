@@ -39,9 +39,13 @@ class S3Server:
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
-                            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
-                            region_name=self.env["AWS_DEFAULT_REGION"])
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+            region_name=self.env["AWS_DEFAULT_REGION"],
+        )
 
     def bucket(self, name: str = "") -> str:
         """Create a bucket (a fresh unique name by default) and return its name."""

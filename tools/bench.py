@@ -61,30 +61,47 @@ LABELS = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", metavar="DATA", help="a packed split (or a dataset root with train/), local or a URL")
-    p.add_argument("--storage-option", action="append", default=None, metavar="K=V",
-                   help="fsspec storage option for a URL DATA, repeatable (e.g. endpoint_url=http://minio:9000)")
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=None,
+        metavar="K=V",
+        help="fsspec storage option for a URL DATA, repeatable (e.g. endpoint_url=http://minio:9000)",
+    )
     p.add_argument("--images", metavar="SRC", help="the original ImageFolder tree, for (1) and (4)")
     p.add_argument("--batch-size", type=int, default=64, help="default 64")
     p.add_argument("--crop", type=int, default=224, help="default 224")
     p.add_argument("--epochs", type=int, default=3, help="measured epochs per pipeline (default 3)")
-    p.add_argument("--seconds", type=float, default=30.0, help="stop a pipeline's measurement after this long"
-                   " (default 30)")
-    p.add_argument("--warmup", type=int, default=3, metavar="BATCHES",
-                   help="batches run before timing starts (default 3)")
+    p.add_argument(
+        "--seconds", type=float, default=30.0, help="stop a pipeline's measurement after this long (default 30)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=3, metavar="BATCHES", help="batches run before timing starts (default 3)"
+    )
     p.add_argument("--workers", type=int, default=0, help="workers / threads per pipeline (default: cores)")
-    p.add_argument("--only", default="", metavar="LIST",
-                   help="comma-separated subset of: " + ",".join(ALL) + ",stoker-dali-dali-resize")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="rounds over all pipelines; each row reports its best round (default 1)")
+    p.add_argument(
+        "--only",
+        default="",
+        metavar="LIST",
+        help="comma-separated subset of: " + ",".join(ALL) + ",stoker-dali-dali-resize",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=1, help="rounds over all pipelines; each row reports its best round (default 1)"
+    )
     p.add_argument("--ffcv-python", metavar="PATH", help="a python with ffcv installed, for column (4)")
-    p.add_argument("--ffcv-max-resolution", type=int, default=256, metavar="R",
-                   help="FFCV max_resolution when writing its .beton (default 256)")
+    p.add_argument(
+        "--ffcv-max-resolution",
+        type=int,
+        default=256,
+        metavar="R",
+        help="FFCV max_resolution when writing its .beton (default 256)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="also draw a bar chart (needs matplotlib)")
 
 
-
 # ---- parent ---------------------------------------------------------------------------------
+
 
 def _measure(kind: str, cfg: dict, python: str = sys.executable) -> dict:
     """One pipeline in a fresh subprocess; its ``RESULT`` dict, or ``{"error": last stderr line}``."""
@@ -156,18 +173,22 @@ class BenchResult(Result):
         """The human table ``stoker bench`` prints."""
         base = self.baseline
         nvjpeg = any(r["pipeline"] == "stoker-nvjpeg" for r in self.rows)
-        lines = [f"stoker bench {self.data}: batch {self.batch_size}, crop {self.crop}, "
-                 f"{self.workers} workers/threads, device cpu" + (" (nvjpeg: cuda)" if nvjpeg else ""),
-                 f"{'pipeline':<38} {'img/s':>8} {'vs ' + ('(1)' if base == 'torchvision' else '(2)'):>7} "
-                 f"{'CPU %':>6} {'peak RSS':>9} {'bytes/batch':>12}"]
+        lines = [
+            f"stoker bench {self.data}: batch {self.batch_size}, crop {self.crop}, "
+            f"{self.workers} workers/threads, device cpu" + (" (nvjpeg: cuda)" if nvjpeg else ""),
+            f"{'pipeline':<38} {'img/s':>8} {'vs ' + ('(1)' if base == 'torchvision' else '(2)'):>7} "
+            f"{'CPU %':>6} {'peak RSS':>9} {'bytes/batch':>12}",
+        ]
         for r in self.rows:
             if "error" in r:
                 lines.append(f"{r['label']:<38} failed: {r['error']}")
                 continue
             ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
             bpb = _fmt_bytes(r["bytes_per_batch"]) if r["bytes_per_batch"] else "-"
-            lines.append(f"{r['label']:<38} {r['img_s']:>8.0f} {ratio:>7} {r['cpu_pct']:>5.0f}% "
-                         f"{_fmt_bytes(r['peak_rss']):>9} {bpb:>12}")
+            lines.append(
+                f"{r['label']:<38} {r['img_s']:>8.0f} {ratio:>7} {r['cpu_pct']:>5.0f}% "
+                f"{_fmt_bytes(r['peak_rss']):>9} {bpb:>12}"
+            )
         s = self.summary
         if s:
             parts = {"vs_torchvision": "x torchvision", "vs_dali_reader": "x DALI reader", "vs_ffcv": "x FFCV"}
@@ -187,8 +208,14 @@ class BenchResult(Result):
 
         rows = [r for r in self.rows if "img_s" in r]
         fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
-        colors = ["tab:orange" if r["pipeline"].startswith("stoker") else
-                  "tab:gray" if r["pipeline"] == "ceiling" else "tab:blue" for r in rows]
+        colors = [
+            "tab:orange"
+            if r["pipeline"].startswith("stoker")
+            else "tab:gray"
+            if r["pipeline"] == "ceiling"
+            else "tab:blue"
+            for r in rows
+        ]
         ax.barh([r["label"] for r in rows][::-1], [r["img_s"] for r in rows][::-1], color=colors[::-1])
         for k, r in enumerate(rows[::-1]):
             ax.text(r["img_s"], k, f" {r['img_s']:.0f}", va="center")
@@ -235,8 +262,10 @@ def _plan(only: Sequence[str], *, images: Optional[str], ffcv_python: Optional[s
             if not images:
                 notes.append("(4) FFCV: skipped (needs --images to write its .beton)")
             elif py is None:
-                notes.append("(4) FFCV: not installed (pip install ffcv needs libopencv-dev and "
-                             "libturbojpeg0-dev; or point --ffcv-python at a python that has it)")
+                notes.append(
+                    "(4) FFCV: not installed (pip install ffcv needs libopencv-dev and "
+                    "libturbojpeg0-dev; or point --ffcv-python at a python that has it)"
+                )
             else:
                 plan.append((kind, py))
         else:
@@ -244,11 +273,23 @@ def _plan(only: Sequence[str], *, images: Optional[str], ffcv_python: Optional[s
     return plan, notes
 
 
-def bench(data: str | Path, *, images: str | Path | None = None, batch_size: int = 64, crop: int = 224,
-          epochs: int = 3, seconds: float = 30.0, warmup: int = 3, workers: Optional[int] = None,
-          only: Optional[Sequence[str]] = None, repeat: int = 1, ffcv_python: Optional[str] = None,
-          ffcv_max_resolution: int = 256, progress: bool = False,
-          storage_options: Optional[dict] = None) -> BenchResult:
+def bench(
+    data: str | Path,
+    *,
+    images: str | Path | None = None,
+    batch_size: int = 64,
+    crop: int = 224,
+    epochs: int = 3,
+    seconds: float = 30.0,
+    warmup: int = 3,
+    workers: Optional[int] = None,
+    only: Optional[Sequence[str]] = None,
+    repeat: int = 1,
+    ffcv_python: Optional[str] = None,
+    ffcv_max_resolution: int = 256,
+    progress: bool = False,
+    storage_options: Optional[dict] = None,
+) -> BenchResult:
     """Measure stoker's Loader and the usual loaders side by side, each in a fresh subprocess.
 
     Args:
@@ -290,11 +331,20 @@ def bench(data: str | Path, *, images: str | Path | None = None, batch_size: int
     if unknown:
         raise UsageError(f"--only: unknown pipeline(s) {sorted(unknown)}; choose from {', '.join(LABELS)}")
     cores = workers or usable_cores()
-    cfg = {"data": str(split), "images": images, "batch_size": batch_size, "crop": crop,
-           "epochs": epochs, "seconds": seconds, "warmup": warmup, "workers": cores}
+    cfg = {
+        "data": str(split),
+        "images": images,
+        "batch_size": batch_size,
+        "crop": crop,
+        "epochs": epochs,
+        "seconds": seconds,
+        "warmup": warmup,
+        "workers": cores,
+    }
     plan, notes = _plan(only, images=images, ffcv_python=ffcv_python)
     beton = Path(os.environ.get("TMPDIR", "/tmp")) / (
-        f"stoker-bench-{Path(images or 'x').resolve().name}-R{ffcv_max_resolution}.beton")
+        f"stoker-bench-{Path(images or 'x').resolve().name}-R{ffcv_max_resolution}.beton"
+    )
     rows: dict[str, dict] = {}
     steps = [(r, k, py) for r in range(repeat) for k, py in plan]
     for _, kind, py in tqdm(steps, desc="bench", unit="run", file=sys.stderr, disable=None if progress else True):
@@ -303,8 +353,9 @@ def bench(data: str | Path, *, images: str | Path | None = None, batch_size: int
         best = rows.get(kind)
         if best is None or "error" in best or res.get("img_s", 0) > best.get("img_s", 0):
             rows[kind] = res
-    base_kind = "torchvision" if "img_s" in rows.get("torchvision", {}) else (
-        "wds" if "img_s" in rows.get("wds", {}) else None)
+    base_kind = (
+        "torchvision" if "img_s" in rows.get("torchvision", {}) else ("wds" if "img_s" in rows.get("wds", {}) else None)
+    )
     base = rows[base_kind]["img_s"] if base_kind else None
     out_rows = []
     for kind, _ in plan:
@@ -316,24 +367,48 @@ def bench(data: str | Path, *, images: str | Path | None = None, batch_size: int
     summary = {}
     best_stoker = max((rows[k]["img_s"] for k in STOKER if "img_s" in rows.get(k, {})), default=None)
     if best_stoker:
-        for k, name in (("torchvision", "vs_torchvision"), ("dali-reader", "vs_dali_reader"),
-                        ("ceiling", "of_ceiling"), ("ffcv", "vs_ffcv")):
+        for k, name in (
+            ("torchvision", "vs_torchvision"),
+            ("dali-reader", "vs_dali_reader"),
+            ("ceiling", "of_ceiling"),
+            ("ffcv", "vs_ffcv"),
+        ):
             if "img_s" in rows.get(k, {}):
                 summary[name] = best_stoker / rows[k]["img_s"]
-    return BenchResult(data=str(split), images=images, batch_size=batch_size, crop=crop, workers=cores,
-                       epochs=epochs, seconds_limit=seconds, baseline=base_kind, rows=out_rows, summary=summary,
-                       notes=notes)
+    return BenchResult(
+        data=str(split),
+        images=images,
+        batch_size=batch_size,
+        crop=crop,
+        workers=cores,
+        epochs=epochs,
+        seconds_limit=seconds,
+        baseline=base_kind,
+        rows=out_rows,
+        summary=summary,
+        notes=notes,
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     from stoker.pipeline.storage import parse_storage_options
 
-    result = bench(args.data, storage_options=parse_storage_options(args.storage_option) or None,
-                   images=args.images, batch_size=args.batch_size,
-                   crop=args.crop, epochs=args.epochs,
-                   seconds=args.seconds, warmup=args.warmup, workers=args.workers, only=args.only.split(","),
-                   repeat=args.repeat, ffcv_python=args.ffcv_python,
-                   ffcv_max_resolution=args.ffcv_max_resolution, progress=True)
+    result = bench(
+        args.data,
+        storage_options=parse_storage_options(args.storage_option) or None,
+        images=args.images,
+        batch_size=args.batch_size,
+        crop=args.crop,
+        epochs=args.epochs,
+        seconds=args.seconds,
+        warmup=args.warmup,
+        workers=args.workers,
+        only=args.only.split(","),
+        repeat=args.repeat,
+        ffcv_python=args.ffcv_python,
+        ffcv_max_resolution=args.ffcv_max_resolution,
+        progress=True,
+    )
     if args.plot:
         result.plot(args.plot)
     print(json.dumps(result.to_dict(), indent=1) if args.json else result.format_table())

@@ -35,13 +35,19 @@ def _make_loader(cfg: dict, device):
     if cfg["loader"] == "stoker":
         from stoker.pipeline.loader import Loader
 
-        loader = Loader(cfg["data"], batch_size=cfg["batch_size"], crop=cfg["crop"], device=device,
-                        threads=cfg["workers"])
+        loader = Loader(
+            cfg["data"], batch_size=cfg["batch_size"], crop=cfg["crop"], device=device, threads=cfg["workers"]
+        )
         return loader, len(loader.dataset.classes)
     from .bench_runners import torchvision_loader
 
-    dl, ds = torchvision_loader(cfg["images"], batch_size=cfg["batch_size"], crop=cfg["crop"],
-                                workers=cfg["workers"], pin_memory=device.type == "cuda")
+    dl, ds = torchvision_loader(
+        cfg["images"],
+        batch_size=cfg["batch_size"],
+        crop=cfg["crop"],
+        workers=cfg["workers"],
+        pin_memory=device.type == "cuda",
+    )
     return dl, len(ds.classes)
 
 
@@ -63,8 +69,12 @@ class _Meter:
 
     def result(self) -> dict:
         elapsed = time.perf_counter() - self.t0
-        return {"images": self.images, "steps": self.steps, "seconds": round(elapsed, 2),
-                "images_per_s": round(self.images / elapsed, 1)}
+        return {
+            "images": self.images,
+            "steps": self.steps,
+            "seconds": round(elapsed, 2),
+            "images_per_s": round(self.images / elapsed, 1),
+        }
 
 
 def _run_plain(cfg: dict, device) -> dict:
@@ -128,9 +138,17 @@ def _run_lightning(cfg: dict, device) -> dict:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    trainer = pl.Trainer(max_epochs=10_000, accelerator="gpu" if device.type == "cuda" else "cpu", devices=1,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0)
+    trainer = pl.Trainer(
+        max_epochs=10_000,
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(Head(), train_dataloaders=loader)
     return meter.result()
 
@@ -178,11 +196,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"{'framework':<11} {'loader':<12} {'images/s':>9} {'steps':>6}  device")
     for framework in frameworks:
         for loader in LOADERS:
-            cfg = {"framework": framework, "loader": loader, "images": args.images, "data": args.data,
-                   "batch_size": args.batch_size, "crop": args.crop, "workers": workers, "seconds": args.seconds}
-            proc = subprocess.run([sys.executable, "-m", "stoker.tools.bench_frameworks", "--images", args.images,
-                                   "--data", args.data, "--child", json.dumps(cfg)],
-                                  capture_output=True, text=True, check=False)
+            cfg = {
+                "framework": framework,
+                "loader": loader,
+                "images": args.images,
+                "data": args.data,
+                "batch_size": args.batch_size,
+                "crop": args.crop,
+                "workers": workers,
+                "seconds": args.seconds,
+            }
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "stoker.tools.bench_frameworks",
+                    "--images",
+                    args.images,
+                    "--data",
+                    args.data,
+                    "--child",
+                    json.dumps(cfg),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
                 row = {**cfg, "error": tail}

@@ -33,18 +33,23 @@ _BOTH = {"off": [False], "on": [True], "both": [False, True]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", default="resnet50,inception",
-                   help="comma-separated: inception, report, or torchvision names (default: %(default)s)")
+    p.add_argument(
+        "--models",
+        default="resnet50,inception",
+        help="comma-separated: inception, report, or torchvision names (default: %(default)s)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
     p.add_argument("--batch-size", type=int, default=None, help="default: 256 on GPU, 16 on CPU")
     p.add_argument("--image-size", type=int, default=None, help="default: 224 on GPU, 64 on CPU")
     p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--amp", default=None,
-                   help="comma-separated fp32,bf16,fp16 (default: all three on GPU, fp32,bf16 on CPU)")
+    p.add_argument(
+        "--amp", default=None, help="comma-separated fp32,bf16,fp16 (default: all three on GPU, fp32,bf16 on CPU)"
+    )
     p.add_argument("--channels-last", choices=tuple(_BOTH), default="both", help="default: both")
     p.add_argument("--compile", choices=tuple(_BOTH), default=None, help="default: both on GPU, off on CPU")
-    p.add_argument("--seconds", type=float, default=None,
-                   help="timed seconds per setting (default: 5 on GPU, 1 on CPU)")
+    p.add_argument(
+        "--seconds", type=float, default=None, help="timed seconds per setting (default: 5 on GPU, 1 on CPU)"
+    )
     p.add_argument("--steps-min", type=int, default=5, help="timed steps per setting at least (default: %(default)s)")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
@@ -83,12 +88,13 @@ class BenchModelResult(Result):
 
     def format_table(self) -> str:
         """The human table ``stoker bench-model`` prints."""
-        lines = [f"stoker bench-model: {self.device_name}, torch {self.torch}, {self.date}",
-                 f"batch {self.batch_size} x {self.image_size}x{self.image_size} synthetic uint8 on {self.device}, "
-                 f"forward + backward + SGD step",
-                 "",
-                 f"{'model':<14}{'amp':<6}{'channels_last':<15}{'compile':<9}{'images/s':>10}{'ms/step':>10}"
-                 f"{'vs fp32':>9}"]
+        lines = [
+            f"stoker bench-model: {self.device_name}, torch {self.torch}, {self.date}",
+            f"batch {self.batch_size} x {self.image_size}x{self.image_size} synthetic uint8 on {self.device}, "
+            f"forward + backward + SGD step",
+            "",
+            f"{'model':<14}{'amp':<6}{'channels_last':<15}{'compile':<9}{'images/s':>10}{'ms/step':>10}{'vs fp32':>9}",
+        ]
         for r in self.rows:
             yes_no = ["yes" if r[k] else "no" for k in ("channels_last", "compile")]
             head = f"{r['model']:<14}{r['amp']:<6}{yes_no[0]:<15}{yes_no[1]:<9}"
@@ -100,10 +106,21 @@ class BenchModelResult(Result):
         return "\n".join(lines)
 
 
-def bench_model(models: Sequence[str], *, device: str = "auto", batch_size: Optional[int] = None,
-                image_size: Optional[int] = None, num_classes: int = 1000, amps: Optional[Sequence[str]] = None,
-                channels_last: str = "both", compile: Optional[str] = None, seconds: Optional[float] = None,
-                steps_min: int = 5, warmup_steps: int = 3, progress: bool = True) -> BenchModelResult:
+def bench_model(
+    models: Sequence[str],
+    *,
+    device: str = "auto",
+    batch_size: Optional[int] = None,
+    image_size: Optional[int] = None,
+    num_classes: int = 1000,
+    amps: Optional[Sequence[str]] = None,
+    channels_last: str = "both",
+    compile: Optional[str] = None,
+    seconds: Optional[float] = None,
+    steps_min: int = 5,
+    warmup_steps: int = 3,
+    progress: bool = True,
+) -> BenchModelResult:
     """Train each model on a synthetic uint8 batch on the device, for every setting; images/s.
 
     Args:
@@ -157,9 +174,18 @@ def bench_model(models: Sequence[str], *, device: str = "auto", batch_size: Opti
         try:
             torch.manual_seed(0)
             net = build_model(m, num_classes, image_size=image_size)
-            r = measure_model(net, batch_size=batch_size, image_size=image_size, device=dev,
-                              amp=_AMP_NAMES[a], channels_last=cl, compile=co, seconds=seconds, steps_min=steps_min,
-                              warmup_steps=warmup_steps)
+            r = measure_model(
+                net,
+                batch_size=batch_size,
+                image_size=image_size,
+                device=dev,
+                amp=_AMP_NAMES[a],
+                channels_last=cl,
+                compile=co,
+                seconds=seconds,
+                steps_min=steps_min,
+                warmup_steps=warmup_steps,
+            )
             row.update({k: r[k] for k in ("images_per_s", "step_ms", "steps", "first_step_s", "params", "peak_mem_mb")})
         except Exception as e:  # one setting failing (no fp16 kernel, compiler missing) must not end the table
             row["error"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
@@ -171,18 +197,37 @@ def bench_model(models: Sequence[str], *, device: str = "auto", batch_size: Opti
     return BenchModelResult(
         date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         device=str(dev),
-        device_name=(torch.cuda.get_device_name(dev) if gpu
-                     else f"CPU {platform.processor() or platform.machine()} x {torch.get_num_threads()} threads"),
-        torch=torch.__version__, batch_size=batch_size, image_size=image_size, num_classes=num_classes,
-        seconds=seconds, warmup_steps=warmup_steps, rows=rows)
+        device_name=(
+            torch.cuda.get_device_name(dev)
+            if gpu
+            else f"CPU {platform.processor() or platform.machine()} x {torch.get_num_threads()} threads"
+        ),
+        torch=torch.__version__,
+        batch_size=batch_size,
+        image_size=image_size,
+        num_classes=num_classes,
+        seconds=seconds,
+        warmup_steps=warmup_steps,
+        rows=rows,
+    )
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> None:
     """Set each row's ``speedup``: its images/s over the same model's plain fp32 row (fp32, no
     channels_last, no compile); None for a failed row or a model without that row."""
     for r in rows:
-        base = next((b for b in rows if b["model"] == r["model"] and b["amp"] == "fp32" and not b["channels_last"]
-                     and not b["compile"] and "images_per_s" in b), None)
+        base = next(
+            (
+                b
+                for b in rows
+                if b["model"] == r["model"]
+                and b["amp"] == "fp32"
+                and not b["channels_last"]
+                and not b["compile"]
+                and "images_per_s" in b
+            ),
+            None,
+        )
         r["speedup"] = r["images_per_s"] / base["images_per_s"] if base and "images_per_s" in r else None
 
 
@@ -192,10 +237,20 @@ def main(args: argparse.Namespace) -> int:
     if not models:
         raise UsageError("--models is empty")
     try:
-        result = bench_model(models, device=args.device, batch_size=args.batch_size, image_size=args.image_size,
-                             num_classes=args.num_classes, amps=amps, channels_last=args.channels_last,
-                             compile=args.compile, seconds=args.seconds, steps_min=args.steps_min,
-                             warmup_steps=args.warmup_steps, progress=args.progress)
+        result = bench_model(
+            models,
+            device=args.device,
+            batch_size=args.batch_size,
+            image_size=args.image_size,
+            num_classes=args.num_classes,
+            amps=amps,
+            channels_last=args.channels_last,
+            compile=args.compile,
+            seconds=args.seconds,
+            steps_min=args.steps_min,
+            warmup_steps=args.warmup_steps,
+            progress=args.progress,
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(json.dumps(result.to_dict(), indent=1) if args.json else result.format_table())

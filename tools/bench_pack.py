@@ -46,15 +46,19 @@ HELP = "benchmark stoker pack against a plain webdataset+Pillow loop, 1..N worke
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", metavar="SRC", help="image folder (ImageFolder tree or flat folder)")
-    p.add_argument("--workers", default="", metavar="LIST",
-                   help=f"worker counts to run, e.g. 1,2,4 (default: 1..{os.cpu_count()})")
+    p.add_argument(
+        "--workers", default="", metavar="LIST", help=f"worker counts to run, e.g. 1,2,4 (default: 1..{os.cpu_count()})"
+    )
     p.add_argument("--short-side", type=int, default=256, help="resize target of both sides (default 256)")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality of both sides (default 90)")
     p.add_argument("--limit", type=int, default=0, metavar="N", help="use only N images (a seeded random subset)")
     p.add_argument("--repeat", type=int, default=2, help="rounds per worker count; the best round counts (default 2)")
-    p.add_argument("--plain-python", metavar="PATH",
-                   help="run the plain loop with this python (needs pillow + webdataset, e.g. stock Pillow "
-                        "from PyPI; default: in this process, with this process's Pillow)")
+    p.add_argument(
+        "--plain-python",
+        metavar="PATH",
+        help="run the plain loop with this python (needs pillow + webdataset, e.g. stock Pillow "
+        "from PyPI; default: in this process, with this process's Pillow)",
+    )
     p.add_argument("--tmp", metavar="DIR", help="where to write the shards (default: the system temp folder)")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
 
@@ -80,8 +84,9 @@ def plain_info(python: Optional[str] = None) -> dict:
     return _plain_subprocess(python, {"info": True})
 
 
-def plain_pack(src: Path, out: Path, *, workers: int, short_side: int, quality: int,
-               python: Optional[str] = None) -> dict:
+def plain_pack(
+    src: Path, out: Path, *, workers: int, short_side: int, quality: int, python: Optional[str] = None
+) -> dict:
     """Pack ``src`` the plain way into ``out``, in this process or with ``python``.
 
     Returns ``{"count", "wall", "cpu"}``: the loop's own wall and CPU seconds (pool included,
@@ -90,8 +95,13 @@ def plain_pack(src: Path, out: Path, *, workers: int, short_side: int, quality: 
     from .packsource import scan
 
     source = scan(src, seed=0)
-    cfg = {"items": [(source.path(it), it.label) for it in source.splits["train"]], "out": str(out),
-           "workers": workers, "short_side": short_side, "quality": quality}
+    cfg = {
+        "items": [(source.path(it), it.label) for it in source.splits["train"]],
+        "out": str(out),
+        "workers": workers,
+        "short_side": short_side,
+        "quality": quality,
+    }
     if python is None:
         return plain.measure(cfg)
     return _plain_subprocess(python, cfg)
@@ -114,11 +124,17 @@ def link_image_folder(src: Path, dst: Path, limit: int = 0) -> int:
     subdirs = [e for e in os.scandir(src) if e.is_dir() and not e.name.startswith(".")]
     if subdirs:
         source = scan(src, seed=0)
-        items = [(source.path(it), it.rel.replace("/", "__"), source.classes[it.label])
-                 for split in source.splits.values() for it in split]
+        items = [
+            (source.path(it), it.rel.replace("/", "__"), source.classes[it.label])
+            for split in source.splits.values()
+            for it in split
+        ]
     else:
-        items = [(str(src / e.name), e.name, "all") for e in sorted(os.scandir(src), key=lambda e: e.name)
-                 if not e.name.startswith(".") and os.path.splitext(e.name)[1].lower() in IMAGE_EXTS]
+        items = [
+            (str(src / e.name), e.name, "all")
+            for e in sorted(os.scandir(src), key=lambda e: e.name)
+            if not e.name.startswith(".") and os.path.splitext(e.name)[1].lower() in IMAGE_EXTS
+        ]
     if not items:
         raise UsageError(f"SRC {src} holds no images")
     if limit:
@@ -168,23 +184,36 @@ class BenchPackResult(Result):
     def format_table(self) -> str:
         """The human report ``stoker bench-pack`` prints."""
         where = f"with {self.plain_python}" if self.plain_python else f"in this process ({sys.executable})"
-        lines = [f"{self.images:,} images from {self.src}, short side {self.short_side}, q{self.quality}, "
-                 f"{self.cores} cores, best of {self.repeat}",
-                 f"stoker: {_pillow_name(self.pillow)}, in this process ({sys.executable})",
-                 f"plain:  {_pillow_name(self.plain_pillow)}, {where}",
-                 f"{'workers':>7} {'stoker img/s':>12} {'plain img/s':>11} {'stoker/w':>9} {'plain/w':>8} "
-                 f"{'ratio':>6} {'scaling s/p':>12} {'img/cpu-s s/p':>14} {'cpu ratio':>9}"]
+        lines = [
+            f"{self.images:,} images from {self.src}, short side {self.short_side}, q{self.quality}, "
+            f"{self.cores} cores, best of {self.repeat}",
+            f"stoker: {_pillow_name(self.pillow)}, in this process ({sys.executable})",
+            f"plain:  {_pillow_name(self.plain_pillow)}, {where}",
+            f"{'workers':>7} {'stoker img/s':>12} {'plain img/s':>11} {'stoker/w':>9} {'plain/w':>8} "
+            f"{'ratio':>6} {'scaling s/p':>12} {'img/cpu-s s/p':>14} {'cpu ratio':>9}",
+        ]
         for r in self.rows:
-            lines.append(f"{r['workers']:>7} {r['stoker_img_s']:>12,.0f} {r['plain_img_s']:>11,.0f} "
-                         f"{r['stoker_img_s_per_worker']:>9,.0f} {r['plain_img_s_per_worker']:>8,.0f} "
-                         f"{r['ratio']:>5.2f}x {r['stoker_scaling']:>6.2f}/{r['plain_scaling']:<5.2f} "
-                         f"{r['stoker_img_per_cpu_s']:>7,.0f}/{r['plain_img_per_cpu_s']:<6,.0f} "
-                         f"{r['cpu_ratio']:>8.2f}x")
+            lines.append(
+                f"{r['workers']:>7} {r['stoker_img_s']:>12,.0f} {r['plain_img_s']:>11,.0f} "
+                f"{r['stoker_img_s_per_worker']:>9,.0f} {r['plain_img_s_per_worker']:>8,.0f} "
+                f"{r['ratio']:>5.2f}x {r['stoker_scaling']:>6.2f}/{r['plain_scaling']:<5.2f} "
+                f"{r['stoker_img_per_cpu_s']:>7,.0f}/{r['plain_img_per_cpu_s']:<6,.0f} "
+                f"{r['cpu_ratio']:>8.2f}x"
+            )
         return "\n".join(lines)
 
 
-def _best_rates(name: str, folder: Path, out: Path, n: int, *, workers: int, short_side: int, quality: int,
-                plain_python: Optional[str]) -> tuple[float, float]:
+def _best_rates(
+    name: str,
+    folder: Path,
+    out: Path,
+    n: int,
+    *,
+    workers: int,
+    short_side: int,
+    quality: int,
+    plain_python: Optional[str],
+) -> tuple[float, float]:
     """One run of one side: ``(images/s, images per CPU-second)``."""
     if name == "stoker":
         c0, t0 = plain.cpu_seconds(), time.perf_counter()
@@ -199,9 +228,17 @@ def _best_rates(name: str, folder: Path, out: Path, n: int, *, workers: int, sho
     return n / dt, n / cpu
 
 
-def bench_pack(src: str | Path, *, workers: Optional[Sequence[int]] = None, short_side: int = 256,
-               quality: int = 90, limit: int = 0, repeat: int = 2, tmp: Optional[str] = None,
-               plain_python: Optional[str] = None) -> BenchPackResult:
+def bench_pack(
+    src: str | Path,
+    *,
+    workers: Optional[Sequence[int]] = None,
+    short_side: int = 256,
+    quality: int = 90,
+    limit: int = 0,
+    repeat: int = 2,
+    tmp: Optional[str] = None,
+    plain_python: Optional[str] = None,
+) -> BenchPackResult:
     """Pack ``src`` with stoker (``--reencode``) and with the plain loop, per worker count.
 
     Everything is written under a temporary folder (in ``tmp``) and removed.
@@ -250,20 +287,46 @@ def bench_pack(src: str | Path, *, workers: Optional[Sequence[int]] = None, shor
             best = {"stoker": (0.0, 0.0), "plain": (0.0, 0.0)}
             for r in range(repeat):
                 for name in ("stoker", "plain"):
-                    rate, per_cpu = _best_rates(name, folder, root / f"{name}-w{w}-r{r}", n, workers=w,
-                                                short_side=short_side, quality=quality, plain_python=plain_python)
+                    rate, per_cpu = _best_rates(
+                        name,
+                        folder,
+                        root / f"{name}-w{w}-r{r}",
+                        n,
+                        workers=w,
+                        short_side=short_side,
+                        quality=quality,
+                        plain_python=plain_python,
+                    )
                     best[name] = (max(best[name][0], rate), max(best[name][1], per_cpu))
             (s_rate, s_cpu), (p_rate, p_cpu) = best["stoker"], best["plain"]
-            rows.append({"workers": w, "stoker_img_s": s_rate, "plain_img_s": p_rate,
-                         "stoker_img_s_per_worker": s_rate / w, "plain_img_s_per_worker": p_rate / w,
-                         "ratio": s_rate / p_rate, "stoker_img_per_cpu_s": s_cpu, "plain_img_per_cpu_s": p_cpu,
-                         "cpu_ratio": s_cpu / p_cpu})
+            rows.append(
+                {
+                    "workers": w,
+                    "stoker_img_s": s_rate,
+                    "plain_img_s": p_rate,
+                    "stoker_img_s_per_worker": s_rate / w,
+                    "plain_img_s_per_worker": p_rate / w,
+                    "ratio": s_rate / p_rate,
+                    "stoker_img_per_cpu_s": s_cpu,
+                    "plain_img_per_cpu_s": p_cpu,
+                    "cpu_ratio": s_cpu / p_cpu,
+                }
+            )
         for row in rows:
             row["stoker_scaling"] = row["stoker_img_s"] / rows[0]["stoker_img_s"]
             row["plain_scaling"] = row["plain_img_s"] / rows[0]["plain_img_s"]
-        return BenchPackResult(src=str(src), images=n, cores=os.cpu_count(), short_side=short_side, quality=quality,
-                               repeat=repeat, pillow=pillow_info(), plain_pillow=plain_pillow,
-                               plain_python=plain_python, rows=rows)
+        return BenchPackResult(
+            src=str(src),
+            images=n,
+            cores=os.cpu_count(),
+            short_side=short_side,
+            quality=quality,
+            repeat=repeat,
+            pillow=pillow_info(),
+            plain_pillow=plain_pillow,
+            plain_python=plain_python,
+            rows=rows,
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -281,8 +344,16 @@ def _workers(spec: str) -> Optional[list[int]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    report = bench_pack(args.src, workers=_workers(args.workers), short_side=args.short_side, quality=args.quality,
-                        limit=args.limit, repeat=args.repeat, tmp=args.tmp, plain_python=args.plain_python)
+    report = bench_pack(
+        args.src,
+        workers=_workers(args.workers),
+        short_side=args.short_side,
+        quality=args.quality,
+        limit=args.limit,
+        repeat=args.repeat,
+        tmp=args.tmp,
+        plain_python=args.plain_python,
+    )
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.format_table())
     sys.stdout.flush()
     return 0

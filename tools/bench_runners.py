@@ -33,11 +33,24 @@ def torchvision_loader(root, *, batch_size: int, crop: int, workers: int, pin_me
 
     from stoker.model.normalize import IMAGENET_MEAN, IMAGENET_STD
 
-    tf = transforms.Compose([transforms.RandomResizedCrop(crop), transforms.RandomHorizontalFlip(),
-                             transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    tf = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(crop),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
     ds = datasets.ImageFolder(str(root), transform=tf)
-    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers,
-                                       drop_last=True, pin_memory=pin_memory, persistent_workers=workers > 0), ds
+    return torch.utils.data.DataLoader(
+        ds,
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        drop_last=True,
+        pin_memory=pin_memory,
+        persistent_workers=workers > 0,
+    ), ds
 
 
 def _run_torchvision(cfg):
@@ -59,21 +72,36 @@ def _run_wds(cfg):
     import webdataset as wds
     from torchvision import transforms
 
-    tf = transforms.Compose([transforms.RandomResizedCrop(cfg["crop"]), transforms.RandomHorizontalFlip(),
-                             transforms.PILToTensor()])
+    tf = transforms.Compose(
+        [transforms.RandomResizedCrop(cfg["crop"]), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]
+    )
     # explicit decoding of the declared keys only (no webdataset auto/pickle decoders)
     tars = _shards(cfg["data"])
-    ds = (wds.WebDataset(tars, shardshuffle=len(tars), empty_check=False,
-                         workersplitter=wds.split_by_worker)
-          .shuffle(1000).to_tuple("jpg;jpeg;png", "cls").map(_wds_decode).map_tuple(tf, lambda c: c)
-          .batched(cfg["batch_size"], partial=False))
+    ds = (
+        wds.WebDataset(tars, shardshuffle=len(tars), empty_check=False, workersplitter=wds.split_by_worker)
+        .shuffle(1000)
+        .to_tuple("jpg;jpeg;png", "cls")
+        .map(_wds_decode)
+        .map_tuple(tf, lambda c: c)
+        .batched(cfg["batch_size"], partial=False)
+    )
     dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=cfg["workers"], persistent_workers=True)
     return timed(epochs(lambda e: iter(dl), cfg["epochs"] + 1), cfg)
 
 
-def reader_pipeline(paths: list, index_paths: list, *, batch_size: int, crop: int, threads: int = 2,
-                    seed: int = 0, decode: str = "cpu", device_id: Optional[int] = None,
-                    shuffle_buffer: int = 1024, train: bool = True):
+def reader_pipeline(
+    paths: list,
+    index_paths: list,
+    *,
+    batch_size: int,
+    crop: int,
+    threads: int = 2,
+    seed: int = 0,
+    decode: str = "cpu",
+    device_id: Optional[int] = None,
+    shuffle_buffer: int = 1024,
+    train: bool = True,
+):
     """DALI's own ``fn.readers.webdataset`` graph over the same shards, column ``dali-reader``:
     buffer shuffle, shard order kept, DALI's random crop. A reference, not used by the Loader."""
     from nvidia.dali import fn, pipeline_def, types
@@ -83,21 +111,29 @@ def reader_pipeline(paths: list, index_paths: list, *, batch_size: int, crop: in
     @pipeline_def
     def reader_graph():
         jpegs, labels = fn.readers.webdataset(
-            paths=paths, index_paths=index_paths, ext=["jpg;jpeg;png", "cls"],
-            missing_component_behavior="skip", random_shuffle=train,
-            initial_fill=shuffle_buffer, name="reader", seed=seed,
-            dtypes=[types.UINT8, types.UINT8])
+            paths=paths,
+            index_paths=index_paths,
+            ext=["jpg;jpeg;png", "cls"],
+            missing_component_behavior="skip",
+            random_shuffle=train,
+            initial_fill=shuffle_buffer,
+            name="reader",
+            seed=seed,
+            dtypes=[types.UINT8, types.UINT8],
+        )
         if train:
-            images = fn.decoders.image_random_crop(jpegs, device=decode, output_type=types.RGB,
-                                                   random_area=list(SCALE), random_aspect_ratio=list(RATIO))
+            images = fn.decoders.image_random_crop(
+                jpegs, device=decode, output_type=types.RGB, random_area=list(SCALE), random_aspect_ratio=list(RATIO)
+            )
             images = fn.resize(images, size=[crop, crop])
             mirror = fn.random.coin_flip()
         else:
             images = fn.decoders.image(jpegs, device=decode, output_type=types.RGB)
             images = fn.resize(images, resize_shorter=round(crop / VAL_CROP_FRACTION))
             mirror = 0
-        images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW",
-                                          crop=[crop, crop], mirror=mirror)
+        images = fn.crop_mirror_normalize(
+            images, dtype=types.UINT8, output_layout="CHW", crop=[crop, crop], mirror=mirror
+        )
         return images, labels
 
     return reader_graph(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed)
@@ -109,8 +145,9 @@ def _run_dali_reader(cfg):
     from stoker.pipeline.shards.manifest import idx_path
 
     tars = _shards(cfg["data"])
-    pipe = reader_pipeline(tars, [str(idx_path(t)) for t in tars], batch_size=cfg["batch_size"],
-                           crop=cfg["crop"], threads=cfg["workers"])
+    pipe = reader_pipeline(
+        tars, [str(idx_path(t)) for t in tars], batch_size=cfg["batch_size"], crop=cfg["crop"], threads=cfg["workers"]
+    )
     pipe.build()
     per_epoch = max(1, pipe.epoch_size("reader") // cfg["batch_size"])
 
@@ -125,8 +162,15 @@ def _run_dali_reader(cfg):
 def _run_stoker(cfg, backend, device="cpu", **kw):
     from stoker.pipeline import Loader
 
-    loader = Loader(cfg["data"], batch_size=cfg["batch_size"], crop=cfg["crop"], backend=backend,
-                    threads=cfg["workers"], device=device, **kw)
+    loader = Loader(
+        cfg["data"],
+        batch_size=cfg["batch_size"],
+        crop=cfg["crop"],
+        backend=backend,
+        threads=cfg["workers"],
+        device=device,
+        **kw,
+    )
 
     def epoch(e):
         loader.set_epoch(e)
@@ -162,7 +206,7 @@ def _run_ceiling(cfg):
     with get_context("fork").Pool(w) as pool:
         pool.map(_decode_all, [(cfg["data"], lo, min(hi, lo + 20)) for _, lo, hi in parts])  # warm-up
         t0, cpu0, done = time.perf_counter(), tree_cpu(), 0
-        for e in range(10 ** 6):
+        for e in range(10**6):
             pool.map(_decode_all, parts)
             done += n
             elapsed = time.perf_counter() - t0
@@ -170,13 +214,22 @@ def _run_ceiling(cfg):
             if elapsed > cfg["seconds"] or (e + 1 >= cfg["epochs"] and elapsed > min(1.0, cfg["seconds"])):
                 break
         wall, cpu, rss = time.perf_counter() - t0, tree_cpu() - cpu0, tree_peak_rss()
-    return {"images": done, "seconds": wall, "img_s": done / wall, "cpu_pct": 100 * cpu / wall,
-            "peak_rss": rss, "bytes_per_batch": 0}
+    return {
+        "images": done,
+        "seconds": wall,
+        "img_s": done / wall,
+        "cpu_pct": 100 * cpu / wall,
+        "peak_rss": rss,
+        "bytes_per_batch": 0,
+    }
 
 
 RUNNERS = {
-    "torchvision": _run_torchvision, "wds": _run_wds, "dali-reader": _run_dali_reader,
-    "stoker-dali": lambda c: _run_stoker(c, "dali"), "stoker-pil": lambda c: _run_stoker(c, "pil"),
+    "torchvision": _run_torchvision,
+    "wds": _run_wds,
+    "dali-reader": _run_dali_reader,
+    "stoker-dali": lambda c: _run_stoker(c, "dali"),
+    "stoker-pil": lambda c: _run_stoker(c, "pil"),
     "stoker-nvjpeg": lambda c: _run_stoker(c, "nvjpeg", device="cuda"),
     "stoker-dali-dali-resize": lambda c: _run_stoker(c, "dali", cpu_resize="dali"),
     "ceiling": _run_ceiling,

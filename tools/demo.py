@@ -37,8 +37,9 @@ def default_cache() -> Path:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache", type=Path, default=None,
-                   help=f"where data, shards and runs go (default: {default_cache()})")
+    p.add_argument(
+        "--cache", type=Path, default=None, help=f"where data, shards and runs go (default: {default_cache()})"
+    )
     p.add_argument("--per-class", type=int, default=200, help="training images per class (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=4, help="training epochs (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=64, help="(default: %(default)s)")
@@ -95,25 +96,37 @@ class DemoResult(Result):
         t, b = self.train, self.loader
         top1 = t["val_top1"]
         verdict = "above chance" if top1 is not None and top1 > 2 * self.chance_top1 else "NOT clearly above chance"
-        return "\n".join([
-            "",
-            "stoker demo: summary",
-            f"  packed        {self.packed['train']:,} train + {self.packed['val']:,} val images, "
-            f"{self.rejected} rejected (listed in {Path(self.shards) / 'rejects.jsonl'})",
-            f"  loader        stoker {b['stoker_images_per_s']:,.0f} img/s ({b['stoker_backend']}) vs torchvision "
-            f"{b['torchvision_images_per_s']:,.0f} img/s: {b['speedup']:.1f}x",
-            f"  training      {t['images_per_s'] or 0:,.0f} img/s on {t['device']} (amp {t['amp']}), "
-            f"data wait {100 * (t['data_wait'] or 0):.0f}% of train time, {t['steps']} steps in {t['seconds']:.0f} s",
-            f"  val top-1     {100 * (top1 or 0):.1f}% (top-5 {100 * (t['val_top5'] or 0):.1f}%, chance "
-            f"{100 * self.chance_top1:.1f}%): {verdict}",
-            f"  run           {self.run}",
-            f"  total         {self.seconds:.0f} s",
-        ])
+        return "\n".join(
+            [
+                "",
+                "stoker demo: summary",
+                f"  packed        {self.packed['train']:,} train + {self.packed['val']:,} val images, "
+                f"{self.rejected} rejected (listed in {Path(self.shards) / 'rejects.jsonl'})",
+                f"  loader        stoker {b['stoker_images_per_s']:,.0f} img/s ({b['stoker_backend']}) vs torchvision "
+                f"{b['torchvision_images_per_s']:,.0f} img/s: {b['speedup']:.1f}x",
+                f"  training      {t['images_per_s'] or 0:,.0f} img/s on {t['device']} (amp {t['amp']}), "
+                f"data wait {100 * (t['data_wait'] or 0):.0f}% of train time, "
+                f"{t['steps']} steps in {t['seconds']:.0f} s",
+                f"  val top-1     {100 * (top1 or 0):.1f}% (top-5 {100 * (t['val_top5'] or 0):.1f}%, chance "
+                f"{100 * self.chance_top1:.1f}%): {verdict}",
+                f"  run           {self.run}",
+                f"  total         {self.seconds:.0f} s",
+            ]
+        )
 
 
-def demo(*, cache: str | Path | None = None, per_class: int = 200, epochs: int = 4, batch_size: int = 64,
-         crop: Optional[int] = None, device: str = "auto", bench_seconds: float = 8.0, tiny: bool = False,
-         say: Optional[Callable[[str], None]] = None) -> DemoResult:
+def demo(
+    *,
+    cache: str | Path | None = None,
+    per_class: int = 200,
+    epochs: int = 4,
+    batch_size: int = 64,
+    crop: Optional[int] = None,
+    device: str = "auto",
+    bench_seconds: float = 8.0,
+    tiny: bool = False,
+    say: Optional[Callable[[str], None]] = None,
+) -> DemoResult:
     """Generate a small dataset, pack it, benchmark the loader on it, train on it.
 
     The dataset and shards are cached in ``cache`` and reused; each call trains anew.
@@ -170,16 +183,45 @@ def demo(*, cache: str | Path | None = None, per_class: int = 200, epochs: int =
 
     say(f"[4/4] train the inception-block network, {epochs} epoch(s)")
     run_dir = cache / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    summary = train(TrainConfig(data=str(shards), out=str(run_dir), arch="inception", epochs=epochs,
-                                batch_size=batch_size, crop=crop, device=device, seed=0,
-                                warmup_epochs=min(1.0, epochs / 4), lr=0.05 if not tiny else None,
-                                progress=sys.stderr.isatty(), log_every=10))
-    keys = ("images_per_s", "data_wait", "val_top1", "val_top5", "val_samples", "train_loss", "steps", "seconds",
-            "device", "amp")
-    return DemoResult(images=str(images), shards=str(shards), run=str(run_dir),
-                      packed={split: t["samples"] for split, t in packed.splits.items()}, rejected=packed.rejected,
-                      loader=loader, train={k: summary.get(k) for k in keys}, chance_top1=1 / len(classes),
-                      seconds=time.perf_counter() - t0)
+    summary = train(
+        TrainConfig(
+            data=str(shards),
+            out=str(run_dir),
+            arch="inception",
+            epochs=epochs,
+            batch_size=batch_size,
+            crop=crop,
+            device=device,
+            seed=0,
+            warmup_epochs=min(1.0, epochs / 4),
+            lr=0.05 if not tiny else None,
+            progress=sys.stderr.isatty(),
+            log_every=10,
+        )
+    )
+    keys = (
+        "images_per_s",
+        "data_wait",
+        "val_top1",
+        "val_top5",
+        "val_samples",
+        "train_loss",
+        "steps",
+        "seconds",
+        "device",
+        "amp",
+    )
+    return DemoResult(
+        images=str(images),
+        shards=str(shards),
+        run=str(run_dir),
+        packed={split: t["samples"] for split, t in packed.splits.items()},
+        rejected=packed.rejected,
+        loader=loader,
+        train={k: summary.get(k) for k in keys},
+        chance_top1=1 / len(classes),
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def _bench(shards: Path, images: Path, *, crop: int, batch_size: int, seconds: float) -> dict:
@@ -189,20 +231,41 @@ def _bench(shards: Path, images: Path, *, crop: int, batch_size: int, seconds: f
     from .bench import bench
 
     ours = "stoker-dali" if HAS_DALI else "stoker-pil"
-    result = bench(shards, images=images, only=["torchvision", ours], crop=crop, batch_size=batch_size,
-                   seconds=seconds, epochs=3, warmup=1, progress=True)
+    result = bench(
+        shards,
+        images=images,
+        only=["torchvision", ours],
+        crop=crop,
+        batch_size=batch_size,
+        seconds=seconds,
+        epochs=3,
+        warmup=1,
+        progress=True,
+    )
     rows = {r["pipeline"]: r for r in result.rows}
     for r in rows.values():
         if "img_s" not in r:
             raise UsageError(f"loader benchmark failed ({r['label']}): {r.get('error')}")
     base, mine = rows["torchvision"]["img_s"], rows[ours]["img_s"]
-    return {"torchvision_images_per_s": base, "stoker_images_per_s": mine,
-            "stoker_backend": ours.split("-")[1], "speedup": mine / base}
+    return {
+        "torchvision_images_per_s": base,
+        "stoker_images_per_s": mine,
+        "stoker_backend": ours.split("-")[1],
+        "speedup": mine / base,
+    }
 
 
 def main(args: argparse.Namespace) -> int:
-    result = demo(cache=args.cache, per_class=args.per_class, epochs=args.epochs, batch_size=args.batch_size,
-                  crop=args.crop, device=args.device, bench_seconds=args.bench_seconds, tiny=args.tiny,
-                  say=lambda line: print(line, flush=True))
+    result = demo(
+        cache=args.cache,
+        per_class=args.per_class,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        crop=args.crop,
+        device=args.device,
+        bench_seconds=args.bench_seconds,
+        tiny=args.tiny,
+        say=lambda line: print(line, flush=True),
+    )
     print(json.dumps(result.to_dict(), indent=1) if args.json else result.format_summary())
     return 0

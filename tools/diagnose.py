@@ -51,34 +51,69 @@ HELP = "measure loader, model, transfer and end to end; say what bounds training
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", metavar="DATA", help="stoker shards (split folder or `stoker pack` OUT, local or a URL) "
-                   "or an ImageFolder")
-    p.add_argument("--storage-option", action="append", default=None, metavar="K=V",
-                   help="fsspec storage option for a URL DATA, repeatable")
+    p.add_argument(
+        "data",
+        metavar="DATA",
+        help="stoker shards (split folder or `stoker pack` OUT, local or a URL) or an ImageFolder",
+    )
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=None,
+        metavar="K=V",
+        help="fsspec storage option for a URL DATA, repeatable",
+    )
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--arch", default="inception",
-                   help="stoker network ('inception'; 'report': the report's original network, one regressed "
-                        "output) or a torchvision model name (default inception)")
-    g.add_argument("--model", metavar="MODULE:FACTORY",
-                   help="your network: 'package.module:factory' or 'path/to/file.py:factory'; FACTORY() (given "
-                        "num_classes= when it takes it) returns an nn.Module taking normalized float NCHW input")
+    g.add_argument(
+        "--arch",
+        default="inception",
+        help="stoker network ('inception'; 'report': the report's original network, one regressed "
+        "output) or a torchvision model name (default inception)",
+    )
+    g.add_argument(
+        "--model",
+        metavar="MODULE:FACTORY",
+        help="your network: 'package.module:factory' or 'path/to/file.py:factory'; FACTORY() (given "
+        "num_classes= when it takes it) returns an nn.Module taking normalized float NCHW input",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
     p.add_argument("--crop", type=int, default=224, help="image side the loader produces (default 224)")
     p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
     p.add_argument("--seconds", type=float, default=5.0, help="time budget of each measurement (default 5)")
-    p.add_argument("--amp", choices=("auto", "bf16", "fp16", "off"), default="auto",
-                   help="autocast to measure (auto: bf16 where native, fp16 on GPUs without bf16; "
-                        "skipped on CPUs without native bf16)")
-    p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
-                   help="measure channels_last (auto: when the model has convolutions)")
-    p.add_argument("--backend", choices=("auto", "dali", "nvjpeg", "pil"), default="auto",
-                   help="stoker Loader backend (auto: DALI when installed, else nvjpeg on a CUDA device, else pil)")
+    p.add_argument(
+        "--amp",
+        choices=("auto", "bf16", "fp16", "off"),
+        default="auto",
+        help="autocast to measure (auto: bf16 where native, fp16 on GPUs without bf16; "
+        "skipped on CPUs without native bf16)",
+    )
+    p.add_argument(
+        "--channels-last",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="measure channels_last (auto: when the model has convolutions)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "dali", "nvjpeg", "pil"),
+        default="auto",
+        help="stoker Loader backend (auto: DALI when installed, else nvjpeg on a CUDA device, else pil)",
+    )
     p.add_argument("--decode", choices=("auto", "mixed", "cpu"), default="auto", help="stoker Loader decode")
     p.add_argument("--threads", type=int, default=None, help="stoker Loader threads (default: its own)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="DataLoader workers of the torchvision pipeline for an ImageFolder (default: CPU count)")
-    p.add_argument("--pack-sample", type=int, default=256, metavar="N",
-                   help="ImageFolder: images packed into a temporary folder to measure stoker (default 256; 0 skips)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="DataLoader workers of the torchvision pipeline for an ImageFolder (default: CPU count)",
+    )
+    p.add_argument(
+        "--pack-sample",
+        type=int,
+        default=256,
+        metavar="N",
+        help="ImageFolder: images packed into a temporary folder to measure stoker (default 256; 0 skips)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON (every figure) on stdout")
 
 
@@ -128,12 +163,25 @@ def _check_settings(batch_size: int, crop: int, seconds: float, threads: Optiona
         raise UsageError(f"--threads {threads} must be >= 1")
 
 
-def diagnose(data: str | Path, *, storage_options: Optional[dict] = None, arch: str = "inception", model=None,
-             batch_size: int = 64, crop: int = 224,
-             device: Optional[str] = None, seconds: float = 5.0, amp: str = "auto", channels_last: str = "auto",
-             backend: str = "auto", decode: str = "auto", threads: Optional[int] = None,
-             workers: Optional[int] = None, pack_sample_size: int = 256,
-             progress: Optional[Callable[[str], None]] = None) -> Diagnosis:
+def diagnose(
+    data: str | Path,
+    *,
+    storage_options: Optional[dict] = None,
+    arch: str = "inception",
+    model=None,
+    batch_size: int = 64,
+    crop: int = 224,
+    device: Optional[str] = None,
+    seconds: float = 5.0,
+    amp: str = "auto",
+    channels_last: str = "auto",
+    backend: str = "auto",
+    decode: str = "auto",
+    threads: Optional[int] = None,
+    workers: Optional[int] = None,
+    pack_sample_size: int = 256,
+    progress: Optional[Callable[[str], None]] = None,
+) -> Diagnosis:
     """Measure why training on ``data`` is slow: loader, model, transfer, end to end.
 
     Args:
@@ -176,10 +224,22 @@ def diagnose(data: str | Path, *, storage_options: Optional[dict] = None, arch: 
     if num_samples < batch_size:
         raise UsageError(f"--batch-size {batch_size} is larger than the {num_samples} samples in {path}")
     net = build_net(arch, model, num_classes, crop)
-    loader_kw = dict(batch_size=batch_size, train=True, crop=crop, device=device, seed=0, backend=backend,
-                     decode=decode, threads=threads)
-    facts = {"kind": "stoker shards" if kind == "shards" else "ImageFolder", "path": str(path),
-             "samples": num_samples, "classes": num_classes}
+    loader_kw = dict(
+        batch_size=batch_size,
+        train=True,
+        crop=crop,
+        device=device,
+        seed=0,
+        backend=backend,
+        decode=decode,
+        threads=threads,
+    )
+    facts = {
+        "kind": "stoker shards" if kind == "shards" else "ImageFolder",
+        "path": str(path),
+        "samples": num_samples,
+        "classes": num_classes,
+    }
     tmp = None
     alternatives = []
     try:
@@ -188,27 +248,44 @@ def diagnose(data: str | Path, *, storage_options: Optional[dict] = None, arch: 
 
             loader = stoker_loader(path, **loader_kw)
             manifest = Manifest.load(path)
-            facts |= {"pack": manifest.pack, "loader": describe_loader(loader), "backend": chosen,
-                      "loader_hints": loader_hints(manifest, crop)}
+            facts |= {
+                "pack": manifest.pack,
+                "loader": describe_loader(loader),
+                "backend": chosen,
+                "loader_hints": loader_hints(manifest, crop),
+            }
             if threads is not None and threads < cores:
-                alternatives.append({"id": "threads", "label": f"{cores} threads",
-                                     "title": f"Loader threads {cores} (from {threads})",
-                                     "action": f"Loader(..., threads={cores})",
-                                     "loader": stoker_loader(path, **{**loader_kw, "threads": cores})})
+                alternatives.append(
+                    {
+                        "id": "threads",
+                        "label": f"{cores} threads",
+                        "title": f"Loader threads {cores} (from {threads})",
+                        "action": f"Loader(..., threads={cores})",
+                        "loader": stoker_loader(path, **{**loader_kw, "threads": cores}),
+                    }
+                )
             if device.startswith("cuda") and decode == "cpu":
-                alternatives.append({"id": "decode_mixed", "label": 'decode="mixed"',
-                                     "title": 'Decode on the GPU (decode="mixed")',
-                                     "action": 'Loader(..., decode="mixed")',
-                                     "loader": stoker_loader(path, **{**loader_kw, "decode": "mixed"})})
+                alternatives.append(
+                    {
+                        "id": "decode_mixed",
+                        "label": 'decode="mixed"',
+                        "title": 'Decode on the GPU (decode="mixed")',
+                        "action": 'Loader(..., decode="mixed")',
+                        "loader": stoker_loader(path, **{**loader_kw, "decode": "mixed"}),
+                    }
+                )
         else:
             from .bench_runners import torchvision_loader
 
             workers = workers if workers is not None else cores
-            loader, _ = torchvision_loader(path, batch_size=batch_size, crop=crop, workers=workers,
-                                           pin_memory=device.startswith("cuda"))
-            facts |= {"backend": chosen,
-                      "loader": "torchvision ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize, "
-                                f"DataLoader(num_workers={workers}): float32 batches on the host"}
+            loader, _ = torchvision_loader(
+                path, batch_size=batch_size, crop=crop, workers=workers, pin_memory=device.startswith("cuda")
+            )
+            facts |= {
+                "backend": chosen,
+                "loader": "torchvision ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize, "
+                f"DataLoader(num_workers={workers}): float32 batches on the host",
+            }
             n = min(pack_sample_size, num_samples)
             if n > 0:
                 from stoker.pipeline.shards.manifest import Manifest
@@ -217,36 +294,62 @@ def diagnose(data: str | Path, *, storage_options: Optional[dict] = None, arch: 
                 tmp = Path(tempfile.mkdtemp(prefix="stoker-diagnose-"))
                 split = pack_sample(path, n, tmp)
                 packed_batch = min(batch_size, Manifest.load(split).num_samples)
-                alternatives.append({
-                    "id": "pack", "label": "after stoker pack",
-                    "title": "Pack with stoker pack, load with stoker's Loader",
-                    "action": f"stoker pack {path} OUT; then Loader('OUT/train', batch_size={batch_size}, "
-                              f"crop={crop}, device={device!r})",
-                    "loader": stoker_loader(split, **{**loader_kw, "batch_size": packed_batch}),
-                    "basis_note": f"on {n} of the images, packed with defaults"})
+                alternatives.append(
+                    {
+                        "id": "pack",
+                        "label": "after stoker pack",
+                        "title": "Pack with stoker pack, load with stoker's Loader",
+                        "action": f"stoker pack {path} OUT; then Loader('OUT/train', batch_size={batch_size}, "
+                        f"crop={crop}, device={device!r})",
+                        "loader": stoker_loader(split, **{**loader_kw, "batch_size": packed_batch}),
+                        "basis_note": f"on {n} of the images, packed with defaults",
+                    }
+                )
         try:
-            rep = run_diagnosis(loader, net, batch_size=batch_size, crop=crop, device=device, seconds=seconds,
-                                amp=amp, channels_last=channels_last, data=facts, alternatives=alternatives,
-                                progress=say)
+            rep = run_diagnosis(
+                loader,
+                net,
+                batch_size=batch_size,
+                crop=crop,
+                device=device,
+                seconds=seconds,
+                amp=amp,
+                channels_last=channels_last,
+                data=facts,
+                alternatives=alternatives,
+                progress=say,
+            )
         except DiagnoseError as e:
             raise UsageError(str(e)) from None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    rep["settings"]["model"] = model if isinstance(model, str) and model else (
-        type(model).__name__ if model is not None else arch)
+    rep["settings"]["model"] = (
+        model if isinstance(model, str) and model else (type(model).__name__ if model is not None else arch)
+    )
     return Diagnosis(rep)
 
 
 def main(args: argparse.Namespace) -> int:
     from stoker.pipeline.storage import parse_storage_options
 
-    result = diagnose(args.data, storage_options=parse_storage_options(args.storage_option) or None,
-                      arch=args.arch, model=args.model,
-                      batch_size=args.batch_size, crop=args.crop,
-                      device=args.device, seconds=args.seconds, amp=args.amp, channels_last=args.channels_last,
-                      backend=args.backend, decode=args.decode, threads=args.threads, workers=args.workers,
-                      pack_sample_size=args.pack_sample,
-                      progress=lambda line: print(f"stoker diagnose: {line}", file=sys.stderr, flush=True))
+    result = diagnose(
+        args.data,
+        storage_options=parse_storage_options(args.storage_option) or None,
+        arch=args.arch,
+        model=args.model,
+        batch_size=args.batch_size,
+        crop=args.crop,
+        device=args.device,
+        seconds=args.seconds,
+        amp=args.amp,
+        channels_last=args.channels_last,
+        backend=args.backend,
+        decode=args.decode,
+        threads=args.threads,
+        workers=args.workers,
+        pack_sample_size=args.pack_sample,
+        progress=lambda line: print(f"stoker diagnose: {line}", file=sys.stderr, flush=True),
+    )
     print(json.dumps(result.to_dict(), indent=2, default=str) if args.json else result.format())
     return 0

@@ -32,10 +32,21 @@ def has_conv(model) -> bool:
     return any(isinstance(m, (nn.Conv2d, nn.Conv3d)) for m in model.modules())
 
 
-def run_diagnosis(loader: Iterable, model, *, batch_size: int, crop: int, device="cpu", seconds: float = 5.0,
-                  amp: str = "auto", channels_last: str = "auto", warmup_batches: int = 2,
-                  data: Optional[dict] = None, alternatives: Optional[list] = None,
-                  progress: Optional[Callable[[str], None]] = None) -> dict:
+def run_diagnosis(
+    loader: Iterable,
+    model,
+    *,
+    batch_size: int,
+    crop: int,
+    device="cpu",
+    seconds: float = 5.0,
+    amp: str = "auto",
+    channels_last: str = "auto",
+    warmup_batches: int = 2,
+    data: Optional[dict] = None,
+    alternatives: Optional[list] = None,
+    progress: Optional[Callable[[str], None]] = None,
+) -> dict:
     """Measure ``loader`` and ``model`` separately and together; return the report dict.
 
     Args:
@@ -99,7 +110,8 @@ def run_diagnosis(loader: Iterable, model, *, batch_size: int, crop: int, device
     amp_dtype, amp_why = resolve_amp(amp, device)
     cl = channels_last == "on" or (channels_last == "auto" and has_conv(model))
     cl_why = {"on": "--channels-last on", "off": "--channels-last off"}.get(
-        channels_last, "model has convolutions" if cl else "not measured: no convolutions in the model")
+        channels_last, "model has convolutions" if cl else "not measured: no convolutions in the model"
+    )
     configs = [("fp32", None, False)]
     if amp_dtype:
         configs.append(("amp", amp_dtype, False))
@@ -111,13 +123,16 @@ def run_diagnosis(loader: Iterable, model, *, batch_size: int, crop: int, device
     warm = warmup_batches
     for key, a, c in configs:
         say(f"model alone, {a or 'fp32'}{' channels_last' if c else ''} ({seconds:g} s)")
-        model_r[key] = measure_model_alone(model, batch_size=batch_size, crop=crop, device=device, amp=a,
-                                           channels_last=c, seconds=seconds, warmup=warm)
+        model_r[key] = measure_model_alone(
+            model, batch_size=batch_size, crop=crop, device=device, amp=a, channels_last=c, seconds=seconds, warmup=warm
+        )
         if (model_r[key].get("step_ms") or 0) > 1000 * seconds:
             warm = 1  # a step outlasts the budget: one warm-up step is plenty, and saves minutes
     if model_r["fp32"].get("images_per_s") is None:
-        raise DiagnoseError(f"the model does not train at batch {batch_size} on {device}: "
-                            f"{model_r['fp32'].get('error')}; try a smaller batch size")
+        raise DiagnoseError(
+            f"the model does not train at batch {batch_size} on {device}: "
+            f"{model_r['fp32'].get('error')}; try a smaller batch size"
+        )
     model_r.setdefault("amp", {"applies": False, "why": amp_why})
     model_r["amp"].setdefault("why", amp_why)
     model_r.setdefault("channels_last", {"applies": False, "why": cl_why})
@@ -142,18 +157,27 @@ def run_diagnosis(loader: Iterable, model, *, batch_size: int, crop: int, device
     # A bigger batch is worth measuring only when the model is what bounds training.
     if verdict["bound"] == "model" and model_r["fp32"].get("images_per_s"):
         say(f"model alone, fp32, batch {2 * batch_size} ({seconds:g} s)")
-        model_r["fp32_batch_x2"] = measure_model_alone(model, batch_size=2 * batch_size, crop=crop, device=device,
-                                                       seconds=seconds, warmup=warm)
+        model_r["fp32_batch_x2"] = measure_model_alone(
+            model, batch_size=2 * batch_size, crop=crop, device=device, seconds=seconds, warmup=warm
+        )
 
-    steps, not_helping = next_steps(stages, model_r, transfer, audit, batch_size, device, amp_dtype,
-                                     alt_r, (data or {}).get("loader_hints", []))
+    steps, not_helping = next_steps(
+        stages, model_r, transfer, audit, batch_size, device, amp_dtype, alt_r, (data or {}).get("loader_hints", [])
+    )
     data_out = {k: v for k, v in (data or {}).items() if k != "loader_hints"}
     return {
         "stoker_version": __version__,
         "environment": env,
-        "settings": {"batch_size": batch_size, "crop": crop, "device": str(device), "seconds": seconds,
-                     "amp": amp, "amp_measured": amp_dtype, "channels_last": channels_last,
-                     "warmup_batches": warmup_batches},
+        "settings": {
+            "batch_size": batch_size,
+            "crop": crop,
+            "device": str(device),
+            "seconds": seconds,
+            "amp": amp,
+            "amp_measured": amp_dtype,
+            "channels_last": channels_last,
+            "warmup_batches": warmup_batches,
+        },
         "data": data_out,
         "loader": loader_r,
         "loader_alternatives": alt_r,

@@ -88,8 +88,15 @@ def measure_loader(loader: Iterable, *, seconds: float = 5.0, warmup_batches: in
         synchronize(x.device)
     elapsed = time.perf_counter() - t0
     it.close()
-    return {"images_per_s": images / elapsed, "batches": batches, "images": images, "seconds": elapsed,
-            "batch_shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", ""), "device": str(x.device)}
+    return {
+        "images_per_s": images / elapsed,
+        "batches": batches,
+        "images": images,
+        "seconds": elapsed,
+        "batch_shape": list(x.shape),
+        "dtype": str(x.dtype).replace("torch.", ""),
+        "device": str(x.device),
+    }
 
 
 def _loss(out, labels: torch.Tensor) -> torch.Tensor:
@@ -117,8 +124,9 @@ class _EndToEndStep:
         channels_last: Convert the model and each batch to channels_last.
     """
 
-    def __init__(self, model: nn.Module, *, device, amp: Optional[str] = None, channels_last: bool = False,
-                 lr: float = 0.01) -> None:
+    def __init__(
+        self, model: nn.Module, *, device, amp: Optional[str] = None, channels_last: bool = False, lr: float = 0.01
+    ) -> None:
         from stoker.model.normalize import Normalize, has_normalize
         from stoker.model.train.runtime import make_scaler, resolve_amp
         from stoker.model.train.step import TrainStep
@@ -151,8 +159,9 @@ class _EndToEndStep:
             self.model.to(memory_format=torch.contiguous_format)
 
 
-def _timed_steps(step: Callable[[], object], *, seconds: float, warmup: int, device: torch.device,
-                 per_step: int) -> dict:
+def _timed_steps(
+    step: Callable[[], object], *, seconds: float, warmup: int, device: torch.device, per_step: int
+) -> dict:
     for _ in range(warmup):
         step()
     synchronize(device)
@@ -168,8 +177,17 @@ def _timed_steps(step: Callable[[], object], *, seconds: float, warmup: int, dev
     return {"images_per_s": steps * per_step / elapsed, "steps": steps, "seconds": elapsed}
 
 
-def measure_model_alone(model: nn.Module, *, batch_size: int, crop: int, device, amp: Optional[str] = None,
-                        channels_last: bool = False, seconds: float = 5.0, warmup: int = 2) -> dict:
+def measure_model_alone(
+    model: nn.Module,
+    *,
+    batch_size: int,
+    crop: int,
+    device,
+    amp: Optional[str] = None,
+    channels_last: bool = False,
+    seconds: float = 5.0,
+    warmup: int = 2,
+) -> dict:
     """Training images/s of ``model`` on a synthetic uint8 batch already on ``device``.
 
     :func:`stoker.model.throughput.measure_model` (the same figure as ``stoker bench-model``)
@@ -180,20 +198,42 @@ def measure_model_alone(model: nn.Module, *, batch_size: int, crop: int, device,
 
     device = torch.device(device)
     try:
-        r = measure_model(model, batch_size=batch_size, image_size=crop, device=device, amp=amp or "off",
-                          channels_last=channels_last, compile=False, seconds=seconds, steps_min=1,
-                          warmup_steps=max(1, warmup))
+        r = measure_model(
+            model,
+            batch_size=batch_size,
+            image_size=crop,
+            device=device,
+            amp=amp or "off",
+            channels_last=channels_last,
+            compile=False,
+            seconds=seconds,
+            steps_min=1,
+            warmup_steps=max(1, warmup),
+        )
     except torch.OutOfMemoryError as e:
-        r = {"images_per_s": None, "error": f"out of memory: {str(e).splitlines()[0]}",
-             "batch_size": batch_size, "amp": amp or "off", "channels_last": channels_last}
+        r = {
+            "images_per_s": None,
+            "error": f"out of memory: {str(e).splitlines()[0]}",
+            "batch_size": batch_size,
+            "amp": amp or "off",
+            "channels_last": channels_last,
+        }
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return r
 
 
-def measure_end_to_end(loader: Iterable, model: nn.Module, *, device, amp: Optional[str] = None,
-                       channels_last: bool = False, seconds: float = 5.0, warmup_batches: int = 2) -> dict:
+def measure_end_to_end(
+    loader: Iterable,
+    model: nn.Module,
+    *,
+    device,
+    amp: Optional[str] = None,
+    channels_last: bool = False,
+    seconds: float = 5.0,
+    warmup_batches: int = 2,
+) -> dict:
     """Training images/s with batches from ``loader``, and the data-wait fraction.
 
     The data-wait fraction is the time blocked in ``next(loader)`` over the total: near 1
@@ -226,9 +266,16 @@ def measure_end_to_end(loader: Iterable, model: nn.Module, *, device, amp: Optio
     finally:
         it.close()
         step.restore()
-    return {"images_per_s": images_n / elapsed, "steps": steps, "images": images_n, "seconds": elapsed,
-            "data_wait_s": wait, "data_wait_fraction": wait / elapsed, "amp": amp or "off",
-            "channels_last": channels_last}
+    return {
+        "images_per_s": images_n / elapsed,
+        "steps": steps,
+        "images": images_n,
+        "seconds": elapsed,
+        "data_wait_s": wait,
+        "data_wait_fraction": wait / elapsed,
+        "amp": amp or "off",
+        "channels_last": channels_last,
+    }
 
 
 def measure_transfer(batch_shape, *, device, seconds: float = 1.0) -> dict:
@@ -239,8 +286,14 @@ def measure_transfer(batch_shape, *, device, seconds: float = 1.0) -> dict:
     n = 1
     for s in batch_shape:
         n *= int(s)
-    out = {"batch_shape": [int(s) for s in batch_shape], "bytes_uint8": n, "bytes_float32": 4 * n,
-           "uint8_images_per_s": None, "float32_images_per_s": None, "applies": False}
+    out = {
+        "batch_shape": [int(s) for s in batch_shape],
+        "bytes_uint8": n,
+        "bytes_float32": 4 * n,
+        "uint8_images_per_s": None,
+        "float32_images_per_s": None,
+        "applies": False,
+    }
     device = torch.device(device)
     if device.type != "cuda":
         return out
@@ -249,8 +302,13 @@ def measure_transfer(batch_shape, *, device, seconds: float = 1.0) -> dict:
     for dtype, key in ((torch.uint8, "uint8_images_per_s"), (torch.float32, "float32_images_per_s")):
         host = torch.empty(tuple(batch_shape), dtype=dtype).pin_memory()
         dev = torch.empty(tuple(batch_shape), dtype=dtype, device=device)
-        out[key] = _timed_steps(lambda dev=dev, host=host: dev.copy_(host, non_blocking=True), seconds=seconds / 2,
-                                warmup=2, device=device, per_step=per_batch)["images_per_s"]
+        out[key] = _timed_steps(
+            lambda dev=dev, host=host: dev.copy_(host, non_blocking=True),
+            seconds=seconds / 2,
+            warmup=2,
+            device=device,
+            per_step=per_batch,
+        )["images_per_s"]
     return out
 
 
@@ -277,8 +335,9 @@ def environment() -> dict:
         "platform": platform.platform(),
         "torch": torch.__version__,
         "torchvision": dist_version("torchvision"),
-        "dali": dist_version("nvidia-dali-cuda120", "nvidia-dali-cuda110", "nvidia-dali-cuda130",
-                              "nvidia-dali") if HAS_DALI else None,
+        "dali": dist_version("nvidia-dali-cuda120", "nvidia-dali-cuda110", "nvidia-dali-cuda130", "nvidia-dali")
+        if HAS_DALI
+        else None,
         "pillow": pillow_info(),
         "cpu_count": os.cpu_count(),
         "usable_cores": cores,
@@ -291,5 +350,3 @@ def environment() -> dict:
         # torchvision's nvJPEG decode (the Loader's nvjpeg backend): works here, and why (or why not)
         "gpu_jpeg_decode": dict(zip(("works", "why"), gpu_jpeg_decode(), strict=True)) if gpu else None,
     }
-
-

@@ -111,8 +111,10 @@ def resolve_data(path: str, storage_options: Optional[dict] = None) -> tuple[str
         return "imagefolder", root
     if (root / "train").is_dir() and _is_image_folder(root / "train"):
         return "imagefolder", root / "train"
-    raise UsageError(f"DATA {path} is neither stoker shards (no {MANIFEST_NAME} in it or in train/) "
-                     "nor an ImageFolder (class subfolders of images)")
+    raise UsageError(
+        f"DATA {path} is neither stoker shards (no {MANIFEST_NAME} in it or in train/) "
+        "nor an ImageFolder (class subfolders of images)"
+    )
 
 
 def resolve_device(arg: Optional[str]) -> str:
@@ -162,8 +164,9 @@ def count_data(kind: str, path: Path) -> tuple[int, int]:
     from torchvision.datasets.folder import find_classes
 
     num_classes = len(find_classes(str(path))[0])
-    return num_classes, sum(1 for c in path.iterdir() if c.is_dir() for f in c.iterdir()
-                            if f.suffix.lower() in IMAGE_EXTS)
+    return num_classes, sum(
+        1 for c in path.iterdir() if c.is_dir() for f in c.iterdir() if f.suffix.lower() in IMAGE_EXTS
+    )
 
 
 def loader_hints(manifest, crop: int) -> list:
@@ -182,11 +185,16 @@ def loader_hints(manifest, crop: int) -> list:
     # assume the same law.
     pixels = (side / target) ** 2 if side else 2.1
     src = pack.get("source", "SRC")
-    return [{"id": "pack_smaller", "title": f"Repack with --short-side {target}",
-             "action": f"stoker pack {src} OUT --short-side {target}",
-             "est_loader_speedup": min(pixels ** 0.65, 4.0),
-             "basis": f"stored short side {side or 'original size'} vs {target} for crop {crop}: "
-                      f"~{pixels:.1f}x the pixels to decode; 2.1x fewer pixels gave 1.6x on ImageNet"}]
+    return [
+        {
+            "id": "pack_smaller",
+            "title": f"Repack with --short-side {target}",
+            "action": f"stoker pack {src} OUT --short-side {target}",
+            "est_loader_speedup": min(pixels**0.65, 4.0),
+            "basis": f"stored short side {side or 'original size'} vs {target} for crop {crop}: "
+            f"~{pixels:.1f}x the pixels to decode; 2.1x fewer pixels gave 1.6x on ImageNet",
+        }
+    ]
 
 
 def build_net(arch: str, model, num_classes: int, crop: int):

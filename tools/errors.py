@@ -14,4 +14,5 @@ class CheckFailed(StokerError):
 
     exit_code = 1
 
+
 __all__ = ["StokerError", "UsageError", "CheckFailed"]

@@ -49,27 +49,51 @@ LIMITS = {"environment": 60, "pytest": 150, "data": 120, "loader": 90, "bench-mo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", metavar="DIR",
-                   help="images (a folder, or class subfolders) to pack, or a packed dataset/split "
-                        "(repacked --repeat times; as is with --repeat 1) (default: generated images)")
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        help="images (a folder, or class subfolders) to pack, or a packed dataset/split "
+        "(repacked --repeat times; as is with --repeat 1) (default: generated images)",
+    )
     p.add_argument("--out", required=True, metavar="OUT", help="output folder (created)")
     p.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of: " + ",".join(PARTS))
-    p.add_argument("--budget", type=float, default=480.0, metavar="S",
-                   help="seconds for all parts together (default 480); each part also has its own box")
-    p.add_argument("--limit", action="append", default=[], metavar="PART=S",
-                   help="time box of one part in seconds (repeatable), e.g. --limit bench-model=300")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=480.0,
+        metavar="S",
+        help="seconds for all parts together (default 480); each part also has its own box",
+    )
+    p.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="PART=S",
+        help="time box of one part in seconds (repeatable), e.g. --limit bench-model=300",
+    )
     p.add_argument("--batch-size", type=int, default=256, help="default 256")
     p.add_argument("--crop", type=int, default=224, help="default 224")
-    p.add_argument("--repeat", type=int, default=4,
-                   help="pack the images this many times, so an epoch outlasts the loader's start (default 4)")
-    p.add_argument("--synthetic", type=int, default=600, metavar="N",
-                   help="images generated when --data is not given (default 600)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=4,
+        help="pack the images this many times, so an epoch outlasts the loader's start (default 4)",
+    )
+    p.add_argument(
+        "--synthetic",
+        type=int,
+        default=600,
+        metavar="N",
+        help="images generated when --data is not given (default 600)",
+    )
     p.add_argument("--loader-seconds", type=float, default=15.0, help="timed seconds per backend (default 15)")
-    p.add_argument("--model-seconds", type=float, default=2.0,
-                   help="timed seconds per bench-model setting (default 2)")
+    p.add_argument("--model-seconds", type=float, default=2.0, help="timed seconds per bench-model setting (default 2)")
     p.add_argument("--train-epochs", type=int, default=3, help="epochs of the train part (default 3)")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="without CUDA, run the GPU parts at miniature size on the CPU (tests this script)")
+    p.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="without CUDA, run the GPU parts at miniature size on the CPU (tests this script)",
+    )
 
 
 @dataclasses.dataclass
@@ -105,8 +129,13 @@ class GpuCheckResult(Result):
         return format_markdown(self.to_dict())
 
 
-def _check_settings(parts: Sequence[str], limits: Mapping[str, float], counts: dict[str, int],
-                    seconds: dict[str, float], data: Optional[Path]) -> None:
+def _check_settings(
+    parts: Sequence[str],
+    limits: Mapping[str, float],
+    counts: dict[str, int],
+    seconds: dict[str, float],
+    data: Optional[Path],
+) -> None:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown or not parts:
         raise UsageError(f"--parts: unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
@@ -124,10 +153,22 @@ def _check_settings(parts: Sequence[str], limits: Mapping[str, float], counts: d
             raise UsageError(f"--limit {name}={value:g}: must be > 0 seconds")
 
 
-def gpu_check(data: str | Path | None, out: str | Path, *, parts: Optional[Sequence[str]] = None,
-              budget: float = 480.0, limits: Optional[Mapping[str, float]] = None, batch_size: int = 256,
-              crop: int = 224, repeat: int = 4, synthetic: int = 600, loader_seconds: float = 15.0,
-              model_seconds: float = 2.0, train_epochs: int = 3, cpu_smoke: bool = False) -> GpuCheckResult:
+def gpu_check(
+    data: str | Path | None,
+    out: str | Path,
+    *,
+    parts: Optional[Sequence[str]] = None,
+    budget: float = 480.0,
+    limits: Optional[Mapping[str, float]] = None,
+    batch_size: int = 256,
+    crop: int = 224,
+    repeat: int = 4,
+    synthetic: int = 600,
+    loader_seconds: float = 15.0,
+    model_seconds: float = 2.0,
+    train_epochs: int = 3,
+    cpu_smoke: bool = False,
+) -> GpuCheckResult:
     """Run the parts of the GPU check, each in a child process within its time box, and write
     ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (each part's log in ``OUT/logs/``).
 
@@ -163,20 +204,40 @@ def gpu_check(data: str | Path | None, out: str | Path, *, parts: Optional[Seque
     """
     parts = list(PARTS) if parts is None else [p for p in parts if p]
     limits = dict(limits or {})
-    _check_settings(parts, limits, {"batch_size": batch_size, "crop": crop, "repeat": repeat,
-                                    "synthetic": synthetic, "train_epochs": train_epochs},
-                    {"budget": budget, "loader_seconds": loader_seconds, "model_seconds": model_seconds},
-                    Path(data) if data else None)
+    _check_settings(
+        parts,
+        limits,
+        {
+            "batch_size": batch_size,
+            "crop": crop,
+            "repeat": repeat,
+            "synthetic": synthetic,
+            "train_epochs": train_epochs,
+        },
+        {"budget": budget, "loader_seconds": loader_seconds, "model_seconds": model_seconds},
+        Path(data) if data else None,
+    )
     limits = {**LIMITS, **limits}
     out = Path(out)
     for sub in ("parts", "logs"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     for name in ("gpu_check.json", "gpu_check.md"):  # never leave an old report beside a new run
         (out / name).unlink(missing_ok=True)
-    ctx = {"out": str(out.resolve()), "data": str(Path(data).resolve()) if data else None,
-           "batch_size": batch_size, "crop": crop, "repeat": repeat, "synthetic": synthetic,
-           "loader_seconds": loader_seconds, "model_seconds": model_seconds,
-           "train_epochs": train_epochs, "cuda": False, "smoke": False, "split": None, "root": None}
+    ctx = {
+        "out": str(out.resolve()),
+        "data": str(Path(data).resolve()) if data else None,
+        "batch_size": batch_size,
+        "crop": crop,
+        "repeat": repeat,
+        "synthetic": synthetic,
+        "loader_seconds": loader_seconds,
+        "model_seconds": model_seconds,
+        "train_epochs": train_epochs,
+        "cuda": False,
+        "smoke": False,
+        "split": None,
+        "root": None,
+    }
     t0 = time.monotonic()
     records: dict[str, dict] = {}
     env = run_part("environment", ctx, min(limits["environment"], budget), out)
@@ -190,18 +251,24 @@ def gpu_check(data: str | Path | None, out: str | Path, *, parts: Optional[Seque
             continue
         left = budget - (time.monotonic() - t0)
         if left < 5:
-            records[name] = {"status": "timeout", "error": f"not started: the {budget:.0f} s budget was spent",
-                             "seconds": 0.0}
+            records[name] = {
+                "status": "timeout",
+                "error": f"not started: the {budget:.0f} s budget was spent",
+                "seconds": 0.0,
+            }
             continue
         rec = records[name] = run_part(name, ctx, min(limits[name], left), out)
         if name == "data" and rec["status"] == "ok":
             ctx["split"], ctx["root"] = rec["result"]["split"], rec["result"]["root"]
-    settings = {k: ctx[k] for k in ("data", "batch_size", "crop", "repeat", "loader_seconds", "model_seconds",
-                                    "train_epochs", "smoke")}
+    settings = {
+        k: ctx[k]
+        for k in ("data", "batch_size", "crop", "repeat", "loader_seconds", "model_seconds", "train_epochs", "smoke")
+    }
     seconds = round(time.monotonic() - t0, 1)
     judged = targets({"settings": settings, "parts": records})
-    result = GpuCheckResult(tool="stoker gpu_check", settings=settings, budget_s=budget, seconds=seconds,
-                            parts=records, targets=judged)
+    result = GpuCheckResult(
+        tool="stoker gpu_check", settings=settings, budget_s=budget, seconds=seconds, parts=records, targets=judged
+    )
     write_json(out / "gpu_check.json", result.to_dict())
     (out / "gpu_check.md").write_text(result.format_markdown())
     return result
@@ -222,11 +289,21 @@ def _parse_limits(items: Sequence[str]) -> dict[str, float]:
 
 
 def main(args: argparse.Namespace) -> int:
-    result = gpu_check(args.data, args.out, parts=[p.strip() for p in args.parts.split(",")],
-                       budget=args.budget, limits=_parse_limits(args.limit), batch_size=args.batch_size,
-                       crop=args.crop, repeat=args.repeat, synthetic=args.synthetic,
-                       loader_seconds=args.loader_seconds, model_seconds=args.model_seconds,
-                       train_epochs=args.train_epochs, cpu_smoke=args.cpu_smoke)
+    result = gpu_check(
+        args.data,
+        args.out,
+        parts=[p.strip() for p in args.parts.split(",")],
+        budget=args.budget,
+        limits=_parse_limits(args.limit),
+        batch_size=args.batch_size,
+        crop=args.crop,
+        repeat=args.repeat,
+        synthetic=args.synthetic,
+        loader_seconds=args.loader_seconds,
+        model_seconds=args.model_seconds,
+        train_epochs=args.train_epochs,
+        cpu_smoke=args.cpu_smoke,
+    )
     print(result.format_markdown())
     print(f"wrote {Path(args.out) / 'gpu_check.json'} and {Path(args.out) / 'gpu_check.md'}", file=sys.stderr)
     return 0 if result.ok else 1
@@ -235,8 +312,11 @@ def main(args: argparse.Namespace) -> int:
 def _cli(argv: Optional[list] = None) -> int:
     from stoker import StokerError
 
-    p = argparse.ArgumentParser(prog="python -m stoker.tools.gpu_check", description=__doc__.strip(),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m stoker.tools.gpu_check",
+        description=__doc__.strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p)
     args = p.parse_args(argv)
     try:

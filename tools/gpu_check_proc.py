@@ -45,8 +45,9 @@ def one_line(e: BaseException) -> str:
 
 def run_group(cmd: list, *, timeout: float, cwd=None) -> subprocess.CompletedProcess:
     """``subprocess.run`` in its own process group, killed as a whole on timeout."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -120,12 +121,18 @@ def run_part(name: str, ctx: dict, limit: float, out: Path) -> dict:
     except (OSError, ValueError):
         rec = {"status": "failed", "result": None}
     if timed_out:
-        rec = {"status": "timeout", "error": f"ran past its {limit:.0f} s time box (partial results kept)",
-               "result": rec.get("result")}
+        rec = {
+            "status": "timeout",
+            "error": f"ran past its {limit:.0f} s time box (partial results kept)",
+            "result": rec.get("result"),
+        }
     elif rec["status"] == "running" or (proc.returncode and rec["status"] not in ("failed", "timeout")):
         lines = log.read_text(errors="replace").strip().splitlines()
-        rec = {"status": "failed", "result": rec.get("result"),
-               "error": f"exited {proc.returncode}: " + (lines[-1][:250] if lines else "no output")}
+        rec = {
+            "status": "failed",
+            "result": rec.get("result"),
+            "error": f"exited {proc.returncode}: " + (lines[-1][:250] if lines else "no output"),
+        }
     rec["seconds"] = round(seconds, 1)
     rec["log"] = str(log)
     return rec

@@ -37,18 +37,27 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
     works, probe = gpu_jpeg_decode()
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "python": sys.version.split()[0], "platform": platform.platform(),
-        "torch": torch.__version__, "torchvision": dist_version("torchvision"),
-        "cuda": cuda, "cuda_version": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torchvision": dist_version("torchvision"),
+        "cuda": cuda,
+        "cuda_version": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
         "gpu_bf16": bool(cuda and torch.cuda.is_bf16_supported()),
-        "dali": HAS_DALI, "pillow": pillow_info(), "usable_cores": usable_cores(),
-        "auto_backend": backend, "auto_backend_why": why,
-        "gpu_jpeg_decode": works, "gpu_jpeg_decode_why": probe,
+        "dali": HAS_DALI,
+        "pillow": pillow_info(),
+        "usable_cores": usable_cores(),
+        "auto_backend": backend,
+        "auto_backend_why": why,
+        "gpu_jpeg_decode": works,
+        "gpu_jpeg_decode_why": probe,
         # what the other parts need besides torch (a missing one explains a failed part)
-        "modules": {names[0]: dist_version(*names) for names in (
-            ("numpy",), ("pillow", "pillow-simd"), ("tqdm",), ("pytest",), ("webdataset",))},
+        "modules": {
+            names[0]: dist_version(*names)
+            for names in (("numpy",), ("pillow", "pillow-simd"), ("tqdm",), ("pytest",), ("webdataset",))
+        },
     }
 
 
@@ -64,18 +73,36 @@ def part_pytest(ctx: dict, save: Callable[[dict], None]) -> dict:
         raise Skip("pytest is not installed in this python")
     root = Path(stoker.__file__).resolve().parent
     # a test module whose optional import is missing there (Lightning, timm) must not stop the rest
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-           "--continue-on-collection-errors", "tests"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "gpu",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--continue-on-collection-errors",
+        "tests",
+    ]
     proc = run_group(cmd, timeout=time_left(ctx), cwd=root)
     lines = proc.stdout.strip().splitlines()
-    summary = next((ln.strip("= ") for ln in reversed(lines) if re.search(r"\d+ (passed|failed|skipped|error)", ln)),
-                   lines[-1] if lines else "no output")
+    summary = next(
+        (ln.strip("= ") for ln in reversed(lines) if re.search(r"\d+ (passed|failed|skipped|error)", ln)),
+        lines[-1] if lines else "no output",
+    )
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary)}
-    failures = [ln[len("FAILED "):][:200] for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
-    result = {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "summary": summary,
-              "passed": counts.get("passed", 0), "failed": counts.get("failed", 0),
-              "skipped": counts.get("skipped", 0), "errors": counts.get("error", 0) + counts.get("errors", 0),
-              "failures": failures}
+    failures = [ln[len("FAILED ") :][:200] for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
+    result = {
+        "command": " ".join(cmd[1:]),
+        "returncode": proc.returncode,
+        "summary": summary,
+        "passed": counts.get("passed", 0),
+        "failed": counts.get("failed", 0),
+        "skipped": counts.get("skipped", 0),
+        "errors": counts.get("error", 0) + counts.get("errors", 0),
+        "failures": failures,
+    }
     if proc.returncode not in (0, 5):  # 5: nothing collected
         save(result)
         raise RuntimeError(f"pytest -m gpu: {summary}")
@@ -92,8 +119,11 @@ def _image_files(src: Path) -> list[tuple[Path, str]]:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         rel = Path(dirpath).relative_to(src)
         cls = rel.parts[0] if rel.parts else "all"
-        out += [(Path(dirpath) / f, cls) for f in sorted(filenames)
-                if not f.startswith(".") and Path(f).suffix.lower() in exts]
+        out += [
+            (Path(dirpath) / f, cls)
+            for f in sorted(filenames)
+            if not f.startswith(".") and Path(f).suffix.lower() in exts
+        ]
     return out
 
 
@@ -125,8 +155,14 @@ def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
     packed = next((p for p in ([data, data / "train"] if data else []) if (p / MANIFEST_NAME).exists()), None)
     if packed is not None and ctx["repeat"] == 1:  # used as it is
         m = Manifest.load(packed)
-        return {"split": str(packed), "root": str(packed.parent), "samples": m.num_samples, "packed_here": False,
-                "source": str(data), "pack": m.pack}
+        return {
+            "split": str(packed),
+            "root": str(packed.parent),
+            "samples": m.num_samples,
+            "packed_here": False,
+            "source": str(data),
+            "pack": m.pack,
+        }
     if packed is not None:
         check_shards(packed, Manifest.load(packed))  # a damaged shard is named here, not half-unpacked
         data = out / "unpacked"
@@ -158,8 +194,16 @@ def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
     if not (root / "train" / MANIFEST_NAME).exists():
         pack(src, root)  # the default settings, quietly
     m = Manifest.load(root / "train")
-    return {"split": str(root / "train"), "root": str(root), "samples": m.num_samples, "packed_here": True,
-            "source": str(ctx["data"] or data), "images": len(files), "repeat": ctx["repeat"], "pack": m.pack}
+    return {
+        "split": str(root / "train"),
+        "root": str(root),
+        "samples": m.num_samples,
+        "packed_here": True,
+        "source": str(ctx["data"] or data),
+        "images": len(files),
+        "repeat": ctx["repeat"],
+        "pack": m.pack,
+    }
 
 
 def _measure_loader(ctx: dict, backend: str, device: str) -> dict:
@@ -167,16 +211,18 @@ def _measure_loader(ctx: dict, backend: str, device: str) -> dict:
 
     from .peers.timing import epochs, timed
 
-    loader = Loader(ctx["split"], batch_size=ctx["batch_size"], crop=ctx["crop"], backend=backend,
-                    device=device, train=True)
+    loader = Loader(
+        ctx["split"], batch_size=ctx["batch_size"], crop=ctx["crop"], backend=backend, device=device, train=True
+    )
 
     def epoch(e):
         loader.set_epoch(e)
         return iter(loader)
 
-    r = timed(epochs(epoch, 10 ** 6), {"warmup": 3 if not ctx["smoke"] else 1, "seconds": ctx["loader_seconds"]})
-    r.update({"backend": loader.backend, "device": device,
-              "gpu_fallbacks": getattr(loader._runner, "gpu_fallbacks", None)})
+    r = timed(epochs(epoch, 10**6), {"warmup": 3 if not ctx["smoke"] else 1, "seconds": ctx["loader_seconds"]})
+    r.update(
+        {"backend": loader.backend, "device": device, "gpu_fallbacks": getattr(loader._runner, "gpu_fallbacks", None)}
+    )
     return r
 
 
@@ -195,8 +241,8 @@ def _nvjpeg_stages(ctx: dict, device: str, batches: int = 8) -> dict:
     took = {"read": 0.0, "decode": 0.0, "crop_resize": 0.0}
     n = 0
     starts = range(0, len(idx.valid) - B + 1, B)
-    for j, s in enumerate(list(starts)[:batches + 1]):
-        ids = idx.valid[s:s + B]
+    for j, s in enumerate(list(starts)[: batches + 1]):
+        ids = idx.valid[s : s + B]
         t0 = time.perf_counter()
         enc, wh = idx.images(ids)
         datas = [torch.from_numpy(e.copy()) for e in enc]
@@ -226,7 +272,7 @@ def part_loader(ctx: dict, save: Callable[[dict], None]) -> dict:
     result: dict[str, Any] = {"batch_size": ctx["batch_size"], "crop": ctx["crop"], "device": device, "rows": {}}
     if not ctx["cuda"]:
         result["rows"]["nvjpeg"] = {"skipped": "no CUDA device (nvjpeg decodes on the GPU)"}
-    for backend in (("nvjpeg", "pil") if ctx["cuda"] else ("pil",)):
+    for backend in ("nvjpeg", "pil") if ctx["cuda"] else ("pil",):
         try:
             result["rows"][backend] = _measure_loader(ctx, backend, device)
         except Exception as e:  # noqa: BLE001 - one backend failing must not lose the other
@@ -248,10 +294,17 @@ def part_loader(ctx: dict, save: Callable[[dict], None]) -> dict:
 def _model_plan(ctx: dict) -> tuple[dict, list]:
     """bench-model settings, the most telling first (the time box may cut the tail)."""
     if not ctx["cuda"]:
-        return ({"batch_size": 2, "image_size": 32, "seconds": 0.05, "steps_min": 1, "warmup_steps": 1},
-                [("resnet18", "fp32", False, False), ("resnet18", "fp32", True, False)])
-    settings = {"batch_size": ctx["batch_size"], "image_size": ctx["crop"], "seconds": ctx["model_seconds"],
-                "steps_min": 5, "warmup_steps": 3}
+        return (
+            {"batch_size": 2, "image_size": 32, "seconds": 0.05, "steps_min": 1, "warmup_steps": 1},
+            [("resnet18", "fp32", False, False), ("resnet18", "fp32", True, False)],
+        )
+    settings = {
+        "batch_size": ctx["batch_size"],
+        "image_size": ctx["crop"],
+        "seconds": ctx["model_seconds"],
+        "steps_min": 5,
+        "warmup_steps": 3,
+    }
     combos = []
     for compiled in (False, True):
         for m in ("resnet50", "inception"):
@@ -277,8 +330,15 @@ def part_bench_model(ctx: dict, save: Callable[[dict], None]) -> dict:
             result["not_run"].append({"model": m, "amp": a, "channels_last": cl, "compile": co})
             continue
         t = time.monotonic()
-        res = bench_model([m], device="cuda" if ctx["cuda"] else "cpu", amps=[a], channels_last="on" if cl else "off",
-                          compile="on" if co else "off", progress=False, **settings)
+        res = bench_model(
+            [m],
+            device="cuda" if ctx["cuda"] else "cpu",
+            amps=[a],
+            channels_last="on" if cl else "off",
+            compile="on" if co else "off",
+            progress=False,
+            **settings,
+        )
         slowest = max(slowest, time.monotonic() - t) if co else slowest
         result.update({"device_name": res.device_name, "torch": res.torch})
         result["rows"] += res.rows
@@ -296,26 +356,72 @@ def part_train(ctx: dict, save: Callable[[dict], None]) -> dict:
         raise Skip("no CUDA device")
     run = Path(ctx["out"]) / "train-run"
     if ctx["cuda"]:
-        args = ["--arch", "resnet50", "--epochs", str(ctx["train_epochs"]), "--batch-size", str(ctx["batch_size"]),
-                "--crop", str(ctx["crop"]), "--amp", "bf16", "--channels-last", "--device", "cuda", "--log-every", "5"]
+        args = [
+            "--arch",
+            "resnet50",
+            "--epochs",
+            str(ctx["train_epochs"]),
+            "--batch-size",
+            str(ctx["batch_size"]),
+            "--crop",
+            str(ctx["crop"]),
+            "--amp",
+            "bf16",
+            "--channels-last",
+            "--device",
+            "cuda",
+            "--log-every",
+            "5",
+        ]
     else:
-        args = ["--arch", "resnet18", "--epochs", "1", "--batch-size", "4", "--crop", "32", "--amp", "off",
-                "--device", "cpu", "--log-every", "2", "--threads", "1"]
-    cmd = [sys.executable, "-m", "stoker.tools.cli", "train", ctx["root"], "--out", str(run), *args,
-           "--json", "--no-progress"]
+        args = [
+            "--arch",
+            "resnet18",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "4",
+            "--crop",
+            "32",
+            "--amp",
+            "off",
+            "--device",
+            "cpu",
+            "--log-every",
+            "2",
+            "--threads",
+            "1",
+        ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stoker.tools.cli",
+        "train",
+        ctx["root"],
+        "--out",
+        str(run),
+        *args,
+        "--json",
+        "--no-progress",
+    ]
     proc = run_group(cmd, timeout=time_left(ctx))
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"stoker train exited {proc.returncode}: {tail[:250]}")
-    s = json.loads(proc.stdout[proc.stdout.index("{"):])
+    s = json.loads(proc.stdout[proc.stdout.index("{") :])
     keep = ("arch", "device", "amp", "epochs", "steps", "seconds", "images_per_s", "data_wait", "train_loss")
     return {"command": "stoker " + " ".join(cmd[3:]), **{k: s.get(k) for k in keep}}
 
 
 #: the parts, in the order they run
 PART_FUNCS: dict[str, PartFunc] = {
-    "environment": part_environment, "pytest": part_pytest, "data": part_data, "loader": part_loader,
-    "bench-model": part_bench_model, "train": part_train}
+    "environment": part_environment,
+    "pytest": part_pytest,
+    "data": part_data,
+    "loader": part_loader,
+    "bench-model": part_bench_model,
+    "train": part_train,
+}
 PARTS = tuple(PART_FUNCS)
 
 

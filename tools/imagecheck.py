@@ -69,14 +69,16 @@ class ImageChecker:
         out: list[Optional[str]] = []
         for data in datas:
             if image_size(data) is None:
-                out.append("fails the loader's header check (truncated, not a JPEG/PNG, or a JPEG kind "
-                           "the decoders do not read)")
+                out.append(
+                    "fails the loader's header check (truncated, not a JPEG/PNG, or a JPEG kind "
+                    "the decoders do not read)"
+                )
             else:
                 out.append(decode_check(data, require_rgb=self.require_rgb))
         if self.dali:
             todo = [k for k, why in enumerate(out) if why is None]
             for s in range(0, len(todo), self.batch_size):
-                part = todo[s:s + self.batch_size]
+                part = todo[s : s + self.batch_size]
                 for k, why in zip(part, self._dali_check([datas[k] for k in part])):
                     out[k] = why
         return out

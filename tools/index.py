@@ -44,10 +44,14 @@ HELP = "write .idx files and a stoker.json for foreign WebDataset shards"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("shards", nargs="+", metavar="SHARD",
-                   help="tar files, or one folder holding them (all in one folder)")
-    p.add_argument("--classes", metavar="NAMES",
-                   help="class names: comma-separated, or @FILE with one per line (default: '0'..'max cls')")
+    p.add_argument(
+        "shards", nargs="+", metavar="SHARD", help="tar files, or one folder holding them (all in one folder)"
+    )
+    p.add_argument(
+        "--classes",
+        metavar="NAMES",
+        help="class names: comma-separated, or @FILE with one per line (default: '0'..'max cls')",
+    )
     p.add_argument("--no-check", action="store_true", help="do not decode the images (faster; nothing is skipped)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes indexing shards in parallel")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -61,8 +65,11 @@ def _tars(shards: Sequence[str | Path]) -> list[Path]:
         if not paths:
             packed = sorted(p.name for p in folder.iterdir() if p.name.endswith(_COMPRESSED_SUFFIXES))
             splits = sorted(p.parent.name for p in folder.glob(f"*/{MANIFEST_NAME}"))
-            hint = f" (found {len(packed)} compressed: decompress them first, e.g. gunzip {folder / packed[0]})" \
-                if packed else ""
+            hint = (
+                f" (found {len(packed)} compressed: decompress them first, e.g. gunzip {folder / packed[0]})"
+                if packed
+                else ""
+            )
             if splits and not packed:
                 hint = f" (it holds splits: index each one, e.g. stoker index {folder / splits[0]})"
             raise UsageError(f"no .tar files in {shards[0]}{hint}")
@@ -171,8 +178,7 @@ def index_one(tar: str, check: bool, num_classes: Optional[int] = None) -> dict:
             flush()
     # the largest label of a sample that stays (a decode skip does not define a class)
     info = ShardInfo(tar_path.name, len(samples), os.path.getsize(tar_path), sha256_file(tar_path))
-    return {"info": info, "skips": sorted(skips.items()), "ignored": scan.ignored, "exts": exts,
-            "max_label": max_label}
+    return {"info": info, "skips": sorted(skips.items()), "ignored": scan.ignored, "exts": exts, "max_label": max_label}
 
 
 def _index_job(job: tuple) -> dict:
@@ -191,13 +197,17 @@ def _previous(folder: Path, tars: list[Path], notes: list[str]) -> Optional[Mani
     given = {t.name for t in tars}
     left_out = [s.name for s in m.shards if s.name not in given and (folder / s.name).exists()]
     if left_out:
-        raise UsageError(f"{folder / MANIFEST_NAME} also lists {', '.join(left_out[:3])}"
-                         f"{' ...' if len(left_out) > 3 else ''}: index the whole folder "
-                         f"(`stoker index {folder}`) so the split keeps them")
+        raise UsageError(
+            f"{folder / MANIFEST_NAME} also lists {', '.join(left_out[:3])}"
+            f"{' ...' if len(left_out) > 3 else ''}: index the whole folder "
+            f"(`stoker index {folder}`) so the split keeps them"
+        )
     gone = [s.name for s in m.shards if s.name not in given and not (folder / s.name).exists()]
     if gone:
-        notes.append(f"note: {len(gone)} shard(s) listed in the old manifest are gone and left out: "
-                     f"{', '.join(gone[:3])}{' ...' if len(gone) > 3 else ''}")
+        notes.append(
+            f"note: {len(gone)} shard(s) listed in the old manifest are gone and left out: "
+            f"{', '.join(gone[:3])}{' ...' if len(gone) > 3 else ''}"
+        )
     return m
 
 
@@ -225,12 +235,16 @@ class IndexResult:
 
     def summary(self) -> str:
         """The lines ``stoker index`` prints on stdout."""
-        lines = [f"indexed {self.shards} shard(s), {self.num_samples:,} samples, {len(self.classes)} classes "
-                 f"-> {self.manifest}",
-                 f"{len(self.skip)} sample(s) marked to skip" + (f" ({_summary(self.skip)})" if self.skip else "")]
+        lines = [
+            f"indexed {self.shards} shard(s), {self.num_samples:,} samples, {len(self.classes)} classes "
+            f"-> {self.manifest}",
+            f"{len(self.skip)} sample(s) marked to skip" + (f" ({_summary(self.skip)})" if self.skip else ""),
+        ]
         if self.ignored:
-            lines.append(f"{len(self.ignored)} tar member(s) in no sample ({_summary(self.ignored)}), "
-                         "listed in pack.ignored_members")
+            lines.append(
+                f"{len(self.ignored)} tar member(s) in no sample ({_summary(self.ignored)}), "
+                "listed in pack.ignored_members"
+            )
         return "\n".join(lines)
 
 
@@ -257,8 +271,14 @@ def _index_all(jobs: list[tuple], workers: int, progress: bool) -> list[dict]:
     return found
 
 
-def index(shards: str | Path | Sequence[str | Path], *, classes: Optional[Sequence[str]] = None,
-          check: bool = True, workers: Optional[int] = None, progress: bool = False) -> IndexResult:
+def index(
+    shards: str | Path | Sequence[str | Path],
+    *,
+    classes: Optional[Sequence[str]] = None,
+    check: bool = True,
+    workers: Optional[int] = None,
+    progress: bool = False,
+) -> IndexResult:
     """Write a DALI .idx beside each tar and a stoker.json in their folder (see the module doc).
 
     Args:
@@ -297,8 +317,7 @@ def index(shards: str | Path | Sequence[str | Path], *, classes: Optional[Sequen
     max_label = max(r["max_label"] for r in found)
     if classes is not None and max_label >= len(classes):
         shard = next(r["info"].name for r in found if r["max_label"] == max_label)
-        raise UsageError(f"{folder / shard} has a cls of {max_label} but --classes names only "
-                         f"{len(classes)} classes")
+        raise UsageError(f"{folder / shard} has a cls of {max_label} but --classes names only {len(classes)} classes")
     if classes is None:
         grown = max(max_label + 1, len(previous.classes) if previous else 0)
         classes = previous.classes if named else [str(i) for i in range(grown)]
@@ -309,19 +328,30 @@ def index(shards: str | Path | Sequence[str | Path], *, classes: Optional[Sequen
     pack.update(image_exts=sorted(exts), checked=check, skip=skip, ignored_members=ignored)
     m = Manifest(num_samples=sum(s.num_samples for s in infos), classes=classes, shards=infos, pack=pack)
     if m.num_samples - len(skip) <= 0:
-        raise CheckFailed(f"no loadable samples in {folder}: {_summary(skip)}; nothing written to "
-                          f"{MANIFEST_NAME}")
+        raise CheckFailed(f"no loadable samples in {folder}: {_summary(skip)}; nothing written to {MANIFEST_NAME}")
     try:
         where = m.save(folder)
     except OSError as e:  # the old manifest, if any, is left as it was (atomic write)
         raise CheckFailed(f"cannot write {folder / MANIFEST_NAME}: {e.strerror or e}") from None
-    return IndexResult(manifest=Path(where), shards=len(infos), num_samples=m.num_samples, classes=list(classes),
-                       skip=skip, ignored=ignored, notes=notes)
+    return IndexResult(
+        manifest=Path(where),
+        shards=len(infos),
+        num_samples=m.num_samples,
+        classes=list(classes),
+        skip=skip,
+        ignored=ignored,
+        notes=notes,
+    )
 
 
 def main(args: argparse.Namespace) -> int:
-    result = index(args.shards, classes=class_names(args.classes), check=not args.no_check, workers=args.workers,
-                   progress=not args.quiet)
+    result = index(
+        args.shards,
+        classes=class_names(args.classes),
+        check=not args.no_check,
+        workers=args.workers,
+        progress=not args.quiet,
+    )
     for line in result.notes:
         print(line, file=sys.stderr)
     print(result.summary())
@@ -335,8 +365,9 @@ def _summary(entries: list) -> str:
 
 def _carried_skips(previous: Manifest, shards: list[ShardInfo], skip: list) -> list:
     """With --no-check, the decode skips an earlier index found in shards that did not change."""
-    same = {s.name for s in shards} & {s.name for s in previous.shards
-                                        if s.sha256 == next((t.sha256 for t in shards if t.name == s.name), None)}
+    same = {s.name for s in shards} & {
+        s.name for s in previous.shards if s.sha256 == next((t.sha256 for t in shards if t.name == s.name), None)
+    }
     have = {(e[0], e[1]) for e in skip}
     out = []
     for e in previous.pack.get("skip") or []:

@@ -84,59 +84,140 @@ def parse_part(text: Optional[str]) -> tuple[int, int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", nargs="?", metavar="SRC",
-                   help="image folder, train/+val/ tree, or CSV/TSV of path,label (integer labels must be in "
-                        f"0..{MAX_LABEL:,}; other rows are rejected)")
-    p.add_argument("out", nargs="?", metavar="OUT",
-                   help="output folder (created), or a URL: s3://bucket/ds, gs://..., any fsspec URL")
+    p.add_argument(
+        "src",
+        nargs="?",
+        metavar="SRC",
+        help="image folder, train/+val/ tree, or CSV/TSV of path,label (integer labels must be in "
+        f"0..{MAX_LABEL:,}; other rows are rejected)",
+    )
+    p.add_argument(
+        "out",
+        nargs="?",
+        metavar="OUT",
+        help="output folder (created), or a URL: s3://bucket/ds, gs://..., any fsspec URL",
+    )
     g = p.add_argument_group("images")
-    g.add_argument("--short-side", type=int, default=256, metavar="PX",
-                   help="resize down so the shorter side is at most PX (0: keep the size; default 256)")
-    g.add_argument("--max-side", type=int, default=0, metavar="PX",
-                   help="resize down so the longer side is at most PX (default: no limit)")
+    g.add_argument(
+        "--short-side",
+        type=int,
+        default=256,
+        metavar="PX",
+        help="resize down so the shorter side is at most PX (0: keep the size; default 256)",
+    )
+    g.add_argument(
+        "--max-side",
+        type=int,
+        default=0,
+        metavar="PX",
+        help="resize down so the longer side is at most PX (default: no limit)",
+    )
     g.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images (default 90)")
-    g.add_argument("--reencode", action="store_true",
-                   help="re-encode every image, even baseline RGB JPEGs that could be copied as they are")
-    g.add_argument("--max-pixels", type=int, default=PIL_MAX_PIXELS, metavar="N",
-                   help=f"reject images larger than N pixels, before decoding (default {PIL_MAX_PIXELS:,})")
-    g.add_argument("--max-file-size", default=f"{MAX_BYTES // 1024**2}MiB", metavar="SIZE",
-                   help=f"reject input files larger than SIZE, before reading them (default {MAX_BYTES // 1024**2}MiB)")
+    g.add_argument(
+        "--reencode",
+        action="store_true",
+        help="re-encode every image, even baseline RGB JPEGs that could be copied as they are",
+    )
+    g.add_argument(
+        "--max-pixels",
+        type=int,
+        default=PIL_MAX_PIXELS,
+        metavar="N",
+        help=f"reject images larger than N pixels, before decoding (default {PIL_MAX_PIXELS:,})",
+    )
+    g.add_argument(
+        "--max-file-size",
+        default=f"{MAX_BYTES // 1024**2}MiB",
+        metavar="SIZE",
+        help=f"reject input files larger than SIZE, before reading them (default {MAX_BYTES // 1024**2}MiB)",
+    )
     g = p.add_argument_group("shards")
-    g.add_argument("--shard-size", default="256MB", metavar="SIZE",
-                   help="start a new shard before one would exceed SIZE (256MB, 1GB, bytes; default 256MB)")
-    g.add_argument("--samples-per-shard", type=int, default=0, metavar="N",
-                   help="exactly N samples per shard (overrides --shard-size)")
+    g.add_argument(
+        "--shard-size",
+        default="256MB",
+        metavar="SIZE",
+        help="start a new shard before one would exceed SIZE (256MB, 1GB, bytes; default 256MB)",
+    )
+    g.add_argument(
+        "--samples-per-shard",
+        type=int,
+        default=0,
+        metavar="N",
+        help="exactly N samples per shard (overrides --shard-size)",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of the sample shuffle and val split (default 0)")
-    g.add_argument("--val-fraction", type=float, default=0.0, metavar="F",
-                   help="put a seeded fraction F of the images into val/, stratified by class (when SRC has no "
-                        "val/ folder); classes too small to give one are filled from the others")
+    g.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="put a seeded fraction F of the images into val/, stratified by class (when SRC has no "
+        "val/ folder); classes too small to give one are filled from the others",
+    )
     g = p.add_argument_group("running")
-    g.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help=f"worker processes (default: all cores, {os.cpu_count()})")
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help=f"worker processes (default: all cores, {os.cpu_count()})",
+    )
     g.add_argument("--part", metavar="I/N", help="pack only part I of N of the shuffled list (0-based)")
     g.add_argument("--merge", metavar="OUT", help="write the manifests of OUT once all its --part runs finished")
-    g.add_argument("--engine", choices=("local", "ray"), default="local",
-                   help="local: a process pool on this machine (default); ray: Ray tasks (pip install stoker[ray]) "
-                        "on --ray-address, or on a local Ray with --workers CPUs; the output is the same")
-    g.add_argument("--ray-address", metavar="ADDR",
-                   help="the Ray cluster to run on (auto, ray://head:10001; default: a local Ray on this machine)")
+    g.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: a process pool on this machine (default); ray: Ray tasks (pip install stoker[ray]) "
+        "on --ray-address, or on a local Ray with --workers CPUs; the output is the same",
+    )
+    g.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster to run on (auto, ray://head:10001; default: a local Ray on this machine)",
+    )
     g.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group("object storage (OUT is a URL)")
-    g.add_argument("--storage-option", action="append", default=None, metavar="K=V",
-                   help="an fsspec storage option, repeatable (endpoint_url=http://host:9000, anon=true, "
-                        "config_kwargs.read_timeout=30)")
-    g.add_argument("--staging", metavar="DIR",
-                   help="local folder for the journal and the shards on their way up (default: "
-                        "~/.cache/stoker/pack-staging/<hash of OUT>); needs room for about two shards")
+    g.add_argument(
+        "--storage-option",
+        action="append",
+        default=None,
+        metavar="K=V",
+        help="an fsspec storage option, repeatable (endpoint_url=http://host:9000, anon=true, "
+        "config_kwargs.read_timeout=30)",
+    )
+    g.add_argument(
+        "--staging",
+        metavar="DIR",
+        help="local folder for the journal and the shards on their way up (default: "
+        "~/.cache/stoker/pack-staging/<hash of OUT>); needs room for about two shards",
+    )
 
 
-def pack(src: str | Path, out: str | Path, *, short_side: int = 256, max_side: int = 0, quality: int = 90,
-         reencode: bool = False, max_pixels: int = PIL_MAX_PIXELS, max_file_size: int = MAX_BYTES,
-         shard_size: int = DEFAULT_SHARD_SIZE, samples_per_shard: int = 0, seed: int = 0, val_fraction: float = 0.0,
-         workers: Optional[int] = None, part: int = 0, parts: int = 1, engine: str = "local",
-         ray_address: Optional[str] = None, strict: bool = False, storage_options: Optional[Mapping[str, Any]] = None,
-         staging: str | Path | None = None, progress: bool = False) -> PackResult:
+def pack(
+    src: str | Path,
+    out: str | Path,
+    *,
+    short_side: int = 256,
+    max_side: int = 0,
+    quality: int = 90,
+    reencode: bool = False,
+    max_pixels: int = PIL_MAX_PIXELS,
+    max_file_size: int = MAX_BYTES,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    samples_per_shard: int = 0,
+    seed: int = 0,
+    val_fraction: float = 0.0,
+    workers: Optional[int] = None,
+    part: int = 0,
+    parts: int = 1,
+    engine: str = "local",
+    ray_address: Optional[str] = None,
+    strict: bool = False,
+    storage_options: Optional[Mapping[str, Any]] = None,
+    staging: str | Path | None = None,
+    progress: bool = False,
+) -> PackResult:
     """Pack ``src`` into shards in ``out`` (see the module doc); rerun the same call to resume.
 
     Args:
@@ -175,8 +256,14 @@ def pack(src: str | Path, out: str | Path, *, short_side: int = 256, max_side: i
     if not 0 <= part < parts:
         raise UsageError(f"--part {part}/{parts} should be I/N with 0 <= I < N, e.g. 0/4")
     try:
-        settings = Settings(short_side=short_side, max_side=max_side, quality=quality, reencode=reencode,
-                            max_pixels=max_pixels, max_bytes=max_file_size)
+        settings = Settings(
+            short_side=short_side,
+            max_side=max_side,
+            quality=quality,
+            reencode=reencode,
+            max_pixels=max_pixels,
+            max_bytes=max_file_size,
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
     if shard_size < 1:
@@ -198,8 +285,10 @@ def pack(src: str | Path, out: str | Path, *, short_side: int = 256, max_side: i
     remote: Optional[Remote] = None
     if is_url(out):
         if parts > 1:
-            raise UsageError("--part with a URL OUT is not supported: use --engine ray to pack on many machines, "
-                             "or pack the parts into a shared folder")
+            raise UsageError(
+                "--part with a URL OUT is not supported: use --engine ray to pack on many machines, "
+                "or pack the parts into a shared folder"
+            )
         options = dict(storage_options or {})
         store = Store(str(out), options)
         store.check()  # reachable, bucket exists: before any work
@@ -214,10 +303,27 @@ def pack(src: str | Path, out: str | Path, *, short_side: int = 256, max_side: i
     t0 = time.perf_counter()
     source = scan(src, seed=seed, val_fraction=val_fraction)
     _make_out(local, "--staging" if remote else "OUT")
-    identity = _settings_identity(src, source, settings, seed=seed, shard_size=shard_size,
-                                  samples_per_shard=samples_per_shard, val_fraction=val_fraction, parts=parts)
-    job = dict(part=part, parts=parts, settings=settings, shard_size=shard_size, samples_per_shard=samples_per_shard,
-               workers=workers, progress=progress, engine=engine, remote=remote)
+    identity = _settings_identity(
+        src,
+        source,
+        settings,
+        seed=seed,
+        shard_size=shard_size,
+        samples_per_shard=samples_per_shard,
+        val_fraction=val_fraction,
+        parts=parts,
+    )
+    job = dict(
+        part=part,
+        parts=parts,
+        settings=settings,
+        shard_size=shard_size,
+        samples_per_shard=samples_per_shard,
+        workers=workers,
+        progress=progress,
+        engine=engine,
+        remote=remote,
+    )
     try:
         if engine == "ray":
             from stoker.pipeline.deps import usable_cores
@@ -242,16 +348,19 @@ def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
         WriteFailed: Writing ``out`` failed.
     """
     if is_url(out):
-        raise UsageError("--merge takes a local OUT: --part with a URL OUT is not supported (use --engine ray "
-                         "to pack on many machines)")
+        raise UsageError(
+            "--merge takes a local OUT: --part with a URL OUT is not supported (use --engine ray "
+            "to pack on many machines)"
+        )
     out, t0 = Path(out), time.perf_counter()
     try:
         totals = merge(out)
     except OSError as e:
         raise _write_failed(e, out) from None
     inputs = sum(s["num_inputs"] for s in (read_settings(out) or {}).get("splits", {}).values())
-    return _checked(PackResult(out=str(out), inputs=inputs, splits=totals, run={},
-                               seconds=time.perf_counter() - t0), strict)
+    return _checked(
+        PackResult(out=str(out), inputs=inputs, splits=totals, run={}, seconds=time.perf_counter() - t0), strict
+    )
 
 
 def _checked(result: PackResult, strict: bool) -> PackResult:
@@ -265,8 +374,10 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
     remote: Optional[Remote] = job["remote"]
     where = remote.store.url if remote else str(out)
     if remote is not None and read_settings(out) is None and not remote.store.is_empty():
-        raise UsageError(f"OUT {where} is not empty and this machine holds no pack journal for it (in {out}); "
-                         f"use an empty location, or the --staging folder of the pack that wrote it")
+        raise UsageError(
+            f"OUT {where} is not empty and this machine holds no pack journal for it (in {out}); "
+            f"use an empty location, or the --staging folder of the pack that wrote it"
+        )
     claim(out, identity)
     run = {split: pack_part(out, split, source, **job) for split in source.splits}
     if remote is not None:
@@ -278,11 +389,13 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
     if parts == 1 and not worked:
         totals = merged_totals(out, shard_ok)
         if totals is not None and (remote is None or remote.manifests_match(out, splits)):
-            return PackResult(out=where, inputs=inputs, splits=totals, run=run,
-                              seconds=time.perf_counter() - t0, up_to_date=True)
+            return PackResult(
+                out=where, inputs=inputs, splits=totals, run=run, seconds=time.perf_counter() - t0, up_to_date=True
+            )
     if parts > 1:
-        return PackResult(out=where, inputs=inputs, splits={}, run=run, seconds=time.perf_counter() - t0,
-                          part=part, parts=parts)
+        return PackResult(
+            out=where, inputs=inputs, splits={}, run=run, seconds=time.perf_counter() - t0, part=part, parts=parts
+        )
     totals = merge(out, shard_ok)
     if remote is not None:
         remote.publish_manifests(out, splits)
@@ -312,8 +425,17 @@ def _make_out(out: Path, what: str = "OUT") -> None:
         raise UsageError(f"cannot write to {what} {out}: {e.strerror or e}") from None
 
 
-def _settings_identity(src: Path, source: Source, settings: Settings, *, seed: int, shard_size: int,
-                       samples_per_shard: int, val_fraction: float, parts: int) -> dict:
+def _settings_identity(
+    src: Path,
+    source: Source,
+    settings: Settings,
+    *,
+    seed: int,
+    shard_size: int,
+    samples_per_shard: int,
+    val_fraction: float,
+    parts: int,
+) -> dict:
     """Everything that determines the bytes of the pack: equal dicts -> equal output."""
     return {
         "journal_format": 1,
@@ -331,19 +453,28 @@ def _settings_identity(src: Path, source: Source, settings: Settings, *, seed: i
         "val_fraction": val_fraction,
         "parts": parts,
         "classes": source.classes,
-        "splits": {s: {"num_inputs": len(items), "digest": source.digest(s), "skipped": source.skipped.get(s, 0),
-                       "scan_rejects": [list(r) for r in source.rejects.get(s, [])]}
-                   for s, items in source.splits.items()},
+        "splits": {
+            s: {
+                "num_inputs": len(items),
+                "digest": source.digest(s),
+                "skipped": source.skipped.get(s, 0),
+                "scan_rejects": [list(r) for r in source.rejects.get(s, [])],
+            }
+            for s, items in source.splits.items()
+        },
     }
 
 
 def _write_failed(e: OSError, out: Path) -> StokerError:
     where = display_path(str(e.filename or out))
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return WriteFailed(f"disk full writing {where}: free space and rerun the same command "
-                           f"(finished shards are kept, nothing written is corrupt)")
-    return WriteFailed(f"cannot write {where}: {e.strerror or e}; fix it and rerun the same command "
-                       f"(finished shards are kept)")
+        return WriteFailed(
+            f"disk full writing {where}: free space and rerun the same command "
+            f"(finished shards are kept, nothing written is corrupt)"
+        )
+    return WriteFailed(
+        f"cannot write {where}: {e.strerror or e}; fix it and rerun the same command (finished shards are kept)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -358,13 +489,29 @@ def main(args: argparse.Namespace) -> int:
             part, parts = parse_part(args.part)
             max_file_size = parse_size(args.max_file_size, "--max-file-size")
             shard_size = parse_size(args.shard_size)
-            result = pack(args.src, args.out, short_side=args.short_side, max_side=args.max_side,
-                          quality=args.quality, reencode=args.reencode, max_pixels=args.max_pixels,
-                          max_file_size=max_file_size, shard_size=shard_size, samples_per_shard=args.samples_per_shard,
-                          seed=args.seed, val_fraction=args.val_fraction, workers=args.workers, part=part,
-                          parts=parts, engine=args.engine, ray_address=args.ray_address, strict=args.strict,
-                          storage_options=parse_storage_options(args.storage_option), staging=args.staging,
-                          progress=not args.quiet)
+            result = pack(
+                args.src,
+                args.out,
+                short_side=args.short_side,
+                max_side=args.max_side,
+                quality=args.quality,
+                reencode=args.reencode,
+                max_pixels=args.max_pixels,
+                max_file_size=max_file_size,
+                shard_size=shard_size,
+                samples_per_shard=args.samples_per_shard,
+                seed=args.seed,
+                val_fraction=args.val_fraction,
+                workers=args.workers,
+                part=part,
+                parts=parts,
+                engine=args.engine,
+                ray_address=args.ray_address,
+                strict=args.strict,
+                storage_options=parse_storage_options(args.storage_option),
+                staging=args.staging,
+                progress=not args.quiet,
+            )
     except InputsRejected as e:  # the pack is done: its summary, then the error
         _print(e.result)
         raise

@@ -69,8 +69,7 @@ class _Sanitizer:
                 yield sanitize(os.path.join(self.base, it.rel), self.settings)
             return
         fn = partial(_sanitize_chunk, settings=self.settings)
-        chunks = ([os.path.join(self.base, it.rel) for it in items[i:i + CHUNK]]
-                  for i in range(0, len(items), CHUNK))
+        chunks = ([os.path.join(self.base, it.rel) for it in items[i : i + CHUNK]] for i in range(0, len(items), CHUNK))
         pending: collections.deque = collections.deque()
         for c in chunks:
             pending.append(self.pool.apply_async(fn, (c,)))
@@ -113,9 +112,23 @@ def pack_part(out: Path, split: str, source: Source, *, part: int, parts: int, *
         return _pack_part_locked(out, split, source, start=start, end=end, part=part, parts=parts, **kw)
 
 
-def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end: int, part: int, parts: int,
-                      settings: Settings, shard_size: int, samples_per_shard: int, workers: int,
-                      progress: bool, engine: str = "local", remote: Optional[Remote] = None) -> dict:
+def _pack_part_locked(
+    out: Path,
+    split: str,
+    source: Source,
+    *,
+    start: int,
+    end: int,
+    part: int,
+    parts: int,
+    settings: Settings,
+    shard_size: int,
+    samples_per_shard: int,
+    workers: int,
+    progress: bool,
+    engine: str = "local",
+    remote: Optional[Remote] = None,
+) -> dict:
     from tqdm import tqdm
 
     split_dir = out / split
@@ -133,8 +146,9 @@ def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end:
     else:
         damaged, uploads = remote.check(split_dir, records, start)
     if damaged:
-        stats["restored"] = _restore(split_dir, source.splits[split], source, damaged, settings=settings,
-                                     workers=workers, engine=engine)
+        stats["restored"] = _restore(
+            split_dir, source.splits[split], source, damaged, settings=settings, workers=workers, engine=engine
+        )
     if remote is not None:  # staged shards of a killed run, and the ones just rebuilt
         for name in uploads + [info["name"] for _, _, info in damaged]:
             remote.publish(split_dir, name)
@@ -162,9 +176,19 @@ def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end:
 
     desc = split + (f" {part}/{parts}" if parts > 1 else "")
     items, classes = source.splits[split], source.classes
-    with _sanitizer(settings, workers, source.base, engine) as sanitizer, tqdm(
-            total=end - start, initial=pos - start, desc=desc, unit="img", file=sys.stderr,
-            disable=None if progress else True, smoothing=0.05, dynamic_ncols=True) as bar:
+    with (
+        _sanitizer(settings, workers, source.base, engine) as sanitizer,
+        tqdm(
+            total=end - start,
+            initial=pos - start,
+            desc=desc,
+            unit="img",
+            file=sys.stderr,
+            disable=None if progress else True,
+            smoothing=0.05,
+            dynamic_ncols=True,
+        ) as bar,
+    ):
         try:
             for i, res in enumerate(sanitizer.results(items[pos:end]), start=pos):
                 it = items[i]
@@ -175,8 +199,10 @@ def _pack_part_locked(out: Path, split: str, source: Source, *, start: int, end:
                     continue
                 comps = _components(it, res, classes)
                 if writer is not None and (
-                        len(writer) >= samples_per_shard if samples_per_shard
-                        else writer.bytes_written + _sample_bytes(comps) + 1024 > shard_size):
+                    len(writer) >= samples_per_shard
+                    if samples_per_shard
+                    else writer.bytes_written + _sample_bytes(comps) + 1024 > shard_size
+                ):
                     close(i)
                 if writer is None:  # entered and exited by hand: shards roll over mid-loop
                     writer = ShardWriter(out / split / shard_name(split, nshards, part, parts)).__enter__()
@@ -205,8 +231,16 @@ def _damaged_shards(split_dir: Path, records: list[dict], start: int) -> list[tu
     return bad
 
 
-def _restore(split_dir: Path, items: list[Item], source: Source, damaged: list[tuple[int, int, dict]], *,
-             settings: Settings, workers: int, engine: str = "local") -> int:
+def _restore(
+    split_dir: Path,
+    items: list[Item],
+    source: Source,
+    damaged: list[tuple[int, int, dict]],
+    *,
+    settings: Settings,
+    workers: int,
+    engine: str = "local",
+) -> int:
     """Rebuild journaled shards that were deleted or damaged after they were written:
     the inputs of a shard's range are packed again into the same name (deterministic,
     so byte-identical). Raises CheckFailed when the rebuilt bytes differ (SRC changed)."""
@@ -220,8 +254,10 @@ def _restore(split_dir: Path, items: list[Item], source: Source, damaged: list[t
             if writer.info.sha256 != info["sha256"]:
                 path.unlink(missing_ok=True)
                 idx_path(path).unlink(missing_ok=True)
-                raise CheckFailed(f"shard {path} was missing or damaged and rebuilds differently: the images in "
-                                  f"SRC changed since it was packed; delete {split_dir.parent} and pack again")
+                raise CheckFailed(
+                    f"shard {path} was missing or damaged and rebuilds differently: the images in "
+                    f"SRC changed since it was packed; delete {split_dir.parent} and pack again"
+                )
     return len(damaged)
 
 

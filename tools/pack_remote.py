@@ -51,8 +51,7 @@ class Remote:
     def _ok(self, sizes: dict[str, int], name: str, size: int) -> bool:
         return sizes.get(name) == size and sizes.get(name[: -len(".tar")] + ".idx", 0) > 0
 
-    def check(self, split_dir: Path, records: list[dict], start: int
-              ) -> tuple[list[tuple[int, int, dict]], list[str]]:
+    def check(self, split_dir: Path, records: list[dict], start: int) -> tuple[list[tuple[int, int, dict]], list[str]]:
         """Journaled shards not in place remotely: ``(to rebuild, to upload from staging)``.
         One listing per split; a shard counts as in place when its size is the journaled one
         and its ``.idx`` is there (object stores write whole objects or none)."""
@@ -87,4 +86,3 @@ class Remote:
         self.store.put_file(out / REJECTS_NAME, REJECTS_NAME)
         for split in splits:
             self.store.put_file(out / split / MANIFEST_NAME, f"{split}/{MANIFEST_NAME}")
-

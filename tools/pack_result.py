@@ -86,19 +86,29 @@ class PackResult(Result):
             return f"{self.out} is up to date ({self.inputs:,} inputs, nothing to do)"
         if self.parts > 1:
             where = f"{self.part}/{self.parts}"
-            return "\n".join([f"{split} part {where}: {r['packed']:,} packed, {r['rejected']:,} rejected, "
-                              f"{r['shards']} shards this run" for split, r in self.run.items()]
-                             + [f"part {where} done in {self.seconds:.1f} s; when every part is done: "
-                                f"stoker pack --merge {self.out}"])
+            return "\n".join(
+                [
+                    f"{split} part {where}: {r['packed']:,} packed, {r['rejected']:,} rejected, "
+                    f"{r['shards']} shards this run"
+                    for split, r in self.run.items()
+                ]
+                + [
+                    f"part {where} done in {self.seconds:.1f} s; when every part is done: "
+                    f"stoker pack --merge {self.out}"
+                ]
+            )
         lines = [f"{'split':6} {'packed':>9} {'rejected':>9} {'skipped':>8} {'shards':>7} {'bytes':>14}"]
-        lines += [f"{split:6} {t['samples']:>9,} {t['rejected']:>9,} {t['skipped']:>8,} {t['shards']:>7,} "
-                  f"{t['bytes']:>14,}" for split, t in self.splits.items()]
+        lines += [
+            f"{split:6} {t['samples']:>9,} {t['rejected']:>9,} {t['skipped']:>8,} {t['shards']:>7,} {t['bytes']:>14,}"
+            for split, t in self.splits.items()
+        ]
         if self.run:  # not after a merge
             n = sum(r["packed"] + r["rejected"] for r in self.run.values())
             rate = n / self.seconds if self.seconds > 0 else 0.0
             copied = sum(r["copied"] for r in self.run.values())
-            lines.append(f"this run: {n:,} images in {self.seconds:.1f} s ({rate:,.0f} images/s), "
-                         f"{copied:,} copied as they were")
+            lines.append(
+                f"this run: {n:,} images in {self.seconds:.1f} s ({rate:,.0f} images/s), {copied:,} copied as they were"
+            )
         if self.rejected:
             lines.append(f"{self.rejected:,} rejected inputs listed in {self.out.rstrip('/')}/{REJECTS_NAME}")
         return "\n".join(lines)

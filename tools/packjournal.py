@@ -59,8 +59,10 @@ def claim(out: Path, settings: dict) -> None:
     if old is not None:
         if old != settings:
             diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-            raise UsageError(f"OUT {out} already holds a different pack (differs in: {', '.join(diff)}); "
-                             f"use another OUT or delete it")
+            raise UsageError(
+                f"OUT {out} already holds a different pack (differs in: {', '.join(diff)}); "
+                f"use another OUT or delete it"
+            )
         return
     if out.exists() and any(not e.name.startswith(".") for e in os.scandir(out)):
         raise UsageError(f"OUT {out} is not empty and holds no stoker pack; use an empty or new folder")
@@ -135,8 +137,10 @@ def merge(out: Path, shard_ok: Optional[ShardCheck] = None) -> dict[str, Any]:
 def _plan(out: Path, shard_ok: Optional[ShardCheck] = None) -> tuple[dict[str, Manifest], str, dict[str, Any]]:
     """What :func:`merge` writes: ``(manifests by split, rejects.jsonl text, totals)``."""
     if shard_ok is None:
+
         def shard_ok(split: str, name: str, size: int) -> bool:
             return local_shard_ok(out / split / name, size)
+
     settings = read_settings(out)
     if settings is None:
         raise UsageError(f"{out} holds no stoker pack in progress (no {STATE_DIR}/{SETTINGS_NAME})")
@@ -160,21 +164,28 @@ def _plan(out: Path, shard_ok: Optional[ShardCheck] = None) -> tuple[dict[str, M
         for part, records in enumerate(per_part):
             for r in records:
                 if r.get("shard") and not shard_ok(split, r["shard"]["name"], r["shard"]["bytes"]):
-                    raise UsageError(f"cannot merge {out}: shard {out / split / r['shard']['name']} is missing or "
-                                     f"damaged; rerun part {part}/{parts} (stoker pack SRC OUT --part {part}/{parts}) "
-                                     f"to restore it")
+                    raise UsageError(
+                        f"cannot merge {out}: shard {out / split / r['shard']['name']} is missing or "
+                        f"damaged; rerun part {part}/{parts} (stoker pack SRC OUT --part {part}/{parts}) "
+                        f"to restore it"
+                    )
         split_rejects = [tuple(x) for x in settings["splits"][split].get("scan_rejects", [])]
         split_rejects += [tuple(x) for records in per_part for r in records for x in r.get("rejects", [])]
         rejects.extend(split_rejects)
         info = settings["splits"][split]
         pack = {k: v for k, v in settings.items() if k not in ("splits", "classes", "journal_format")}
-        pack.update(split=split, num_inputs=info["num_inputs"], rejected=len(split_rejects),
-                    skipped=info["skipped"])
-        m = Manifest(num_samples=sum(s.num_samples for s in shards), classes=list(settings["classes"]),
-                     shards=shards, pack=pack)
+        pack.update(split=split, num_inputs=info["num_inputs"], rejected=len(split_rejects), skipped=info["skipped"])
+        m = Manifest(
+            num_samples=sum(s.num_samples for s in shards), classes=list(settings["classes"]), shards=shards, pack=pack
+        )
         manifests[split] = m
-        totals[split] = {"samples": m.num_samples, "rejected": len(split_rejects), "skipped": info["skipped"],
-                         "shards": len(shards), "bytes": sum(s.bytes for s in shards)}
+        totals[split] = {
+            "samples": m.num_samples,
+            "rejected": len(split_rejects),
+            "skipped": info["skipped"],
+            "shards": len(shards),
+            "bytes": sum(s.bytes for s in shards),
+        }
     text = "".join(json.dumps({"path": path, "reason": reason}, ensure_ascii=False) + "\n" for path, reason in rejects)
     return manifests, text, totals
 
@@ -195,8 +206,9 @@ def merged_totals(out: Path, shard_ok: Optional[ShardCheck] = None) -> Optional[
         manifests, rejects_text, totals = _plan(out, shard_ok)
         if (out / REJECTS_NAME).read_text(encoding="utf-8") != rejects_text:
             return None
-        if all((out / split / MANIFEST_NAME).read_text(encoding="utf-8") == m.to_json()
-               for split, m in manifests.items()):
+        if all(
+            (out / split / MANIFEST_NAME).read_text(encoding="utf-8") == m.to_json() for split, m in manifests.items()
+        ):
             return totals
         return None
     except (OSError, ValueError, UsageError):

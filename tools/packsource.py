@@ -117,8 +117,12 @@ def _hidden(name: str) -> bool:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
-                       (stat.S_ISBLK, "block device")):
+    for test, name in (
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
         if test(mode):
             return name
     return "special file"
@@ -131,8 +135,14 @@ def _inside(path: str, folder: str) -> bool:
 class _Walker:
     """Walks the class folders of one split (see the module docstring for the rules)."""
 
-    def __init__(self, root: Path, split_root: Path, class_names: list[str], skipped: list[int],
-                 other_splits: tuple[Path, ...] = ()):
+    def __init__(
+        self,
+        root: Path,
+        split_root: Path,
+        class_names: list[str],
+        skipped: list[int],
+        other_splits: tuple[Path, ...] = (),
+    ):
         self.root, self.split_root, self.skipped = root, split_root, skipped
         self.split_real = os.path.realpath(split_root)
         self.other_real = {p.name: os.path.realpath(p) for p in other_splits}
@@ -241,8 +251,7 @@ def _scandir(root: Path) -> list[os.DirEntry]:
         with os.scandir(root) as it:
             return sorted(it, key=lambda e: e.name)
     except OSError as e:
-        raise UsageError(f"cannot read folder {display_path(str(root))}: {e.strerror}; check its permissions") \
-            from None
+        raise UsageError(f"cannot read folder {display_path(str(root))}: {e.strerror}; check its permissions") from None
 
 
 def _is_dir(e: os.DirEntry) -> bool:
@@ -261,8 +270,14 @@ def _loose_files(root: Path) -> int:
     return sum(1 for e in _scandir(root) if not _is_dir(e))
 
 
-def _scan_folder(root: Path, split_root: Path, classes: list[str], skipped: list[int],
-                 rejects: list[tuple[str, str]], other_splits: tuple[Path, ...] = ()) -> list[Item]:
+def _scan_folder(
+    root: Path,
+    split_root: Path,
+    classes: list[str],
+    skipped: list[int],
+    rejects: list[tuple[str, str]],
+    other_splits: tuple[Path, ...] = (),
+) -> list[Item]:
     items = []
     index = {c: i for i, c in enumerate(classes)}
     names = _class_dirs(split_root)
@@ -282,8 +297,10 @@ def _read_text(path: Path) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise UsageError(f"{path} is not UTF-8 (byte 0x{raw[e.start]:02x} on line {line}); convert it, e.g. "
-                         f"iconv -f latin1 -t utf-8 {path} > fixed{path.suffix}") from None
+        raise UsageError(
+            f"{path} is not UTF-8 (byte 0x{raw[e.start]:02x} on line {line}); convert it, e.g. "
+            f"iconv -f latin1 -t utf-8 {path} > fixed{path.suffix}"
+        ) from None
 
 
 def _is_header(row: list[str]) -> bool:
@@ -299,8 +316,11 @@ def _scan_csv(path: Path, rejects: list[tuple[str, str]]) -> tuple[list[str], li
     text = _read_text(path)
     first_line = text.split("\n", 1)[0]
     delim = "\t" if path.suffix.lower() == ".tsv" or "\t" in first_line else ","
-    rows = [(n, r) for n, r in enumerate(csv.reader(text.splitlines(), delimiter=delim), start=1)
-            if r and any(c.strip() for c in r)]
+    rows = [
+        (n, r)
+        for n, r in enumerate(csv.reader(text.splitlines(), delimiter=delim), start=1)
+        if r and any(c.strip() for c in r)
+    ]
     if rows and _is_header(rows[0][1]):
         rows = rows[1:]
     good: list[tuple[str, str]] = []
@@ -317,8 +337,10 @@ def _scan_csv(path: Path, rejects: list[tuple[str, str]]) -> tuple[list[str], li
     ints = [lab for _, lab in good if _INT.fullmatch(lab)]
     if ints and len(ints) != len(good):
         name = next(lab for _, lab in good if not _INT.fullmatch(lab))
-        raise UsageError(f"{path}: labels mix integers and names (e.g. {ints[0]!r} and {name!r}); "
-                         f"use integer class indices or class names, not both")
+        raise UsageError(
+            f"{path}: labels mix integers and names (e.g. {ints[0]!r} and {name!r}); "
+            f"use integer class indices or class names, not both"
+        )
     items: list[Item] = []
     if ints:
         top = -1
@@ -373,19 +395,30 @@ def scan(src: Path, *, seed: int, val_fraction: float = 0.0) -> Source:
             splits = {"train": _scan_folder(src, src, classes, skipped["train"], rejects["train"])}
         base = src
     if not any(splits.values()):
-        loose = [] if src.is_file() else [e.name for e in _scandir(src) if not _is_dir(e) and not _hidden(e.name)
-                                          and os.path.splitext(e.name)[1].lower() in IMAGE_EXTS]
+        loose = (
+            []
+            if src.is_file()
+            else [
+                e.name
+                for e in _scandir(src)
+                if not _is_dir(e) and not _hidden(e.name) and os.path.splitext(e.name)[1].lower() in IMAGE_EXTS
+            ]
+        )
         if loose:
-            raise UsageError(f"SRC {src} holds {len(loose):,} images but no class folders; put them in one subfolder "
-                             f"per class, or list them in a CSV of path,label")
+            raise UsageError(
+                f"SRC {src} holds {len(loose):,} images but no class folders; put them in one subfolder "
+                f"per class, or list them in a CSV of path,label"
+            )
         nrej = sum(len(r) for r in rejects.values())
         why = f" ({nrej} rejected, e.g. {_first(rejects)})" if nrej else ""
         raise UsageError(f"SRC {src} holds no images{why}")
     if val_fraction:
         splits["train"], splits["val"] = stratified_split(splits["train"], val_fraction, seed)
         if not splits["val"]:
-            raise UsageError(f"--val-fraction {val_fraction} leaves val/ empty: {src} holds only "
-                             f"{len(splits['train'])} image(s); drop --val-fraction")
+            raise UsageError(
+                f"--val-fraction {val_fraction} leaves val/ empty: {src} holds only "
+                f"{len(splits['train'])} image(s); drop --val-fraction"
+            )
     for items in splits.values():
         random.Random(seed).shuffle(items)
     classes = [display_path(c) for c in classes]  # folder names as written into the pack
@@ -417,6 +450,7 @@ def stratified_split(items: list[Item], fraction: float, seed: int) -> tuple[lis
     tie = {lab: rng.random() for lab in labels}
     left = total - sum(take.values())
     if left > 0:
+
         def order(lab: int) -> tuple:
             share = len(by_class[lab]) * fraction - take[lab]
             return (len(by_class[lab]) - take[lab] < 2, -share, tie[lab])

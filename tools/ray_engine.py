@@ -93,8 +93,10 @@ def _probe(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT).close()
     except OSError as e:
-        raise RayFailed(f"cannot reach the Ray cluster at {address}: {e.strerror or e} (is the head node up? "
-                        f"`ray start --head` prints its address)") from None
+        raise RayFailed(
+            f"cannot reach the Ray cluster at {address}: {e.strerror or e} (is the head node up? "
+            f"`ray start --head` prints its address)"
+        ) from None
 
 
 def _run_chunk(fn: Callable[[str, Settings], Sanitized], paths: list[str], settings: Settings) -> list[Sanitized]:
@@ -128,8 +130,10 @@ class RaySanitizer:
         task = ray.remote(max_retries=MAX_RETRIES)(_run_chunk)
         fn_ref, settings_ref = ray.put(self.fn), ray.put(self.settings)
         window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
-        chunks = ([os.path.join(self.base, it.rel) for it in items[i:i + self.chunk]]
-                  for i in range(0, len(items), self.chunk))
+        chunks = (
+            [os.path.join(self.base, it.rel) for it in items[i : i + self.chunk]]
+            for i in range(0, len(items), self.chunk)
+        )
         pending: collections.deque = collections.deque()
         try:
             for c in chunks:
@@ -158,9 +162,12 @@ class RaySanitizer:
                 what = f"{cause.path} failed: {cause.why}"
             else:
                 what = f"{paths[0]} (and {len(paths) - 1} more) failed: {' '.join(str(cause or e).split())[:200]}"
-            raise RayFailed(f"a Ray task packing {what}; rerun the same command to resume "
-                            f"(finished shards are kept)") from None
+            raise RayFailed(
+                f"a Ray task packing {what}; rerun the same command to resume (finished shards are kept)"
+            ) from None
         except ray.exceptions.RayError as e:
-            raise RayFailed(f"a Ray task packing {paths[0]} (and {len(paths) - 1} more) was lost "
-                            f"{MAX_RETRIES + 1} times ({type(e).__name__}); rerun the same command to resume "
-                            f"(finished shards are kept)") from None
+            raise RayFailed(
+                f"a Ray task packing {paths[0]} (and {len(paths) - 1} more) was lost "
+                f"{MAX_RETRIES + 1} times ({type(e).__name__}); rerun the same command to resume "
+                f"(finished shards are kept)"
+            ) from None

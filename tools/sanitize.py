@@ -30,15 +30,20 @@ from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
 # Extensions looked at when scanning a folder; everything else is skipped silently.
-IMAGE_EXTS = frozenset(
-    ".jpg .jpeg .jpe .jfif .png .bmp .gif .webp .tif .tiff .ppm .pgm .pbm .pnm .tga".split()
-)
+IMAGE_EXTS = frozenset(".jpg .jpeg .jpe .jfif .png .bmp .gif .webp .tif .tiff .ppm .pgm .pbm .pnm .tga".split())
 PIL_MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb threshold
 MAX_BYTES = 256 * 1024**2  # default input file size cap: far above any photo, far below RAM
 
 # EXIF orientation -> the transpose that makes the image upright (as ImageOps.exif_transpose).
-_ORIENT = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",
-           6: "ROTATE_270", 7: "TRANSVERSE", 8: "ROTATE_90"}
+_ORIENT = {
+    2: "FLIP_LEFT_RIGHT",
+    3: "ROTATE_180",
+    4: "FLIP_TOP_BOTTOM",
+    5: "TRANSPOSE",
+    6: "ROTATE_270",
+    7: "TRANSVERSE",
+    8: "ROTATE_90",
+}
 
 
 @dataclass(frozen=True)
@@ -141,8 +146,13 @@ def encode_jpeg(im, quality: int) -> bytes:
 
 
 def _kind(mode: int) -> str:
-    names = ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"),
-             (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+    names = (
+        (stat.S_ISDIR, "folder"),
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    )
     return next((name for test, name in names if test(mode)), "special file")
 
 
@@ -234,8 +244,14 @@ def _convert(im, data: bytes, settings: Settings) -> Sanitized:
     resize = (tw, th) != (uw, uh)
     is_jpeg = im.format == "JPEG"
 
-    if (is_jpeg and not settings.reencode and not resize and orientation == 1 and im.mode == "RGB"
-            and jpeg_copy_safe(data) is None):
+    if (
+        is_jpeg
+        and not settings.reencode
+        and not resize
+        and orientation == 1
+        and im.mode == "RGB"
+        and jpeg_copy_safe(data) is None
+    ):
         # Candidate for copy-through: prove it decodes completely. A 1/8-scale draft
         # still entropy-decodes every scan (truncation shows) at a fraction of the cost.
         im.draft("RGB", (max(1, w // 8), max(1, h // 8)))

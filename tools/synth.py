@@ -71,6 +71,7 @@ def encode(im, fmt: str = "JPEG", **save_kw) -> bytes:
 
 def bomb_png(width: int = 100_000, height: int = 100_000) -> bytes:
     """A tiny PNG whose header claims ``width x height`` pixels (a decompression bomb)."""
+
     def chunk(tag: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
 

@@ -32,51 +32,87 @@ HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", metavar="DATA", help="dataset root holding train/ (and val/) packed by `stoker pack`")
     p.add_argument("--out", required=True, metavar="RUN", help="run directory (created)")
-    p.add_argument("--arch", default="inception",
-                   help="inception (default), report (the case study's original slow net), "
-                        "or a torchvision model name (resnet50, ...)")
-    p.add_argument("--task", choices=TASKS, default="classify",
-                   help="classify (cross-entropy) or regress (the case study: one output, MSE on the label value)")
+    p.add_argument(
+        "--arch",
+        default="inception",
+        help="inception (default), report (the case study's original slow net), "
+        "or a torchvision model name (resnet50, ...)",
+    )
+    p.add_argument(
+        "--task",
+        choices=TASKS,
+        default="classify",
+        help="classify (cross-entropy) or regress (the case study: one output, MSE on the label value)",
+    )
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=64, help="per process (default: %(default)s)")
     p.add_argument("--crop", type=int, default=224, help="training/validation crop side (default: %(default)s)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
-    p.add_argument("--lr", type=float, default=None,
-                   help="peak learning rate (default: sgd 0.1 x global batch/256, adamw 1e-3)")
+    p.add_argument(
+        "--lr", type=float, default=None, help="peak learning rate (default: sgd 0.1 x global batch/256, adamw 1e-3)"
+    )
     p.add_argument("--momentum", type=float, default=0.9, help="SGD (Nesterov) momentum")
-    p.add_argument("--weight-decay", type=float, default=None,
-                   help="default: sgd 5e-5, adamw 0.05 (not on norms/biases)")
+    p.add_argument(
+        "--weight-decay", type=float, default=None, help="default: sgd 5e-5, adamw 0.05 (not on norms/biases)"
+    )
     p.add_argument("--warmup-epochs", type=float, default=1.0, help="linear warm-up, then cosine decay to 0")
     p.add_argument("--label-smoothing", type=float, default=0.0)
-    p.add_argument("--amp", choices=AMP_CHOICES, default="auto",
-                   help="auto: bf16 on GPUs that have it, else fp16 + GradScaler; off on CPU (default: auto)")
+    p.add_argument(
+        "--amp",
+        choices=AMP_CHOICES,
+        default="auto",
+        help="auto: bf16 on GPUs that have it, else fp16 + GradScaler; off on CPU (default: auto)",
+    )
     p.add_argument("--channels-last", action="store_true", help="model and batches in channels_last memory format")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
     p.add_argument("--backend", default="auto", help="Loader backend: auto, dali, nvjpeg, pil (default: auto)")
     p.add_argument("--threads", type=int, default=None, help="Loader decode threads (default: the Loader's choice)")
-    p.add_argument("--torch-threads", type=int, default=None,
-                   help="torch intra-op threads (CPU training; default: torch's choice)")
+    p.add_argument(
+        "--torch-threads", type=int, default=None, help="torch intra-op threads (CPU training; default: torch's choice)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--deterministic", action="store_true",
-                   help="deterministic algorithms (bit-identical reruns and resumes; slower on GPU)")
-    p.add_argument("--log-every", type=int, default=20,
-                   help="steps between loss reads / metrics lines (default: %(default)s)")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic algorithms (bit-identical reruns and resumes; slower on GPU)",
+    )
+    p.add_argument(
+        "--log-every", type=int, default=20, help="steps between loss reads / metrics lines (default: %(default)s)"
+    )
     p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps too (default: epoch ends only)")
-    p.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
-                   help="continue from RUN/last.pt, or from CKPT")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="CKPT",
+        help="continue from RUN/last.pt, or from CKPT",
+    )
     p.add_argument("--plot", action="store_true", help="write RUN/curves.png (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     g = p.add_argument_group("data in object storage (DATA is an s3://, gs://, https:// ... URL)")
-    g.add_argument("--storage-option", action="append", default=None, metavar="K=V",
-                   help="fsspec storage option, repeatable (e.g. endpoint_url=http://minio:9000)")
-    g.add_argument("--cache-dir", default=None,
-                   help="local shard cache, DIR/train and DIR/val (default: ~/.cache/stoker/shards/...)")
+    g.add_argument(
+        "--storage-option",
+        action="append",
+        default=None,
+        metavar="K=V",
+        help="fsspec storage option, repeatable (e.g. endpoint_url=http://minio:9000)",
+    )
+    g.add_argument(
+        "--cache-dir",
+        default=None,
+        help="local shard cache, DIR/train and DIR/val (default: ~/.cache/stoker/shards/...)",
+    )
     g.add_argument("--cache-limit", default=None, metavar="SIZE", help="bytes the cache may keep, e.g. 50GB")
-    g.add_argument("--shuffle", choices=SHUFFLES, default="global",
-                   help="global: a fresh permutation of the whole split (default); block: shards per rank, "
-                        "samples shuffled within windows of --block-shards (for a bounded cache)")
+    g.add_argument(
+        "--shuffle",
+        choices=SHUFFLES,
+        default="global",
+        help="global: a fresh permutation of the whole split (default); block: shards per rank, "
+        "samples shuffled within windows of --block-shards (for a bounded cache)",
+    )
     g.add_argument("--block-shards", type=int, default=4, help="shards per window with --shuffle block")
 
 
@@ -125,6 +161,7 @@ def _rank() -> int:
 
 def format_summary(s: dict) -> str:
     """A few human lines from :func:`stoker.model.train.train`'s summary."""
+
     def pct(v):
         return "-" if v is None else f"{100 * v:.1f}%"
 

@@ -85,16 +85,22 @@ class VerifyResult(Result):
     def table(self) -> str:
         """One row per shard: samples, bytes, sha256 and .idx ok, images decoded, bad, skipped."""
         w = max([len(f"{r.split}/{r.name}") for r in self.shards] + [5])
-        lines = [f"{'shard':{w}} {'samples':>8} {'bytes':>13} {'sha256':>6} {'idx':>4} {'decoded':>8} {'bad':>5} "
-                 f"{'skip':>5}"]
-        lines += [f"{r.split + '/' + r.name:{w}} {r.samples:>8,} {r.bytes:>13,} {'ok' if r.sha_ok else 'BAD':>6} "
-                  f"{'ok' if r.idx_ok else 'BAD':>4} {r.decoded:>8,} {r.bad:>5,} {r.skipped:>5,}" for r in self.shards]
+        lines = [
+            f"{'shard':{w}} {'samples':>8} {'bytes':>13} {'sha256':>6} {'idx':>4} {'decoded':>8} {'bad':>5} {'skip':>5}"
+        ]
+        lines += [
+            f"{r.split + '/' + r.name:{w}} {r.samples:>8,} {r.bytes:>13,} {'ok' if r.sha_ok else 'BAD':>6} "
+            f"{'ok' if r.idx_ok else 'BAD':>4} {r.decoded:>8,} {r.bad:>5,} {r.skipped:>5,}"
+            for r in self.shards
+        ]
         return "\n".join(lines)
 
     def summary(self) -> str:
         """The closing line of a clean check."""
-        return (f"ok: {len(self.shards)} shards, {sum(r.samples for r in self.shards):,} samples, "
-                f"{sum(r.decoded for r in self.shards):,} images decoded")
+        return (
+            f"ok: {len(self.shards)} shards, {sum(r.samples for r in self.shards):,} samples, "
+            f"{sum(r.decoded for r in self.shards):,} images decoded"
+        )
 
     def problem_lines(self, limit: int = 50) -> list[str]:
         """The first ``limit`` problems, indented, and how many more."""
@@ -122,8 +128,15 @@ def find_splits(path: Path) -> list[Path]:
     return splits
 
 
-def verify_shard(split_dir: str, split: str, info: ShardInfo, num_classes: int, check: Optional[list[int]],
-                 skip: list[int], require_rgb: bool = True) -> ShardReport:
+def verify_shard(
+    split_dir: str,
+    split: str,
+    info: ShardInfo,
+    num_classes: int,
+    check: Optional[list[int]],
+    skip: list[int],
+    require_rgb: bool = True,
+) -> ShardReport:
     """Check one shard; ``check`` lists the sample indices to decode (None: all),
     ``skip`` the ones the manifest marks as known-bad. Packed shards must hold RGB
     JPEGs; foreign (indexed) ones only need to decode."""
@@ -155,8 +168,9 @@ def verify_shard(split_dir: str, split: str, info: ShardInfo, num_classes: int, 
     try:
         rep.idx_ok = read_idx(idx_path(tar)) == samples
         if not rep.idx_ok:
-            rep.problems.append(f"{where}: {idx_path(tar).name} does not match the tar "
-                                f"(rerun `stoker index {split_dir}`)")
+            rep.problems.append(
+                f"{where}: {idx_path(tar).name} does not match the tar (rerun `stoker index {split_dir}`)"
+            )
     except IdxFormatError as e:
         rep.problems.append(f"{where}: {e}")
     skip_set = set(skip)
@@ -217,16 +231,29 @@ def _run(job):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", metavar="DIR", help="a pack's OUT folder or one split folder (a path or an "
-                   "fsspec URL: s3://, gs://, https://, file://)")
-    p.add_argument("--sample", type=int, default=0, metavar="K",
-                   help="decode K random images per split instead of all (checksums and indexes are always checked)")
+    p.add_argument(
+        "dir",
+        metavar="DIR",
+        help="a pack's OUT folder or one split folder (a path or an fsspec URL: s3://, gs://, https://, file://)",
+    )
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        metavar="K",
+        help="decode K random images per split instead of all (checksums and indexes are always checked)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed choosing the --sample images")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes checking shards in parallel")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--storage-option", action="append", default=[], metavar="K=V",
-                   help="fsspec option for a URL (repeatable; e.g. endpoint_url=http://host:9000, anon=true); "
-                        "credentials also come from the AWS_* environment variables")
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="fsspec option for a URL (repeatable; e.g. endpoint_url=http://host:9000, anon=true); "
+        "credentials also come from the AWS_* environment variables",
+    )
 
 
 def remote_splits(url: str, storage_options: dict) -> list[str]:
@@ -271,8 +298,15 @@ def download_split(url: str, storage_options: dict, dest: Path) -> Path:
     return dest
 
 
-def verify(path: str | Path, *, sample: int = 0, seed: int = 0, workers: Optional[int] = None,
-           storage_options: Optional[Mapping[str, Any]] = None, progress: bool = False) -> VerifyResult:
+def verify(
+    path: str | Path,
+    *,
+    sample: int = 0,
+    seed: int = 0,
+    workers: Optional[int] = None,
+    storage_options: Optional[Mapping[str, Any]] = None,
+    progress: bool = False,
+) -> VerifyResult:
     """Check the shards of a pack (all its splits) or of one split against their stoker.json.
 
     Args:
@@ -304,8 +338,7 @@ def verify(path: str | Path, *, sample: int = 0, seed: int = 0, workers: Optiona
                 reports += _check([download_split(url, options, Path(tmp) / url.rsplit("/", 1)[-1])], **how)
     else:
         if storage_options:
-            raise UsageError(f"--storage-option is for a URL (s3://, gs://, https://, file://); {path} is a "
-                             f"local path")
+            raise UsageError(f"--storage-option is for a URL (s3://, gs://, https://, file://); {path} is a local path")
         root = Path(path)
         if not root.exists():
             raise UsageError(f"{root} does not exist")
@@ -313,8 +346,7 @@ def verify(path: str | Path, *, sample: int = 0, seed: int = 0, workers: Optiona
     return VerifyResult(path=str(path), shards=reports, ok=not any(r.problems for r in reports))
 
 
-def _check(split_dirs: list[Path], *, sample: int, seed: int, workers: int, progress: bool
-           ) -> list[ShardReport]:
+def _check(split_dirs: list[Path], *, sample: int, seed: int, workers: int, progress: bool) -> list[ShardReport]:
     from tqdm import tqdm
 
     jobs = []
@@ -337,8 +369,17 @@ def _check(split_dirs: list[Path], *, sample: int, seed: int, workers: int, prog
                 picks.setdefault(k, []).append(g - starts[k])
         for k, s in enumerate(m.shards):
             check = picks.get(k, []) if sample else None
-            jobs.append((str(split_dir), split_dir.name, s, len(m.classes), check, skips.get(s.name, []),
-                         "indexed_by" not in m.pack))
+            jobs.append(
+                (
+                    str(split_dir),
+                    split_dir.name,
+                    s,
+                    len(m.classes),
+                    check,
+                    skips.get(s.name, []),
+                    "indexed_by" not in m.pack,
+                )
+            )
     reports: list[ShardReport] = []
     bar = tqdm(total=len(jobs), desc="verify", unit="shard", file=sys.stderr, disable=None if progress else True)
     if workers > 1 and len(jobs) > 1:
@@ -357,8 +398,14 @@ def _check(split_dirs: list[Path], *, sample: int, seed: int, workers: int, prog
 
 
 def main(args: argparse.Namespace) -> int:
-    result = verify(args.dir, sample=args.sample, seed=args.seed, workers=args.workers,
-                    storage_options=parse_storage_options(args.storage_option), progress=not args.quiet)
+    result = verify(
+        args.dir,
+        sample=args.sample,
+        seed=args.seed,
+        workers=args.workers,
+        storage_options=parse_storage_options(args.storage_option),
+        progress=not args.quiet,
+    )
     print(result.table())
     if not result.ok:
         for line in result.problem_lines():

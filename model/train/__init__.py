@@ -27,15 +27,35 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 _EXPORTS = {
-    "TrainConfig": "config", "AMP_CHOICES": "config", "OPTIMIZERS": "config", "TASKS": "config",
-    "AmpSpec": "runtime", "resolve_amp": "runtime", "resolve_device": "runtime",
-    "TrainStep": "step", "lr_factor": "step", "make_optimizer": "step",
-    "train": "loop", "evaluate": "evaluation", "plot_metrics": "plotting",
+    "TrainConfig": "config",
+    "AMP_CHOICES": "config",
+    "OPTIMIZERS": "config",
+    "TASKS": "config",
+    "AmpSpec": "runtime",
+    "resolve_amp": "runtime",
+    "resolve_device": "runtime",
+    "TrainStep": "step",
+    "lr_factor": "step",
+    "make_optimizer": "step",
+    "train": "loop",
+    "evaluate": "evaluation",
+    "plot_metrics": "plotting",
 }
 
 __all__ = [
-    "TrainConfig", "AMP_CHOICES", "OPTIMIZERS", "TASKS", "AmpSpec", "resolve_amp", "resolve_device",
-    "TrainStep", "lr_factor", "make_optimizer", "train", "evaluate", "plot_metrics",
+    "TrainConfig",
+    "AMP_CHOICES",
+    "OPTIMIZERS",
+    "TASKS",
+    "AmpSpec",
+    "resolve_amp",
+    "resolve_device",
+    "TrainStep",
+    "lr_factor",
+    "make_optimizer",
+    "train",
+    "evaluate",
+    "plot_metrics",
 ]
 
 if TYPE_CHECKING:

@@ -13,8 +13,9 @@ from .runtime import AmpSpec, Dist, all_reduce_sum
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable, *, device: torch.device, amp: AmpSpec, task: str,
-             dist: Optional[Dist] = None) -> dict[str, Any]:
+def evaluate(
+    model: nn.Module, loader: Iterable, *, device: torch.device, amp: AmpSpec, task: str, dist: Optional[Dist] = None
+) -> dict[str, Any]:
     """Top-1/top-5 (classify) or MSE + rounded accuracy (regress) over the whole loader.
 
     Counts stay on the device (no per-batch sync) and are summed across ranks, so each

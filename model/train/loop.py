@@ -81,8 +81,14 @@ class _Loop:
 
         run, cfg = self.run, self.run.cfg
         t_start = time.perf_counter()
-        bar = tqdm(total=run.total_steps, initial=run.step, unit="step", dynamic_ncols=True,
-                   disable=not (run.dist.main and cfg.progress), file=sys.stderr)
+        bar = tqdm(
+            total=run.total_steps,
+            initial=run.step,
+            unit="step",
+            dynamic_ncols=True,
+            disable=not (run.dist.main and cfg.progress),
+            file=sys.stderr,
+        )
         with StopSignals() as signals:
             for epoch in range(run.start_epoch, cfg.epochs):
                 bar.set_description(f"epoch {epoch + 1}/{cfg.epochs}")
@@ -95,8 +101,10 @@ class _Loop:
         if run.dist.main and cfg.plot and (run.out / METRICS).exists():
             plot_metrics(run.out)
         if self.stopped:
-            run.log(f"stopped by {signal.Signals(self.stopped).name} at step {run.step}; checkpoint "
-                    f"{run.out / LAST}; continue with --resume")
+            run.log(
+                f"stopped by {signal.Signals(self.stopped).name} at step {run.step}; checkpoint "
+                f"{run.out / LAST}; continue with --resume"
+            )
         return self._summary(time.perf_counter() - t_start)
 
     def _train_epoch(self, epoch: int, signals: StopSignals, bar: Any) -> bool:
@@ -145,14 +153,24 @@ class _Loop:
         images = window.images * run.dist.world_size
         ips = images / seconds
         self.windows.append((images, seconds, window.wait))
-        run.write_metrics({"kind": "train", "epoch": epoch, "step": run.step, "loss": self.last_loss,
-                           "images_per_s": ips, "data_wait": window.wait / seconds,
-                           "lr": run.scheduler.get_last_lr()[0], "time": time.time()})
-        bar.set_postfix({"img/s": f"{ips:.0f}", "loss": f"{self.last_loss:.3f}",
-                         "wait": f"{100 * window.wait / seconds:.0f}%"}, refresh=False)
+        run.write_metrics(
+            {
+                "kind": "train",
+                "epoch": epoch,
+                "step": run.step,
+                "loss": self.last_loss,
+                "images_per_s": ips,
+                "data_wait": window.wait / seconds,
+                "lr": run.scheduler.get_last_lr()[0],
+                "time": time.time(),
+            }
+        )
+        bar.set_postfix(
+            {"img/s": f"{ips:.0f}", "loss": f"{self.last_loss:.3f}", "wait": f"{100 * window.wait / seconds:.0f}%"},
+            refresh=False,
+        )
         if not math.isfinite(self.last_loss):
-            raise FloatingPointError(f"loss became {self.last_loss} at step {run.step}: "
-                                     f"try a lower --lr or --amp off")
+            raise FloatingPointError(f"loss became {self.last_loss} at step {run.step}: try a lower --lr or --amp off")
         window.reset()
         if stop_votes > 0:
             self.stopped = signals.received or signal.SIGTERM
@@ -163,8 +181,9 @@ class _Loop:
         broadcast_buffers(run.raw, run.dist)
         if run.val_loader is not None:
             run.val_loader.set_epoch(epoch)
-            self.val = evaluate(run.eval_model, run.val_loader, device=run.device, amp=run.amp,
-                                task=run.cfg.task, dist=run.dist)
+            self.val = evaluate(
+                run.eval_model, run.val_loader, device=run.device, amp=run.amp, task=run.cfg.task, dist=run.dist
+            )
             run.write_metrics({"kind": "val", "epoch": epoch, "step": run.step, **self.val, "time": time.time()})
             msg = f"epoch {epoch + 1}/{run.cfg.epochs}: val top-1 {100 * self.val['top1']:.1f}%"
             if self.val["top5"] is not None:
@@ -183,9 +202,13 @@ class _Loop:
         return {
             "run_dir": str(run.out),
             "checkpoint": str(run.out / LAST),
-            "arch": run.cfg.arch, "device": str(run.device), "amp": run.amp.name,
+            "arch": run.cfg.arch,
+            "device": str(run.device),
+            "amp": run.amp.name,
             "world_size": run.dist.world_size,
-            "epochs": run.cfg.epochs, "steps": run.step, "total_steps": run.total_steps,
+            "epochs": run.cfg.epochs,
+            "steps": run.step,
+            "total_steps": run.total_steps,
             "seconds": seconds,
             "images_per_s": t_images / t_seconds if t_seconds else None,
             "data_wait": t_wait / t_seconds if t_seconds else None,
@@ -199,8 +222,9 @@ class _Loop:
         }
 
 
-def train(config: Union[TrainConfig, Mapping[str, Any], Any], *,
-          loader_factory: Optional[Callable[..., Any]] = None) -> dict[str, Any]:
+def train(
+    config: Union[TrainConfig, Mapping[str, Any], Any], *, loader_factory: Optional[Callable[..., Any]] = None
+) -> dict[str, Any]:
     """Run a training and return its summary (every rank returns one; rank 0 wrote the files).
 
     Args:

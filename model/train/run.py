@@ -73,20 +73,23 @@ class Run:
         """Save the run's state (rank 0) to ``path`` (default ``RUN/last.pt``); mid-epoch with the
         train loader's position, so a resume continues at the next batch."""
         if self.dist.main:
-            save_checkpoint(path or self.out / LAST, {
-                "model": self.raw.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "loader": None if epoch_complete else self.train_loader.state_dict(),
-                "rng": rng_state(),
-                "config": self.resolved,
-                "epoch": epoch,
-                "epoch_step": self.epoch_step,
-                "epoch_complete": epoch_complete,
-                "step": self.step,
-                "best_top1": self.best_top1,
-            })
+            save_checkpoint(
+                path or self.out / LAST,
+                {
+                    "model": self.raw.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "scaler": self.scaler.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "loader": None if epoch_complete else self.train_loader.state_dict(),
+                    "rng": rng_state(),
+                    "config": self.resolved,
+                    "epoch": epoch,
+                    "epoch_step": self.epoch_step,
+                    "epoch_complete": epoch_complete,
+                    "step": self.step,
+                    "best_top1": self.best_top1,
+                },
+            )
 
     def close(self) -> None:
         """End DDP (when it was started)."""
@@ -110,13 +113,23 @@ class Run:
         self._make_model(net, lr=lr, weight_decay=wd)
         self.resolved = {
             **dataclasses.asdict(cfg),
-            "lr": lr, "weight_decay": wd, "amp": self.amp.name, "amp_requested": cfg.amp,
-            "device": str(self.device), "world_size": self.dist.world_size, "global_batch": global_batch,
-            "num_classes": num_classes, "num_outputs": self.num_outputs, "classes": classes,
-            "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
-            "warmup_steps": self.warmup_steps, "params": count_parameters(net),
+            "lr": lr,
+            "weight_decay": wd,
+            "amp": self.amp.name,
+            "amp_requested": cfg.amp,
+            "device": str(self.device),
+            "world_size": self.dist.world_size,
+            "global_batch": global_batch,
+            "num_classes": num_classes,
+            "num_outputs": self.num_outputs,
+            "classes": classes,
+            "steps_per_epoch": self.steps_per_epoch,
+            "total_steps": self.total_steps,
+            "warmup_steps": self.warmup_steps,
+            "params": count_parameters(net),
             "has_val": self.val_loader is not None,
-            "torch": str(torch.__version__), "stoker": __version__,
+            "torch": str(torch.__version__),
+            "stoker": __version__,
         }
         if cfg.resume:
             self._resume()
@@ -183,9 +196,17 @@ class Run:
         from stoker.pipeline.storage import is_url
 
         cfg = self.cfg
-        kw = dict(batch_size=cfg.batch_size, crop=cfg.crop, device=str(self.device), seed=cfg.seed,
-                  rank=self.dist.rank, world_size=self.dist.world_size, backend=cfg.backend,
-                  threads=cfg.threads, channels_last=cfg.channels_last)
+        kw = dict(
+            batch_size=cfg.batch_size,
+            crop=cfg.crop,
+            device=str(self.device),
+            seed=cfg.seed,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+            backend=cfg.backend,
+            threads=cfg.threads,
+            channels_last=cfg.channels_last,
+        )
         if cfg.shuffle != "global":
             kw.update(shuffle=cfg.shuffle, block_shards=cfg.block_shards)
         remote = is_url(train_dir)
@@ -196,28 +217,45 @@ class Run:
             return {"cache_dir": str(Path(cfg.cache_dir) / split) if cfg.cache_dir else None} if remote else {}
 
         self.train_loader = self.factory(train_dir, train=True, drop_last=None, **kw, **cache("train"))
-        self.val_loader = (self.factory(val_dir, train=False, drop_last=False, **kw, **cache("val"))
-                           if self._has_split(val_dir) else None)
+        self.val_loader = (
+            self.factory(val_dir, train=False, drop_last=False, **kw, **cache("val"))
+            if self._has_split(val_dir)
+            else None
+        )
         self.train_loader.set_epoch(0)
         self.steps_per_epoch = len(self.train_loader)
         if self.steps_per_epoch < 1:
-            raise ValueError(f"{train_dir}: too few samples for one batch of {cfg.batch_size} "
-                             f"x {self.dist.world_size} rank(s); lower --batch-size")
+            raise ValueError(
+                f"{train_dir}: too few samples for one batch of {cfg.batch_size} "
+                f"x {self.dist.world_size} rank(s); lower --batch-size"
+            )
 
     def _make_model(self, net: nn.Module, *, lr: float, weight_decay: float) -> None:
         cfg = self.cfg
         mf = torch.channels_last if cfg.channels_last else torch.contiguous_format
         self.raw = with_normalize(net).to(self.device, memory_format=mf)
-        self.optimizer = make_optimizer(self.raw, cfg.optimizer, lr=lr, momentum=cfg.momentum,
-                                        weight_decay=weight_decay, fused=self.device.type == "cuda")
+        self.optimizer = make_optimizer(
+            self.raw,
+            cfg.optimizer,
+            lr=lr,
+            momentum=cfg.momentum,
+            weight_decay=weight_decay,
+            fused=self.device.type == "cuda",
+        )
         self.scheduler = make_scheduler(self.optimizer, warmup_steps=self.warmup_steps, total_steps=self.total_steps)
         self.scaler = make_scaler(self.amp)
         model = wrap_ddp(self.raw, self.dist, self.device)
         train_model = torch.compile(model) if cfg.compile else model
         self.eval_model = torch.compile(self.raw) if cfg.compile else self.raw
         self.train_model = train_model
-        self.train_step = TrainStep(train_model, self.optimizer, loss_fn(cfg.task, label_smoothing=cfg.label_smoothing),
-                                    amp=self.amp, scaler=self.scaler, scheduler=self.scheduler)
+        self.train_step = TrainStep(
+            train_model,
+            self.optimizer,
+            loss_fn(cfg.task, label_smoothing=cfg.label_smoothing),
+            amp=self.amp,
+            scaler=self.scaler,
+            scheduler=self.scheduler,
+        )
 
     def _resume(self) -> None:
         cfg = self.cfg
@@ -225,12 +263,16 @@ class Run:
         state = load_checkpoint(path, arch=cfg.arch, num_outputs=self.num_outputs)
         old = state["config"]
         if (old.get("batch_size"), old.get("world_size")) != (cfg.batch_size, self.dist.world_size):
-            raise CheckpointError(f"{path}: resuming needs the same batch size and world size (checkpoint: "
-                                  f"{old.get('batch_size')} x {old.get('world_size')}, now: "
-                                  f"{cfg.batch_size} x {self.dist.world_size})")
+            raise CheckpointError(
+                f"{path}: resuming needs the same batch size and world size (checkpoint: "
+                f"{old.get('batch_size')} x {old.get('world_size')}, now: "
+                f"{cfg.batch_size} x {self.dist.world_size})"
+            )
         if old.get("total_steps") != self.total_steps:
-            raise CheckpointError(f"{path}: the checkpoint's run has {old.get('total_steps')} steps in all, this one "
-                                  f"{self.total_steps} (change of --epochs or data?): the schedule would not match")
+            raise CheckpointError(
+                f"{path}: the checkpoint's run has {old.get('total_steps')} steps in all, this one "
+                f"{self.total_steps} (change of --epochs or data?): the schedule would not match"
+            )
         load_model_state(self.raw, state["model"], source=str(path))
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -244,5 +286,7 @@ class Run:
             self.start_epoch, self.epoch_step = int(state["epoch"]), int(state["epoch_step"])
             self.loader_state = state["loader"]
         self.resolved["resumed_from"] = {"path": str(path), "step": self.step}
-        self.log(f"resumed from {path} at step {self.step} (epoch {self.start_epoch + 1}, "
-                 f"step {self.epoch_step} of {self.steps_per_epoch})")
+        self.log(
+            f"resumed from {path} at step {self.step} (epoch {self.start_epoch + 1}, "
+            f"step {self.epoch_step} of {self.steps_per_epoch})"
+        )

@@ -23,6 +23,7 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": torch.float32}
 
 # --------------------------------------------------------------------------- devices, AMP
 
+
 def resolve_device(device: Union[str, torch.device] = "auto") -> torch.device:
     """``"auto"`` → ``cuda`` (this process's ``LOCAL_RANK`` under torchrun) if available, else ``cpu``."""
     device = str(device)
@@ -111,6 +112,7 @@ def seed_everything(seed: int, *, deterministic: bool) -> None:
 
 
 # --------------------------------------------------------------------------- distributed
+
 
 @dataclass
 class Dist:

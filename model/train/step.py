@@ -35,9 +35,16 @@ class TrainStep:
         scheduler: Stepped after each optimizer step (per-step schedules), when given.
     """
 
-    def __init__(self, model: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer,
-                 loss_fn: LossFn, *, amp: AmpSpec, scaler: Optional[torch.amp.GradScaler] = None,
-                 scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None) -> None:
+    def __init__(
+        self,
+        model: Callable[[torch.Tensor], torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        loss_fn: LossFn,
+        *,
+        amp: AmpSpec,
+        scaler: Optional[torch.amp.GradScaler] = None,
+        scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -68,8 +75,9 @@ def loss_fn(task: str, *, label_smoothing: float = 0.0) -> LossFn:
     return regress_loss
 
 
-def make_optimizer(model: nn.Module, name: str, *, lr: float, momentum: float, weight_decay: float,
-                   fused: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(
+    model: nn.Module, name: str, *, lr: float, momentum: float, weight_decay: float, fused: bool = False
+) -> torch.optim.Optimizer:
     """SGD (Nesterov momentum) or AdamW; no weight decay on norms and biases (1-D tensors).
 
     ``fused=True`` (used on CUDA) also lets an fp16 GradScaler skip its per-step
@@ -92,8 +100,10 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup_steps) / span)))
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int,
-                   total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """The per-step :func:`lr_factor` schedule on ``optimizer``."""
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, warmup_steps=warmup_steps, total_steps=total_steps))
+        optimizer, lambda s: lr_factor(s, warmup_steps=warmup_steps, total_steps=total_steps)
+    )

@@ -17,7 +17,21 @@ from .manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ManifestError, Sh
 from .writer import ShardWriter, shard_name
 
 __all__ = [
-    "FORMAT_VERSION", "IDX_VERSION", "IMAGE_EXTS", "MANIFEST_NAME", "MAX_CLASSES", "Component", "IdxFormatError",
-    "Manifest", "ManifestError", "Sample", "ShardInfo", "ShardWriter", "check_shards", "idx_path", "read_idx",
-    "shard_name", "write_idx",
+    "FORMAT_VERSION",
+    "IDX_VERSION",
+    "IMAGE_EXTS",
+    "MANIFEST_NAME",
+    "MAX_CLASSES",
+    "Component",
+    "IdxFormatError",
+    "Manifest",
+    "ManifestError",
+    "Sample",
+    "ShardInfo",
+    "ShardWriter",
+    "check_shards",
+    "idx_path",
+    "read_idx",
+    "shard_name",
+    "write_idx",
 ]

@@ -35,9 +35,13 @@ MAX_CLASSES = 1_000_000
 MAX_CLS_BYTES = 32
 
 # compressed tars, by magic number: (kind, the command that decompresses one)
-_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"BZh", "bzip2", "bunzip2"),
-               (b"\xfd7zXZ\x00", "xz", "unxz"), (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
-               (b"\x04\x22\x4d\x18", "lz4", "unlz4"))
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip", "gunzip"),
+    (b"BZh", "bzip2", "bunzip2"),
+    (b"\xfd7zXZ\x00", "xz", "unxz"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+    (b"\x04\x22\x4d\x18", "lz4", "unlz4"),
+)
 _LABEL = re.compile(rb"\s*([0-9]+)\s*")
 _NEEDS_ESCAPE = re.compile(r"[\s%\udc80-\udcff]")
 
@@ -124,8 +128,10 @@ def escape_name(name: str) -> str:
     """A member name as one whitespace-free ``.idx`` field (unchanged for ordinary names)."""
     if not _NEEDS_ESCAPE.search(name):
         return name
-    return "".join("".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogateescape"))
-                   if _NEEDS_ESCAPE.match(ch) else ch for ch in name)
+    return "".join(
+        "".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogateescape")) if _NEEDS_ESCAPE.match(ch) else ch
+        for ch in name
+    )
 
 
 def unescape_name(field_text: str) -> str:
@@ -199,9 +205,13 @@ def idx_fields(path: PathLike, lineno: int, line: bytes) -> list[tuple[bytes, in
 def read_idx(path: PathLike) -> list[Sample]:
     """Parse an ``.idx`` file; raise :class:`IdxFormatError` naming the file on bad input."""
     text = lambda b: b.decode("utf-8", "surrogateescape")  # noqa: E731
-    return [[Component(text(ext), offset, size, unescape_name(text(name)))
-             for ext, offset, size, name in idx_fields(path, lineno, line)]
-            for lineno, line in enumerate(idx_lines(path), start=2)]
+    return [
+        [
+            Component(text(ext), offset, size, unescape_name(text(name)))
+            for ext, offset, size, name in idx_fields(path, lineno, line)
+        ]
+        for lineno, line in enumerate(idx_lines(path), start=2)
+    ]
 
 
 def group_members(members: Iterable[tuple[str, int, int]]) -> list[Sample]:
@@ -266,8 +276,10 @@ def scan_tar(tar_path: PathLike) -> TarScan:
     tar_path = Path(tar_path)
     kind = compressed_kind(tar_path)
     if kind is not None:
-        raise TarFormatError(f"{tar_path} is a compressed tar ({kind[0]}): decompress it first "
-                             f"(e.g. {kind[1]} {tar_path}), then index the .tar")
+        raise TarFormatError(
+            f"{tar_path} is a compressed tar ({kind[0]}): decompress it first "
+            f"(e.g. {kind[1]} {tar_path}), then index the .tar"
+        )
     members: list[tuple[str, int, int]] = []
     ignored: list[tuple[str, str]] = []
     try:
@@ -278,8 +290,10 @@ def scan_tar(tar_path: PathLike) -> TarScan:
                     ignored.append((m.name, _member_kind(m)))
                     continue
                 if m.offset_data + m.size > size:
-                    raise TarFormatError(f"{tar_path} is truncated: member {m.name!r} ends past the end of the "
-                                         "file (copy or download it again)")
+                    raise TarFormatError(
+                        f"{tar_path} is truncated: member {m.name!r} ends past the end of the "
+                        "file (copy or download it again)"
+                    )
                 key, ext = split_key(m.name)
                 if not key or key.endswith("/"):
                     ignored.append((m.name, "no sample key (name starts with a dot)"))
@@ -291,8 +305,10 @@ def scan_tar(tar_path: PathLike) -> TarScan:
         # tarfile stops quietly at a damaged header after the first: what follows must be padding
         trailing = _first_nonzero(tar_path, end)
         if trailing is not None:
-            raise TarFormatError(f"{tar_path} has unreadable data at byte {trailing:,} (a damaged member header, "
-                                 "or tars joined with cat): the samples after it cannot be read; copy or rebuild it")
+            raise TarFormatError(
+                f"{tar_path} has unreadable data at byte {trailing:,} (a damaged member header, "
+                "or tars joined with cat): the samples after it cannot be read; copy or rebuild it"
+            )
     except (tarfile.TarError, EOFError) as e:
         raise TarFormatError(f"{tar_path} is not a readable tar ({e}): copy or download it again") from None
     except OSError as e:
@@ -304,8 +320,10 @@ def scan_tar(tar_path: PathLike) -> TarScan:
         repeated = sorted({e for e in exts if exts.count(e) > 1})
         if repeated:
             # e.g. a.jpg a.cls a.jpg a.cls: which image goes with which label is unknowable
-            problems[i] = f"repeated component: {len(sample)} members with key {sample_key(sample)!r} " \
-                          f"repeat {', '.join(repeated)}"
+            problems[i] = (
+                f"repeated component: {len(sample)} members with key {sample_key(sample)!r} "
+                f"repeat {', '.join(repeated)}"
+            )
     return TarScan(samples, problems, ignored)
 
 

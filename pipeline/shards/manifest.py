@@ -59,8 +59,9 @@ class Manifest:
             hint = ""
             if split_dir.is_dir() and (split_dir / "train" / MANIFEST_NAME).exists():
                 hint = f" (did you mean {split_dir / 'train'}?)"
-            raise ManifestError(f"no {MANIFEST_NAME} in {split_dir}{hint}: pack it with `stoker pack` "
-                                "or index it with `stoker index`")
+            raise ManifestError(
+                f"no {MANIFEST_NAME} in {split_dir}{hint}: pack it with `stoker pack` or index it with `stoker index`"
+            )
         try:
             d = json.loads(path.read_text())
             if d.get("format") != FORMAT_VERSION:

@@ -95,7 +95,7 @@ def image_size(buf, start: int = 0, size: Optional[int] = None) -> Optional[tupl
         return None
     if buf[start] == 0xFF and buf[start + 1] == 0xD8:
         # EOI must end the data (allow trailing padding some writers add)
-        tail = bytes(buf[max(start, end - 64):end])
+        tail = bytes(buf[max(start, end - 64) : end])
         if b"\xff\xd9" not in tail:
             return None
         pos = start + 2
@@ -119,8 +119,8 @@ def image_size(buf, start: int = 0, size: Optional[int] = None) -> Optional[tupl
             (seglen,) = struct.unpack_from(">H", buf, pos + 2)
             pos += 2 + seglen
         return None
-    if bytes(buf[start:start + 8]) == _PNG_SIG and bytes(buf[start + 12:start + 16]) == b"IHDR":
-        if b"IEND" not in bytes(buf[max(start, end - 16):end]):
+    if bytes(buf[start : start + 8]) == _PNG_SIG and bytes(buf[start + 12 : start + 16]) == b"IHDR":
+        if b"IEND" not in bytes(buf[max(start, end - 16) : end]):
             return None
         w, h = struct.unpack_from(">II", buf, start + 16)
         return (w, h) if w and h else None
@@ -156,8 +156,14 @@ class SampleIndex:
     the rest.
     """
 
-    def __init__(self, split_dir: PathLike, manifest: Optional[Manifest] = None, *, with_json: bool = False,
-                 manifest_sizes: bool = False):
+    def __init__(
+        self,
+        split_dir: PathLike,
+        manifest: Optional[Manifest] = None,
+        *,
+        with_json: bool = False,
+        manifest_sizes: bool = False,
+    ):
         self.split_dir = Path(split_dir)
         self.manifest = manifest if manifest is not None else Manifest.load(self.split_dir)
         self.with_json = with_json
@@ -172,7 +178,8 @@ class SampleIndex:
             if len(part[0]) != info.num_samples:
                 raise IdxFormatError(
                     f"index of shard {self.split_dir / name} lists {len(part[0])} samples, "
-                    f"manifest says {info.num_samples} (rerun `stoker index {self.split_dir}`)")
+                    f"manifest says {info.num_samples} (rerun `stoker index {self.split_dir}`)"
+                )
             size = info.bytes if manifest_sizes else _size(self.split_dir / name, info.bytes)
             _check_bounds(idx_path(self.split_dir / name), size, part)
         cat = lambda k, dt: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, dt)  # noqa: E731
@@ -284,7 +291,7 @@ class SampleIndex:
         for k, (i, s) in enumerate(zip(idx.tolist(), shards.tolist())):
             m = self._maps.get(s) or self._map(s)
             off, size = int(self.cls_off[i]), int(self.cls_size[i])
-            raw = m[off:off + size] if size <= MAX_CLS_BYTES else b"x"
+            raw = m[off : off + size] if size <= MAX_CLS_BYTES else b"x"
             try:
                 out[k] = int(raw) if raw.strip().isdigit() else -1
             except ValueError:  # digits Python will not convert (e.g. too long)
@@ -293,10 +300,12 @@ class SampleIndex:
         if bad.any():
             i = int(idx[int(np.argmax(bad))])
             m = self._map(self.shard_of(i))
-            raw = bytes(m[int(self.cls_off[i]):int(self.cls_off[i]) + min(int(self.cls_size[i]), MAX_CLS_BYTES)])
-            raise LabelError(f"{self.describe(i)}: cls {raw.decode('utf-8', 'replace')!r} is not a class index "
-                             f"below {len(self.manifest.classes)} (run `stoker index {self.split_dir}` to skip "
-                             "such samples)")
+            raw = bytes(m[int(self.cls_off[i]) : int(self.cls_off[i]) + min(int(self.cls_size[i]), MAX_CLS_BYTES)])
+            raise LabelError(
+                f"{self.describe(i)}: cls {raw.decode('utf-8', 'replace')!r} is not a class index "
+                f"below {len(self.manifest.classes)} (run `stoker index {self.split_dir}` to skip "
+                "such samples)"
+            )
         return out
 
     def key(self, i: int) -> str:
@@ -314,7 +323,7 @@ class SampleIndex:
             raise ValueError("meta() needs SampleIndex(..., with_json=True)")
         m = self._map(self.shard_of(i))
         off = int(self.json_off[i])
-        return bytes(m[off:off + int(self.json_size[i])])
+        return bytes(m[off : off + int(self.json_size[i])])
 
     def describe(self, i: int) -> str:
         """``"shard-000001.tar key 000000017"``, for messages."""

@@ -17,11 +17,26 @@ from stoker.pipeline.order import num_batches, rank_indices
 
 
 class FakeLoader:
-    def __init__(self, path: str, *, batch_size: int, train: bool, crop: int, device: str = "cpu", seed: int = 0,
-                 rank: Optional[int] = None, world_size: Optional[int] = None, backend: str = "auto",
-                 threads: Optional[int] = None, drop_last: Optional[bool] = None, channels_last: bool = False,
-                 num_samples: int = 48, num_classes: int = 6, signal_at: Optional[int] = None,
-                 signum: int = signal.SIGTERM) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        batch_size: int,
+        train: bool,
+        crop: int,
+        device: str = "cpu",
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        backend: str = "auto",
+        threads: Optional[int] = None,
+        drop_last: Optional[bool] = None,
+        channels_last: bool = False,
+        num_samples: int = 48,
+        num_classes: int = 6,
+        signal_at: Optional[int] = None,
+        signum: int = signal.SIGTERM,
+    ) -> None:
         self.path, self.batch_size, self.train, self.crop = path, batch_size, train, crop
         self.device, self.seed = torch.device(device), seed
         self.rank, self.world_size = rank or 0, world_size or 1
@@ -33,8 +48,14 @@ class FakeLoader:
         self.signal_at, self.signum, self.handed_out = signal_at, signum, 0
 
     def _indices(self):
-        return rank_indices(self.num_samples, seed=self.seed, epoch=self.epoch, rank=self.rank,
-                            world_size=self.world_size, train=self.train)
+        return rank_indices(
+            self.num_samples,
+            seed=self.seed,
+            epoch=self.epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            train=self.train,
+        )
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.position = epoch, 0
@@ -56,7 +77,7 @@ class FakeLoader:
         idx = self._indices()
         n = len(self)
         while self.position < n:
-            sel = idx[self.position * self.batch_size:(self.position + 1) * self.batch_size]
+            sel = idx[self.position * self.batch_size : (self.position + 1) * self.batch_size]
             self.position += 1
             if self.train:
                 self.handed_out += 1

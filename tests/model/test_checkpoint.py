@@ -15,9 +15,15 @@ def _state(arch="inception", num_outputs=6):
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)).sum().backward()
     opt.step()
-    return model, {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": rng_state(),
-                   "config": {"arch": arch, "num_outputs": num_outputs}, "epoch": 1, "step": 7,
-                   "loader": {"epoch": 1, "position": 3}}
+    return model, {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "rng": rng_state(),
+        "config": {"arch": arch, "num_outputs": num_outputs},
+        "epoch": 1,
+        "step": 7,
+        "loader": {"epoch": 1, "position": 3},
+    }
 
 
 def _one_line_error(path, **kw):

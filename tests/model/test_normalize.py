@@ -47,8 +47,9 @@ def test_with_normalize_takes_uint8():
     model = with_normalize(net)
     assert has_normalize(model) and not has_normalize(net)
     x = _batch()
-    torch.testing.assert_close(model(x), net(TVNormalize(IMAGENET_MEAN, IMAGENET_STD)(x.float() / 255)),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        model(x), net(TVNormalize(IMAGENET_MEAN, IMAGENET_STD)(x.float() / 255)), rtol=1e-5, atol=1e-5
+    )
     assert "net.weight" in model.state_dict()
 
 

@@ -44,10 +44,13 @@ def test_default_lr_and_weight_decay_follow_the_optimizer():
     assert TrainConfig(data="d", out="o", lr=0.3, weight_decay=0.0).peak_lr(512) == 0.3
 
 
-@pytest.mark.parametrize("native, name, why", [
-    (True, "bf16", "CPU has native bf16"),
-    (False, "off", "skipped: no native bf16 on this CPU (AVX512-BF16/AMX); --amp bf16 measures it anyway"),
-])
+@pytest.mark.parametrize(
+    "native, name, why",
+    [
+        (True, "bf16", "CPU has native bf16"),
+        (False, "off", "skipped: no native bf16 on this CPU (AVX512-BF16/AMX); --amp bf16 measures it anyway"),
+    ],
+)
 def test_auto_amp_on_cpu_train_vs_diagnose_policy(monkeypatch, native, name, why):
     monkeypatch.setattr(runtime, "cpu_bf16", lambda: native)
     train_spec = resolve_amp("auto", torch.device("cpu"))

@@ -40,8 +40,9 @@ def test_one_step_changes_the_weights_exactly_like_a_hand_written_step(amp):
     images, labels = _batch()
 
     opt, sched = _setup(mine)
-    step = TrainStep(mine, opt, loss_fn("classify", label_smoothing=0.1), amp=spec, scaler=make_scaler(spec),
-                     scheduler=sched)
+    step = TrainStep(
+        mine, opt, loss_fn("classify", label_smoothing=0.1), amp=spec, scaler=make_scaler(spec), scheduler=sched
+    )
     loss = step(images, labels)
 
     h_opt, h_sched = _setup(hand)
@@ -79,6 +80,7 @@ def test_regress_loss_is_the_case_studys_mse():
 
 def test_measure_model_runs_the_train_step():
     """bench-model's figure comes from TrainStep: its loss is the step's, finite, on the same batch."""
-    r = measure_model(build_model("inception", 4), batch_size=2, image_size=16, device="cpu", seconds=0.0,
-                      steps_min=1, warmup_steps=1)
+    r = measure_model(
+        build_model("inception", 4), batch_size=2, image_size=16, device="cpu", seconds=0.0, steps_min=1, warmup_steps=1
+    )
     assert r["steps"] == 1 and r["loss"] > 0 and r["amp"] == "off"

@@ -34,8 +34,17 @@ def data(tmp_path):
 
 
 def _cfg(data, out, **kw):
-    base = dict(data=str(data), out=str(out), epochs=2, batch_size=8, crop=24, num_classes=6, log_every=2,
-                progress=False, seed=0)
+    base = dict(
+        data=str(data),
+        out=str(out),
+        epochs=2,
+        batch_size=8,
+        crop=24,
+        num_classes=6,
+        log_every=2,
+        progress=False,
+        seed=0,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -122,9 +131,16 @@ def test_resume_refuses_other_arch_and_other_batch_size(data, tmp_path):
         train(_cfg(data, tmp_path / "empty", epochs=1, resume="auto"), loader_factory=factory())
 
 
-@pytest.mark.parametrize("kw, name", [(dict(epochs=0), "epochs=0"), (dict(optimizer="lamb"), "optimizer='lamb'"),
-                                      (dict(task="detect"), "task='detect'"), (dict(lr=-1.0), "lr=-1.0"),
-                                      (dict(label_smoothing=1.0), "label_smoothing=1.0")])
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        (dict(epochs=0), "epochs=0"),
+        (dict(optimizer="lamb"), "optimizer='lamb'"),
+        (dict(task="detect"), "task='detect'"),
+        (dict(lr=-1.0), "lr=-1.0"),
+        (dict(label_smoothing=1.0), "label_smoothing=1.0"),
+    ],
+)
 def test_bad_config_named(data, tmp_path, kw, name):
     with pytest.raises(ValueError, match=name.replace("(", r"\(")):
         train(_cfg(data, tmp_path / "run", **kw), loader_factory=factory())
@@ -158,8 +174,11 @@ def test_ddp_two_ranks_gloo_keep_identical_weights(tmp_path):
     script = tmp_path / "ddp_train.py"
     script.write_text(DDP_SCRIPT.format(data=str(data), out=str(out)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = run_in_group([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                       str(script)], env=env, timeout=240)
+    p = run_in_group(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)],
+        env=env,
+        timeout=240,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["world_size"] == r1["world_size"] == 2

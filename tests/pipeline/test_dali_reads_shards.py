@@ -18,10 +18,26 @@ pytestmark = pytest.mark.skipif(not HAS_DALI, reason="needs nvidia-dali")
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dali")
-    src = make_image_folder(tmp / "src", classes=("circles", "rings", "squares"), per_class=4, min_side=32,
-                            max_side=96, nasty=True)
-    assert cli(["pack", str(src), str(tmp / "out"), "-q", "--workers", "1", "--samples-per-shard", "6",
-                "--short-side", "64"]) == 0
+    src = make_image_folder(
+        tmp / "src", classes=("circles", "rings", "squares"), per_class=4, min_side=32, max_side=96, nasty=True
+    )
+    assert (
+        cli(
+            [
+                "pack",
+                str(src),
+                str(tmp / "out"),
+                "-q",
+                "--workers",
+                "1",
+                "--samples-per-shard",
+                "6",
+                "--short-side",
+                "64",
+            ]
+        )
+        == 0
+    )
     return tmp / "out" / "train"
 
 
@@ -34,8 +50,13 @@ def dali_samples(split_dir, decode: bool):
     @pipeline_def(batch_size=m.num_samples, num_threads=1, device_id=None)
     def pipe():
         jpg, cls, meta = fn.readers.webdataset(
-            paths=tars, index_paths=[str(idx_path(t)) for t in tars], ext=["jpg", "cls", "json"],
-            missing_component_behavior="error", random_shuffle=False, name="reader")
+            paths=tars,
+            index_paths=[str(idx_path(t)) for t in tars],
+            ext=["jpg", "cls", "json"],
+            missing_component_behavior="error",
+            random_shuffle=False,
+            name="reader",
+        )
         if decode:
             jpg = fn.decoders.image(jpg, device="cpu", output_type=types.RGB)
         return jpg, cls, meta
@@ -43,8 +64,11 @@ def dali_samples(split_dir, decode: bool):
     p = pipe()
     p.build()
     jpg, cls, meta = p.run()
-    return ([np.array(jpg[i]) for i in range(m.num_samples)], [bytes(np.array(cls[i])) for i in range(len(cls))],
-            [json.loads(bytes(np.array(meta[i]))) for i in range(len(meta))])
+    return (
+        [np.array(jpg[i]) for i in range(m.num_samples)],
+        [bytes(np.array(cls[i])) for i in range(len(cls))],
+        [json.loads(bytes(np.array(meta[i]))) for i in range(len(meta))],
+    )
 
 
 def test_dali_reader_with_our_idx_gives_webdataset_bytes_and_labels(packed):

@@ -73,9 +73,21 @@ def test_torchrun_two_gloo_ranks(tmp_path):
     out = tmp_path / "out.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = run_in_group(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(script), str(split), str(out), "dali" if HAS_DALI else "pil"],
-        timeout=120, env=env)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            str(split),
+            str(out),
+            "dali" if HAS_DALI else "pil",
+        ],
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = json.loads(out.read_text())
     val = [sorted(i for b in r["val"]["labels"] for i in b) for r in ranks]

@@ -19,8 +19,10 @@ def test_fixture_shards_roundtrip_index_and_manifest(tiny_shards):
         assert read_idx(tar.with_suffix(".idx")) == index_tar(tar)
 
 
-@pytest.mark.skipif(shutil.which("wds2idx") is None and not shutil.os.path.exists(".venv/bin/wds2idx"),
-                    reason="DALI's wds2idx not installed")
+@pytest.mark.skipif(
+    shutil.which("wds2idx") is None and not shutil.os.path.exists(".venv/bin/wds2idx"),
+    reason="DALI's wds2idx not installed",
+)
 def test_idx_equals_dali_wds2idx(tiny_shards, tmp_path):
     root = tiny_shards(n=10, per_shard=10)
     tar = root / "train" / "shard-000000.tar"
@@ -75,8 +77,19 @@ def test_samples_per_rank_matches_rank_indices(n, world):
             assert samples_per_rank(n, rank=r, world_size=world, train=train) == len(idx)
 
 
-@pytest.mark.parametrize("name", ["plain/000001.jpg", "a b.jpg", "c\nd.cls", "e%41f.jpg", "tab\t.x", "ü ñ.jpg",
-                                  "caf\udce9.jpg", "\u3000wide space.jpg"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "plain/000001.jpg",
+        "a b.jpg",
+        "c\nd.cls",
+        "e%41f.jpg",
+        "tab\t.x",
+        "ü ñ.jpg",
+        "caf\udce9.jpg",
+        "\u3000wide space.jpg",
+    ],
+)
 def test_idx_names_escape_to_one_field_and_back(name, tmp_path):
     from stoker.pipeline.shards.idx import Component, escape_name, unescape_name, write_idx
 

@@ -70,8 +70,9 @@ def test_accelerate_save_state_keeps_the_loader_position(root, tmp_path):
 
 def test_accelerate_recipe_trains_exact_epochs(root):
     pytest.importorskip("accelerate")
-    summary = load_example("accelerate_recipe").main([str(root), "--cpu", "--epochs", "2", "--crop", "32",
-                                                      "--batch-size", "8", "--arch", "resnet18"])
+    summary = load_example("accelerate_recipe").main(
+        [str(root), "--cpu", "--epochs", "2", "--crop", "32", "--batch-size", "8", "--arch", "resnet18"]
+    )
     assert summary["len_train"] == 3
     assert [h["steps"] for h in summary["history"]] == [3, 3]
     assert [h["val_seen"] for h in summary["history"]] == [13, 13]
@@ -109,14 +110,48 @@ def test_bench_frameworks_measures_both_loaders(tmp_path):
     from stoker.tools.bench_frameworks import main
 
     make_image_folder(tmp_path / "images", per_class=4, min_side=40, max_side=100)
-    pack = subprocess.run([sys.executable, "-m", "stoker.tools.cli", "pack", str(tmp_path / "images"),
-                           str(tmp_path / "data"), "--val-fraction", "0", "-q"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    pack = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stoker.tools.cli",
+            "pack",
+            str(tmp_path / "images"),
+            str(tmp_path / "data"),
+            "--val-fraction",
+            "0",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert pack.returncode == 0, pack.stderr
     out = tmp_path / "bench.json"
-    assert main(["--images", str(tmp_path / "images"), "--data", str(tmp_path / "data" / "train"),
-                 "--frameworks", "plain", "--seconds", "0.5", "--batch-size", "4", "--crop", "32",
-                 "--workers", "1", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--images",
+                str(tmp_path / "images"),
+                "--data",
+                str(tmp_path / "data" / "train"),
+                "--frameworks",
+                "plain",
+                "--seconds",
+                "0.5",
+                "--batch-size",
+                "4",
+                "--crop",
+                "32",
+                "--workers",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads(out.read_text())
     assert [(r["framework"], r["loader"]) for r in rows] == [("plain", "stoker"), ("plain", "torchvision")]
     for r in rows:

@@ -66,8 +66,11 @@ def test_fit_three_epochs_exact(tmp_path, backend):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(module, datamodule=dm)
-    about_loading = [str(w.message) for w in caught
-                     if any(k in str(w.message) for k in ("sampler", "Sampler", "shuffl", "num_workers"))]
+    about_loading = [
+        str(w.message)
+        for w in caught
+        if any(k in str(w.message) for k in ("sampler", "Sampler", "shuffl", "num_workers"))
+    ]
     assert about_loading == []  # no sampler injection, no DataLoader advice for a Loader
 
     assert [len(b) for b in module.sanity_seen] == [8, 8]  # the sanity check: 2 batches, abandoned
@@ -94,7 +97,7 @@ def test_limit_train_batches_next_epoch_starts_fresh(tmp_path):
     trainer.fit(module, datamodule=dm)
     loader = dm._loader("train", train=True, batch_size=8)  # a fresh one: same seed, same orders
     for epoch in (0, 1):
-        assert module.train_seen[epoch] == [loader.indices(epoch)[s:s + 8].tolist() for s in (0, 8)]
+        assert module.train_seen[epoch] == [loader.indices(epoch)[s : s + 8].tolist() for s in (0, 8)]
         assert sorted(module.val_seen[epoch]) == list(range(21))
 
 
@@ -128,8 +131,10 @@ def test_missing_lightning_is_one_line(tmp_path):
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
-    assert out.stdout.strip() == ("MissingExtraError True stoker.pipeline.lightning needs PyTorch Lightning: "
-                                  "pip install stoker[lightning] (or pip install pytorch-lightning)")
+    assert out.stdout.strip() == (
+        "MissingExtraError True stoker.pipeline.lightning needs PyTorch Lightning: "
+        "pip install stoker[lightning] (or pip install pytorch-lightning)"
+    )
 
 
 def test_lightning_recipe_runs(tmp_path):
@@ -141,8 +146,9 @@ def test_lightning_recipe_runs(tmp_path):
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     root = make_root(tmp_path, train=30, val=13)
-    summary = recipe.main([str(root), "--accelerator", "cpu", "--devices", "1", "--epochs", "2",
-                           "--crop", "32", "--batch-size", "8"])
+    summary = recipe.main(
+        [str(root), "--accelerator", "cpu", "--devices", "1", "--epochs", "2", "--crop", "32", "--batch-size", "8"]
+    )
     assert summary["global_step"] == 6  # 2 epochs x len(train) = 30 // 8
     assert 0.0 <= summary["val_acc"] <= 1.0
 

@@ -69,8 +69,7 @@ def test_drop_last_default_train_true_val_false(split, backend):
 
 def test_ranks_disjoint_and_covering(split):
     for world in (2, 3):
-        train = [make(split, backend="pil", rank=r, world_size=world, seed=5, drop_last=False)
-                 for r in range(world)]
+        train = [make(split, backend="pil", rank=r, world_size=world, seed=5, drop_last=False) for r in range(world)]
         seen = [flat(run(ld, 2)[1]) for ld in train]
         assert len({len(s) for s in seen}) == 1 and len({len(ld) for ld in train}) == 1
         union = [i for s in seen for i in s]
@@ -204,9 +203,14 @@ def test_manifest_problems_are_named_before_the_first_batch(split):
 
 
 def test_bad_arguments_are_named(split):
-    for kw, word in [({"batch_size": 0}, "batch_size=0"), ({"backend": "tf"}, "backend='tf'"),
-                     ({"decode": "gpu"}, "decode='gpu'"), ({"device": "tpu"}, "device='tpu'"),
-                     ({"rank": 2, "world_size": 2}, "rank=2"), ({"crop": -1}, "crop=-1")]:
+    for kw, word in [
+        ({"batch_size": 0}, "batch_size=0"),
+        ({"backend": "tf"}, "backend='tf'"),
+        ({"decode": "gpu"}, "decode='gpu'"),
+        ({"device": "tpu"}, "device='tpu'"),
+        ({"rank": 2, "world_size": 2}, "rank=2"),
+        ({"crop": -1}, "crop=-1"),
+    ]:
         with pytest.raises(ValueError, match=word.replace("(", r"\(")):
             Loader(split, **{"batch_size": 8, **kw})
     if not torch.cuda.is_available():
@@ -280,8 +284,7 @@ def test_abandoned_dali_iteration_exits_without_tracebacks(split, tmp_path, mode
 
     script = tmp_path / "exit_check.py"
     script.write_text(EXIT_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(split), mode], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(script), str(split), mode], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr[-3000:]
     if mode != "break":
@@ -350,8 +353,11 @@ def test_dali_decode_failure_is_one_line_naming_shard_and_keys(tmp_path):
 @pytest.mark.parametrize("backend, threads", [("pil", 0), ("pil", 1)] + ([("dali", 1)] if HAS_DALI else []))
 def test_a_label_outside_the_classes_is_one_line_naming_shard_and_key(tmp_path, backend, threads):
     _shard_of(tmp_path / "lbl", 6)
-    Manifest(num_samples=6, classes=["a", "b", "c", "d", "e"],  # sample s5's cls 5 is outside
-             shards=Manifest.load(tmp_path / "lbl").shards).save(tmp_path / "lbl")
+    Manifest(
+        num_samples=6,
+        classes=["a", "b", "c", "d", "e"],  # sample s5's cls 5 is outside
+        shards=Manifest.load(tmp_path / "lbl").shards,
+    ).save(tmp_path / "lbl")
     loader = make(tmp_path / "lbl", backend=backend, threads=threads, batch_size=6, train=False)
     with pytest.raises(LabelError) as err:
         run(loader)
@@ -393,6 +399,7 @@ def test_block_shuffle_windows_ranks_and_resume(split, backend):
     resumed = make(split, backend=backend, shuffle="block", block_shards=1, seed=3, drop_last=False)
     resumed.load_state_dict(part.state_dict())
     assert head + flat(run(resumed)[1]) == got
-    val = [flat(run(make(split, backend=backend, train=False, shuffle="block", rank=r, world_size=3))[1])
-           for r in range(3)]
+    val = [
+        flat(run(make(split, backend=backend, train=False, shuffle="block", rank=r, world_size=3))[1]) for r in range(3)
+    ]
     assert sum(val, []) == list(range(50))  # stored order, contiguous pieces, each sample once

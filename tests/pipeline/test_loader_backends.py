@@ -29,8 +29,9 @@ def split(tmp_path):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_each_runner_yields_named_batches_of_the_planned_samples(split, backend, train):
     # nvjpeg decodes on the GPU in a Loader; its runner runs here with torchvision's CPU decode
-    loader = Loader(split, batch_size=8, crop=32, train=train, threads=1,
-                    backend="pil" if backend == "nvjpeg" else backend)
+    loader = Loader(
+        split, batch_size=8, crop=32, train=train, threads=1, backend="pil" if backend == "nvjpeg" else backend
+    )
     runner = runner_class(backend)(loader)
     batches = [np.array([3, 0, 17], np.int64), np.array([12, 5], np.int64)]
     out = list(runner.iterate(batches, 0))

@@ -109,14 +109,17 @@ def test_a_replaced_iterator_raises_instead_of_ending_quietly(split):
     assert len(list(second)) == 2  # the epoch goes on in the newer iterator
 
 
-@pytest.mark.parametrize("state, match", [
-    ({"seed": 0, "epoch": -1, "position": 0}, r"state\['epoch'\]=-1"),
-    ({"seed": 0, "epoch": 0, "position": -8}, r"state\['position'\]=-8"),
-    ({"seed": 0, "epoch": 0, "position": 32}, "past the end"),
-    ({"seed": "x", "epoch": 0, "position": 0}, r"state\['seed'\]='x'"),
-    ({"seed": 0, "epoch": 1.5, "position": 0}, r"state\['epoch'\]=1.5"),
-    ([0, 0, 0], "must be the dict"),
-])
+@pytest.mark.parametrize(
+    "state, match",
+    [
+        ({"seed": 0, "epoch": -1, "position": 0}, r"state\['epoch'\]=-1"),
+        ({"seed": 0, "epoch": 0, "position": -8}, r"state\['position'\]=-8"),
+        ({"seed": 0, "epoch": 0, "position": 32}, "past the end"),
+        ({"seed": "x", "epoch": 0, "position": 0}, r"state\['seed'\]='x'"),
+        ({"seed": 0, "epoch": 1.5, "position": 0}, r"state\['epoch'\]=1.5"),
+        ([0, 0, 0], "must be the dict"),
+    ],
+)
 def test_bad_states_are_refused(split, state, match):
     loader = make(split, backend="pil")
     with pytest.raises(ValueError, match=match):
@@ -134,11 +137,14 @@ def test_settings_that_would_yield_nothing_are_refused(split):
     assert len(make(split, backend="pil", batch_size=31, drop_last=False)) == 1
 
 
-@pytest.mark.parametrize("kwarg, hint", [
-    ({"num_workers": 4}, "takes threads=N"),
-    ({"shuffle": True}, "takes train=True"),
-    ({"pin_memory": True}, "takes device='cuda'"),
-])
+@pytest.mark.parametrize(
+    "kwarg, hint",
+    [
+        ({"num_workers": 4}, "takes threads=N"),
+        ({"shuffle": True}, "takes train=True"),
+        ({"pin_memory": True}, "takes device='cuda'"),
+    ],
+)
 def test_dataloader_habits_get_a_one_line_hint(split, kwarg, hint):
     with pytest.raises(ValueError, match=f"is a torch DataLoader argument: stoker's Loader {hint}"):
         make(split, backend="pil", **kwarg)

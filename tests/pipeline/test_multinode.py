@@ -52,9 +52,26 @@ def _two_nodes(script, args, env, port):
 
     def launch(node: int) -> None:
         procs[node] = run_in_group(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-             "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-             str(script), *args], timeout=240, env=env)
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                str(script),
+                *args,
+            ],
+            timeout=240,
+            env=env,
+        )
 
     threads = [threading.Thread(target=launch, args=(n,)) for n in (0, 1)]
     for t in threads:
@@ -118,8 +135,7 @@ def test_two_nodes_read_one_s3_split(tmp_path):
         url = f"s3://{bucket}/ds/train"
         env = {**os.environ, **s3.env, "OMP_NUM_THREADS": "1"}
         _two_nodes(script, [url, str(tmp_path / "cache"), str(out)], env, port)
-    results = sorted((json.loads((tmp_path / f"out.json.{r}").read_text()) for r in (0, 1)),
-                     key=lambda r: r["rank"])
+    results = sorted((json.loads((tmp_path / f"out.json.{r}").read_text()) for r in (0, 1)), key=lambda r: r["rank"])
     assert [(r["rank"], r["world"]) for r in results] == [(0, 2), (1, 2)]
     assert {r["node"] for r in results} == {0, 1}
     val = [v for r in results for v in r["val"]["labels"]]

@@ -61,25 +61,32 @@ def per_image_mad(a, b):
 
 # ---- backend selection -----------------------------------------------------------------
 
+
 @pytest.fixture
 def env(monkeypatch):
     """Set what resolve_backend sees: ``env(dali=, cuda=, probe=)``."""
+
     def set_(dali: bool, cuda: bool, probe=(True, "torchvision 0.x decodes JPEGs on the GPU (nvJPEG)")):
         monkeypatch.setattr(deps, "HAS_DALI", dali)
         monkeypatch.setattr(deps, "has_cuda", lambda: cuda)
-        monkeypatch.setattr(deps, "gpu_jpeg_decode",
-                            lambda device="cuda": probe if cuda else (False, "torch sees no CUDA device"))
+        monkeypatch.setattr(
+            deps, "gpu_jpeg_decode", lambda device="cuda": probe if cuda else (False, "torch sees no CUDA device")
+        )
+
     return set_
 
 
-@pytest.mark.parametrize("dali,cuda,probe_ok,device,expected", [
-    (True, False, False, "cpu", "dali"),     # DALI's CPU decode is the fast CPU path
-    (False, False, False, "cpu", "pil"),
-    (True, True, True, "cuda", "dali"),
-    (False, True, True, "cuda", "nvjpeg"),
-    (False, True, False, "cuda", "pil"),    # torchvision's GPU decode broken: pillow
-    (False, True, True, "cpu", "pil"),      # a CUDA machine, but the batches go to the CPU
-])
+@pytest.mark.parametrize(
+    "dali,cuda,probe_ok,device,expected",
+    [
+        (True, False, False, "cpu", "dali"),  # DALI's CPU decode is the fast CPU path
+        (False, False, False, "cpu", "pil"),
+        (True, True, True, "cuda", "dali"),
+        (False, True, True, "cuda", "nvjpeg"),
+        (False, True, False, "cuda", "pil"),  # torchvision's GPU decode broken: pillow
+        (False, True, True, "cpu", "pil"),  # a CUDA machine, but the batches go to the CPU
+    ],
+)
 def test_auto_picks_dali_then_nvjpeg_then_pil(env, dali, cuda, probe_ok, device, expected):
     env(dali, cuda, (probe_ok, "nvJPEG says hello" if probe_ok else "RuntimeError: no nvjpeg"))
     backend, why = deps.resolve_backend("auto", device)
@@ -103,8 +110,11 @@ def test_explicit_backends_and_their_fixes(env):
         deps.resolve_backend("ffcv", "cpu")
     assert deps.resolve_backend("pil", "cpu") == ("pil", "requested")
     env(False, True, (False, "RuntimeError: nvjpeg missing"))
-    with pytest.raises(ValueError, match=r"cannot decode JPEGs on this GPU \(RuntimeError: nvjpeg missing\); "
-                                         r"use backend='pil'"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot decode JPEGs on this GPU \(RuntimeError: nvjpeg missing\); "
+        r"use backend='pil'",
+    ):
         deps.resolve_backend("nvjpeg", "cuda")
     env(True, True)
     assert deps.resolve_backend("nvjpeg", "cuda") == ("nvjpeg", "requested")
@@ -134,6 +144,7 @@ def test_probe_jpeg_is_the_red_picture_it_claims():
 
 
 # ---- the batched crop + resize ---------------------------------------------------------
+
 
 def test_crop_resize_matches_pillow_on_the_same_boxes(split):
     """Same decoded pixels, same boxes: only the resize differs (torch vs pillow)."""
@@ -180,7 +191,7 @@ def test_same_size_crops_resized_together_equal_one_by_one(channels_last):
     crop_resize(images, boxes, flips, together)
     for k in range(6):
         alone = alloc(1)
-        crop_resize(images[k:k + 1], boxes[k:k + 1], flips[k:k + 1], alone)
+        crop_resize(images[k : k + 1], boxes[k : k + 1], flips[k : k + 1], alone)
         assert torch.equal(together[k], alone[0]), k
     assert torch.equal(together[3], images[3][:, :32, :32].flip(-1))  # crop-sized box: a copy, flipped
     assert torch.equal(together[4], images[4][:, :32, :32])
@@ -233,6 +244,7 @@ def test_resume_mid_epoch_equals_uninterrupted(split):
 
 # ---- GPU rejects, header guard, stand-ins ------------------------------------------------
 
+
 def _mixed_shard(path):
     """12 samples, label = index: sample 5 a CMYK JPEG, sample 8 a PNG, the rest RGB JPEGs."""
     path.mkdir()
@@ -270,8 +282,11 @@ def test_gpu_rejects_are_decoded_on_the_cpu_counted_and_kept(tmp_path):
     _mixed_shard(tmp_path / "mixed")
     loader = nvjpeg_loader(tmp_path / "mixed", batch_size=4, train=False)
     dec = loader._runner.decode_jpegs = GpuLikeDecoder()
-    with pytest.warns(RuntimeWarning, match=r"2 sample\(s\) decoded on the CPU.*key s5 \(nvjpegDecode: unsupported"
-                                            r" JPEG \(CMYK\)\).*key s8 \(not a JPEG\)"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"2 sample\(s\) decoded on the CPU.*key s5 \(nvjpegDecode: unsupported"
+        r" JPEG \(CMYK\)\).*key s8 \(not a JPEG\)",
+    ):
         images, labels = run(loader, 0)
     assert [y.tolist() for y in labels] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # complete, in order
     assert [len(x) for x in images] == [4, 4, 4]
@@ -322,8 +337,11 @@ def test_header_guard_empty_val_batch_and_train_stand_ins(split):
 def test_an_error_outside_decoding_is_one_line_naming_shards_and_keys(split, monkeypatch):
     loader = nvjpeg_loader(split, train=False)
     monkeypatch.setattr(loader.index, "labels", lambda ids: (_ for _ in ()).throw(OSError("disk gone")))
-    with pytest.raises(RuntimeError, match=r"nvjpeg backend failed on a batch of .*train \(shards shard-000000.tar; "
-                                           r"keys 000000000, .*\(\+0 more\)|OSError: disk gone"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"nvjpeg backend failed on a batch of .*train \(shards shard-000000.tar; "
+        r"keys 000000000, .*\(\+0 more\)|OSError: disk gone",
+    ):
         run(loader)
 
 
@@ -351,7 +369,8 @@ def test_iteration_abandoned_at_exit_ends_cleanly(split, tmp_path):
         "loader._runner = NvjpegRunner(loader)\n"
         "it = iter(loader)\n"
         "next(it)\n"
-        "print(sum(t.name == 'stoker-nvjpeg' for t in threading.enumerate()))\n")  # exits mid-epoch
+        "print(sum(t.name == 'stoker-nvjpeg' for t in threading.enumerate()))\n"
+    )  # exits mid-epoch
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1"]  # the producer was running ahead when the script ended
@@ -359,6 +378,7 @@ def test_iteration_abandoned_at_exit_ends_cleanly(split, tmp_path):
 
 
 # ---- on a GPU ------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 def test_gpu_decode_matches_the_cpu_path(split):
@@ -381,8 +401,7 @@ def test_gpu_decode_matches_the_cpu_path(split):
 @pytest.mark.gpu
 def test_gpu_rejects_fall_back_on_a_gpu(tmp_path):
     _mixed_shard(tmp_path / "mixed")
-    loader = Loader(tmp_path / "mixed", batch_size=4, train=False, crop=CROP, backend="pil", threads=0,
-                    device="cuda")
+    loader = Loader(tmp_path / "mixed", batch_size=4, train=False, crop=CROP, backend="pil", threads=0, device="cuda")
     loader._runner = NvjpegRunner(loader)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -399,6 +418,7 @@ def test_loader_auto_on_cuda_without_dali_is_nvjpeg(split, monkeypatch):
     loader = Loader(split, batch_size=8, crop=CROP, device="cuda", channels_last=True)  # the Loader's own choice
     assert loader.backend == "nvjpeg"
     images, labels = run(loader, 0)
-    assert all(x.is_cuda and x.dtype == torch.uint8 and x.is_contiguous(memory_format=torch.channels_last)
-               for x in images)
-    assert [y for b in labels for y in b.tolist()] == loader.indices(0)[:len(loader) * 8].tolist()  # label = id
+    assert all(
+        x.is_cuda and x.dtype == torch.uint8 and x.is_contiguous(memory_format=torch.channels_last) for x in images
+    )
+    assert [y for b in labels for y in b.tolist()] == loader.indices(0)[: len(loader) * 8].tolist()  # label = id

@@ -117,9 +117,16 @@ SHARED = textwrap.dedent("""
 
 def test_two_processes_sharing_a_cache_fetch_each_shard_once(remote, tmp_path):
     split, url = remote
-    procs = [subprocess.Popen([sys.executable, "-c", SHARED, url, str(tmp_path / "shared")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SHARED, url, str(tmp_path / "shared")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
+        for _ in range(2)
+    ]
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -217,8 +224,16 @@ def test_block_mode_each_rank_downloads_its_share(remote, tmp_path):
     for e in (0, 1):
         seen, steps = [], []
         for rank in range(2):
-            loader = Loader(url, shuffle="block", block_shards=2, rank=rank, world_size=2, seed=1,
-                            cache_dir=tmp_path / f"node{rank}-epoch{e}", **KW)
+            loader = Loader(
+                url,
+                shuffle="block",
+                block_shards=2,
+                rank=rank,
+                world_size=2,
+                seed=1,
+                cache_dir=tmp_path / f"node{rank}-epoch{e}",
+                **KW,
+            )
             _, labels = epoch(loader, e)
             fetched = sum((split / n).stat().st_size for n in tars(loader.cache.fetched))
             assert fetched <= total / 2 + shard_bytes  # its half, plus at most a boundary shard
@@ -228,8 +243,9 @@ def test_block_mode_each_rank_downloads_its_share(remote, tmp_path):
         assert sorted(seen[0] + seen[1]) == list(range(48))  # 48 = 2 * 24: nothing left over
     val = []
     for rank in range(3):
-        loader = Loader(url, train=False, shuffle="block", rank=rank, world_size=3,
-                        cache_dir=tmp_path / f"val{rank}", **KW)
+        loader = Loader(
+            url, train=False, shuffle="block", rank=rank, world_size=3, cache_dir=tmp_path / f"val{rank}", **KW
+        )
         val += epoch(loader, 0)[1]
     assert sorted(val) == list(range(48)) and len(val) == 48  # val: each sample exactly once
 
@@ -237,8 +253,18 @@ def test_block_mode_each_rank_downloads_its_share(remote, tmp_path):
 def test_block_mode_resume_is_exact_and_the_cache_stays_bounded(remote, tmp_path):
     split, url = remote
     limit = 5 * max(p.stat().st_size for p in split.glob("*.tar"))  # 2 windows of 2 + one boundary
-    make = lambda d: Loader(url, shuffle="block", block_shards=2, seed=5, cache_dir=tmp_path / d,  # noqa: E731
-                            cache_limit=limit, **KW)
+
+    def make(d):
+        return Loader(
+            url,
+            shuffle="block",
+            block_shards=2,
+            seed=5,
+            cache_dir=tmp_path / d,
+            cache_limit=limit,
+            **KW,
+        )
+
     whole = make("a")
     full = epoch(whole, 3)[1]
     assert whole.cache.cached_bytes() <= limit
@@ -251,14 +277,22 @@ def test_block_mode_resume_is_exact_and_the_cache_stays_bounded(remote, tmp_path
         head += next(it)[1].tolist()
         assert part.cache.cached_bytes() <= limit
     state = part.state_dict()
-    assert state == {"seed": 5, "epoch": 3, "position": 20, "world_size": 1, "num_samples": 48,
-                     "shuffle": "block", "block_shards": 2}
+    assert state == {
+        "seed": 5,
+        "epoch": 3,
+        "position": 20,
+        "world_size": 1,
+        "num_samples": 48,
+        "shuffle": "block",
+        "block_shards": 2,
+    }
     resumed = make("b")
     resumed.load_state_dict(state)
     tail = [v for _, y in resumed for v in y.tolist()]
     assert head + tail == full
-    with pytest.raises(ValueError, match="state was saved with shuffle='block', block_shards=2, this loader has "
-                                         "shuffle='global'"):
+    with pytest.raises(
+        ValueError, match="state was saved with shuffle='block', block_shards=2, this loader has shuffle='global'"
+    ):
         Loader(split, **KW).load_state_dict(state)
     with pytest.raises(ValueError, match="cache_limit=1,000 is smaller than two windows of block_shards=2"):
         Loader(url, shuffle="block", block_shards=2, cache_dir=tmp_path / "c", cache_limit=1000, **KW)
@@ -270,8 +304,10 @@ def test_block_plan_is_a_pure_function_of_seed_epoch_rank_world():
     counts = [8, 8, 8, 8, 8, 3]  # a short last shard
     bounds = np.cumsum([0] + counts)
     for world in (1, 2, 3):
-        plans = [order.block_plan(counts, seed=2, epoch=1, rank=r, world_size=world, train=True, block_shards=2)
-                 for r in range(world)]
+        plans = [
+            order.block_plan(counts, seed=2, epoch=1, rank=r, world_size=world, train=True, block_shards=2)
+            for r in range(world)
+        ]
         got = [p[0] for p in plans]
         assert {len(g) for g in got} == {43 // world}  # equal steps
         assert len(np.unique(np.concatenate(got))) == 43 // world * world  # disjoint
@@ -280,17 +316,20 @@ def test_block_plan_is_a_pure_function_of_seed_epoch_rank_world():
             pos = 0
             for w in windows:  # each window's samples come from its own shards only
                 n = sum(min(counts[s], int(np.isin(idx, np.arange(bounds[s], bounds[s + 1])).sum())) for s in w)
-                shard = np.searchsorted(bounds, idx[pos:pos + n], side="right") - 1
+                shard = np.searchsorted(bounds, idx[pos : pos + n], side="right") - 1
                 assert set(shard.tolist()) <= set(w.tolist())
                 pos += n
             assert pos == len(idx)
         again = order.block_plan(counts, seed=2, epoch=1, rank=0, world_size=world, train=True, block_shards=2)
         assert np.array_equal(again[0], got[0])
     other = order.block_plan(counts, seed=2, epoch=2, rank=0, world_size=1, train=True, block_shards=2)[0]
-    assert not np.array_equal(other, order.block_plan(counts, seed=2, epoch=1, rank=0, world_size=1,
-                                                      train=True, block_shards=2)[0])
-    val = [order.block_plan(counts, seed=0, epoch=0, rank=r, world_size=4, train=False, block_shards=2)[0]
-           for r in range(4)]
+    assert not np.array_equal(
+        other, order.block_plan(counts, seed=2, epoch=1, rank=0, world_size=1, train=True, block_shards=2)[0]
+    )
+    val = [
+        order.block_plan(counts, seed=0, epoch=0, rank=r, world_size=4, train=False, block_shards=2)[0]
+        for r in range(4)
+    ]
     assert np.array_equal(np.concatenate(val), np.arange(43))  # stored order, each once, contiguous
 
 
@@ -358,8 +397,21 @@ def test_stoker_train_on_s3_gives_the_weights_of_the_local_copy(tmp_path, s3env)
     bucket = s3env.bucket()
     upload(s3env, root / "train", bucket, "ds/train")
     url = upload(s3env, root / "val", bucket, "ds/val").rsplit("/", 1)[0]
-    args = ["--epochs", "1", "--batch-size", "8", "--crop", "24", "--deterministic", "--no-progress", "--json",
-            "--threads", "1", "--backend", "pil"]
+    args = [
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--crop",
+        "24",
+        "--deterministic",
+        "--no-progress",
+        "--json",
+        "--threads",
+        "1",
+        "--backend",
+        "pil",
+    ]
 
     def run(data, out, *extra):
         buf = io.StringIO()
@@ -383,7 +435,8 @@ def test_bench_and_diagnose_take_a_url(remote, tmp_path, monkeypatch):
     monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))
     kind, local = resolve_data(url.rsplit("/", 1)[0])  # the dataset root: its train/ is taken
     assert kind == "shards" and sorted(p.name for p in local.glob("*.tar")) == sorted(
-        p.name for p in split.glob("*.tar"))
+        p.name for p in split.glob("*.tar")
+    )
     assert all((local / p.name).read_bytes() == p.read_bytes() for p in split.glob("*.tar"))
     result = bench(url, only=["stoker-pil"], batch_size=8, crop=24, seconds=2, epochs=1, warmup=1, workers=1)
     assert result.data == str(local) and result.rows and result.rows[0].get("img_s", 0) > 0, result.rows

@@ -64,7 +64,7 @@ def test_image_size_guard():
     assert image_size(blob, 100, len(jpg)) == (50, 40)
     # lossless JPEG (SOF3) is not something the decoders handle: rejected
     sof = jpg.find(b"\xff\xc0")
-    assert image_size(jpg[:sof] + b"\xff\xc3" + jpg[sof + 2:]) is None
+    assert image_size(jpg[:sof] + b"\xff\xc3" + jpg[sof + 2 :]) is None
 
 
 def test_skips_from_manifest_and_missing_components(tmp_path):
@@ -78,8 +78,9 @@ def test_skips_from_manifest_and_missing_components(tmp_path):
             if i == 4:
                 comps = {"png": _png(), "cls": b"4"}
             w.write(f"k{i}", comps)
-    Manifest(num_samples=6, classes=[str(i) for i in range(6)], shards=[w.info],
-             pack={"skip": [["a.tar", 1], "k5"]}).save(split)
+    Manifest(
+        num_samples=6, classes=[str(i) for i in range(6)], shards=[w.info], pack={"skip": [["a.tar", 1], "k5"]}
+    ).save(split)
     idx = open_split(split)
     assert idx.num_skipped == 3
     assert list(idx.valid) == [0, 3, 4]
@@ -91,8 +92,14 @@ def test_repeated_component_is_never_loaded_even_without_a_manifest_skip(tmp_pat
     split = tmp_path / "s"
     split.mkdir()
     with tarfile.open(split / "a.tar", "w") as tar:
-        for name, data in (("a.jpg", _jpeg(seed=1)), ("a.cls", b"1"), ("a.jpg", _jpeg(seed=2)), ("a.cls", b"2"),
-                           ("b.jpg", _jpeg(seed=3)), ("b.cls", b"0")):
+        for name, data in (
+            ("a.jpg", _jpeg(seed=1)),
+            ("a.cls", b"1"),
+            ("a.jpg", _jpeg(seed=2)),
+            ("a.cls", b"2"),
+            ("b.jpg", _jpeg(seed=3)),
+            ("b.cls", b"0"),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -118,7 +125,7 @@ def test_idx_pointing_outside_the_tar_is_one_line(tmp_path):
     Manifest(num_samples=3, classes=["0"], shards=[w.info]).save(split)
     text = (split / "a.idx").read_text().splitlines()
     fields = text[3].split()
-    fields[5] = str(10 ** 9)
+    fields[5] = str(10**9)
     (split / "a.idx").write_text("\n".join(text[:3] + [" ".join(fields)]) + "\n")
     with pytest.raises(IdxFormatError, match=r"a\.idx: sample 2 points outside its tar .*\(rerun `stoker index "):
         open_split(split)
@@ -149,7 +156,7 @@ def test_crop_parameters_are_per_sample_not_per_batch():
     wh = np.array([[300, 200]] * 10)
     ids = np.arange(100, 110)
     all_at_once = augment.random_resized_crop(wh, ids, seed=0, epoch=2)
-    one_by_one = [augment.random_resized_crop(wh[k:k + 1], ids[k:k + 1], seed=0, epoch=2) for k in range(10)]
+    one_by_one = [augment.random_resized_crop(wh[k : k + 1], ids[k : k + 1], seed=0, epoch=2) for k in range(10)]
     assert np.array_equal(all_at_once[0], np.concatenate([b for b, _ in one_by_one]))
     other_epoch = augment.random_resized_crop(wh, ids, seed=0, epoch=3)[0]
     assert not np.array_equal(all_at_once[0], other_epoch)

@@ -59,8 +59,9 @@ def test_bench_nvjpeg_column_is_skipped_without_cuda(tiny_shards, capsys, monkey
     assert cli.main(["bench", str(root), "--only", "stoker-nvjpeg,stoker-pil", "--json", *TINY]) == 0
     result = json.loads(capsys.readouterr().out)
     assert [r["pipeline"] for r in result["rows"]] == ["stoker-pil"]
-    assert result["notes"] == ["(5) stoker Loader (nvjpeg, GPU): skipped (torch sees no CUDA device; "
-                               "it decodes on the GPU)"]
+    assert result["notes"] == [
+        "(5) stoker Loader (nvjpeg, GPU): skipped (torch sees no CUDA device; it decodes on the GPU)"
+    ]
 
 
 @pytest.mark.gpu
@@ -91,6 +92,18 @@ def test_ffcv_peer_runs_by_file_path():
     # here it gets as far as importing ffcv, and the failure comes back as a one-line error row
     from stoker.tools.bench import _measure
 
-    res = _measure("ffcv", {"images": "x", "beton": "x.beton", "R": 64, "crop": 32, "batch_size": 8, "workers": 1,
-                            "epochs": 1, "warmup": 1, "seconds": 1})
+    res = _measure(
+        "ffcv",
+        {
+            "images": "x",
+            "beton": "x.beton",
+            "R": 64,
+            "crop": 32,
+            "batch_size": 8,
+            "workers": 1,
+            "epochs": 1,
+            "warmup": 1,
+            "seconds": 1,
+        },
+    )
     assert res == {"error": "ModuleNotFoundError: No module named 'ffcv'"}

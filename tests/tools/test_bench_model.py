@@ -6,8 +6,24 @@ import torch
 from stoker.model import build_model, measure_model
 from stoker.tools.cli import main as cli
 
-TINY = ["bench-model", "--device", "cpu", "--models", "inception", "--batch-size", "2", "--image-size", "32",
-        "--seconds", "0", "--steps-min", "1", "--warmup-steps", "1", "--no-progress"]
+TINY = [
+    "bench-model",
+    "--device",
+    "cpu",
+    "--models",
+    "inception",
+    "--batch-size",
+    "2",
+    "--image-size",
+    "32",
+    "--seconds",
+    "0",
+    "--steps-min",
+    "1",
+    "--warmup-steps",
+    "1",
+    "--no-progress",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -21,8 +37,18 @@ def one_thread():
 def test_measure_model_on_cpu_leaves_the_model_alone():
     net = build_model("inception", 10)
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    r = measure_model(net, batch_size=2, image_size=24, device="cpu", amp="bf16", channels_last=True,
-                      compile=False, seconds=0.0, steps_min=1, warmup_steps=1)
+    r = measure_model(
+        net,
+        batch_size=2,
+        image_size=24,
+        device="cpu",
+        amp="bf16",
+        channels_last=True,
+        compile=False,
+        seconds=0.0,
+        steps_min=1,
+        warmup_steps=1,
+    )
     assert r["images_per_s"] > 0 and r["steps"] >= 1 and r["amp"] == "bf16" and r["channels_last"]
     assert r["params"] > 0 and r["peak_mem_mb"] is None and r["loss"] == r["loss"]
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
@@ -41,7 +67,9 @@ def test_json_is_valid_and_complete(capsys):
     res = json.loads(capsys.readouterr().out)  # stdout holds the JSON and nothing else
     assert res["device"] == "cpu" and res["batch_size"] == 2 and res["image_size"] == 32
     assert [(r["model"], r["amp"], r["channels_last"], r["compile"]) for r in res["rows"]] == [
-        ("inception", "fp32", False, False), ("report", "fp32", False, False)]
+        ("inception", "fp32", False, False),
+        ("report", "fp32", False, False),
+    ]
     assert all(r["images_per_s"] > 0 and r["speedup"] == 1.0 for r in res["rows"])
     assert res["rows"][1]["params"] == 195_712 + 384 * 4 * 4 * 1000 + 1000  # ReportNet sized for 32 px, 1000 outputs
 

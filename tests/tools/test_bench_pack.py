@@ -37,8 +37,26 @@ def test_flat_folder_cli_json(tmp_path, capsys):
 def test_plain_python_runs_plain_loop_in_subprocess(tmp_path, capsys):
     # sys.executable stands in for a stock-Pillow venv: the same code path, no extra venv
     src = make_image_folder(tmp_path / "src", classes=("circles", "rings"), per_class=2, min_side=40, max_side=90)
-    assert cli(["bench-pack", str(src), "--workers", "1", "--repeat", "1", "--short-side", "32",
-                "--plain-python", sys.executable, "--tmp", str(tmp_path), "--json"]) == 0
+    assert (
+        cli(
+            [
+                "bench-pack",
+                str(src),
+                "--workers",
+                "1",
+                "--repeat",
+                "1",
+                "--short-side",
+                "32",
+                "--plain-python",
+                sys.executable,
+                "--tmp",
+                str(tmp_path),
+                "--json",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["images"] == 4 and report["plain_python"] == sys.executable
     assert report["plain_pillow"]["version"] == report["pillow"]["version"]
@@ -53,11 +71,14 @@ def test_plain_loop_runs_by_path_without_stoker_or_torch(tmp_path):
     # with stoker, torch and the rest made unimportable
     src = make_image_folder(tmp_path / "src", classes=("circles",), per_class=3, min_side=40, max_side=90)
     items = [(str(p), 0) for p in sorted((src / "circles").iterdir())]
-    block = ("import runpy, sys\nfor m in ('torch', 'stoker', 'nvidia', 'torchvision'): sys.modules[m] = None\n"
-             f"runpy.run_path({plain_pack.__file__!r}, run_name='__main__')\n")
+    block = (
+        "import runpy, sys\nfor m in ('torch', 'stoker', 'nvidia', 'torchvision'): sys.modules[m] = None\n"
+        f"runpy.run_path({plain_pack.__file__!r}, run_name='__main__')\n"
+    )
     cfg = {"items": items, "out": str(tmp_path / "out"), "workers": 2, "short_side": 32, "quality": 80}
-    proc = subprocess.run([sys.executable, "-c", block], input=json.dumps(cfg),
-                          capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", block], input=json.dumps(cfg), capture_output=True, text=True, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout.split("RESULT ", 1)[1])
     assert res["count"] == 3 and res["wall"] > 0

@@ -9,7 +9,7 @@ from stoker.tools.cli import main
 def test_demo_runs_end_to_end_on_tiny_settings(tmp_path, capsys):
     assert main(["demo", "--tiny", "--cache", str(tmp_path), "--json"]) == 0
     out = capsys.readouterr().out
-    result = json.loads(out[out.index("{"):])
+    result = json.loads(out[out.index("{") :])
     # 6 classes x 12 images + the 9 odd-but-valid nasty files; the 4 broken ones rejected.
     assert result["packed"]["train"] == 6 * 12 + 9
     assert result["rejected"] == 4

@@ -43,8 +43,16 @@ def light_model():
 
 def heavy_model():
     # ~0.2 GFLOP forward per 16x16 image: a few images/s on a CPU core.
-    return nn.Sequential(nn.Conv2d(3, 192, 3, padding=1), nn.ReLU(), nn.Conv2d(192, 192, 3, padding=1), nn.ReLU(),
-                         nn.Conv2d(192, 192, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(192, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 192, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(192, 192, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(192, 192, 3, padding=1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(192, 10),
+    )
 
 
 FIGURES = ("images_per_s",)
@@ -83,8 +91,18 @@ def test_heavy_model_is_model_bound_and_batch_size_is_measured():
 def test_report_is_json_with_every_figure():
     rep = _run(SlowLoader(sleep=0.01), light_model(), amp="bf16")
     d = json.loads(json.dumps(rep))
-    for key in ("environment", "settings", "loader", "model", "end_to_end", "transfer", "audit", "verdict",
-                "next_steps", "not_helping"):
+    for key in (
+        "environment",
+        "settings",
+        "loader",
+        "model",
+        "end_to_end",
+        "transfer",
+        "audit",
+        "verdict",
+        "next_steps",
+        "not_helping",
+    ):
         assert key in d
     assert d["loader"]["images_per_s"] > 0 and d["loader"]["batch_shape"] == [4, 3, 16, 16]
     assert d["model"]["fp32"]["images_per_s"] > 0
@@ -143,8 +161,7 @@ def test_transfer_bytes_on_cpu():
 
 
 def test_transfer_bound_verdict():
-    v = judge({"loader": 900.0, "model": 1200.0, "transfer": 300.0}, {"images_per_s": 280.0,
-                                                                         "data_wait_fraction": 0.7})
+    v = judge({"loader": 900.0, "model": 1200.0, "transfer": 300.0}, {"images_per_s": 280.0, "data_wait_fraction": 0.7})
     assert v["label"] == "transfer-bound" and v["next"] == "loader"
     assert v["ratio"] == pytest.approx(3.0)
     v = judge({"loader": 100.0, "model": 105.0}, {"images_per_s": 90.0, "data_wait_fraction": 0.3})
@@ -165,8 +182,12 @@ def test_report_network_flatten_head_step_and_flag():
     net = _report_net()
     audit = audit_model(net, input_size=(3, 224, 224))
     stages = {"loader": 850.0, "model": 120.0}
-    model_r = {"fp32": {"images_per_s": 120.0}, "amp": {"images_per_s": 300.0},
-               "channels_last": {"images_per_s": 90.0}, "fp32_batch_x2": {"images_per_s": 130.0}}
+    model_r = {
+        "fp32": {"images_per_s": 120.0},
+        "amp": {"images_per_s": 300.0},
+        "channels_last": {"images_per_s": 90.0},
+        "fp32_batch_x2": {"images_per_s": 130.0},
+    }
     transfer = {"applies": False}
     steps, others = next_steps(stages, model_r, transfer, audit, 64, torch.device("cuda"), "bf16", [], [])
     # The stem (estimated, ~16x on the model) would move the bound to the loader: 850/120.
@@ -182,25 +203,60 @@ def test_report_network_flatten_head_step_and_flag():
     cl = next(s for s in others if s["id"] == "channels_last")
     assert cl["stage_speedup"] == pytest.approx(0.75)
     # Loader-side hints only pay up to the model's rate.
-    steps, _ = next_steps({"loader": 100.0, "model": 150.0}, {"fp32": {"images_per_s": 150.0}}, transfer, audit,
-                           64, torch.device("cpu"), None, [],
-                           [{"id": "pack_smaller", "title": "t", "action": "a", "est_loader_speedup": 3.0,
-                             "basis": "b"}])
+    steps, _ = next_steps(
+        {"loader": 100.0, "model": 150.0},
+        {"fp32": {"images_per_s": 150.0}},
+        transfer,
+        audit,
+        64,
+        torch.device("cpu"),
+        None,
+        [],
+        [{"id": "pack_smaller", "title": "t", "action": "a", "est_loader_speedup": 3.0, "basis": "b"}],
+    )
     assert steps[0]["id"] == "pack_smaller" and steps[0]["est_speedup"] == pytest.approx(1.5)
 
 
 def test_uint8_transfer_step_when_float_batches_cross_the_bus():
     audit = audit_model(light_model(), input_size=(3, 16, 16))
-    transfer = {"applies": True, "loader_dtype": "float32", "uint8_images_per_s": 4000.0,
-                "float32_images_per_s": 1000.0}
-    steps, _ = next_steps({"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
-                           {"fp32": {"images_per_s": 3000.0}}, transfer, audit, 64, torch.device("cuda"), None, [], [])
+    transfer = {
+        "applies": True,
+        "loader_dtype": "float32",
+        "uint8_images_per_s": 4000.0,
+        "float32_images_per_s": 1000.0,
+    }
+    steps, _ = next_steps(
+        {"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
+        {"fp32": {"images_per_s": 3000.0}},
+        transfer,
+        audit,
+        64,
+        torch.device("cuda"),
+        None,
+        [],
+        [],
+    )
     assert steps[0]["id"] == "uint8_transfer" and steps[0]["est_speedup"] == pytest.approx(2.0)
     # stoker's Loader yields uint8 already on the GPU: no bus stage left, the model bounds.
-    alt = [{"id": "pack", "title": "stoker pack", "action": "stoker pack SRC OUT",
-            "result": {"images_per_s": 5000.0, "device": "cuda:0"}}]
-    steps, _ = next_steps({"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
-                           {"fp32": {"images_per_s": 3000.0}}, transfer, audit, 64, torch.device("cuda"), None, alt, [])
+    alt = [
+        {
+            "id": "pack",
+            "title": "stoker pack",
+            "action": "stoker pack SRC OUT",
+            "result": {"images_per_s": 5000.0, "device": "cuda:0"},
+        }
+    ]
+    steps, _ = next_steps(
+        {"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
+        {"fp32": {"images_per_s": 3000.0}},
+        transfer,
+        audit,
+        64,
+        torch.device("cuda"),
+        None,
+        alt,
+        [],
+    )
     assert [s["id"] for s in steps] == ["pack", "uint8_transfer"]
     assert steps[0]["est_speedup"] == pytest.approx(3.0) and steps[0]["measured"]
 
@@ -225,13 +281,16 @@ def _cli(capsys, *argv):
     return rc, out, err
 
 
-@pytest.mark.parametrize("spec, needle", [
-    ("no_such_module_xyz:build", "cannot import no_such_module_xyz"),
-    ("nocolon", "must look like"),
-    ("json:no_such_factory", "has no attribute"),
-    ("math:pi", "not a callable"),
-    ("collections:OrderedDict", "not a torch.nn.Module"),
-])
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("no_such_module_xyz:build", "cannot import no_such_module_xyz"),
+        ("nocolon", "must look like"),
+        ("json:no_such_factory", "has no attribute"),
+        ("math:pi", "not a callable"),
+        ("collections:OrderedDict", "not a torch.nn.Module"),
+    ],
+)
 def test_bad_model_is_one_line_exit_2(capsys, shards, spec, needle):
     rc, out, err = _cli(capsys, shards, "--model", spec, "--batch-size", 4)
     assert rc == 2
@@ -280,14 +339,19 @@ def test_backend_choice_says_what_and_why(capsys, shards, monkeypatch):
 
     monkeypatch.setattr(deps, "HAS_DALI", False)
     monkeypatch.setattr(deps, "has_cuda", lambda: False)
-    assert backend_choice("auto", "cpu") == {"name": "pil",
-                                             "why": "nvidia-dali is not installed and the device is the CPU"}
+    assert backend_choice("auto", "cpu") == {
+        "name": "pil",
+        "why": "nvidia-dali is not installed and the device is the CPU",
+    }
     assert backend_choice("pil", "cpu") == {"name": "pil", "why": "--backend pil"}
     monkeypatch.setattr(deps, "has_cuda", lambda: True)
-    monkeypatch.setattr(deps, "gpu_jpeg_decode",
-                        lambda device="cuda": (True, "torchvision 0.x decodes JPEGs on the GPU (nvJPEG)"))
+    monkeypatch.setattr(
+        deps, "gpu_jpeg_decode", lambda device="cuda": (True, "torchvision 0.x decodes JPEGs on the GPU (nvJPEG)")
+    )
     assert backend_choice("auto", "cuda") == {
-        "name": "nvjpeg", "why": "nvidia-dali is not installed; torchvision 0.x decodes JPEGs on the GPU (nvJPEG)"}
+        "name": "nvjpeg",
+        "why": "nvidia-dali is not installed; torchvision 0.x decodes JPEGs on the GPU (nvJPEG)",
+    }
     rc, out, err = _cli(capsys, shards, "--backend", "nvjpeg", "--device", "cpu", "--batch-size", 4)
     assert rc == 2 and not out and err.count("\n") == 1
     assert "--backend: backend='nvjpeg' decodes on the GPU but the device is the CPU: use device='cuda'" in err
@@ -308,19 +372,38 @@ needs_loader = pytest.mark.skipif(not _loader_available(), reason="stoker.pipeli
 @pytest.mark.slow
 def test_cli_end_to_end_on_shards_json(capsys, shards, tmp_path):
     f = tmp_path / "tiny.py"
-    f.write_text("from torch import nn\n"
-                 "def build(num_classes):\n"
-                 "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),"
-                 " nn.Linear(4, num_classes))\n")
-    rc, out, err = _cli(capsys, shards, "--model", f"{f}:build", "--batch-size", 4, "--crop", 32,
-                        "--seconds", 0.2, "--device", "cpu", "--json")
+    f.write_text(
+        "from torch import nn\n"
+        "def build(num_classes):\n"
+        "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),"
+        " nn.Linear(4, num_classes))\n"
+    )
+    rc, out, err = _cli(
+        capsys,
+        shards,
+        "--model",
+        f"{f}:build",
+        "--batch-size",
+        4,
+        "--crop",
+        32,
+        "--seconds",
+        0.2,
+        "--device",
+        "cpu",
+        "--json",
+    )
     assert rc == 0, err
     d = json.loads(out)
     assert d["data"]["kind"] == "stoker shards" and d["data"]["samples"] == 24
     assert d["loader"]["batch_shape"] == [4, 3, 32, 32] and d["loader"]["dtype"] == "uint8"
     assert d["verdict"]["label"] in ("loader-bound", "model-bound")
-    for fig in (d["loader"]["images_per_s"], d["model"]["fp32"]["images_per_s"], d["end_to_end"]["images_per_s"],
-                d["verdict"]["ratio"]):
+    for fig in (
+        d["loader"]["images_per_s"],
+        d["model"]["fp32"]["images_per_s"],
+        d["end_to_end"]["images_per_s"],
+        d["verdict"]["ratio"],
+    ):
         assert math.isfinite(fig) and fig > 0
     assert d["audit"]["total_params"] == 3 * 4 * 9 + 4 + 4 * 6 + 6
     from stoker.pipeline.deps import HAS_DALI
@@ -333,8 +416,20 @@ def test_cli_end_to_end_on_shards_json(capsys, shards, tmp_path):
 @needs_loader
 @pytest.mark.slow
 def test_cli_human_report_on_shards(capsys, shards):
-    rc, out, err = _cli(capsys, shards / "train", "--arch", "inception", "--batch-size", 4, "--crop", 32,
-                        "--seconds", 0.2, "--channels-last", "off")
+    rc, out, err = _cli(
+        capsys,
+        shards / "train",
+        "--arch",
+        "inception",
+        "--batch-size",
+        4,
+        "--crop",
+        32,
+        "--seconds",
+        0.2,
+        "--channels-last",
+        "off",
+    )
     assert rc == 0, err
     assert "verdict:" in out and "environment" in out and "largest layers" in out
     assert "  stoker backend: " in out and "(nvidia-dali is " in out  # which backend, and why
@@ -351,8 +446,25 @@ def test_cli_image_folder_measures_torchvision_and_a_packed_sample(capsys, tmp_p
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
 
     make_image_folder(tmp_path / "imgs", per_class=3, min_side=40, max_side=80, seed=0)
-    rc, out, err = _cli(capsys, tmp_path / "imgs", "--arch", "resnet18", "--batch-size", 4, "--crop", 32,
-                        "--seconds", 0.2, "--workers", 0, "--pack-sample", 8, "--channels-last", "off", "--json")
+    rc, out, err = _cli(
+        capsys,
+        tmp_path / "imgs",
+        "--arch",
+        "resnet18",
+        "--batch-size",
+        4,
+        "--crop",
+        32,
+        "--seconds",
+        0.2,
+        "--workers",
+        0,
+        "--pack-sample",
+        8,
+        "--channels-last",
+        "off",
+        "--json",
+    )
     assert rc == 0, err
     d = json.loads(out)  # stdout holds the JSON alone (the pack summary goes to stderr)
     assert d["data"]["kind"] == "ImageFolder" and d["data"]["samples"] == 18
@@ -370,8 +482,9 @@ def test_diagnose_python_api_takes_a_module(shards):
 
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
     lines = []
-    result = diagnose(shards, model=net, batch_size=4, crop=32, seconds=0.1, device="cpu", channels_last="off",
-                      progress=lines.append)
+    result = diagnose(
+        shards, model=net, batch_size=4, crop=32, seconds=0.1, device="cpu", channels_last="off", progress=lines.append
+    )
     assert isinstance(result, Diagnosis) and result.bound in ("loader", "model")
     assert result.to_dict()["settings"]["model"] == "Sequential" and result.verdict["label"] == f"{result.bound}-bound"
     assert result.to_dict()["audit"]["total_params"] == 3 * 4 * 9 + 4 + 4 * 3 + 3
@@ -387,6 +500,6 @@ def test_loader_hints_from_pack_settings():
 
     (hint,) = loader_hints(SimpleNamespace(pack={"short_side": 512, "source": "/src"}), crop=224)
     assert hint["id"] == "pack_smaller" and hint["action"] == "stoker pack /src OUT --short-side 256"
-    assert hint["est_loader_speedup"] == pytest.approx(4.0 ** 0.65)
+    assert hint["est_loader_speedup"] == pytest.approx(4.0**0.65)
     assert loader_hints(SimpleNamespace(pack={"short_side": 256}), crop=224) == []
     assert loader_hints(SimpleNamespace(pack={"fixture": True}), crop=224) == []

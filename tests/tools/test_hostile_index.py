@@ -76,8 +76,16 @@ def last_err(capsys) -> str:
 
 # ---- foreign tars: keys, repeated components, names, member kinds ------------------------------
 
-@pytest.mark.parametrize("order", [["a.jpg", "a.cls", "a.jpg", "a.cls"], ["a.jpg", "a.jpg", "a.cls"],
-                                   ["a.jpg", "a.cls", "a.cls"], ["a.jpg", "a.JPG", "a.cls"]])
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        ["a.jpg", "a.cls", "a.jpg", "a.cls"],
+        ["a.jpg", "a.jpg", "a.cls"],
+        ["a.jpg", "a.cls", "a.cls"],
+        ["a.jpg", "a.JPG", "a.cls"],
+    ],
+)
 def test_repeated_component_is_skipped_never_mispaired(tmp_path, capsys, order):
     data = {"jpg": [jpeg(1), jpeg(2)], "JPG": [jpeg(2)], "cls": [b"1", b"2"]}
     members = [(name, data[name.split(".")[1]].pop(0)) for name in order]
@@ -101,17 +109,20 @@ def test_verify_catches_repeated_component_the_manifest_does_not_skip(tmp_path, 
     m.save(tmp_path / "s")
     capsys.readouterr()
     assert cli(["verify", str(tmp_path / "s"), "-q"]) == 1
-    assert last_err(capsys) == ("stoker verify: 1 problem(s) in 1 shard(s); first: s/t.tar sample 0 (key a): "
-                                "repeated component: 4 members with key 'a' repeat cls, jpg")
+    assert last_err(capsys) == (
+        "stoker verify: 1 problem(s) in 1 shard(s); first: s/t.tar sample 0 (key a): "
+        "repeated component: 4 members with key 'a' repeat cls, jpg"
+    )
 
 
 def test_interleaved_keys_pair_nothing(tmp_path, capsys):
     """a.jpg b.jpg a.cls b.cls: WebDataset groups consecutive members only, so no image has a label."""
-    tar = make_tar(tmp_path / "s" / "t.tar", [("a.jpg", jpeg(0)), ("b.jpg", jpeg(1)), ("a.cls", b"0"),
-                                              ("b.cls", b"1")])
+    tar = make_tar(tmp_path / "s" / "t.tar", [("a.jpg", jpeg(0)), ("b.jpg", jpeg(1)), ("a.cls", b"0"), ("b.cls", b"1")])
     assert cli(["index", str(tar), "-q"]) == 1
-    assert last_err(capsys) == (f"stoker index: no loadable samples in {tmp_path / 's'}: 2 no cls label, "
-                                "2 no image; nothing written to stoker.json")
+    assert last_err(capsys) == (
+        f"stoker index: no loadable samples in {tmp_path / 's'}: 2 no cls label, "
+        "2 no image; nothing written to stoker.json"
+    )
 
 
 def test_names_with_spaces_newlines_percent_and_long_names_load(tmp_path, capsys):
@@ -143,8 +154,12 @@ def test_dali_reader_reads_escaped_names(tmp_path, capsys):
 
     @pipeline_def(batch_size=3, num_threads=1, device_id=None)
     def reader():
-        jpg, cls = fn.readers.webdataset(paths=[str(tar)], index_paths=[str(tar.with_suffix(".idx"))],
-                                         ext=["jpg", "cls"], dtypes=[types.UINT8, types.UINT8])
+        jpg, cls = fn.readers.webdataset(
+            paths=[str(tar)],
+            index_paths=[str(tar.with_suffix(".idx"))],
+            ext=["jpg", "cls"],
+            dtypes=[types.UINT8, types.UINT8],
+        )
         return fn.decoders.image(jpg, device="cpu", output_type=types.RGB), cls
 
     pipe = reader()
@@ -155,18 +170,32 @@ def test_dali_reader_reads_escaped_names(tmp_path, capsys):
 
 
 def test_non_regular_members_are_listed_with_a_reason(tmp_path, capsys):
-    members = (sample("a", 0) + [("dir", tarfile.DIRTYPE, ""), ("b.jpg", jpeg(1)),
-                                 ("b.cls", tarfile.SYMTYPE, "a.cls"), ("c.jpg", tarfile.LNKTYPE, "a.jpg"),
-                                 ("c.cls", b"1"), ("fifo.jpg", tarfile.FIFOTYPE, ""), ("README", b"hello"),
-                                 (".hidden.jpg", jpeg(0))] + sample("d", 1))
+    members = (
+        sample("a", 0)
+        + [
+            ("dir", tarfile.DIRTYPE, ""),
+            ("b.jpg", jpeg(1)),
+            ("b.cls", tarfile.SYMTYPE, "a.cls"),
+            ("c.jpg", tarfile.LNKTYPE, "a.jpg"),
+            ("c.cls", b"1"),
+            ("fifo.jpg", tarfile.FIFOTYPE, ""),
+            ("README", b"hello"),
+            (".hidden.jpg", jpeg(0)),
+        ]
+        + sample("d", 1)
+    )
     tar = make_tar(tmp_path / "s" / "t.tar", members)
     assert cli(["index", str(tar), "-q"]) == 0
     out = capsys.readouterr().out
     m = Manifest.load(tmp_path / "s")
     assert m.pack["ignored_members"] == [
-        ["t.tar", "dir", "directory"], ["t.tar", "b.cls", "symbolic link"], ["t.tar", "c.jpg", "hard link"],
-        ["t.tar", "fifo.jpg", "not a regular file"], ["t.tar", "README", "no extension"],
-        ["t.tar", ".hidden.jpg", "no sample key (name starts with a dot)"]]
+        ["t.tar", "dir", "directory"],
+        ["t.tar", "b.cls", "symbolic link"],
+        ["t.tar", "c.jpg", "hard link"],
+        ["t.tar", "fifo.jpg", "not a regular file"],
+        ["t.tar", "README", "no extension"],
+        ["t.tar", ".hidden.jpg", "no sample key (name starts with a dot)"],
+    ]
     assert m.pack["skip"] == [["t.tar", 1, "no cls label"], ["t.tar", 2, "no image: has cls"]]
     assert "2 sample(s) marked to skip (1 no cls label, 1 no image)" in out
     assert "6 tar member(s) in no sample" in out
@@ -175,17 +204,26 @@ def test_non_regular_members_are_listed_with_a_reason(tmp_path, capsys):
 
 # ---- damaged and compressed tars: one line, exit 1 ---------------------------------------------
 
-@pytest.mark.parametrize("kind,compress,tool", [
-    ("gzip", gzip.compress, "gunzip"), ("bzip2", bz2.compress, "bunzip2"), ("xz", lzma.compress, "unxz"),
-    ("zstd", lambda b: b"\x28\xb5\x2f\xfd" + b, "unzstd")])
+
+@pytest.mark.parametrize(
+    "kind,compress,tool",
+    [
+        ("gzip", gzip.compress, "gunzip"),
+        ("bzip2", bz2.compress, "bunzip2"),
+        ("xz", lzma.compress, "unxz"),
+        ("zstd", lambda b: b"\x28\xb5\x2f\xfd" + b, "unzstd"),
+    ],
+)
 def test_compressed_tar_says_decompress_first(tmp_path, capsys, kind, compress, tool):
     plain = make_tar(tmp_path / "plain.tar", sample("a", 0))
     tar = tmp_path / "s" / "t.tar.gz"
     tar.parent.mkdir()
     tar.write_bytes(compress(plain.read_bytes()))
     assert cli(["index", str(tar), "-q"]) == 1
-    assert last_err(capsys) == (f"stoker index: {tar} is a compressed tar ({kind}): decompress it first "
-                                f"(e.g. {tool} {tar}), then index the .tar")
+    assert last_err(capsys) == (
+        f"stoker index: {tar} is a compressed tar ({kind}): decompress it first "
+        f"(e.g. {tool} {tar}), then index the .tar"
+    )
     assert not (tmp_path / "s" / "stoker.json").exists()
 
 
@@ -193,8 +231,10 @@ def test_folder_of_compressed_tars_is_a_usage_error(tmp_path, capsys):
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "t.tar.gz").write_bytes(gzip.compress(make_tar(tmp_path / "p.tar", sample("a", 0)).read_bytes()))
     assert cli(["index", str(tmp_path / "s")]) == 2
-    assert last_err(capsys) == (f"stoker index: error: no .tar files in {tmp_path / 's'} (found 1 compressed: "
-                                f"decompress them first, e.g. gunzip {tmp_path / 's' / 't.tar.gz'})")
+    assert last_err(capsys) == (
+        f"stoker index: error: no .tar files in {tmp_path / 's'} (found 1 compressed: "
+        f"decompress them first, e.g. gunzip {tmp_path / 's' / 't.tar.gz'})"
+    )
 
 
 def _damaged(tmp_path: Path, how: str) -> Path:
@@ -202,9 +242,9 @@ def _damaged(tmp_path: Path, how: str) -> Path:
     data = tar.read_bytes()
     b_header = data.index(b"b.jpg")
     if how == "truncated":
-        data = data[:b_header + 700]
+        data = data[: b_header + 700]
     elif how == "header":
-        data = data[:b_header] + b"\x07" * 512 + data[b_header + 512:]
+        data = data[:b_header] + b"\x07" * 512 + data[b_header + 512 :]
     elif how == "concatenated":
         data = data + make_tar(tmp_path / "more.tar", sample("d", 0)).read_bytes()
     elif how == "empty":
@@ -215,14 +255,24 @@ def _damaged(tmp_path: Path, how: str) -> Path:
     return tar
 
 
-@pytest.mark.parametrize("how,message", [
-    ("truncated", "is truncated: member 'b.jpg' ends past the end of the file (copy or download it again)"),
-    ("header", "has unreadable data at byte 2,560 (a damaged member header, or tars joined with cat): the samples "
-               "after it cannot be read; copy or rebuild it"),
-    ("concatenated", "has unreadable data at byte 10,240 (a damaged member header, or tars joined with cat): the "
-                     "samples after it cannot be read; copy or rebuild it"),
-    ("empty", "is not a readable tar (empty file): copy or download it again"),
-    ("junk", "is not a readable tar (invalid header): copy or download it again")])
+@pytest.mark.parametrize(
+    "how,message",
+    [
+        ("truncated", "is truncated: member 'b.jpg' ends past the end of the file (copy or download it again)"),
+        (
+            "header",
+            "has unreadable data at byte 2,560 (a damaged member header, or tars joined with cat): the samples "
+            "after it cannot be read; copy or rebuild it",
+        ),
+        (
+            "concatenated",
+            "has unreadable data at byte 10,240 (a damaged member header, or tars joined with cat): the "
+            "samples after it cannot be read; copy or rebuild it",
+        ),
+        ("empty", "is not a readable tar (empty file): copy or download it again"),
+        ("junk", "is not a readable tar (invalid header): copy or download it again"),
+    ],
+)
 def test_damaged_tar_is_one_line_naming_it(tmp_path, capsys, how, message):
     tar = _damaged(tmp_path, how)
     assert cli(["index", str(tar), "-q"]) == 1
@@ -231,6 +281,7 @@ def test_damaged_tar_is_one_line_naming_it(tmp_path, capsys, how, message):
 
 
 # ---- labels --------------------------------------------------------------------------------------
+
 
 def test_parse_label_rules():
     assert parse_label(b"0") == 0 and parse_label(b" 7\n") == 7 and parse_label(b"007") == 7
@@ -256,11 +307,18 @@ def test_bad_labels_are_skipped_with_reasons_and_never_loaded(tmp_path, capsys):
     m = Manifest.load(tmp_path / "s")
     assert m.classes == ["0", "1", "2"]
     assert [why for _, _, why in m.pack["skip"]] == [
-        "cls is above the limit of 999,999 (MAX_CLASSES): 2000000000", "cls is negative: -1",
-        "cls is not an integer: 'abc'", "cls is not an integer: '²'", "cls is not an integer: '1.5'",
-        "cls is not an integer: 100 bytes", "cls is not an integer: '\ufffd\ufffd'"]
-    assert "7 sample(s) marked to skip (1 cls is above the limit of 999,999 (MAX_CLASSES), 1 cls is negative, " \
-           "5 cls is not an integer)" in out
+        "cls is above the limit of 999,999 (MAX_CLASSES): 2000000000",
+        "cls is negative: -1",
+        "cls is not an integer: 'abc'",
+        "cls is not an integer: '²'",
+        "cls is not an integer: '1.5'",
+        "cls is not an integer: 100 bytes",
+        "cls is not an integer: '\ufffd\ufffd'",
+    ]
+    assert (
+        "7 sample(s) marked to skip (1 cls is above the limit of 999,999 (MAX_CLASSES), 1 cls is negative, "
+        "5 cls is not an integer)" in out
+    )
     pairs = loaded(tmp_path / "s")
     assert sorted(p[0] for p in pairs) == [0, 1, 2]
     assert_right_labels(pairs)
@@ -304,8 +362,10 @@ def test_reindex_grows_made_up_class_names_with_the_data(tmp_path, capsys):
 def test_all_samples_bad_writes_no_manifest(tmp_path, capsys):
     tar = make_tar(tmp_path / "s" / "t.tar", [("a.jpg", jpeg(0)), ("a.cls", b"-3"), ("b.txt", b"x")])
     assert cli(["index", str(tar), "-q"]) == 1
-    assert last_err(capsys) == (f"stoker index: no loadable samples in {tmp_path / 's'}: 1 cls is negative, "
-                                "1 no image; nothing written to stoker.json")
+    assert last_err(capsys) == (
+        f"stoker index: no loadable samples in {tmp_path / 's'}: 1 cls is negative, "
+        "1 no image; nothing written to stoker.json"
+    )
     assert not (tmp_path / "s" / "stoker.json").exists()
 
 
@@ -318,8 +378,11 @@ def test_bad_cls_at_read_time_names_shard_and_key(tmp_path):
     m.save(tmp_path / "s")
     idx = SampleIndex(tmp_path / "s")
     assert idx.label(0) == 0
-    with pytest.raises(LabelError, match=r"^" + str(tar) + r" key b: cls 'x1' is not a class index below 2 "
-                                         r"\(run `stoker index .*` to skip such samples\)$"):
+    with pytest.raises(
+        LabelError,
+        match=r"^" + str(tar) + r" key b: cls 'x1' is not a class index below 2 "
+        r"\(run `stoker index .*` to skip such samples\)$",
+    ):
         idx.labels(np.array([0, 1]))
     with pytest.raises(LabelError, match=r"key c: cls '5' is not a class index below 2"):
         idx.label(2)
@@ -327,12 +390,28 @@ def test_bad_cls_at_read_time_names_shard_and_key(tmp_path):
 
 # ---- re-indexing a split `stoker pack` wrote ----------------------------------------------------
 
+
 def _packed(tmp_path: Path) -> Path:
     from stoker.tools.synth import make_image_folder
 
     src = make_image_folder(tmp_path / "src", classes=("circles", "rings"), per_class=3, min_side=32, max_side=48)
-    assert cli(["pack", str(src), str(tmp_path / "out"), "-q", "--workers", "1", "--samples-per-shard", "4",
-                "--val-fraction", "0"]) == 0
+    assert (
+        cli(
+            [
+                "pack",
+                str(src),
+                str(tmp_path / "out"),
+                "-q",
+                "--workers",
+                "1",
+                "--samples-per-shard",
+                "4",
+                "--val-fraction",
+                "0",
+            ]
+        )
+        == 0
+    )
     return tmp_path / "out" / "train"
 
 
@@ -356,31 +435,42 @@ def test_reindex_of_a_packed_split_is_a_repair_not_a_downgrade(tmp_path, capsys)
 def test_index_of_a_pack_root_or_a_split_without_idx(tmp_path, capsys):
     split = _packed(tmp_path)
     assert cli(["index", str(split.parent), "-q"]) == 2
-    assert last_err(capsys) == (f"stoker index: error: no .tar files in {split.parent} (it holds splits: index "
-                                f"each one, e.g. stoker index {split})")
+    assert last_err(capsys) == (
+        f"stoker index: error: no .tar files in {split.parent} (it holds splits: index "
+        f"each one, e.g. stoker index {split})"
+    )
     (split / "train-000001.idx").unlink()
     assert cli(["verify", str(split), "-q"]) == 1
-    assert last_err(capsys).endswith(f"first: train/train-000001.tar: index {split / 'train-000001.idx'}: cannot "
-                                     f"be read: No such file or directory (rerun `stoker index {split}`)")
+    assert last_err(capsys).endswith(
+        f"first: train/train-000001.tar: index {split / 'train-000001.idx'}: cannot "
+        f"be read: No such file or directory (rerun `stoker index {split}`)"
+    )
 
 
 def test_reindex_of_some_shards_of_a_split_is_refused(tmp_path, capsys):
     split = _packed(tmp_path)
     before = (split / "stoker.json").read_text()
     assert cli(["index", str(split / "train-000000.tar"), "-q"]) == 2
-    assert last_err(capsys) == (f"stoker index: error: {split / 'stoker.json'} also lists train-000001.tar: index "
-                                f"the whole folder (`stoker index {split}`) so the split keeps them")
+    assert last_err(capsys) == (
+        f"stoker index: error: {split / 'stoker.json'} also lists train-000001.tar: index "
+        f"the whole folder (`stoker index {split}`) so the split keeps them"
+    )
     assert (split / "stoker.json").read_text() == before
 
 
 # ---- garbage .idx: verify and the Loader say one line and the fix -------------------------------
 
-@pytest.mark.parametrize("how,what", [
-    ("random", "first line should be 'v1.2 <count>'"),
-    ("truncated", "declares 4 samples but lists 2"),
-    ("count", "declares 9 samples but lists 4"),
-    ("past_end", None),
-    ("negative", "line 2: offset/size are not non-negative integers")])
+
+@pytest.mark.parametrize(
+    "how,what",
+    [
+        ("random", "first line should be 'v1.2 <count>'"),
+        ("truncated", "declares 4 samples but lists 2"),
+        ("count", "declares 9 samples but lists 4"),
+        ("past_end", None),
+        ("negative", "line 2: offset/size are not non-negative integers"),
+    ],
+)
 def test_garbage_idx(tmp_path, capsys, how, what):
     tar = make_tar(tmp_path / "s" / "t.tar", [m for k in range(4) for m in sample(f"k{k}", k % 2)])
     assert cli(["index", str(tar), "-q"]) == 0
@@ -389,7 +479,7 @@ def test_garbage_idx(tmp_path, capsys, how, what):
     if how == "random":
         idx.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8)))
     elif how == "truncated":
-        idx.write_text(text[:len(text) // 2])
+        idx.write_text(text[: len(text) // 2])
     elif how == "count":
         idx.write_text(text.replace("v1.2 4", "v1.2 9"))
     elif how == "past_end":
@@ -419,6 +509,7 @@ def test_garbage_idx(tmp_path, capsys, how, what):
 
 # ---- decoder agreement ---------------------------------------------------------------------------
 
+
 def test_image_the_loader_drops_is_skipped_by_index_and_reported_by_verify(tmp_path, capsys):
     """Bytes after the end marker: pillow decodes it, the Loader's header guard drops it."""
     trailing = jpeg(1) + b"\0" * 100
@@ -426,8 +517,13 @@ def test_image_the_loader_drops_is_skipped_by_index_and_reported_by_verify(tmp_p
     tar = make_tar(tmp_path / "s" / "t.tar", sample("a", 0) + sample("b", 1, trailing) + sample("c", 1))
     assert cli(["index", str(tar), "-q"]) == 0
     assert Manifest.load(tmp_path / "s").pack["skip"] == [
-        ["t.tar", 1, "image does not decode: fails the loader's header check (truncated, not a JPEG/PNG, "
-                     "or a JPEG kind the decoders do not read)"]]
+        [
+            "t.tar",
+            1,
+            "image does not decode: fails the loader's header check (truncated, not a JPEG/PNG, "
+            "or a JPEG kind the decoders do not read)",
+        ]
+    ]
     assert sorted(loaded(tmp_path / "s")) == [(0, red(0)), (1, red(1))]
     m = Manifest.load(tmp_path / "s")
     m.pack["skip"] = []

@@ -79,8 +79,11 @@ def own_images(src: Path) -> dict[str, str]:
 
 
 def tree_sha(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def one_line_error(capsys) -> str:
@@ -92,6 +95,7 @@ def one_line_error(capsys) -> str:
 
 
 # --- walking the source tree -------------------------------------------------------------------
+
 
 def test_symlink_loop_up_adds_nothing_under_the_wrong_label(tmp_path):
     src = folder(tmp_path / "src")
@@ -168,8 +172,10 @@ def test_unreadable_folder_and_file_are_rejects_and_strict_fails(tmp_path, monke
     monkeypatch.setattr(os, "scandir", scandir)
     monkeypatch.setattr(os, "open", os_open)
     assert pack(src, tmp_path / "out") == 0
-    assert rejects(tmp_path / "out") == {"rings/locked": "unreadable folder: Permission denied",
-                                         "rings/noperm.jpg": "unreadable: errno 13 (Permission denied)"}
+    assert rejects(tmp_path / "out") == {
+        "rings/locked": "unreadable folder: Permission denied",
+        "rings/noperm.jpg": "unreadable: errno 13 (Permission denied)",
+    }
     assert Manifest.load(tmp_path / "out" / "train").pack["rejected"] == 2
     capsys.readouterr()
     assert pack(src, tmp_path / "out2", "--strict") == 1
@@ -186,15 +192,21 @@ def test_fifo_device_and_oversized_files_are_never_read(tmp_path):
     (tmp_path / "list.csv").write_text("src/circles/pipe.jpg,a\nsrc/circles/circles_00000.jpg,b\n")
 
     def run(*argv):  # a subprocess with a timeout: a regression here would hang, not fail
-        return subprocess.run([sys.executable, "-m", "stoker.tools.cli", "pack", *map(str, argv), "-q"],
-                              capture_output=True, text=True, timeout=120, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "stoker.tools.cli", "pack", *map(str, argv), "-q"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
     r = run(src, tmp_path / "out", "--max-file-size", "20KB", "--workers", "1")
     assert r.returncode == 0, r.stderr
     assert rejects(tmp_path / "out") == {
         "circles/pipe.jpg": "not a regular file (fifo)",
         "circles/zero.jpg": "not a regular file (character device)",
-        "rings/big.jpg": f"file too large ({len(big):,} bytes > 20,000)"}
+        "rings/big.jpg": f"file too large ({len(big):,} bytes > 20,000)",
+    }
     r = run(tmp_path / "list.csv", tmp_path / "out2", "--workers", "2")  # a CSV is not walked: the reader checks
     assert r.returncode == 0, r.stderr
     assert rejects(tmp_path / "out2") == {"src/circles/pipe.jpg": "not a regular file (fifo)"}
@@ -227,23 +239,24 @@ def test_non_utf8_file_names_pack_with_escaped_names(tmp_path, capsys):
 
 # --- decoder agreement -------------------------------------------------------------------------
 
+
 def _baseline() -> bytes:
     return encode(draw("circles", (120, 90), random.Random(0)), quality=90)
 
 
 def _sof(data: bytes, marker: bytes) -> bytes:
     i = data.index(b"\xff\xc0")
-    return data[:i] + marker + data[i + 2:]
+    return data[:i] + marker + data[i + 2 :]
 
 
 def _12bit(data: bytes) -> bytes:
     i = data.index(b"\xff\xc0")
-    return data[:i + 4] + b"\x0c" + data[i + 5:]
+    return data[: i + 4] + b"\x0c" + data[i + 5 :]
 
 
 def _huge_header(data: bytes, w: int, h: int) -> bytes:
     i = data.index(b"\xff\xc0")
-    return data[:i + 5] + h.to_bytes(2, "big") + w.to_bytes(2, "big") + data[i + 9:]
+    return data[: i + 5] + h.to_bytes(2, "big") + w.to_bytes(2, "big") + data[i + 9 :]
 
 
 def _hostile_jpegs() -> dict[str, bytes]:
@@ -293,8 +306,7 @@ def _dali_decode(blobs: list[bytes]) -> list:
 
     @dali.pipeline_def(batch_size=1, num_threads=1, device_id=None)
     def pipe():
-        return fn.decoders.image(fn.external_source(name="raw", dtype=types.UINT8), device="cpu",
-                                 output_type=types.RGB)
+        return fn.decoders.image(fn.external_source(name="raw", dtype=types.UINT8), device="cpu", output_type=types.RGB)
 
     out = []
     for b in blobs:
@@ -311,10 +323,16 @@ def _dali_decode(blobs: list[bytes]) -> list:
 
 def test_what_pack_stores_is_copy_safe_and_decodes_in_dali_and_pil(tmp_path):
     files = {**_hostile_jpegs(), **nasty_files(random.Random(0))}
-    expect_reject = {"truncated.jpg": "truncated", "bomb.jpg": "too many pixels (60000x60000)",
-                     "lossless_sof3.jpg": "corrupt: ", "12bit.jpg": "unsupported JPEG: 12-bit samples",
-                     "bad_truncated.jpg": "truncated", "bad_zero.jpg": "empty file",
-                     "bad_not_an_image.jpg": "not an image", "bad_bomb.png": "too many pixels (100000x100000)"}
+    expect_reject = {
+        "truncated.jpg": "truncated",
+        "bomb.jpg": "too many pixels (60000x60000)",
+        "lossless_sof3.jpg": "corrupt: ",
+        "12bit.jpg": "unsupported JPEG: 12-bit samples",
+        "bad_truncated.jpg": "truncated",
+        "bad_zero.jpg": "empty file",
+        "bad_not_an_image.jpg": "not an image",
+        "bad_bomb.png": "too many pixels (100000x100000)",
+    }
     stored, copied = {}, set()
     for name, data in files.items():
         r = sanitize_bytes(data, Settings(short_side=0))
@@ -345,12 +363,20 @@ def test_packed_shards_decode_in_dali(tmp_path):
     assert all(jpeg_copy_safe(jpg) is None for _, _, jpg in got.values())
     assert "error" not in _dali_decode([jpg for _, _, jpg in got.values()])
     rej = rejects(tmp_path / "out")
-    assert set(rej) == {"circles/bad_truncated.jpg", "circles/bad_zero.jpg", "circles/bad_not_an_image.jpg",
-                        "circles/bad_bomb.png", "rings/truncated.jpg", "rings/bomb.jpg", "rings/lossless_sof3.jpg",
-                        "rings/12bit.jpg"}
+    assert set(rej) == {
+        "circles/bad_truncated.jpg",
+        "circles/bad_zero.jpg",
+        "circles/bad_not_an_image.jpg",
+        "circles/bad_bomb.png",
+        "rings/truncated.jpg",
+        "rings/bomb.jpg",
+        "rings/lossless_sof3.jpg",
+        "rings/12bit.jpg",
+    }
 
 
 # --- labels (CSV/TSV) --------------------------------------------------------------------------
+
 
 def _images(tmp_path: Path, n: int) -> list[str]:
     d = tmp_path / "imgs"
@@ -368,19 +394,30 @@ def test_integer_labels_kept_negative_and_huge_rejected(tmp_path):
     m = Manifest.load(tmp_path / "out" / "train")
     assert m.classes == [str(i) for i in range(11)]
     assert {p: c for p, (c, _, _) in samples(tmp_path / "out").items()} == {
-        "imgs/0.jpg": 2, "imgs/1.jpg": 10, "imgs/2.jpg": 3, "imgs/5.jpg": 7}
-    assert rejects(tmp_path / "out") == {"imgs/3.jpg": "label -1 out of range 0..1000000",
-                                         "imgs/4.jpg": "label 100000000000 out of range 0..1000000"}
+        "imgs/0.jpg": 2,
+        "imgs/1.jpg": 10,
+        "imgs/2.jpg": 3,
+        "imgs/5.jpg": 7,
+    }
+    assert rejects(tmp_path / "out") == {
+        "imgs/3.jpg": "label -1 out of range 0..1000000",
+        "imgs/4.jpg": "label 100000000000 out of range 0..1000000",
+    }
 
 
 def test_header_row_detected_and_odd_names_are_classes(tmp_path):
     paths = _images(tmp_path, 4)
-    (tmp_path / "l.csv").write_text("filepath,class\n" + "".join(
-        f"{p},{lab}\n" for p, lab in zip(paths, ["cat", "²", "dog", "cat"])))
+    (tmp_path / "l.csv").write_text(
+        "filepath,class\n" + "".join(f"{p},{lab}\n" for p, lab in zip(paths, ["cat", "²", "dog", "cat"]))
+    )
     assert pack(tmp_path / "l.csv", tmp_path / "out") == 0
     assert Manifest.load(tmp_path / "out" / "train").classes == ["cat", "dog", "²"]
-    assert labels(tmp_path / "out") == {"imgs/0.jpg": "cat", "imgs/1.jpg": "²", "imgs/2.jpg": "dog",
-                                        "imgs/3.jpg": "cat"}
+    assert labels(tmp_path / "out") == {
+        "imgs/0.jpg": "cat",
+        "imgs/1.jpg": "²",
+        "imgs/2.jpg": "dog",
+        "imgs/3.jpg": "cat",
+    }
     (tmp_path / "t.tsv").write_text("path\tlabel\n" + "".join(f"{p}\t{i}\n" for i, p in enumerate(paths)))
     assert pack(tmp_path / "t.tsv", tmp_path / "out2") == 0
     assert Manifest.load(tmp_path / "out2" / "train").classes == ["0", "1", "2", "3"]
@@ -402,6 +439,7 @@ def test_csv_errors_are_one_line(tmp_path, capsys):
 
 
 # --- splits ------------------------------------------------------------------------------------
+
 
 def test_val_fraction_with_one_image_per_class_keeps_the_overall_fraction(tmp_path, capsys):
     src = flat_classes(tmp_path / "src", {f"c{i:02d}": 1 for i in range(10)})
@@ -429,8 +467,10 @@ def test_flat_folder_of_images_is_one_line(tmp_path, capsys):
         (src / f"{i}.JPEG").write_bytes(encode(draw("circles", (40, 30), random.Random(i))))
     capsys.readouterr()
     assert pack(src, tmp_path / "out") == 2
-    assert one_line_error(capsys) == (f"SRC {src} holds 3 images but no class folders; put them in one subfolder "
-                                      f"per class, or list them in a CSV of path,label")
+    assert one_line_error(capsys) == (
+        f"SRC {src} holds 3 images but no class folders; put them in one subfolder "
+        f"per class, or list them in a CSV of path,label"
+    )
 
 
 def test_empty_val_folder_is_said(tmp_path, capsys):
@@ -443,6 +483,7 @@ def test_empty_val_folder_is_said(tmp_path, capsys):
 
 
 # --- faults ------------------------------------------------------------------------------------
+
 
 def test_disk_full_mid_shard_is_one_line_and_rerun_finishes_identically(tmp_path, monkeypatch, capsys):
     from stoker.pipeline.shards import writer as shardwriter
@@ -470,8 +511,9 @@ def test_disk_full_mid_shard_is_one_line_and_rerun_finishes_identically(tmp_path
     assert pack(src, out, "--samples-per-shard", "3") == 1
     err = one_line_error(capsys)
     assert err.startswith(f"disk full writing {out / 'train'}/train-0000")
-    assert err.endswith(".tar.tmp: free space and rerun the same command (finished shards are kept, "
-                        "nothing written is corrupt)")
+    assert err.endswith(
+        ".tar.tmp: free space and rerun the same command (finished shards are kept, nothing written is corrupt)"
+    )
     assert not (out / "train" / "stoker.json").exists() and not list(out.rglob("*.tmp"))
     monkeypatch.setattr(shardwriter.ShardWriter, "__enter__", real)
     assert pack(src, out, "--samples-per-shard", "3") == 0
@@ -496,8 +538,10 @@ def test_disk_full_writing_the_manifest(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     capsys.readouterr()
     assert pack(src, out) == 1
-    assert one_line_error(capsys) == (f"disk full writing {out / 'train' / 'stoker.json'}: free space and "
-                                      f"rerun the same command (finished shards are kept, nothing written is corrupt)")
+    assert one_line_error(capsys) == (
+        f"disk full writing {out / 'train' / 'stoker.json'}: free space and "
+        f"rerun the same command (finished shards are kept, nothing written is corrupt)"
+    )
     assert not (out / "train" / "stoker.json").exists() and not list(out.rglob("*.tmp"))
     monkeypatch.setattr(fsutil.os, "fsync", real)
     assert pack(src, out) == 0

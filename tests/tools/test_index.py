@@ -39,8 +39,14 @@ def test_index_webdataset_shards_marks_corrupt_image_as_skip(tmp_path, capsys):
     m = Manifest.load(tmp_path / "wds")
     assert m.num_samples == 11 and [s.num_samples for s in m.shards] == [5, 5, 1]
     assert m.classes == ["0", "1", "2"] and m.pack["image_exts"] == ["jpeg"]
-    assert m.pack["skip"] == [["foreign-000.tar", 4, "image does not decode: fails the loader's header check "
-                               "(truncated, not a JPEG/PNG, or a JPEG kind the decoders do not read)"]]
+    assert m.pack["skip"] == [
+        [
+            "foreign-000.tar",
+            4,
+            "image does not decode: fails the loader's header check "
+            "(truncated, not a JPEG/PNG, or a JPEG kind the decoders do not read)",
+        ]
+    ]
     check_shards(tmp_path / "wds", m, sha256=True)
     for t in tars:
         assert read_idx(t.with_suffix(".idx")) == index_tar(t)
@@ -48,8 +54,10 @@ def test_index_webdataset_shards_marks_corrupt_image_as_skip(tmp_path, capsys):
     assert cli(["verify", str(tmp_path / "wds"), "-q"]) == 0
 
 
-@pytest.mark.skipif(not (Path(sys.executable).parent / "wds2idx").exists() and not shutil.which("wds2idx"),
-                    reason="DALI's wds2idx not installed")
+@pytest.mark.skipif(
+    not (Path(sys.executable).parent / "wds2idx").exists() and not shutil.which("wds2idx"),
+    reason="DALI's wds2idx not installed",
+)
 def test_index_equals_wds2idx_on_foreign_tar(tmp_path):
     tars = write_foreign(tmp_path / "wds", bad=())
     cli(["index", str(tmp_path / "wds"), "-q", "--no-check"])

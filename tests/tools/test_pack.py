@@ -25,8 +25,11 @@ def folder(root: Path, **kw) -> Path:
 
 
 def pack(*argv) -> int:
-    return cli(["pack", *map(str, argv), "-q", "--workers", "1"] if "--workers" not in argv
-               else ["pack", *map(str, argv), "-q"])
+    return cli(
+        ["pack", *map(str, argv), "-q", "--workers", "1"]
+        if "--workers" not in argv
+        else ["pack", *map(str, argv), "-q"]
+    )
 
 
 def read_wds(split_dir: Path) -> list[dict]:
@@ -39,8 +42,11 @@ def read_wds(split_dir: Path) -> list[dict]:
 
 
 def tree_sha(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_round_trip_webdataset_reads_sanitized_bytes_and_labels(tmp_path):
@@ -68,8 +74,10 @@ def test_round_trip_webdataset_reads_sanitized_bytes_and_labels(tmp_path):
     assert [s["__key__"] for s in samples] == [f"{i:09d}" for i in range(12)]
 
 
-@pytest.mark.skipif(not (Path(sys.executable).parent / "wds2idx").exists() and not shutil.which("wds2idx"),
-                    reason="DALI's wds2idx not installed")
+@pytest.mark.skipif(
+    not (Path(sys.executable).parent / "wds2idx").exists() and not shutil.which("wds2idx"),
+    reason="DALI's wds2idx not installed",
+)
 def test_idx_equals_dali_wds2idx(tmp_path):
     src = folder(tmp_path / "src", nasty=True)
     pack(src, tmp_path / "out", "--samples-per-shard", "7")
@@ -88,9 +96,12 @@ def test_nasty_inputs_listed_in_rejects_rest_packs(tmp_path, capsys):
     out = capsys.readouterr().out
     rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     reasons = {r["path"]: r["reason"] for r in rejects}
-    assert reasons == {"circles/bad_truncated.jpg": "truncated", "circles/bad_zero.jpg": "empty file",
-                       "circles/bad_not_an_image.jpg": "not an image",
-                       "circles/bad_bomb.png": "too many pixels (100000x100000)"}
+    assert reasons == {
+        "circles/bad_truncated.jpg": "truncated",
+        "circles/bad_zero.jpg": "empty file",
+        "circles/bad_not_an_image.jpg": "not an image",
+        "circles/bad_bomb.png": "too many pixels (100000x100000)",
+    }
     m = Manifest.load(tmp_path / "out" / "train")
     assert m.num_samples == 12 + 9  # the 9 odd-but-valid nasty files pack
     paths = {json.loads(s["json"])["path"] for s in read_wds(tmp_path / "out" / "train")}
@@ -107,7 +118,10 @@ def test_same_seed_same_bytes_other_seed_other_order(tmp_path):
     a, b, c = (tree_sha(tmp_path / n / "train") for n in "abc")
     assert a == b  # same seed, with and without the process pool
     assert set(a) == set(c) and a != c
-    order = lambda n: [json.loads(s["json"])["path"] for s in read_wds(tmp_path / n / "train")]  # noqa: E731
+
+    def order(n):
+        return [json.loads(s["json"])["path"] for s in read_wds(tmp_path / n / "train")]
+
     assert order("a") != order("c") and sorted(order("a")) == sorted(order("c"))
 
 
@@ -153,8 +167,11 @@ def test_usage_errors_one_line_exit_2(tmp_path, capsys):
 
 
 def test_usage_error_through_console_script_has_no_traceback(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "stoker.tools.cli", "pack", str(tmp_path / "nope"), str(tmp_path / "o")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "stoker.tools.cli", "pack", str(tmp_path / "nope"), str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "does not exist" in r.stderr
 
 
@@ -214,7 +231,10 @@ def test_parts_then_merge_equal_plain_pack(tmp_path, capsys):
         return sorted((s["__key__"], hashlib.sha256(s["jpg"]).hexdigest(), s["cls"]) for s in read_wds(root / "train"))
 
     assert samples(parts) == samples(tmp_path / "plain")
-    rej = lambda r: sorted((r / "rejects.jsonl").read_text().splitlines())  # noqa: E731
+
+    def rej(r):
+        return sorted((r / "rejects.jsonl").read_text().splitlines())
+
     assert rej(parts) == rej(tmp_path / "plain") and len(rej(parts)) == 4
 
 
@@ -250,11 +270,25 @@ def test_kill_9_mid_pack_then_rerun_is_byte_identical(tmp_path):
     src, seed, _ = _blocking_source(tmp_path)
     script = tmp_path / "blocking_pack.py"
     script.write_text(_BLOCKING_PACK)
-    argv = lambda out: ["pack", str(src), str(out), "--workers", "1",  # noqa: E731
-                        "--samples-per-shard", "2", "--seed", str(seed), "-q"]
+
+    def argv(out):
+        return [
+            "pack",
+            str(src),
+            str(out),
+            "--workers",
+            "1",
+            "--samples-per-shard",
+            "2",
+            "--seed",
+            str(seed),
+            "-q",
+        ]
+
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, str(script), "zz_block.jpg", *argv(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "zz_block.jpg", *argv(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     journal = out / ".stoker-pack" / "train-p0of1.jsonl"
     tmp_shard = out / "train" / "train-000002.tar.tmp"
     deadline = time.monotonic() + 60

@@ -20,8 +20,9 @@ SMALL = {"samples_per_shard": 4, "val_fraction": 0.25, "workers": 1}
 @pytest.fixture(scope="module")
 def src(tmp_path_factory) -> Path:
     """12 images in 3 classes plus the nasty files: 9 odd ones that pack, 4 broken ones, 2 not images."""
-    root = make_image_folder(tmp_path_factory.mktemp("src") / "src", classes=CLASSES, per_class=4,
-                             min_side=32, max_side=80, nasty=True)
+    root = make_image_folder(
+        tmp_path_factory.mktemp("src") / "src", classes=CLASSES, per_class=4, min_side=32, max_side=80, nasty=True
+    )
     (root / "circles" / "notes.txt").write_text("not an image")
     return root
 
@@ -82,21 +83,25 @@ def test_verify_reports_a_flipped_byte_without_raising(src, tmp_path):
     assert not result.ok
     bad = [r for r in result.shards if r.problems]
     assert [(r.split, r.name, r.sha_ok) for r in bad] == [("train", "train-000001.tar", False)]
-    assert result.failure().startswith(f"{len(result.problems)} problem(s) in 1 shard(s); first: "
-                                       "train/train-000001.tar: sha256 differs")
+    assert result.failure().startswith(
+        f"{len(result.problems)} problem(s) in 1 shard(s); first: train/train-000001.tar: sha256 differs"
+    )
 
 
-@pytest.mark.parametrize("kw, words", [
-    ({"quality": 0}, "quality must be in 1..100"),
-    ({"workers": 0}, "--workers must be >= 1, got 0"),
-    ({"val_fraction": 1.0}, "--val-fraction must be in [0, 1), got 1.0"),
-    ({"shard_size": 0}, "--shard-size must be positive"),
-    ({"samples_per_shard": -1}, "--samples-per-shard must be >= 0"),
-    ({"part": 2, "parts": 2}, "--part 2/2 should be I/N"),
-    ({"engine": "spark"}, "--engine must be local or ray"),
-    ({"ray_address": "auto"}, "--ray-address needs --engine ray"),
-    ({"storage_options": {"anon": True}}, "--staging and --storage-option are for a URL OUT"),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"quality": 0}, "quality must be in 1..100"),
+        ({"workers": 0}, "--workers must be >= 1, got 0"),
+        ({"val_fraction": 1.0}, "--val-fraction must be in [0, 1), got 1.0"),
+        ({"shard_size": 0}, "--shard-size must be positive"),
+        ({"samples_per_shard": -1}, "--samples-per-shard must be >= 0"),
+        ({"part": 2, "parts": 2}, "--part 2/2 should be I/N"),
+        ({"engine": "spark"}, "--engine must be local or ray"),
+        ({"ray_address": "auto"}, "--ray-address needs --engine ray"),
+        ({"storage_options": {"anon": True}}, "--staging and --storage-option are for a URL OUT"),
+    ],
+)
 def test_bad_setting_is_one_usage_error_line_and_writes_nothing(src, tmp_path, kw, words):
     with pytest.raises(UsageError) as e:
         pack(src, tmp_path / "out", **kw)
@@ -137,5 +142,6 @@ def test_parts_then_merge_parts_equal_a_plain_pack(src, tmp_path):
     pack(src, tmp_path / "parts", part=1, parts=2, **SMALL)
     merged = merge_parts(tmp_path / "parts")
     assert merged.run == {} and merged.inputs == plain.inputs
-    assert {s: (t["samples"], t["rejected"]) for s, t in merged.splits.items()} == \
-        {s: (t["samples"], t["rejected"]) for s, t in plain.splits.items()}
+    assert {s: (t["samples"], t["rejected"]) for s, t in merged.splits.items()} == {
+        s: (t["samples"], t["rejected"]) for s, t in plain.splits.items()
+    }

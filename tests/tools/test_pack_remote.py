@@ -41,12 +41,15 @@ def pack(*argv) -> int:
 
 def local_tree(out: Path) -> dict[str, bytes]:
     """What a reader of a local pack sees: every file but the packer's own .stoker-pack/ state."""
-    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*"))
-            if p.is_file() and ".stoker-pack" not in p.relative_to(out).parts}
+    return {
+        p.relative_to(out).as_posix(): p.read_bytes()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and ".stoker-pack" not in p.relative_to(out).parts
+    }
 
 
 def remote_tree(s3, bucket: str, prefix: str = "ds") -> dict[str, bytes]:
-    return {k[len(prefix) + 1:]: v for k, v in s3.objects(bucket, prefix + "/").items()}
+    return {k[len(prefix) + 1 :]: v for k, v in s3.objects(bucket, prefix + "/").items()}
 
 
 @pytest.fixture
@@ -108,8 +111,9 @@ def test_kill_9_mid_upload_then_rerun_uploads_only_the_rest(tmp_path, s3, src_an
     argv = ["pack", str(src), url, *SHARD, "--staging", str(stage), "--workers", "1", "-q"]
     script = tmp_path / "blocking_upload.py"
     script.write_text(_BLOCKING_UPLOAD)
-    proc = subprocess.Popen([sys.executable, str(script), "train-000002.tar", *argv],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "train-000002.tar", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     journal = stage / ".stoker-pack" / "train-p0of1.jsonl"
     deadline = time.monotonic() + 60
     while not (journal.exists() and journal.read_text().count("\n") == 3):
@@ -206,12 +210,26 @@ def test_missing_extras_name_the_pip_extra(tmp_path, monkeypatch, capsys):
 
 
 def test_storage_options_and_urls(s3):
-    assert parse_storage_options(["anon=true", "endpoint_url=http://h:9000", "config_kwargs.read_timeout=30",
-                                  "config_kwargs.retries={\"max_attempts\": 2}"]) == {
-        "anon": True, "endpoint_url": "http://h:9000",
-        "config_kwargs": {"read_timeout": 30, "retries": {"max_attempts": 2}}}
+    assert parse_storage_options(
+        [
+            "anon=true",
+            "endpoint_url=http://h:9000",
+            "config_kwargs.read_timeout=30",
+            'config_kwargs.retries={"max_attempts": 2}',
+        ]
+    ) == {
+        "anon": True,
+        "endpoint_url": "http://h:9000",
+        "config_kwargs": {"read_timeout": 30, "retries": {"max_attempts": 2}},
+    }
     assert [is_url(p) for p in ("s3://b/k", "file:///x", "gs://b", "/data/x", "C:\\data", "rel/x")] == [
-        True, True, True, False, False, False]
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
     with pytest.raises(StorageError, match=r"^cannot open nosuch://x/y: Protocol not known"):
         Store("nosuch://x/y")
     with pytest.raises(StorageError, match=r"^s3://b/ds: TypeError: .*no_such_option"):
@@ -245,11 +263,11 @@ def test_unreachable_ray_cluster_is_one_line_and_fast(tmp_path, capsys):
 
 # --- the Ray engine: one local Ray (2 CPUs) for the module ---
 
+
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False,
-             logging_level=logging.WARNING)
+    ray.init(num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False, logging_level=logging.WARNING)
     # the test's task functions travel by value (the workers cannot import this module)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield ray

@@ -15,8 +15,23 @@ from helpers import write_split
 from stoker.model import load_checkpoint
 from stoker.tools.cli import main as cli
 
-ARGS = ["--epochs", "2", "--batch-size", "8", "--crop", "32", "--log-every", "2", "--ckpt-every", "4",
-        "--deterministic", "--no-progress", "--json", "--threads", "1"]
+ARGS = [
+    "--epochs",
+    "2",
+    "--batch-size",
+    "8",
+    "--crop",
+    "32",
+    "--log-every",
+    "2",
+    "--ckpt-every",
+    "4",
+    "--deterministic",
+    "--no-progress",
+    "--json",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +67,9 @@ def _env(**extra):
 
 
 def _stoker(*args, **env):
-    return subprocess.run([sys.executable, "-m", "stoker.tools.cli", *args], env=_env(**env),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "stoker.tools.cli", *args], env=_env(**env), capture_output=True, text=True, timeout=300
+    )
 
 
 def test_end_to_end_writes_config_metrics_checkpoints(data, full_run):
@@ -68,8 +84,11 @@ def test_end_to_end_writes_config_metrics_checkpoints(data, full_run):
     assert [r["n"] for r in rows if r["kind"] == "val"] == [21, 21]
     assert all(k in rows[0] for k in ("step", "images_per_s", "data_wait", "loss", "lr"))
     last = load_checkpoint(run / "last.pt", arch="inception", num_outputs=6)
-    assert last["step"] == 12 and last["epoch_complete"] and set(last) >= {
-        "model", "optimizer", "scaler", "scheduler", "loader", "rng", "config", "epoch", "step"}
+    assert (
+        last["step"] == 12
+        and last["epoch_complete"]
+        and set(last) >= {"model", "optimizer", "scaler", "scheduler", "loader", "rng", "config", "epoch", "step"}
+    )
     assert (run / "best.pt").exists() and (run / "curves.png").stat().st_size > 1000
 
 
@@ -115,8 +134,13 @@ sys.exit(cli.main(sys.argv[1:]))
 def test_kill9_mid_epoch_then_resume_reaches_the_same_weights(data, full_run):
     full, s = full_run
     run = data.parent / "killed"
-    p = subprocess.run([sys.executable, "-c", KILL_SCRIPT, "train", str(data), "--out", str(run), *ARGS],
-                       env=_env(), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, "train", str(data), "--out", str(run), *ARGS],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
     ck = load_checkpoint(run / "last.pt")
     assert ck["step"] == 8 and not ck["epoch_complete"] and ck["loader"]["position"] == 16
@@ -152,8 +176,21 @@ def test_tampered_checkpoint_is_refused(data, full_run, tmp_path, capsys):
 
 def test_checkpoint_of_another_arch_is_refused(data, full_run, tmp_path, capsys):
     full, _ = full_run
-    msg = _one_line_error(capsys, ["train", str(data), "--out", str(tmp_path / "r"), *ARGS, "--arch", "resnet18",
-                                   "--resume", str(full / "last.pt")], 1)
+    msg = _one_line_error(
+        capsys,
+        [
+            "train",
+            str(data),
+            "--out",
+            str(tmp_path / "r"),
+            *ARGS,
+            "--arch",
+            "resnet18",
+            "--resume",
+            str(full / "last.pt"),
+        ],
+        1,
+    )
     assert "arch 'inception'" in msg and "resnet18" in msg
 
 
@@ -161,8 +198,9 @@ def test_usage_errors_are_one_line(data, tmp_path, capsys):
     assert "no train/" in _one_line_error(capsys, ["train", str(tmp_path), "--out", str(tmp_path / "r")], 2)
     msg = _one_line_error(capsys, ["train", str(data), "--out", str(tmp_path / "r"), "--arch", "resnet5O"], 2)
     assert "unknown arch 'resnet5O'" in msg and "resnet50" in msg
-    assert "batch_size=0" in _one_line_error(capsys, ["train", str(data), "--out", str(tmp_path / "r"),
-                                                       "--batch-size", "0"], 2)
+    assert "batch_size=0" in _one_line_error(
+        capsys, ["train", str(data), "--out", str(tmp_path / "r"), "--batch-size", "0"], 2
+    )
     # the Loader refuses a batch larger than the split (48 train samples): usage error, the bound named
     msg = _one_line_error(capsys, ["train", str(data), "--out", str(tmp_path / "r"), "--batch-size", "100"], 2)
     assert "batch_size=100" in msg and "batch_size<=48" in msg
@@ -177,5 +215,9 @@ def test_cli_choices_are_the_configs():
     p = argparse.ArgumentParser()
     train_cli.add_arguments(p)
     choices = {a.dest: a.choices for a in p._actions if a.choices}
-    assert choices == {"amp": config.AMP_CHOICES, "optimizer": config.OPTIMIZERS, "task": config.TASKS,
-                       "shuffle": config.SHUFFLES}
+    assert choices == {
+        "amp": config.AMP_CHOICES,
+        "optimizer": config.OPTIMIZERS,
+        "task": config.TASKS,
+        "shuffle": config.SHUFFLES,
+    }

@@ -8,8 +8,10 @@ from stoker.tools.synth import make_image_folder
 def packed(tmp_path: Path, **kw) -> Path:
     src = make_image_folder(tmp_path / "src", classes=("circles", "rings"), per_class=4, min_side=32, max_side=80)
     out = tmp_path / "out"
-    assert cli(["pack", str(src), str(out), "-q", "--workers", "1", "--samples-per-shard", "3",
-                "--val-fraction", "0.25"]) == 0
+    assert (
+        cli(["pack", str(src), str(out), "-q", "--workers", "1", "--samples-per-shard", "3", "--val-fraction", "0.25"])
+        == 0
+    )
     return out
 
 
@@ -43,7 +45,7 @@ def test_undecodable_image_names_shard_and_sample(tmp_path, capsys):
     tar = out / "train" / "train-000000.tar"
     c = jpg_of(tar, 2)
     data = bytearray(tar.read_bytes())
-    data[c.offset + 2: c.offset + c.size] = b"\x00" * (c.size - 2)
+    data[c.offset + 2 : c.offset + c.size] = b"\x00" * (c.size - 2)
     tar.write_bytes(bytes(data))
     assert cli(["verify", str(out / "train"), "-q", "--workers", "2"]) == 1
     err = capsys.readouterr().err

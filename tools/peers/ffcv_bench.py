@@ -34,17 +34,26 @@ def make_loader(cfg: dict):
 
     beton = cfg["beton"]
     if not os.path.exists(beton):
-        fields = {"image": RGBImageField(write_mode="jpg", max_resolution=cfg["R"], jpeg_quality=90),
-                  "label": IntField()}
+        fields = {
+            "image": RGBImageField(write_mode="jpg", max_resolution=cfg["R"], jpeg_quality=90),
+            "label": IntField(),
+        }
         writer = DatasetWriter(beton + ".tmp", fields, num_workers=cfg["workers"])
         writer.from_indexed_dataset(ImageFolder(cfg["images"]))
         os.replace(beton + ".tmp", beton)
     side = cfg["crop"]
-    pipelines = {"image": [RandomResizedCropRGBImageDecoder((side, side)), RandomHorizontalFlip(), ToTensor(),
-                           ToTorchImage()],
-                 "label": [IntDecoder(), ToTensor()]}
-    return Loader(beton, batch_size=cfg["batch_size"], num_workers=cfg["workers"], order=OrderOption.RANDOM,
-                  drop_last=True, pipelines=pipelines)
+    pipelines = {
+        "image": [RandomResizedCropRGBImageDecoder((side, side)), RandomHorizontalFlip(), ToTensor(), ToTorchImage()],
+        "label": [IntDecoder(), ToTensor()],
+    }
+    return Loader(
+        beton,
+        batch_size=cfg["batch_size"],
+        num_workers=cfg["workers"],
+        order=OrderOption.RANDOM,
+        drop_last=True,
+        pipelines=pipelines,
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -90,9 +90,12 @@ def pillow() -> dict:
         simd = True
     except PackageNotFoundError:
         simd = False
-    return {"version": PIL.__version__, "simd": simd,
-            "libjpeg_turbo": bool(features.check_feature("libjpeg_turbo")),
-            "python": sys.executable}
+    return {
+        "version": PIL.__version__,
+        "simd": simd,
+        "libjpeg_turbo": bool(features.check_feature("libjpeg_turbo")),
+        "python": sys.executable,
+    }
 
 
 def measure(cfg: dict) -> dict:

@@ -91,8 +91,14 @@ def timed(batches: Iterable, cfg: dict) -> dict:
     wall = time.perf_counter() - t0
     cpu = tree_cpu() - cpu0
     peak = max(peak, tree_peak_rss())
-    return {"images": n, "seconds": wall, "img_s": n / wall, "cpu_pct": 100 * cpu / wall,
-            "peak_rss": peak, "bytes_per_batch": bytes_per_batch}
+    return {
+        "images": n,
+        "seconds": wall,
+        "img_s": n / wall,
+        "cpu_pct": 100 * cpu / wall,
+        "peak_rss": peak,
+        "bytes_per_batch": bytes_per_batch,
+    }
 
 
 def epochs(make_epoch: Callable[[int], Iterable], count: int) -> Iterator:
