@@ -26,7 +26,7 @@ class DaliRunner(ProducerThread):
     graph from the Loader's order; one pipeline, built on first use, serves every epoch."""
 
     def __init__(self, loader):
-        self.l = loader
+        self.loader = loader
         self.pipe = None
         self.resize_in_graph = loader.decode == "mixed" or loader.cpu_resize == "dali"
         self._plan: Iterator = iter(())
@@ -40,7 +40,7 @@ class DaliRunner(ProducerThread):
 
         stop_at_exit(self)  # after DALI's own atexit hook: ours runs first
 
-        ld = self.l
+        ld = self.loader
         device_id = None
         if ld.decode == "mixed":
             import torch
@@ -62,7 +62,7 @@ class DaliRunner(ProducerThread):
 
     def _source(self):
         """DALI's batch callback: called ahead of consumption (prefetch), in order."""
-        ld = self.l
+        ld = self.loader
         empties = self._carry  # val batches with no loadable sample: yielded empty, in order
         while True:
             try:
@@ -100,7 +100,7 @@ class DaliRunner(ProducerThread):
         """DALI output → torch on the loader's device."""
         import torch
 
-        ld = self.l
+        ld = self.loader
         if self.resize_in_graph:
             # exec_dynamic: DALI does not reuse an output's memory while a reference lives,
             # so the dlpack view is safe to hand out without a copy.
@@ -129,7 +129,7 @@ class DaliRunner(ProducerThread):
         failing one when DALI says which), and what to run."""
         import re
 
-        index, split = self.l.index, self.l.path
+        index, split = self.loader.index, self.loader.path
         shards = sorted({index.shard_names[index.shard_of(int(i))] for i in ids})
         keys = [index.key(int(i)) for i in ids]
         text = str(error)
@@ -163,13 +163,13 @@ class DaliRunner(ProducerThread):
                     break
                 labels, flips, consumed, nbad, _, empties = self._meta.popleft()
                 for item in empties:
-                    put(empty_batch(self.l, *item))
+                    put(empty_batch(self.loader, *item))
                 images = self._finish(out, flips)
-                labels = torch.from_numpy(labels).to(self.l.device, non_blocking=True)
+                labels = torch.from_numpy(labels).to(self.loader.device, non_blocking=True)
                 put(Batch(images, labels, consumed, nbad))
             if done:
                 for item in self._carry:
-                    put(empty_batch(self.l, *item))
+                    put(empty_batch(self.loader, *item))
                 self._carry = []
                 put(END)
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, naming the shards
@@ -201,7 +201,7 @@ class DaliRunner(ProducerThread):
         self._carry = []
         # A producer thread runs DALI and the pillow resize while the caller trains on the
         # previous batch (pillow and DALI release the GIL while they work).
-        yield from self._run_producer(self._produce, (), prefetch=self.l.prefetch, name="stoker-loader")
+        yield from self._run_producer(self._produce, (), prefetch=self.loader.prefetch, name="stoker-loader")
 
     def close(self) -> None:
         """Stop an iteration's producer thread; the pipeline goes with this runner."""

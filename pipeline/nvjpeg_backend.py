@@ -109,7 +109,7 @@ class NvjpegRunner(ProducerThread):
     def __init__(self, loader):
         import torch
 
-        self.l = loader
+        self.loader = loader
         self.device = loader.device
         self.cuda = self.device.type == "cuda"
         self.gpu_fallbacks = 0
@@ -125,7 +125,7 @@ class NvjpegRunner(ProducerThread):
     def _alloc(self, n: int, crop: int):
         import torch
 
-        if self.l.channels_last:  # NHWC storage, NCHW shape: torch.channels_last
+        if self.loader.channels_last:  # NHWC storage, NCHW shape: torch.channels_last
             return torch.empty((n, crop, crop, 3), dtype=torch.uint8, device=self.device).permute(0, 3, 1, 2)
         return torch.empty((n, 3, crop, crop), dtype=torch.uint8, device=self.device)
 
@@ -165,7 +165,7 @@ class NvjpegRunner(ProducerThread):
             self.gpu_fallbacks += 1
             self._epoch_fallbacks += 1
             if len(self._fallback_examples) < 3:
-                self._fallback_examples.append(f"{self.l.index.describe(int(ids[k]))} ({why})")
+                self._fallback_examples.append(f"{self.loader.index.describe(int(ids[k]))} ({why})")
         return out
 
     def _load(self, ids: np.ndarray, enc: list, wh: np.ndarray) -> tuple:
@@ -178,7 +178,7 @@ class NvjpegRunner(ProducerThread):
         """One batch, on the device."""
         import torch
 
-        ld = self.l
+        ld = self.loader
         consumed = len(ids)
         enc, wh = ld.index.images(ids)
         ok = wh[:, 0] > 0  # header guard: truncated / foreign bytes never reach a decoder
@@ -229,7 +229,7 @@ class NvjpegRunner(ProducerThread):
                 put(Failure(RuntimeError(self._describe_failure(ids, e))))
 
     def _describe_failure(self, ids, error: BaseException) -> str:
-        index, split = self.l.index, self.l.path
+        index, split = self.loader.index, self.loader.path
         what = " ".join(f"{type(error).__name__}: {error}".split())[:200]
         if ids is None or not len(ids):
             return f"nvjpeg backend failed on {split}: {what}"
@@ -247,7 +247,7 @@ class NvjpegRunner(ProducerThread):
         import torch
 
         self._epoch_fallbacks, self._fallback_examples = 0, []
-        items = self._run_producer(self._produce, (batches, epoch), prefetch=self.l.prefetch, name="stoker-nvjpeg")
+        items = self._run_producer(self._produce, (batches, epoch), prefetch=self.loader.prefetch, name="stoker-nvjpeg")
         try:
             for item in items:
                 batch, event = item
@@ -264,7 +264,7 @@ class NvjpegRunner(ProducerThread):
         if self._epoch_fallbacks:
             shown = "; ".join(self._fallback_examples)
             warnings.warn(
-                f"stoker Loader {self.l.path}: epoch {epoch}: {self._epoch_fallbacks} sample(s) "
+                f"stoker Loader {self.loader.path}: epoch {epoch}: {self._epoch_fallbacks} sample(s) "
                 f"decoded on the CPU, not the GPU: {shown}",
                 RuntimeWarning,
                 stacklevel=2,

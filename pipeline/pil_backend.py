@@ -127,7 +127,7 @@ class PilRunner:
 
         import torch
 
-        self.l = loader
+        self.loader = loader
         self.plan = _Plan()
         self.index = loader.index
         self.dataset = dataset = PilBatches(
@@ -164,7 +164,7 @@ class PilRunner:
 
     def iterate(self, batches: list, epoch: int) -> Iterator[Batch]:
         """One :class:`.backend.Batch` per array of global sample positions in ``batches``."""
-        ld = self.l
+        ld = self.loader
         self.plan.items = [(epoch, ld.seed, b) for b in batches]
         for (images, bad), ids in zip(self.dl, batches):
             labels, consumed, nbad = self._labels(ids, bad), len(ids), int(bad.sum())
