@@ -65,6 +65,7 @@ def test_run_in_group_kills_grandchildren_on_timeout(tmp_path):
     assert not _alive(child)
 
 
+@pytest.mark.slow
 def test_torchrun_two_gloo_ranks(tmp_path):
     split = tmp_path / "val"
     write_split(split, num_samples=23, samples_per_shard=8, classes=list(CLASSES) * 4)  # unique labels

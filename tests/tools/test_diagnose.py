@@ -225,17 +225,13 @@ def test_uint8_transfer_step_when_float_batches_cross_the_bus():
         "uint8_images_per_s": 4000.0,
         "float32_images_per_s": 1000.0,
     }
-    steps, _ = next_steps(
-        {"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
-        {"fp32": {"images_per_s": 3000.0}},
-        transfer,
-        audit,
-        64,
-        torch.device("cuda"),
-        None,
-        [],
-        [],
-    )
+
+    def steps_with(alternatives: list) -> list:
+        rates = {"loader": 2000.0, "model": 3000.0, "transfer": 1000.0}
+        model = {"fp32": {"images_per_s": 3000.0}}
+        return next_steps(rates, model, transfer, audit, 64, torch.device("cuda"), None, alternatives, [])[0]
+
+    steps = steps_with([])
     assert steps[0]["id"] == "uint8_transfer" and steps[0]["est_speedup"] == pytest.approx(2.0)
     # stoker's Loader yields uint8 already on the GPU: no bus stage left, the model bounds.
     alt = [
@@ -246,17 +242,7 @@ def test_uint8_transfer_step_when_float_batches_cross_the_bus():
             "result": {"images_per_s": 5000.0, "device": "cuda:0"},
         }
     ]
-    steps, _ = next_steps(
-        {"loader": 2000.0, "model": 3000.0, "transfer": 1000.0},
-        {"fp32": {"images_per_s": 3000.0}},
-        transfer,
-        audit,
-        64,
-        torch.device("cuda"),
-        None,
-        alt,
-        [],
-    )
+    steps = steps_with(alt)
     assert [s["id"] for s in steps] == ["pack", "uint8_transfer"]
     assert steps[0]["est_speedup"] == pytest.approx(3.0) and steps[0]["measured"]
 
