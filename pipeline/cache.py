@@ -15,6 +15,9 @@ Several processes on one node share one cache directory (the ranks of a ``torchr
   next window); eviction takes it exclusive without blocking and skips a shard it cannot get;
 * ``.<shard>.ok`` records the sha256, size and mtime the shard was verified with; its own
   mtime is the shard's last use (what ``cache_limit`` evicts by, oldest first).
+
+One module past 400 lines because it is one protocol: fetching, checking, sharing between
+processes and evicting shards all work on the same directory, locks and LRU record.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ see :mod:`.gpu_check_proc`). A part gets ``ctx``, the check's settings as a JSON
 ``record``, ``limit`` and ``started``), and ``save(result)`` to record what it finished so
 far; it returns its result, or raises :class:`~.gpu_check_proc.Skip` (does not apply here),
 TimeoutError (its time box) or anything else (failed).
+
+One module past 400 lines: one function per part, each a few dozen lines, sharing helpers.
 """
 
 from __future__ import annotations

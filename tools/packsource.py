@@ -46,6 +46,9 @@ first line holds a tab):
   of integers with one odd entry is almost always a mistake).
 * An empty path or label cell is a reject ``"empty path"``/``"empty label"``; a row with
   fewer than two cells is a one-line error naming the row.
+
+One module past 400 lines because it is one set of rules: every way an input can be walked,
+labelled or rejected, which must agree with each other.
 """
 
 from __future__ import annotations
