@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .peers.timing import epochs, timed, tree_cpu, tree_peak_rss
+from .peers.timing import epochs, row, timed, tree_cpu, tree_peak_rss
 
 
 def _shards(data: str) -> list[str]:
@@ -214,14 +214,7 @@ def _run_ceiling(cfg):
             if elapsed > cfg["seconds"] or (e + 1 >= cfg["epochs"] and elapsed > min(1.0, cfg["seconds"])):
                 break
         wall, cpu, rss = time.perf_counter() - t0, tree_cpu() - cpu0, tree_peak_rss()
-    return {
-        "images": done,
-        "seconds": wall,
-        "img_s": done / wall,
-        "cpu_pct": 100 * cpu / wall,
-        "peak_rss": rss,
-        "bytes_per_batch": 0,
-    }
+    return row(done, wall, cpu, rss, bytes_per_batch=0)
 
 
 RUNNERS = {

@@ -89,14 +89,17 @@ def timed(batches: Iterable, cfg: dict) -> dict:
 
         torch.cuda.synchronize(images.device)
     wall = time.perf_counter() - t0
-    cpu = tree_cpu() - cpu0
-    peak = max(peak, tree_peak_rss())
+    return row(n, wall, tree_cpu() - cpu0, max(peak, tree_peak_rss()), bytes_per_batch)
+
+
+def row(images: int, wall: float, cpu: float, peak_rss: int, bytes_per_batch: int) -> dict:
+    """One measured pipeline, as every benchmark row reports it."""
     return {
-        "images": n,
+        "images": images,
         "seconds": wall,
-        "img_s": n / wall,
+        "img_s": images / wall,
         "cpu_pct": 100 * cpu / wall,
-        "peak_rss": peak,
+        "peak_rss": peak_rss,
         "bytes_per_batch": bytes_per_batch,
     }
 
