@@ -154,6 +154,25 @@ def _missing(proto: str, name: str) -> MissingExtra:
     return MissingExtra(f"reading or writing {proto}:// URLs needs {pkg}, which is not installed: {fix}")
 
 
+_SECRET_NAMES = ("key", "secret", "token", "password", "passwd", "credential", "session")
+
+
+def redact_options(options: Optional[Mapping[str, Any]]) -> Optional[dict]:
+    """``storage_options`` fit to be written down (a run's config.json, a checkpoint): the value
+    of every option whose name suggests a credential (``key``, ``secret``, ``token``,
+    ``password``, ...), at any depth, is replaced by ``"***"``."""
+    if options is None:
+        return None
+    return {
+        name: "***"
+        if any(word in name.lower() for word in _SECRET_NAMES)
+        else redact_options(value)
+        if isinstance(value, Mapping)
+        else value
+        for name, value in options.items()
+    }
+
+
 def filesystem(url: str, storage_options: Optional[Mapping[str, Any]] = None) -> tuple[Any, str]:
     """The fsspec filesystem for ``url`` and the path inside it: ``(fs, "bucket/key")``.
 

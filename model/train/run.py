@@ -19,6 +19,7 @@ from torch import nn
 
 from stoker import __version__
 from stoker.pipeline.fsutil import atomic_write
+from stoker.pipeline.storage import redact_options
 
 from ..checkpoint import CheckpointError, load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
 from ..nets import build_model, count_parameters
@@ -113,6 +114,7 @@ class Run:
         self._make_model(net, lr=lr, weight_decay=wd)
         self.resolved = {
             **dataclasses.asdict(cfg),
+            "storage_options": redact_options(cfg.storage_options),  # written down: no credentials
             "lr": lr,
             "weight_decay": wd,
             "amp": self.amp.name,

@@ -420,8 +420,13 @@ def test_stoker_train_on_s3_gives_the_weights_of_the_local_copy(tmp_path, s3env)
         return json.loads(buf.getvalue())
 
     local = run(str(root), "local-run")
-    remote = run(url, "s3-run", "--cache-dir", str(tmp_path / "cache"))
+    # credentials given as options are used, but never written into the run's config or checkpoints
+    creds = ["--storage-option", "key=testing", "--storage-option", "secret=do-not-write-me"]
+    remote = run(url, "s3-run", "--cache-dir", str(tmp_path / "cache"), *creds)
     assert remote["weights_sha256"] == local["weights_sha256"]
+    config = json.loads((tmp_path / "s3-run" / "config.json").read_text())
+    assert config["storage_options"] == {"key": "***", "secret": "***"}
+    assert not [p.name for p in (tmp_path / "s3-run").iterdir() if b"do-not-write-me" in p.read_bytes()]
     assert remote["val_samples"] == local["val_samples"] == 12
     cached = sorted(str(p.relative_to(tmp_path / "cache")) for p in (tmp_path / "cache").rglob("*.tar"))
     assert cached == [f"train/shard-00000{i}.tar" for i in range(4)] + [f"val/shard-00000{i}.tar" for i in range(2)]
