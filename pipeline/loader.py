@@ -285,10 +285,11 @@ class Loader:
                 f"loadable samples of {self.path}: rank {last} would get none "
                 f"(use fewer processes or a larger split)"
             )
-        raise ValueError(
+        raise NoBatchError(
+            share,
             f"batch_size={self.batch_size} with drop_last=True leaves rank {last} no batch: "
             f"its share is {share} samples ({self.num_samples} over world_size="
-            f"{self.world_size}); use batch_size<={share} or drop_last=False"
+            f"{self.world_size}); use batch_size<={share} or drop_last=False",
         )
 
     def _check_cache_limit(self) -> None:
@@ -629,6 +630,14 @@ class LoaderIterator:
         self._gen.close()
 
 
+class NoBatchError(ValueError):
+    """A batch size larger than a rank's share of the split, with ``drop_last``: no batch at all."""
+
+    def __init__(self, share: int, message: str):
+        super().__init__(message)
+        self.share = share
+
+
 class LoaderError(StokerError, RuntimeError):
     """A Loader used in a way it cannot serve (an iterator replaced by a newer one)."""
 
@@ -647,6 +656,7 @@ __all__ = [
     "Loader",
     "LoaderError",
     "LoaderIterator",
+    "NoBatchError",
     "LoaderDataset",
     "LoaderSampler",
     "LoaderBatchSampler",

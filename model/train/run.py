@@ -19,6 +19,7 @@ from torch import nn
 
 from stoker import __version__
 from stoker.pipeline.fsutil import atomic_write
+from stoker.pipeline.loader import NoBatchError
 from stoker.pipeline.storage import redact_options
 
 from ..checkpoint import CheckpointError, load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
@@ -218,7 +219,13 @@ class Run:
         def cache(split: str) -> dict:  # one cache folder per split: their shard names may coincide
             return {"cache_dir": str(Path(cfg.cache_dir) / split) if cfg.cache_dir else None} if remote else {}
 
-        self.train_loader = self.factory(train_dir, train=True, drop_last=None, **kw, **cache("train"))
+        try:
+            self.train_loader = self.factory(train_dir, train=True, drop_last=None, **kw, **cache("train"))
+        except NoBatchError as e:  # the Loader's own advice names drop_last, which train does not take
+            raise ValueError(
+                f"{train_dir}: --batch-size {cfg.batch_size} is larger than a rank's share of the "
+                f"split ({e.share} samples over {self.dist.world_size} rank(s)); use --batch-size {e.share} or less"
+            ) from None
         self.val_loader = (
             self.factory(val_dir, train=False, drop_last=False, **kw, **cache("val"))
             if self._has_split(val_dir)

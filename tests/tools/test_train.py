@@ -201,9 +201,9 @@ def test_usage_errors_are_one_line(data, tmp_path, capsys):
     assert "batch_size=0" in _one_line_error(
         capsys, ["train", str(data), "--out", str(tmp_path / "r"), "--batch-size", "0"], 2
     )
-    # the Loader refuses a batch larger than the split (48 train samples): usage error, the bound named
+    # a batch larger than the split (48 train samples): usage error naming train's own flag and the bound
     msg = _one_line_error(capsys, ["train", str(data), "--out", str(tmp_path / "r"), "--batch-size", "100"], 2)
-    assert "batch_size=100" in msg and "batch_size<=48" in msg
+    assert "--batch-size 100 is larger" in msg and "use --batch-size 48 or less" in msg and "drop_last" not in msg
 
 
 def test_cli_choices_are_the_configs():
