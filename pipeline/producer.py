@@ -75,8 +75,8 @@ class ProducerThread:
             self._halt(stop, worker)
 
 
-#: runners alive in this process (weak: a runner goes with its Loader)
-_RUNNERS: "weakref.WeakSet[ProducerThread]" = weakref.WeakSet()
+#: runners alive in this process (weak: a runner goes with its Loader); each has ``shutdown()``
+_RUNNERS: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def _shutdown_runners() -> None:
@@ -87,8 +87,8 @@ def _shutdown_runners() -> None:
             pass
 
 
-def stop_at_exit(runner: ProducerThread) -> None:
-    """Stop ``runner``'s producer at interpreter exit. Called after DALI (or CUDA) is imported:
+def stop_at_exit(runner: Any) -> None:
+    """Stop ``runner``'s producer (its ``shutdown()``) at interpreter exit. Called after DALI (or CUDA) is imported:
     atexit handlers run last-registered first, so the hook is moved to the end each time and
     producer threads stop before those libraries tear down under them."""
     _RUNNERS.add(runner)

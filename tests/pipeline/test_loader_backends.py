@@ -54,3 +54,21 @@ def test_the_loader_still_yields_images_labels_tuples(split):
 def test_runner_class_refuses_an_unknown_backend():
     with pytest.raises(ValueError, match="backend='auto' must be 'dali', 'nvjpeg' or 'pil'"):
         runner_class("auto")
+
+
+def test_the_exit_hook_stops_a_pil_loaders_workers_left_mid_epoch(split):
+    # stoker's exit hook runs before torch's, which (pinned memory, some torch versions) waits 5 s
+    # per worker: 80 s at exit with 16 workers on an H200 (torch 2.11)
+    import multiprocessing
+
+    from stoker.pipeline import producer
+
+    before = set(multiprocessing.active_children())
+    loader = Loader(split, batch_size=4, crop=32, backend="pil", threads=2)
+    it = iter(loader)
+    next(it)  # left mid-epoch, still referenced
+    workers = set(multiprocessing.active_children()) - before
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    producer._shutdown_runners()  # what the interpreter's exit runs
+    assert not any(w.is_alive() for w in workers)
+    loader.close()
