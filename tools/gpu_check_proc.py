@@ -97,6 +97,7 @@ def run_child(parts: Mapping[str, PartFunc], argv: list[str]) -> None:
         write_json(path, {"status": "failed", "error": one_line(e), "result": dict(last) or None})
         sys.exit(1)
     write_json(path, {"status": "ok", "result": result})
+    print(f"{name}: finished {time.time() - ctx['started']:.1f} s into its box; exiting", flush=True)
 
 
 def run_part(name: str, ctx: dict, limit: float, out: Path) -> dict:
@@ -120,7 +121,9 @@ def run_part(name: str, ctx: dict, limit: float, out: Path) -> dict:
         rec = json.loads(record.read_text())
     except (OSError, ValueError):
         rec = {"status": "failed", "result": None}
-    if timed_out:
+    if timed_out and rec.get("status") == "ok":  # its work was done: only its exit hung
+        rec["why"] = f"finished, but its process had not exited when its {limit:.0f} s box closed"
+    elif timed_out:
         rec = {
             "status": "timeout",
             "error": f"ran past its {limit:.0f} s time box (partial results kept)",

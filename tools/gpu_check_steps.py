@@ -85,9 +85,11 @@ def part_pytest(ctx: dict, save: Callable[[dict], None]) -> dict:
         "-p",
         "no:cacheprovider",
         "--continue-on-collection-errors",
+        "-rA",  # the passed tests' output too (the nvJPEG vs CPU difference they print)
         "tests",
     ]
     proc = run_group(cmd, timeout=time_left(ctx), cwd=root)
+    print(proc.stdout, proc.stderr, sep="\n", flush=True)  # into the part's log: failures in full
     lines = proc.stdout.strip().splitlines()
     summary = next(
         (ln.strip("= ") for ln in reversed(lines) if re.search(r"\d+ (passed|failed|skipped|error)", ln)),
@@ -280,6 +282,7 @@ def part_loader(ctx: dict, save: Callable[[dict], None]) -> dict:
         except Exception as e:  # noqa: BLE001 - one backend failing must not lose the other
             result["rows"][backend] = {"error": one_line(e)}
         save(result)
+        print(f"loader: {backend} done {time.time() - ctx['started']:.1f} s into the box", flush=True)
     if ctx["cuda"] or ctx["smoke"]:
         try:
             result["nvjpeg_stages"] = _nvjpeg_stages(ctx, device)

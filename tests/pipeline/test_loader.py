@@ -239,6 +239,7 @@ def test_memory_flat_over_epochs(split):
 
 @pytest.mark.gpu
 def test_mixed_decode_on_gpu(split):
+    pytest.importorskip("nvidia.dali", reason="DALI's mixed decode needs DALI")
     loader = make(split, backend="dali", device="cuda", decode="mixed")
     images, labels = run(loader, 0)
     assert images[0].device.type == "cuda" and labels[0].device.type == "cuda"
