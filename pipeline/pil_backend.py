@@ -156,10 +156,6 @@ class PilRunner:
             collate_fn=_identity,
             **kw,
         )
-        if workers > 0:
-            # at exit, stop the workers before torch's own hook, which (with pinned memory, in
-            # some torch versions) waits 5 s per worker: 80 s at exit with 16 workers, seen on an H200
-            producer.stop_at_exit(self)
 
     def _labels(self, ids: np.ndarray, bad):
         import torch
@@ -170,7 +166,13 @@ class PilRunner:
         """One :class:`.backend.Batch` per array of global sample positions in ``batches``."""
         ld = self.loader
         self.plan.items = [(epoch, ld.seed, b) for b in batches]
-        for (images, bad), ids in zip(self.dl, batches):
+        it = iter(self.dl)  # persistent workers: one iterator, reset each epoch
+        if self.dl.num_workers:
+            # torch registers its own exit hook for these workers when the iterator is made; with
+            # pinned memory some versions wait 5 s per worker in it (80 s with 16 workers, seen on
+            # an H200). Registered after it, ours runs first and stops them at once.
+            producer.stop_at_exit(self)
+        for (images, bad), ids in zip(it, batches):
             labels, consumed, nbad = self._labels(ids, bad), len(ids), int(bad.sum())
             if not len(labels) and ld.train:  # nothing loadable: stand-ins, decoded here (rare)
                 stand_in = ld._stand_in(ids)

@@ -88,9 +88,10 @@ def _shutdown_runners() -> None:
 
 
 def stop_at_exit(runner: Any) -> None:
-    """Stop ``runner``'s producer (its ``shutdown()``) at interpreter exit. Called after DALI (or CUDA) is imported:
-    atexit handlers run last-registered first, so the hook is moved to the end each time and
-    producer threads stop before those libraries tear down under them."""
+    """Stop ``runner`` (its ``shutdown()``) at interpreter exit. Called after DALI, CUDA or a
+    DataLoader's workers register their own exit hooks: atexit handlers run last-registered
+    first, so the hook is moved to the end each time and runners stop before those libraries
+    tear down under them."""
     _RUNNERS.add(runner)
     atexit.unregister(_shutdown_runners)
     atexit.register(_shutdown_runners)
