@@ -113,7 +113,7 @@ def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None
         stop, mw, mh = start, 0, 0
         while stop < n:
             w, h = size[order[stop]]
-            if stop > start and (stop - start + 1) * 12 * max(mw, w) * max(mh, h) > CHUNK_BYTES:
+            if stop > start and (stop - start + 1) * 3 * 4 * max(mw, w) * max(mh, h) > CHUNK_BYTES:  # RGB float32
                 break
             mw, mh, stop = max(mw, w), max(mh, h), stop + 1
         ks = order[start:stop]
@@ -121,9 +121,9 @@ def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None
         for j, k in enumerate(ks.tolist()):
             (x0, y0), (x1, y1) = lo[k], hi[k]
             region[j, :, : y1 - y0, : x1 - x0].copy_(images[k][:, y0:y1, x0:x1])
-        per = torch.from_numpy(np.concatenate([box[ks, :2] - lo[ks], scale[ks], size[ks]], 1)).to(dev)
-        wx = _weights(per[:, 0].float(), per[:, 2].float(), per[:, 4].float(), mw, crop)
-        wy = _weights(per[:, 1].float(), per[:, 3].float(), per[:, 5].float(), mh, crop)
+        per = torch.from_numpy(np.concatenate([box[ks, :2] - lo[ks], scale[ks], size[ks]], 1)).to(dev, torch.float32)
+        wx = _weights(per[:, 0], per[:, 2], per[:, 4], mw, crop)
+        wy = _weights(per[:, 1], per[:, 3], per[:, 5], mh, crop)
         flip = torch.from_numpy(flips[ks].astype(bool)).to(dev)
         wx = torch.where(flip[:, None, None], wx.flip(1), wx)  # a mirrored output: Wx's rows reversed
         res = wy[:, None] @ region @ wx[:, None].transpose(-1, -2)  # [n, 3, crop, crop]
