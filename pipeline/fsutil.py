@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 from pathlib import Path
 from typing import IO, Iterator, Optional, Union
 
@@ -13,13 +14,15 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 @contextlib.contextmanager
 def atomic_write(path: PathLike, mode: str = "wb", encoding: Optional[str] = None) -> Iterator[IO]:
-    """Open ``path.tmp`` for writing (text modes with ``encoding``) and rename it over
-    ``path`` on success.
+    """Open ``path.<pid>-<thread>.tmp`` for writing (text modes with ``encoding``) and rename
+    it over ``path`` on success.
 
-    A crash or kill leaves at most a ``.tmp`` file, never a partial ``path``.
+    A crash or kill leaves at most a ``.tmp`` file, never a partial ``path``. The temporary
+    name is the writer's own, so processes writing the same file at once (ranks sharing a
+    shard cache) never rename each other's file away.
     """
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     try:
         with open(tmp, mode, encoding=encoding) as f:
             yield f
