@@ -1,21 +1,93 @@
 """stoker: keep the GPU fed.
 
-Pack image folders into WebDataset shards (``stoker pack``), read them with an
-NVIDIA DALI pipeline that yields uint8 batches on the device
-(:class:`stoker.pipeline.Loader`), and normalize on the GPU
-(:class:`stoker.model.Normalize`).
+Pack image folders into WebDataset shards (:func:`pack`), load them as uint8 batches on the
+device with an exact, resumable, distributed order (:class:`Loader`), and normalize on the GPU
+(:class:`Normalize`, :func:`with_normalize`).
+
+>>> import stoker
+>>> stoker.pack("photos/", "shards/", val_fraction=0.1)          # doctest: +SKIP
+>>> loader = stoker.Loader("shards/train", batch_size=256, device="cuda")  # doctest: +SKIP
+
+The names here are what a user reaches for; each is imported on first use, so ``import
+stoker`` (and ``stoker --help``) stays instant. The rooms behind them:
+
+- :mod:`stoker.pipeline`: the shard format, sample order, augmentation, decode backends, the Loader;
+- :mod:`stoker.model`: normalization, networks, training (:mod:`stoker.model.train`), checkpoints;
+- :mod:`stoker.tools`: the ``stoker`` commands, one folder each, each a Python function;
+- :mod:`stoker.errors`: every error, all derived from :class:`StokerError`.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .errors import (
+    CheckFailedError,
+    CheckpointError,
+    InputsRejectedError,
+    LoaderError,
+    ManifestError,
+    MissingExtraError,
+    NoBatchError,
+    StokerError,
+    StorageError,
+    TargetError,
+    UsageError,
+)
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "Loader": "stoker.pipeline.loader",
+    "Normalize": "stoker.model.normalize",
+    "with_normalize": "stoker.model.normalize",
+    "pack": "stoker.tools.pack.api",
+    "merge_parts": "stoker.tools.pack.api",
+    "verify": "stoker.tools.verify.command",
+    "index": "stoker.tools.verify.indexing",
+}
 
-class StokerError(Exception):
-    """Base of every error a user can cause or fix: the message is one line that names the
-    file (or value) and what to do. The ``stoker`` command prints it and exits with
-    :attr:`exit_code` instead of showing a traceback."""
 
-    #: 2: the request itself is wrong (usage); 1: the request was fine, the data or run is not
-    exit_code = 1
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups skip this function
+    return value
 
 
-__all__ = ["StokerError", "__version__"]
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:
+    from .model.normalize import Normalize, with_normalize
+    from .pipeline.loader import Loader
+    from .tools.pack.api import merge_parts, pack
+    from .tools.verify.command import verify
+    from .tools.verify.indexing import index
+
+__all__ = [
+    "CheckFailedError",
+    "CheckpointError",
+    "InputsRejectedError",
+    "Loader",
+    "LoaderError",
+    "ManifestError",
+    "MissingExtraError",
+    "NoBatchError",
+    "Normalize",
+    "StokerError",
+    "StorageError",
+    "TargetError",
+    "UsageError",
+    "__version__",
+    "index",
+    "merge_parts",
+    "pack",
+    "verify",
+    "with_normalize",
+]

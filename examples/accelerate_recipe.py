@@ -14,7 +14,7 @@ of sums gives the metric; ``gather_for_metrics`` would not drop anything either.
 from __future__ import annotations
 
 import argparse
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 import torchvision
@@ -37,7 +37,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict:
     args = get_args_parser().parse_args(argv)
     accelerator = Accelerator(cpu=args.cpu)
     kw = {

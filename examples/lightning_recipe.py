@@ -13,7 +13,7 @@ exactly once over all processes, so ``sync_dist=True`` averages are exact.
 from __future__ import annotations
 
 import argparse
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pytorch_lightning as pl
 import torch
@@ -60,7 +60,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict:
     args = get_args_parser().parse_args(argv)
     dm = StokerDataModule(args.data, batch_size=args.batch_size, crop=args.crop)
     module = Classifier(args.arch, num_classes=dm.num_classes)

@@ -12,7 +12,7 @@ model instead of the ImageNet defaults. ``pretrained=False`` here (no download);
 from __future__ import annotations
 
 import argparse
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import timm
 import timm.data
@@ -43,7 +43,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict:
     args = get_args_parser().parse_args(argv)
     device = torch.device(args.device)
     classes = Manifest.load(f"{args.data}/train").classes

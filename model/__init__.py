@@ -43,7 +43,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from stoker.errors import CheckpointError
+
+    from .checkpoint import load_checkpoint, save_checkpoint
     from .nets import InceptionNet, build_model, count_parameters
     from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize, with_normalize
     from .throughput import measure_model

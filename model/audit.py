@@ -20,8 +20,8 @@ the weights), else for real under ``no_grad``. FLOPs are counted as PyTorch does
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -51,9 +51,9 @@ class LayerAudit:
     detail: str
     params: int
     param_share: float
-    flops: Optional[int] = None
-    flop_share: Optional[float] = None
-    out_shape: Optional[list] = None
+    flops: int | None = None
+    flop_share: float | None = None
+    out_shape: list | None = None
 
 
 @dataclass
@@ -81,14 +81,14 @@ class ModelAudit:
     total_params: int
     trainable_params: int
     input_size: tuple
-    flops_per_image: Optional[int]
-    flop_method: Optional[str]
+    flops_per_image: int | None
+    flop_method: str | None
     layers: list = field(default_factory=list)
-    dominant: Optional[LayerAudit] = None
+    dominant: LayerAudit | None = None
     dominant_share: float = 0.5
     flatten_head: bool = False
-    full_res_flop_share: Optional[float] = None
-    flop_error: Optional[str] = None
+    full_res_flop_share: float | None = None
+    flop_error: str | None = None
 
     def largest(self, n: int = 5) -> list:
         """The ``n`` layers with the most parameters."""
@@ -99,7 +99,7 @@ class ModelAudit:
         counted = [la for la in self.layers if la.flops is not None]
         return sorted(counted, key=lambda la: (-la.flops, la.name))[:n]
 
-    def to_dict(self, top: Optional[int] = None) -> dict:
+    def to_dict(self, top: int | None = None) -> dict:
         """JSON-ready dict; ``top`` keeps only the largest layers."""
         d = asdict(self)
         d["input_size"] = list(self.input_size)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .nets import InceptionBlock
+from .blocks import InceptionBlock
 
 
 class ReportNet(nn.Module):

@@ -16,13 +16,14 @@ import os
 import random
 import signal
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Union
 
 import numpy as np
 import torch
 
-from stoker import StokerError
+from stoker.errors import CheckpointError
 from stoker.pipeline.fsutil import atomic_write
 
 FORMAT = "stoker-checkpoint"
@@ -31,16 +32,12 @@ VERSION = 1
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class CheckpointError(StokerError, ValueError):
-    """A checkpoint that cannot be used: unreadable, tampered, or for another model. One line."""
-
-
 def _one_line(e: BaseException) -> str:
     msg = " ".join(str(e).split())
     return f"{type(e).__name__}: {msg[:200]}" if msg else type(e).__name__
 
 
-def _feed(h: "hashlib._Hash", obj: Any) -> None:
+def _feed(h: hashlib._Hash, obj: Any) -> None:
     """Hash ``obj`` canonically (type-tagged, dict keys in a stable order)."""
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
@@ -102,7 +99,7 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def load_checkpoint(path: PathLike, *, arch: Optional[str] = None, num_outputs: Optional[int] = None) -> dict[str, Any]:
+def load_checkpoint(path: PathLike, *, arch: str | None = None, num_outputs: int | None = None) -> dict[str, Any]:
     """Read and verify a checkpoint (on the CPU) without executing pickled code.
 
     Args:
@@ -211,7 +208,7 @@ class StopSignals:
     """
 
     def __init__(self) -> None:
-        self.received: Optional[int] = None
+        self.received: int | None = None
         self._old: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -219,7 +216,7 @@ class StopSignals:
             raise KeyboardInterrupt
         self.received = signum
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for s in (signal.SIGTERM, signal.SIGINT):
                 self._old[s] = signal.signal(s, self._handle)

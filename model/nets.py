@@ -1,4 +1,4 @@
-"""Networks: the inception-block net done right, and torchvision's, by name.
+"""Networks by name: the inception-block net done right, the case study's, and torchvision's.
 
 The slow-training report that motivates stoker used one inception block at full input
 resolution followed by ``MaxPool2d`` and ``flatten`` into a 301,056-input ``Linear``
@@ -10,43 +10,14 @@ FLOPs at 224 (1.48 vs 19.5 GFLOP per image, forward).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import nn
 
+from .blocks import ConvBNReLU, InceptionBlock
+from .case_study import ReportNet
+
 #: Names :func:`build_model` accepts besides torchvision's classification models.
 STOKER_ARCHS = ("inception", "report")
-
-
-class ConvBNReLU(nn.Sequential):
-    """``Conv2d(bias=False)`` + ``BatchNorm2d`` + ``ReLU``, 'same' padding."""
-
-    def __init__(self, in_ch: int, out_ch: int, kernel_size: int = 1, stride: int = 1) -> None:
-        super().__init__(
-            nn.Conv2d(in_ch, out_ch, kernel_size, stride=stride, padding=kernel_size // 2, bias=False),
-            nn.BatchNorm2d(out_ch),
-            nn.ReLU(inplace=True),
-        )
-
-
-class InceptionBlock(nn.Module):
-    """The report's block: four branches concatenated to 384 channels, same H x W.
-
-    1x1→3x3→3x3 (64/96/96), 1x1→3x3 (64/96), 1x1 (96), 3x3 avg-pool→1x1 (96).
-    """
-
-    out_channels = 384
-
-    def __init__(self, in_ch: int) -> None:
-        super().__init__()
-        self.branch_3x3dbl = nn.Sequential(ConvBNReLU(in_ch, 64, 1), ConvBNReLU(64, 96, 3), ConvBNReLU(96, 96, 3))
-        self.branch_3x3 = nn.Sequential(ConvBNReLU(in_ch, 64, 1), ConvBNReLU(64, 96, 3))
-        self.branch_1x1 = ConvBNReLU(in_ch, 96, 1)
-        self.branch_pool = nn.Sequential(nn.AvgPool2d(3, stride=1, padding=1), ConvBNReLU(in_ch, 96, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.branch_3x3dbl(x), self.branch_3x3(x), self.branch_1x1(x), self.branch_pool(x)], 1)
 
 
 class InceptionNet(nn.Module):
@@ -91,7 +62,7 @@ def torchvision_archs() -> list[str]:
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
 
-def build_model(arch: str, num_classes: int, *, image_size: Optional[int] = None) -> nn.Module:
+def build_model(arch: str, num_classes: int, *, image_size: int | None = None) -> nn.Module:
     """A randomly initialised network by name (no weight downloads).
 
     Args:
@@ -108,8 +79,6 @@ def build_model(arch: str, num_classes: int, *, image_size: Optional[int] = None
     if arch == "inception":
         return InceptionNet(num_classes)
     if arch == "report":
-        from .case_study import ReportNet
-
         return ReportNet(num_classes, image_size=image_size or 224)
     names = torchvision_archs()
     if arch not in names:

@@ -8,7 +8,7 @@ whatever device the model runs on.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

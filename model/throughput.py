@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,7 +31,7 @@ def measure_model(
     *,
     batch_size: int = 64,
     image_size: int = 224,
-    device: Union[str, torch.device] = "auto",
+    device: str | torch.device = "auto",
     amp: str = "off",
     channels_last: bool = False,
     compile: bool = False,

@@ -1,6 +1,8 @@
 """The read side: shard format, sample order, and the fast :class:`Loader`."""
 
-from .shards.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ManifestError, ShardInfo
+from stoker.errors import ManifestError
+
+from .shards.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardInfo
 
 
 def __getattr__(name: str):

@@ -28,14 +28,17 @@ import fcntl
 import hashlib
 import os
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any
+
+from stoker.errors import CacheError, ManifestError
 
 from . import storage
 from .fsutil import PathLike, atomic_write
-from .shards.manifest import MANIFEST_NAME, Manifest, ManifestError, ShardInfo, idx_path
-from .storage import StorageError, is_url
+from .shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
+from .storage import is_url
 
 #: bytes read from storage per call while streaming a shard to disk
 CHUNK = 8 << 20
@@ -46,18 +49,13 @@ ATTEMPTS = 2
 FETCH_THREADS = 8
 
 
-class CacheError(StorageError, RuntimeError):
-    """A shard that cannot be fetched, fails its checks, or does not fit the cache disk: exit 1,
-    one line naming the shard and its URL."""
-
-
-def default_cache_dir(url: str, storage_options: Optional[dict] = None) -> Path:
+def default_cache_dir(url: str, storage_options: dict | None = None) -> Path:
     """``~/.cache/stoker/shards/<hash of the split URL and its endpoint>`` (``$STOKER_CACHE_DIR``
     and ``$XDG_CACHE_HOME`` respected)."""
     return storage.default_cache_dir() / "shards" / storage.url_key(url, storage_options)
 
 
-def read_manifest(split: Union[PathLike, str], storage_options: Optional[dict] = None) -> Manifest:
+def read_manifest(split: PathLike | str, storage_options: dict | None = None) -> Manifest:
     """The ``stoker.json`` of a split, local or at a URL (one small request; nothing cached):
     what ``stoker train``/``bench``/``diagnose`` read for class names and sample counts.
 
@@ -107,9 +105,9 @@ class ShardCache:
         self,
         url: str,
         *,
-        storage_options: Optional[dict] = None,
-        cache_dir: Optional[PathLike] = None,
-        cache_limit: Optional[int] = None,
+        storage_options: dict | None = None,
+        cache_dir: PathLike | None = None,
+        cache_limit: int | None = None,
     ):
         self.url = str(url).rstrip("/")
         self.fs, self.root = storage.filesystem(self.url, storage_options)
@@ -122,7 +120,7 @@ class ShardCache:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise CacheError(f"cannot create the shard cache {self.dir}: {e.strerror} (set cache_dir=)") from None
-        self.manifest: Optional[Manifest] = None
+        self.manifest: Manifest | None = None
         self._info: dict[str, ShardInfo] = {}
         self._pins: dict[str, int] = {}  # shard name -> fd holding its pin lock (shared)
         self._lock = threading.Lock()
@@ -169,7 +167,7 @@ class ShardCache:
             except (ValueError, IndexError, PermissionError):
                 continue
 
-    def _idx_key(self, info: ShardInfo) -> Optional[str]:
+    def _idx_key(self, info: ShardInfo) -> str | None:
         try:
             return (self.dir / f".{idx_path(info.name).name}.ok").read_text().strip()
         except OSError:
@@ -427,9 +425,7 @@ def _unlink(path: Path) -> None:
 __all__ = ["CHUNK", "CacheError", "ShardCache", "default_cache_dir", "is_url", "read_manifest"]
 
 
-def local_copy(
-    split: Union[PathLike, str], storage_options: Optional[dict] = None, cache_dir: Optional[PathLike] = None
-) -> Path:
+def local_copy(split: PathLike | str, storage_options: dict | None = None, cache_dir: PathLike | None = None) -> Path:
     """The folder to read ``split`` from: a local split as it is, a URL fetched whole into the
     shard cache (checked against its manifest). For tools that read every shard (bench,
     diagnose); the Loader streams through :class:`ShardCache` itself."""

@@ -23,7 +23,6 @@ decoding): microseconds per file, pure Python, no dependencies.
 from __future__ import annotations
 
 import struct
-from typing import Optional
 
 __all__ = ["is_jpeg", "jpeg_copy_safe"]
 
@@ -50,7 +49,7 @@ def is_jpeg(data: bytes) -> bool:
     return len(data) >= 3 and data[0] == 0xFF and data[1] == 0xD8 and data[2] == 0xFF
 
 
-def jpeg_copy_safe(data: bytes) -> Optional[str]:
+def jpeg_copy_safe(data: bytes) -> str | None:
     """Decide whether JPEG ``data`` can be stored as it is.
 
     Args:
@@ -65,9 +64,9 @@ def jpeg_copy_safe(data: bytes) -> Optional[str]:
         return "not a JPEG"
     n = len(data)
     pos = 2
-    frame: Optional[tuple[int, int, list[int]]] = None  # (height, width, component ids)
+    frame: tuple[int, int, list[int]] | None = None  # (height, width, component ids)
     have_dht = have_dqt = False
-    adobe_transform: Optional[int] = None
+    adobe_transform: int | None = None
     while True:
         # Markers may be preceded by any number of 0xFF fill bytes.
         if pos >= n or data[pos] != 0xFF:

@@ -25,7 +25,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def has_cuda() -> bool:
     """True when torch sees a CUDA device (cached; imports torch lazily)."""
     import torch
@@ -69,7 +69,7 @@ _PROBE_JPEG = (
 BACKEND_NAMES = ("auto", "dali", "nvjpeg", "pil")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gpu_jpeg_decode(device: str = "cuda") -> tuple[bool, str]:
     """``(works, why)``: can torchvision decode a JPEG on the GPU ``device`` (``"cuda"``: the
     current one, or ``"cuda:N"``)? Probed once per process and device (cached) by decoding a

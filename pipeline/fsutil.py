@@ -6,14 +6,15 @@ import contextlib
 import hashlib
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator, Optional, Union
+from typing import IO, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 
 @contextlib.contextmanager
-def atomic_write(path: PathLike, mode: str = "wb", encoding: Optional[str] = None) -> Iterator[IO]:
+def atomic_write(path: PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
     """Open ``path.<pid>-<thread>.tmp`` for writing (text modes with ``encoding``) and rename
     it over ``path`` on success.
 

@@ -22,9 +22,9 @@ trainer's device. What Lightning (2.x) does with them, read from its source:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
-from stoker import StokerError
+from stoker.errors import MissingExtraError
 
 from .fsutil import PathLike
 
@@ -38,10 +38,6 @@ except ImportError:  # the unified `lightning` package ships the same API as lig
 
 #: the pip extra that installs what this module needs
 EXTRA = "stoker[lightning]"
-
-
-class MissingExtraError(StokerError, ImportError):
-    """An optional integration's package is not installed."""
 
 
 if pl is None:
@@ -73,12 +69,12 @@ class StokerDataModule(pl.LightningDataModule):
         root: PathLike,
         *,
         batch_size: int,
-        val_batch_size: Optional[int] = None,
+        val_batch_size: int | None = None,
         crop: int = 224,
         seed: int = 0,
         train_split: str = "train",
-        val_split: Optional[str] = "val",
-        device: Union[str, Any, None] = None,
+        val_split: str | None = "val",
+        device: str | Any | None = None,
         **loader_kwargs: Any,
     ):
         super().__init__()

@@ -8,7 +8,7 @@
 
 The sample order is ours (:mod:`.order`), not a reader's: each epoch is a fresh global
 permutation of ``(seed, epoch)`` split across ranks, cut into fixed batches of sample positions
-that a decode backend (:mod:`.backend`: DALI, nvjpeg or pillow, one module each) turns into
+that a decode backend (:mod:`.backends`: DALI, nvjpeg or pillow, one module each) turns into
 uint8 batches. The crop boxes and flips are ours too (:mod:`.augment`), so every backend and a
 resumed run see the same crops. A URL's shards come through the cache (:mod:`.cache`; block mode
 one window ahead: :mod:`.prefetch`).
@@ -24,15 +24,17 @@ from __future__ import annotations
 import operator
 import warnings
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any
 
 import numpy as np
 
-from stoker import StokerError
+from stoker.errors import LoaderError, NoBatchError
 
 from . import order
-from .backend import Runner, runner_class
+from .backends import runner_class
+from .backends.base import DecodeSettings, Runner
 from .cache import ShardCache, is_url
 from .dataloader_compat import LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
 from .deps import BACKEND_NAMES, has_cuda, resolve_backend, usable_cores
@@ -137,14 +139,14 @@ class Loader:
         batch_size: int,
         train: bool = True,
         crop: int = 224,
-        device: Union[str, Any] = "cpu",
+        device: str | Any = "cpu",
         seed: int = 0,
-        rank: Optional[int] = None,
-        world_size: Optional[int] = None,
+        rank: int | None = None,
+        world_size: int | None = None,
         backend: str = "auto",
         decode: str = "auto",
-        threads: Optional[int] = None,
-        drop_last: Optional[bool] = None,
+        threads: int | None = None,
+        drop_last: bool | None = None,
         channels_last: bool = False,
         hw_decoder_load: float = 0.65,
         prefetch: int = 2,
@@ -152,9 +154,9 @@ class Loader:
         sha256: bool = False,
         shuffle: str = "global",
         block_shards: int = 4,
-        storage_options: Optional[dict] = None,
-        cache_dir: Optional[PathLike] = None,
-        cache_limit: Optional[int] = None,
+        storage_options: dict | None = None,
+        cache_dir: PathLike | None = None,
+        cache_limit: int | None = None,
         **dataloader_kwargs: Any,
     ):
         import torch
@@ -229,7 +231,7 @@ class Loader:
         if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank={self.rank!r} must be in [0, world_size={self.world_size})")
 
-        self.path: Union[Path, str] = str(path).rstrip("/") if remote else Path(path)
+        self.path: Path | str = str(path).rstrip("/") if remote else Path(path)
         self.shuffle, self.block_shards = shuffle, block_shards
         self.batch_size, self.train, self.crop, self.seed = batch_size, bool(train), crop, int(seed)
         self.backend, self.decode = backend, decode
@@ -238,7 +240,7 @@ class Loader:
         self.channels_last = bool(channels_last)
         self.hw_decoder_load, self.prefetch, self.cpu_resize = float(hw_decoder_load), prefetch, cpu_resize
         #: the local cache of a URL's shards (``None`` for a local split)
-        self.cache: Optional[ShardCache] = None
+        self.cache: ShardCache | None = None
         if remote:
             self.cache = ShardCache(
                 self.path, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
@@ -267,10 +269,10 @@ class Loader:
         self._resumed = False  # position came from load_state_dict (continued even for val)
         self._closed = False
         # weak: an iterator the caller drops is closed at once (its producer thread stops)
-        self._active: Optional[weakref.ref] = None
-        self._runner: Optional[Runner] = None
+        self._active: weakref.ref | None = None
+        self._runner: Runner | None = None
         self._order = np.zeros(0, np.int64)
-        self._usable: Optional[set] = None  # shards a stand-in may come from (block mode, URL)
+        self._usable: set | None = None  # shards a stand-in may come from (block mode, URL)
 
     def _check_every_rank_has_a_batch(self) -> None:
         """A rank with no batch would train or evaluate on nothing without a word (and leave
@@ -308,7 +310,10 @@ class Loader:
             return
         chunks = self._chunks(self._batches(0, self._epoch_stop(), self.indices(0)), 0)
         need = max(
-            (sum(sizes[s] for s in set(a) | set(b)) for (_, a), (_, b) in zip(chunks, chunks[1:] + [([], [])])),
+            (
+                sum(sizes[s] for s in set(a) | set(b))
+                for (_, a), (_, b) in zip(chunks, chunks[1:] + [([], [])], strict=True)
+            ),
             default=0,
         )
         if need > limit:
@@ -347,7 +352,7 @@ class Loader:
         """Batches this rank yields in a whole epoch (the same on every rank for train)."""
         return order.num_batches(self._rank_count(), self.batch_size, drop_last=self.drop_last)
 
-    def indices(self, epoch: Optional[int] = None) -> np.ndarray:
+    def indices(self, epoch: int | None = None) -> np.ndarray:
         """Global sample positions this rank reads in ``epoch`` (default: the current one),
         in order, before ``drop_last`` is applied."""
         epoch = self.epoch if epoch is None else epoch
@@ -432,7 +437,7 @@ class Loader:
         self._resumed = True  # a val loader continues a restored position once, too
 
     # ---- iteration -----------------------------------------------------------------------
-    def __iter__(self) -> "LoaderIterator":
+    def __iter__(self) -> LoaderIterator:
         self._close_active()  # an abandoned iteration: drain it (train keeps its position)
         if self._closed:
             raise ValueError(f"this Loader of {self.path} was closed; create a new one")
@@ -497,12 +502,12 @@ class Loader:
         batch), or one window at a time, the next window fetched in the background."""
         cache = self.cache
         if cache is None:
-            yield runner.iterate(batches, self.epoch)
+            yield runner.iterate(batches, self.epoch, self.seed)
             return
         names = self.index.shard_names
         if self.shuffle == "global":
             cache.ensure(names)
-            yield runner.iterate(batches, self.epoch)
+            yield runner.iterate(batches, self.epoch, self.seed)
             return
         chunks = [(group, [names[s] for s in shards]) for group, shards in self._chunks(batches, self.epoch)]
         self.index.max_maps = 2 * self.block_shards + 2  # maps of evicted shards are closed
@@ -510,7 +515,7 @@ class Loader:
         try:
             for group, needed in windows:
                 self._usable = {names.index(n) for n in needed}
-                yield runner.iterate(group, self.epoch)
+                yield runner.iterate(group, self.epoch, self.seed)
         finally:
             windows.close()  # a download in flight ends first
             self._usable = None
@@ -528,19 +533,19 @@ class Loader:
 
     # ---- the DataLoader-shaped surface training code reads -------------------------------
     @property
-    def dataset(self) -> "LoaderDataset":
+    def dataset(self) -> LoaderDataset:
         """The split as a dataset view: ``len`` (loadable samples), ``classes``,
         ``class_to_idx`` (what ``len(loader.dataset)`` and ``loader.dataset.classes`` read)."""
         return LoaderDataset(self)
 
     @property
-    def sampler(self) -> "LoaderSampler":
+    def sampler(self) -> LoaderSampler:
         """This rank's epoch order; ``loader.sampler.set_epoch(e)`` is ``loader.set_epoch(e)``
         (what DDP scripts and Lightning call each epoch)."""
         return LoaderSampler(self)
 
     @property
-    def batch_sampler(self) -> "LoaderBatchSampler":
+    def batch_sampler(self) -> LoaderBatchSampler:
         """This rank's batches of sample positions; ``set_epoch`` as on :attr:`sampler`."""
         return LoaderBatchSampler(self)
 
@@ -556,7 +561,7 @@ class Loader:
             self.cache.close()
         self._closed = True
 
-    def __enter__(self) -> "Loader":
+    def __enter__(self) -> Loader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -587,8 +592,27 @@ class Loader:
 
     def _get_runner(self) -> Runner:
         if self._runner is None:
-            self._runner = runner_class(self.backend)(self)
+            self._runner = runner_class(self.backend)(self.decode_settings())
         return self._runner
+
+    def decode_settings(self) -> DecodeSettings:
+        """What this Loader's decode backend is given (a runner of another backend can be made
+        from it too: ``runner_class("nvjpeg")(loader.decode_settings())``)."""
+        return DecodeSettings(
+            index=self.index,
+            path=str(self.path),
+            device=self.device,
+            batch_size=self.batch_size,
+            crop=self.crop,
+            train=self.train,
+            channels_last=self.channels_last,
+            threads=self.threads,
+            prefetch=self.prefetch,
+            decode=self.decode,
+            cpu_resize=self.cpu_resize,
+            hw_decoder_load=self.hw_decoder_load,
+            stand_in=self._stand_in,
+        )
 
     def __repr__(self) -> str:
         return (
@@ -610,7 +634,7 @@ class LoaderIterator:
         self._gen = loader._iterate()
         self._superseded = False
 
-    def __iter__(self) -> "LoaderIterator":
+    def __iter__(self) -> LoaderIterator:
         return self
 
     def __next__(self):
@@ -628,18 +652,6 @@ class LoaderIterator:
     def _supersede(self) -> None:
         self._superseded = True
         self._gen.close()
-
-
-class NoBatchError(ValueError):
-    """A batch size larger than a rank's share of the split, with ``drop_last``: no batch at all."""
-
-    def __init__(self, share: int, message: str):
-        super().__init__(message)
-        self.share = share
-
-
-class LoaderError(StokerError, RuntimeError):
-    """A Loader used in a way it cannot serve (an iterator replaced by a newer one)."""
 
 
 def _non_negative(value: Any, name: str) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -43,8 +43,8 @@ class Prefetcher:
 
     def __init__(self, cache: ShardCache):
         self.cache = cache
-        self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def start(self, names: list) -> None:
         """Wait for the previous fetch (raising its error), then fetch ``names`` in the background."""

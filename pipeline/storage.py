@@ -20,10 +20,11 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any
 
-from stoker import StokerError
+from stoker.errors import MissingExtraError, StokerError, StorageError, StorageOptionError
 
 #: protocol -> (package that implements it, stoker extra that installs it)
 _EXTRAS = {
@@ -39,25 +40,6 @@ _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oss"}
 CONNECT_TIMEOUT = 10.0  # seconds: an unreachable endpoint fails fast instead of hanging
 READ_TIMEOUT = 120.0
 RETRIES = 3  # attempts per request, with the SDK's backoff
-
-
-class StorageError(StokerError):
-    """A storage request failed (unreachable server, access denied, no such bucket): exit 1.
-    The message names the URL."""
-
-    exit_code = 1
-
-
-class StorageOptionError(StokerError, ValueError):
-    """A ``--storage-option`` that is not ``KEY=VALUE``: exit 2, the message names it."""
-
-    exit_code = 2
-
-
-class MissingExtra(StokerError):
-    """An optional package is not installed: exit 2; the message names the pip extra."""
-
-    exit_code = 2
 
 
 def is_url(path: Any) -> bool:
@@ -78,13 +60,13 @@ def default_cache_dir() -> Path:
     return Path(base) / "stoker"
 
 
-def url_key(url: str, storage_options: Optional[Mapping[str, Any]] = None) -> str:
+def url_key(url: str, storage_options: Mapping[str, Any] | None = None) -> str:
     """A short stable hash of a URL and the endpoint it resolves to (a local folder name)."""
     endpoint = (storage_options or {}).get("endpoint_url") or _env_endpoint(protocol(url)) or ""
     return hashlib.sha256(f"{url.rstrip('/')}\n{endpoint}".encode()).hexdigest()[:16]
 
 
-def parse_storage_options(pairs: Optional[Sequence[str]]) -> dict[str, Any]:
+def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:
     """``["anon=true", "config_kwargs.read_timeout=30"]`` -> ``{"anon": True, "config_kwargs":
     {"read_timeout": 30}}``. Values are JSON when they parse as JSON, else strings.
 
@@ -110,7 +92,7 @@ def parse_storage_options(pairs: Optional[Sequence[str]]) -> dict[str, Any]:
     return options
 
 
-def _env_endpoint(proto: str) -> Optional[str]:
+def _env_endpoint(proto: str) -> str | None:
     if proto in ("s3", "s3a"):
         return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return None
@@ -148,16 +130,16 @@ def _defaults(proto: str) -> dict[str, Any]:
     return {}
 
 
-def _missing(proto: str, name: str) -> MissingExtra:
+def _missing(proto: str, name: str) -> MissingExtraError:
     pkg, extra = _EXTRAS.get(proto, (name, ""))
     fix = f"pip install stoker[{extra}]" if extra else f"pip install {pkg}"
-    return MissingExtra(f"reading or writing {proto}:// URLs needs {pkg}, which is not installed: {fix}")
+    return MissingExtraError(f"reading or writing {proto}:// URLs needs {pkg}, which is not installed: {fix}")
 
 
 _SECRET_NAMES = ("key", "secret", "token", "password", "passwd", "credential", "session")
 
 
-def redact_options(options: Optional[Mapping[str, Any]]) -> Optional[dict]:
+def redact_options(options: Mapping[str, Any] | None) -> dict | None:
     """``storage_options`` fit to be written down (a run's config.json, a checkpoint): the value
     of every option whose name suggests a credential (``key``, ``secret``, ``token``,
     ``password``, ...), at any depth, is replaced by ``"***"``."""
@@ -173,11 +155,11 @@ def redact_options(options: Optional[Mapping[str, Any]]) -> Optional[dict]:
     }
 
 
-def filesystem(url: str, storage_options: Optional[Mapping[str, Any]] = None) -> tuple[Any, str]:
+def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
     """The fsspec filesystem for ``url`` and the path inside it: ``(fs, "bucket/key")``.
 
     Raises:
-        MissingExtra: fsspec or the protocol's package (s3fs, gcsfs, aiohttp) is missing.
+        MissingExtraError: fsspec or the protocol's package (s3fs, gcsfs, aiohttp) is missing.
         StorageError: the protocol is unknown or the options are invalid.
     """
     proto = protocol(url)
@@ -250,7 +232,7 @@ class Store:
     >>> store.put_file(Path("train-000000.tar"), "train/train-000000.tar")
     """
 
-    def __init__(self, url: str, storage_options: Optional[Mapping[str, Any]] = None):
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None):
         self.url = url.rstrip("/")
         self.fs, self.root = filesystem(self.url, storage_options)
         self.root = self.root.rstrip("/")
@@ -301,7 +283,7 @@ class Store:
             except FileNotFoundError:
                 return True
 
-    def read_bytes(self, rel: str) -> Optional[bytes]:
+    def read_bytes(self, rel: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
         with storage_errors(self.url_of(rel)):
             try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.pipeline.shards.writer import ShardWriter
-from stoker.tools.synth import CLASSES, draw, encode
+from stoker.tools.common.synth import CLASSES, draw, encode
 
 
 def write_split(

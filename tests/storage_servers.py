@@ -17,9 +17,9 @@ import socket
 import threading
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 S3_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",

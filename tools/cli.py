@@ -7,22 +7,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
-from stoker import StokerError, __version__
+from stoker import __version__
+from stoker.errors import StokerError
 
 # name -> module (relative to stoker.tools); the order is the order in --help.
 COMMANDS = {
-    "pack": "pack",
-    "verify": "verify",
-    "index": "index",
-    "bench-pack": "bench_pack",
-    "bench": "bench",
+    "pack": "pack.command",
+    "verify": "verify.command",
+    "index": "verify.indexing",
+    "bench-pack": "bench.packing",
+    "bench": "bench.loader",
     "train": "train",
-    "bench-model": "bench_model",
-    "diagnose": "diagnose",
+    "bench-model": "bench.model",
+    "diagnose": "diagnose.command",
     "demo": "demo",
-    "gpu-check": "gpu_check",
+    "gpu-check": "gpu_check.command",
 }
 
 
@@ -43,7 +44,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = get_args_parser()
     args = parser.parse_args(argv)
     try:

@@ -22,11 +22,12 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
-from .errors import UsageError
-from .results import Result
+from stoker.errors import UsageError
+
+from .common.results import Result
 
 HELP = "the main job on a built-in dataset: generate, pack, benchmark the loader, train, summarize"
 
@@ -52,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _generate(images: Path, *, per_class: int, val_per_class: int) -> None:
     """Write SRC = images/{train,val}/<class>/ once; a crash leaves no half dataset."""
-    from .synth import make_image_folder
+    from .common.synth import make_image_folder
 
     if (images / "train").is_dir():
         return
@@ -121,11 +122,11 @@ def demo(
     per_class: int = 200,
     epochs: int = 4,
     batch_size: int = 64,
-    crop: Optional[int] = None,
+    crop: int | None = None,
     device: str = "auto",
     bench_seconds: float = 8.0,
     tiny: bool = False,
-    say: Optional[Callable[[str], None]] = None,
+    say: Callable[[str], None] | None = None,
 ) -> DemoResult:
     """Generate a small dataset, pack it, benchmark the loader on it, train on it.
 
@@ -228,7 +229,7 @@ def _bench(shards: Path, images: Path, *, crop: int, batch_size: int, seconds: f
     """stoker's Loader vs the torchvision ImageFolder baseline, side by side (`stoker bench`)."""
     from stoker.pipeline.deps import HAS_DALI
 
-    from .bench import bench
+    from .bench.loader import bench
 
     ours = "stoker-dali" if HAS_DALI else "stoker-pil"
     result = bench(

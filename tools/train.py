@@ -21,10 +21,8 @@ import signal
 import sys
 
 # no torch in these imports: `stoker --help` stays instant
-from stoker import StokerError
+from stoker.errors import CheckFailedError, StokerError, UsageError
 from stoker.model.train.config import AMP_CHOICES, OPTIMIZERS, SHUFFLES, TASKS
-
-from .errors import CheckFailed, UsageError
 
 HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)"
 
@@ -117,12 +115,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from stoker.model.checkpoint import CheckpointError
+    from stoker.errors import CheckpointError, ManifestError
     from stoker.model.train import TrainConfig, train
-    from stoker.pipeline.shards.manifest import ManifestError
     from stoker.pipeline.storage import parse_storage_options
 
-    from .pack import parse_size
+    from .common.units import parse_size
 
     try:
         config = TrainConfig.from_any(vars(args))
@@ -135,11 +132,11 @@ def main(args: argparse.Namespace) -> int:
     except (ManifestError, KeyboardInterrupt):
         raise
     except CheckpointError as e:
-        raise CheckFailed(str(e)) from None
+        raise CheckFailedError(str(e)) from None
     except StokerError:  # already one line with its exit code (storage, cache, labels)
         raise
     except FloatingPointError as e:  # a diverging loss: the run failed, the request was fine
-        raise CheckFailed(str(e)) from None
+        raise CheckFailedError(str(e)) from None
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
     if summary["world_size"] > 1 and _rank() != 0:

@@ -8,8 +8,9 @@ written once. The names of the files a run writes into its directory are here to
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any
 
 #: ``--amp``: ``auto`` resolves per device (:func:`stoker.model.train.runtime.resolve_amp`).
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
@@ -52,10 +53,10 @@ class TrainConfig:
     arch: str = "inception"
     epochs: int = 5
     batch_size: int = 64
-    lr: Optional[float] = None
+    lr: float | None = None
     optimizer: str = "sgd"
     momentum: float = 0.9
-    weight_decay: Optional[float] = None
+    weight_decay: float | None = None
     warmup_epochs: float = 1.0
     label_smoothing: float = 0.0
     task: str = "classify"
@@ -67,18 +68,18 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     backend: str = "auto"
-    threads: Optional[int] = None
-    torch_threads: Optional[int] = None
+    threads: int | None = None
+    torch_threads: int | None = None
     log_every: int = 20
     ckpt_every: int = 0
-    resume: Optional[str] = None
+    resume: str | None = None
     plot: bool = False
     progress: bool = True
-    num_classes: Optional[int] = None
+    num_classes: int | None = None
     # data in object storage (DATA is a URL): see stoker.pipeline.Loader
-    storage_options: Optional[dict] = None
-    cache_dir: Optional[str] = None
-    cache_limit: Optional[int] = None
+    storage_options: dict | None = None
+    cache_dir: str | None = None
+    cache_limit: int | None = None
     shuffle: str = "global"
     block_shards: int = 4
 
@@ -118,7 +119,7 @@ class TrainConfig:
         return 5e-5 if self.optimizer == "sgd" else 0.05
 
     @classmethod
-    def from_any(cls, config: Union["TrainConfig", Mapping[str, Any]]) -> "TrainConfig":
+    def from_any(cls, config: TrainConfig | Mapping[str, Any]) -> TrainConfig:
         """A TrainConfig from itself or a dict of its fields (unknown keys ignored)."""
         if isinstance(config, cls):
             return dataclasses.replace(config)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +15,7 @@ from .runtime import AmpSpec, Dist, all_reduce_sum
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: Iterable, *, device: torch.device, amp: AmpSpec, task: str, dist: Optional[Dist] = None
+    model: nn.Module, loader: Iterable, *, device: torch.device, amp: AmpSpec, task: str, dist: Dist | None = None
 ) -> dict[str, Any]:
     """Top-1/top-5 (classify) or MSE + rounded accuracy (regress) over the whole loader.
 

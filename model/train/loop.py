@@ -18,7 +18,8 @@ import math
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -72,8 +73,8 @@ class _Loop:
         self.run = run
         self.windows: list[tuple[int, float, float]] = []  # (images, seconds, wait seconds) per log window
         self.last_loss = float("nan")
-        self.val: Optional[dict] = None
-        self.stopped: Optional[int] = None  # the signal that stopped the run
+        self.val: dict | None = None
+        self.stopped: int | None = None  # the signal that stopped the run
 
     def train(self) -> dict[str, Any]:
         """Train the remaining epochs (or until SIGTERM/SIGINT) and return the summary."""
@@ -223,7 +224,7 @@ class _Loop:
 
 
 def train(
-    config: Union[TrainConfig, Mapping[str, Any], Any], *, loader_factory: Optional[Callable[..., Any]] = None
+    config: TrainConfig | Mapping[str, Any] | Any, *, loader_factory: Callable[..., Any] | None = None
 ) -> dict[str, Any]:
     """Run a training and return its summary (every rank returns one; rank 0 wrote the files).
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional, Union
 
 from stoker.pipeline.fsutil import atomic_write
 
 from .config import METRICS, PLOT
 
 
-def plot_metrics(run_dir: Union[str, Path], out: Optional[Union[str, Path]] = None) -> Path:
+def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """PNG of the curves in ``RUN/metrics.jsonl``: loss, images/s + data wait, val top-1/top-5.
 
     Written atomically to ``out`` (default ``RUN/curves.png``), whose path is returned.

@@ -11,18 +11,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import nn
 
 from stoker import __version__
+from stoker.errors import CheckpointError, NoBatchError
 from stoker.pipeline.fsutil import atomic_write
-from stoker.pipeline.loader import NoBatchError
 from stoker.pipeline.storage import redact_options
 
-from ..checkpoint import CheckpointError, load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
+from ..checkpoint import load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
 from ..nets import build_model, count_parameters
 from ..normalize import with_normalize
 from .config import CONFIG, LAST, METRICS, TrainConfig
@@ -52,10 +53,10 @@ class Run:
         self.cfg = cfg
         self.factory = loader_factory
         self.out = Path(cfg.out)
-        self.dist: Optional[Dist] = None
+        self.dist: Dist | None = None
         self.start_epoch, self.step, self.epoch_step = 0, 0, 0
         self.best_top1 = -1.0
-        self.loader_state: Optional[dict] = None  # the train loader's position to resume from, once
+        self.loader_state: dict | None = None  # the train loader's position to resume from, once
 
     # rank-0 outputs ------------------------------------------------------------
     def log(self, msg: str) -> None:
@@ -71,7 +72,7 @@ class Run:
             with open(self.out / METRICS, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
-    def checkpoint(self, *, epoch: int, epoch_complete: bool, path: Optional[Path] = None) -> None:
+    def checkpoint(self, *, epoch: int, epoch_complete: bool, path: Path | None = None) -> None:
         """Save the run's state (rank 0) to ``path`` (default ``RUN/last.pt``); mid-epoch with the
         train loader's position, so a resume continues at the next batch."""
         if self.dist.main:
@@ -166,10 +167,10 @@ class Run:
             raise FileNotFoundError(f"{data}: no train/ directory (expected DATA/train and optionally DATA/val)")
         return str(data / "train"), str(data / "val")
 
-    def _classes(self, train_dir: str) -> tuple[Optional[list[str]], int]:
+    def _classes(self, train_dir: str) -> tuple[list[str] | None, int]:
         """The class names (from the train manifest, unless ``num_classes`` is given) and their count."""
         cfg = self.cfg
-        classes: Optional[list[str]] = None
+        classes: list[str] | None = None
         num_classes = cfg.num_classes
         if num_classes is None:
             from stoker.pipeline.cache import read_manifest
@@ -186,8 +187,8 @@ class Run:
 
         if not is_url(split):
             return Path(split).is_dir()
+        from stoker.errors import ManifestError
         from stoker.pipeline.cache import read_manifest
-        from stoker.pipeline.shards.manifest import ManifestError
 
         try:
             read_manifest(split, self.cfg.storage_options)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Union
 
 import numpy as np
 import torch
@@ -24,7 +23,7 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": torch.float32}
 # --------------------------------------------------------------------------- devices, AMP
 
 
-def resolve_device(device: Union[str, torch.device] = "auto") -> torch.device:
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``"auto"`` → ``cuda`` (this process's ``LOCAL_RANK`` under torchrun) if available, else ``cpu``."""
     device = str(device)
     if device == "auto":
@@ -66,7 +65,7 @@ class AmpSpec:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
 
 
-def resolve_amp(amp: str, device: Union[str, torch.device], *, native_cpu_bf16: bool = False) -> AmpSpec:
+def resolve_amp(amp: str, device: str | torch.device, *, native_cpu_bf16: bool = False) -> AmpSpec:
     """The autocast to use for ``amp`` (one of :data:`~stoker.model.train.config.AMP_CHOICES`) on ``device``.
 
     ``auto``: bf16 where the GPU supports it, fp16 (+ GradScaler) otherwise; on the CPU off

@@ -8,7 +8,7 @@ diagnose`` all run it, so what they time is what training does.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +42,8 @@ class TrainStep:
         loss_fn: LossFn,
         *,
         amp: AmpSpec,
-        scaler: Optional[torch.amp.GradScaler] = None,
-        scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
+        scaler: torch.amp.GradScaler | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer

@@ -12,8 +12,10 @@ counts, sizes and sha256. ``stoker pack`` writes it through :class:`ShardWriter`
 - :mod:`.samples`: random access to a split's samples by position, out of mmap'd tars.
 """
 
-from .idx import IDX_VERSION, IMAGE_EXTS, MAX_CLASSES, Component, IdxFormatError, Sample, read_idx, write_idx
-from .manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ManifestError, ShardInfo, check_shards, idx_path
+from stoker.errors import IdxFormatError, ManifestError
+
+from .idx import IDX_VERSION, IMAGE_EXTS, MAX_CLASSES, Component, Sample, read_idx, write_idx
+from .manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardInfo, check_shards, idx_path
 from .writer import ShardWriter, shard_name
 
 __all__ = [

@@ -17,11 +17,12 @@ from __future__ import annotations
 import os
 import re
 import tarfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterable, List, Optional, Sequence, Union
+from typing import BinaryIO
 
-from stoker import StokerError
+from stoker.errors import IdxFormatError, TarFormatError
 
 from ..fsutil import PathLike, atomic_write
 
@@ -46,14 +47,6 @@ _LABEL = re.compile(rb"\s*([0-9]+)\s*")
 _NEEDS_ESCAPE = re.compile(r"[\s%\udc80-\udcff]")
 
 
-class IdxFormatError(StokerError, ValueError):
-    """A malformed or mismatching ``.idx`` file."""
-
-
-class TarFormatError(StokerError, ValueError):
-    """A shard that is not a readable uncompressed tar (compressed, truncated, damaged)."""
-
-
 @dataclass(frozen=True)
 class Component:
     ext: str
@@ -62,7 +55,7 @@ class Component:
     name: str
 
 
-Sample = List[Component]
+Sample = list[Component]
 
 
 @dataclass
@@ -88,12 +81,12 @@ def sample_key(sample: Sample) -> str:
     return split_key(sample[0].name)[0]
 
 
-def image_component(sample: Sample) -> Optional[Component]:
+def image_component(sample: Sample) -> Component | None:
     """The component the loader decodes: the first ``jpg``/``jpeg``/``png`` one, in tar order."""
     return next((c for c in sample if c.ext.lower() in IMAGE_EXTS), None)
 
 
-def parse_label(raw: bytes, num_classes: Optional[int] = None) -> Union[int, str]:
+def parse_label(raw: bytes, num_classes: int | None = None) -> int | str:
     """A ``cls`` component's bytes → its class index, or why it is not one (``"what: detail"``).
 
     A label is a non-negative decimal integer (surrounding whitespace allowed) below
@@ -115,7 +108,7 @@ def parse_label(raw: bytes, num_classes: Optional[int] = None) -> Union[int, str
     return value
 
 
-def read_label(f: BinaryIO, cls: Component, num_classes: Optional[int] = None) -> Union[int, str]:
+def read_label(f: BinaryIO, cls: Component, num_classes: int | None = None) -> int | str:
     """:func:`parse_label` of the ``cls`` component ``cls`` of the open tar ``f`` (reads at
     most :data:`MAX_CLS_BYTES`: a huge member is rejected by its size)."""
     if cls.size > MAX_CLS_BYTES:
@@ -232,7 +225,7 @@ def group_members(members: Iterable[tuple[str, int, int]]) -> list[Sample]:
     return samples
 
 
-def compressed_kind(path: PathLike) -> Optional[tuple[str, str]]:
+def compressed_kind(path: PathLike) -> tuple[str, str] | None:
     """``(kind, decompress command)`` when ``path`` starts with a compressor's magic number."""
     try:
         with open(path, "rb") as f:
@@ -242,7 +235,7 @@ def compressed_kind(path: PathLike) -> Optional[tuple[str, str]]:
     return next(((kind, cmd) for magic, kind, cmd in _COMPRESSED if head.startswith(magic)), None)
 
 
-def _first_nonzero(path: Path, start: int, chunk: int = 1 << 20) -> Optional[int]:
+def _first_nonzero(path: Path, start: int, chunk: int = 1 << 20) -> int | None:
     """Offset of the first non-zero byte at or after ``start`` (None: only zeros follow)."""
     with open(path, "rb") as f:
         f.seek(start)

@@ -12,16 +12,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stoker import StokerError
+from stoker.errors import ManifestError
 
 from ..fsutil import PathLike, atomic_write, sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "stoker.json"
-
-
-class ManifestError(StokerError, ValueError):
-    """A missing, malformed or mismatching manifest or shard."""
 
 
 @dataclass
@@ -52,7 +48,7 @@ class Manifest:
         return path
 
     @classmethod
-    def load(cls, split_dir: PathLike) -> "Manifest":
+    def load(cls, split_dir: PathLike) -> Manifest:
         split_dir = Path(split_dir)
         path = split_dir / MANIFEST_NAME if split_dir.is_dir() or not split_dir.name.endswith(".json") else split_dir
         if not path.exists():

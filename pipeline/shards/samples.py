@@ -16,14 +16,13 @@ import mmap
 import os
 import struct
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
-from stoker import StokerError
+from stoker.errors import IdxFormatError, TargetError
 
 from ..fsutil import PathLike
-from .idx import IMAGE_EXTS, MAX_CLS_BYTES, IdxFormatError, bad_idx, idx_fields, idx_lines, read_idx, sample_key
+from .idx import IMAGE_EXTS, MAX_CLS_BYTES, bad_idx, idx_fields, idx_lines, read_idx, sample_key
 from .manifest import Manifest, check_shards, idx_path
 
 KIND_NONE, KIND_JPEG, KIND_PNG = 0, 1, 2
@@ -58,7 +57,7 @@ def _parse_idx(path: Path, with_json: bool):
         if len(set(exts)) != len(exts):
             continue  # a repeated component (a.jpg a.cls a.jpg): never paired, left invalid
         try:
-            for ext, (_, offset, size, _name) in zip(exts, comps):
+            for ext, (_, offset, size, _name) in zip(exts, comps, strict=True):
                 if ext in _KIND and not kind[i]:
                     kind[i] = _KIND[ext]
                     img_off[i] = offset
@@ -84,7 +83,7 @@ def _check_bounds(path: Path, tar_bytes: int, part) -> None:
             raise bad_idx(path, f"sample {bad} points outside its tar ({tar_bytes:,} bytes)")
 
 
-def image_size(buf, start: int = 0, size: Optional[int] = None) -> Optional[tuple[int, int]]:
+def image_size(buf, start: int = 0, size: int | None = None) -> tuple[int, int] | None:
     """``(width, height)`` of a JPEG or PNG in ``buf[start:start+size]``, or ``None`` when
     the bytes are not a structurally complete JPEG/PNG (truncated, foreign, empty).
 
@@ -134,10 +133,6 @@ def _size(path: Path, default: int) -> int:
         return default
 
 
-class LabelError(StokerError, ValueError):
-    """A sample whose ``cls`` is not a class index of its split."""
-
-
 class SampleIndex:
     """All samples of a split, addressable by global position ``0 .. len-1``.
 
@@ -159,7 +154,7 @@ class SampleIndex:
     def __init__(
         self,
         split_dir: PathLike,
-        manifest: Optional[Manifest] = None,
+        manifest: Manifest | None = None,
         *,
         with_json: bool = False,
         manifest_sizes: bool = False,
@@ -170,11 +165,11 @@ class SampleIndex:
         self._maps: dict[int, mmap.mmap] = {}
         #: most shard maps kept open (oldest closed first); ``None``: all. A bounded shard cache
         #: sets it, so a shard it evicts does not stay allocated on disk through an old map.
-        self.max_maps: Optional[int] = None
+        self.max_maps: int | None = None
         self._keys: dict[int, list[str]] = {}  # shard -> sample keys, loaded for messages only
         self.shard_names = [s.name for s in self.manifest.shards]
         parts = [_parse_idx(idx_path(self.split_dir / name), with_json) for name in self.shard_names]
-        for name, part, info in zip(self.shard_names, parts, self.manifest.shards):
+        for name, part, info in zip(self.shard_names, parts, self.manifest.shards, strict=True):
             if len(part[0]) != info.num_samples:
                 raise IdxFormatError(
                     f"index of shard {self.split_dir / name} lists {len(part[0])} samples, "
@@ -266,7 +261,7 @@ class SampleIndex:
         sample that fails the structural guard."""
         shards = np.searchsorted(self.shard_start, idx, side="right") - 1
         out, wh = [], np.zeros((len(idx), 2), np.int64)
-        for k, (i, s) in enumerate(zip(idx.tolist(), shards.tolist())):
+        for k, (i, s) in enumerate(zip(idx.tolist(), shards.tolist(), strict=True)):
             m = self._maps.get(s) or self._map(s)
             off, size = int(self.img_off[i]), int(self.img_size[i])
             dims = image_size(m, off, size)
@@ -282,13 +277,13 @@ class SampleIndex:
         """Class indices of the samples at positions ``idx``.
 
         Raises:
-            LabelError: one line naming the shard and key of a sample whose ``cls`` is not
+            TargetError: one line naming the shard and key of a sample whose ``cls`` is not
                 an integer in ``0 .. len(classes) - 1`` (``stoker index`` marks such samples
                 to skip).
         """
         shards = np.searchsorted(self.shard_start, idx, side="right") - 1
         out = np.empty(len(idx), np.int64)
-        for k, (i, s) in enumerate(zip(idx.tolist(), shards.tolist())):
+        for k, (i, s) in enumerate(zip(idx.tolist(), shards.tolist(), strict=True)):
             m = self._maps.get(s) or self._map(s)
             off, size = int(self.cls_off[i]), int(self.cls_size[i])
             raw = m[off : off + size] if size <= MAX_CLS_BYTES else b"x"
@@ -301,7 +296,7 @@ class SampleIndex:
             i = int(idx[int(np.argmax(bad))])
             m = self._map(self.shard_of(i))
             raw = bytes(m[int(self.cls_off[i]) : int(self.cls_off[i]) + min(int(self.cls_size[i]), MAX_CLS_BYTES)])
-            raise LabelError(
+            raise TargetError(
                 f"{self.describe(i)}: cls {raw.decode('utf-8', 'replace')!r} is not a class index "
                 f"below {len(self.manifest.classes)} (run `stoker index {self.split_dir}` to skip "
                 "such samples)"

@@ -11,8 +11,8 @@ import hashlib
 import io
 import os
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .idx import Component, Sample, write_idx
 from .manifest import ShardInfo, idx_path
@@ -47,7 +47,7 @@ class ShardWriter:
         self._pos = 0
         self._f: io.BufferedWriter | None = None
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         self._f = open(self.tmp, "wb")
         return self
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -26,15 +26,15 @@ class FakeLoader:
         crop: int,
         device: str = "cpu",
         seed: int = 0,
-        rank: Optional[int] = None,
-        world_size: Optional[int] = None,
+        rank: int | None = None,
+        world_size: int | None = None,
         backend: str = "auto",
-        threads: Optional[int] = None,
-        drop_last: Optional[bool] = None,
+        threads: int | None = None,
+        drop_last: bool | None = None,
         channels_last: bool = False,
         num_samples: int = 48,
         num_classes: int = 6,
-        signal_at: Optional[int] = None,
+        signal_at: int | None = None,
         signum: int = signal.SIGTERM,
     ) -> None:
         self.path, self.batch_size, self.train, self.crop = path, batch_size, train, crop

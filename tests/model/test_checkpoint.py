@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from stoker.model import CheckpointError, build_model, load_checkpoint, save_checkpoint, with_normalize
+from stoker.errors import CheckpointError
+from stoker.model import build_model, load_checkpoint, save_checkpoint, with_normalize
 from stoker.model.checkpoint import load_model_state, rng_state, set_rng_state
 
 

@@ -11,8 +11,9 @@ import torch
 from fake_loader import factory
 
 from helpers import run_in_group, write_split
+from stoker.errors import CheckpointError
 from stoker.model import build_model, load_checkpoint, with_normalize
-from stoker.model.checkpoint import CheckpointError, weights_digest
+from stoker.model.checkpoint import weights_digest
 from stoker.model.train import TrainConfig, lr_factor, resolve_amp, train
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import run_in_group, write_split
 from stoker.pipeline.deps import HAS_DALI
-from stoker.tools.synth import CLASSES
+from stoker.tools.common.synth import CLASSES
 
 SCRIPT = textwrap.dedent("""
     import json, sys

@@ -4,9 +4,10 @@ import subprocess
 import numpy as np
 import pytest
 
+from stoker.errors import ManifestError
 from stoker.pipeline.order import epoch_permutation, rank_indices
 from stoker.pipeline.shards.idx import index_tar, read_idx
-from stoker.pipeline.shards.manifest import Manifest, ManifestError, check_shards
+from stoker.pipeline.shards.manifest import Manifest, check_shards
 
 
 def test_fixture_shards_roundtrip_index_and_manifest(tiny_shards):

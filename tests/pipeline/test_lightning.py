@@ -12,7 +12,7 @@ from torch import nn
 from helpers import run_in_group, write_split
 from stoker.model import with_normalize
 from stoker.pipeline.deps import HAS_DALI
-from stoker.tools.synth import CLASSES
+from stoker.tools.common.synth import CLASSES
 
 pl = pytest.importorskip("pytorch_lightning")
 from stoker.pipeline.lightning import StokerDataModule  # noqa: E402 - needs the extra
@@ -122,7 +122,7 @@ def test_missing_lightning_is_one_line(tmp_path):
         import sys
         sys.modules["pytorch_lightning"] = None; sys.modules["lightning"] = None
         sys.modules["lightning.pytorch"] = None
-        from stoker import StokerError
+        from stoker.errors import StokerError
         try:
             import stoker.pipeline.lightning
         except ImportError as e:

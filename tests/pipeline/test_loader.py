@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from helpers import run_epoch, write_split
-from stoker.pipeline import Loader, ManifestError
+from stoker.errors import ManifestError, TargetError
+from stoker.pipeline import Loader
 from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.shards.manifest import Manifest
-from stoker.pipeline.shards.samples import LabelError
 from stoker.pipeline.shards.writer import ShardWriter
-from stoker.tools.synth import CLASSES, draw, encode
+from stoker.tools.common.synth import CLASSES, draw, encode
 
 BACKENDS = ["pil"] + (["dali"] if HAS_DALI else [])
 needs_dali = pytest.mark.skipif(not HAS_DALI, reason="nvidia-dali not installed")
@@ -104,7 +104,7 @@ def test_resume_mid_epoch_equals_uninterrupted(split, backend):
     second.set_epoch(4)  # a training loop calls this on resume: it must not restart the epoch
     rest_images, rest_labels = run(second)
     assert flat(rest_labels) == flat(whole_labels[2:])
-    for a, b in zip(rest_images, whole_images[2:]):
+    for a, b in zip(rest_images, whole_images[2:], strict=True):
         assert torch.equal(a, b)  # same crops: the augmentation is a function of (seed, epoch, sample)
     assert second.position == 48
     assert second.state_dict() == {**state, "epoch": 5, "position": 0}  # the next epoch starts afresh
@@ -360,7 +360,7 @@ def test_a_label_outside_the_classes_is_one_line_naming_shard_and_key(tmp_path, 
         shards=Manifest.load(tmp_path / "lbl").shards,
     ).save(tmp_path / "lbl")
     loader = make(tmp_path / "lbl", backend=backend, threads=threads, batch_size=6, train=False)
-    with pytest.raises(LabelError) as err:
+    with pytest.raises(TargetError) as err:
         run(loader)
     message = str(err.value)
     assert "\n" not in message and "a.tar" in message and "s5" in message

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from helpers import run_in_group, write_split
-from stoker.tools.synth import CLASSES
+from stoker.tools.common.synth import CLASSES
 from storage_servers import s3_server
 
 SCRIPT = textwrap.dedent("""

@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from helpers import write_split
-from stoker.pipeline import Loader, ManifestError, order
+from stoker.errors import CacheError, ManifestError, StorageError
+from stoker.pipeline import Loader, order
 from stoker.pipeline import cache as cache_mod
-from stoker.pipeline.cache import CacheError
-from stoker.pipeline.storage import StorageError
-from stoker.tools.synth import CLASSES
+from stoker.tools.common.synth import CLASSES
 from storage_servers import dead_endpoint, http_server, s3_server
 
 KW = {"batch_size": 4, "crop": 24, "backend": "pil", "threads": 0}
@@ -433,8 +432,8 @@ def test_stoker_train_on_s3_gives_the_weights_of_the_local_copy(tmp_path, s3env)
 
 
 def test_bench_and_diagnose_take_a_url(remote, tmp_path, monkeypatch):
-    from stoker.tools.bench import bench
-    from stoker.tools.diagnose_setup import resolve_data
+    from stoker.tools.bench.loader import bench
+    from stoker.tools.diagnose.inputs import resolve_data
 
     split, url = remote
     monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))

@@ -10,7 +10,7 @@ from stoker.pipeline import augment
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.pipeline.shards.samples import BYTES_PER_SAMPLE, SampleIndex, image_size, open_split
 from stoker.pipeline.shards.writer import ShardWriter
-from stoker.tools.synth import draw
+from stoker.tools.common.synth import draw
 
 
 def _jpeg(size=(50, 40), seed=0, **kw):
@@ -115,7 +115,7 @@ def test_repeated_component_is_never_loaded_even_without_a_manifest_skip(tmp_pat
 
 
 def test_idx_pointing_outside_the_tar_is_one_line(tmp_path):
-    from stoker.pipeline.shards.idx import IdxFormatError
+    from stoker.errors import IdxFormatError
 
     split = tmp_path / "s"
     split.mkdir()

@@ -1,0 +1,154 @@
+"""The pillow backend: mmap'd shards + pillow(-simd) + torch DataLoader worker processes.
+
+Same order, same crop boxes and flips as the other backends (:func:`.base.plan_batch`), same
+output. Used where DALI is not installed (macOS, Windows) and for debugging. The decode and
+resize of one sample are :mod:`.resize`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+
+from . import producer
+from .base import Batch, DecodeSettings, plan_batch
+from .resize import decode_region, resize_into
+
+# A whole batch is one DataLoader item, so worker→parent traffic is one tensor per batch.
+
+
+class PilBatches:
+    """A map-style dataset whose items are whole batches: ``(epoch, seed, ids) → (images, bad)``,
+    where ``bad`` is a bool mask of the planned samples that failed the header check or the
+    decoder (dropped). Labels are read by the parent (:meth:`PilRunner.iterate`), so a bad label
+    is one error line there, not a worker's traceback."""
+
+    def __init__(self, settings: DecodeSettings):
+        # sent to the worker processes: without the Loader's stand-in rule (a bound method of
+        # the Loader), which the parent applies
+        self.settings = dataclasses.replace(settings, stand_in=None)
+
+    def __getitem__(self, item):
+        import torch
+
+        epoch, seed, ids = item
+        s = self.settings
+        ids = np.asarray(ids, np.int64)
+        plan = plan_batch(s, ids, epoch=epoch, seed=seed, stand_ins=False)  # stand-ins: the parent's
+        bad = ~np.isin(ids, plan.ids)
+        n, c = len(plan.ids), s.crop
+        # contiguous NHWC for channels_last (the parent permutes it): pinning keeps no strides
+        images = torch.empty((n, c, c, 3) if s.channels_last else (n, 3, c, c), dtype=torch.uint8)
+        if torch.utils.data.get_worker_info() is not None:
+            images.share_memory_()  # allocated in shm: no copy when sent to the parent
+        out = images.numpy()
+        k = 0
+        for j, i in enumerate(plan.ids.tolist()):
+            try:
+                im, box = decode_region(plan.enc[j], plan.boxes[j], s.crop)
+                resize_into(out, k, im, s.crop, bool(plan.flips[j]), box=box, chw=not s.channels_last)
+            except Exception:  # noqa: BLE001 - any decoder failure means: skip and count
+                bad[np.flatnonzero(ids == i)[0]] = True
+                continue
+            k += 1
+        return images[:k], torch.from_numpy(bad)
+
+    def __len__(self) -> int:  # not used: the sampler yields the items
+        return 0
+
+
+def _identity(x):
+    return x
+
+
+class _Plan:
+    """The sampler: this epoch's ``(epoch, seed, ids)`` items, replaced each epoch, so one
+    DataLoader (and its worker processes) serves every epoch."""
+
+    def __init__(self):
+        self.items: list = []
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class PilRunner:
+    """The Loader's runner for ``backend="pil"`` (a :class:`.base.Runner`): persistent pillow
+    worker processes (one torch DataLoader serving every epoch) fed batches of sample positions."""
+
+    def __init__(self, settings: DecodeSettings):
+        import sys
+
+        import torch
+
+        self.settings = settings
+        self.plan = _Plan()
+        self.index = settings.index
+        self.dataset = dataset = PilBatches(settings)
+        workers = settings.threads
+        kw = {}
+        if workers > 0:
+            # fork is cheapest, but forking a process where DALI's native threads run can
+            # deadlock the child (a lock held mid-fork): use a fork server then.
+            methods = torch.multiprocessing.get_all_start_methods()
+            method = "fork" if "fork" in methods and "nvidia.dali.backend_impl" not in sys.modules else None
+            if method is None and "forkserver" in methods:
+                method = "forkserver"
+            kw = {
+                "prefetch_factor": max(1, settings.prefetch),
+                "persistent_workers": True,
+                "multiprocessing_context": method,
+            }
+        self.dl = torch.utils.data.DataLoader(
+            dataset,
+            sampler=self.plan,
+            batch_size=None,
+            num_workers=workers,
+            pin_memory=settings.device.type == "cuda",
+            collate_fn=_identity,
+            **kw,
+        )
+
+    def _labels(self, ids: np.ndarray, bad):
+        import torch
+
+        return torch.from_numpy(self.index.labels(ids[~bad.numpy()]))
+
+    def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[Batch]:
+        """One :class:`.base.Batch` per array of global sample positions in ``batches``."""
+        s = self.settings
+        self.plan.items = [(epoch, seed, b) for b in batches]
+        it = iter(self.dl)  # persistent workers: one iterator, reset each epoch
+        if self.dl.num_workers:
+            # torch registers its own exit hook for these workers when the iterator is made; with
+            # pinned memory some versions wait 5 s per worker in it (80 s with 16 workers, seen on
+            # an H200). Registered after it, ours runs first and stops them at once.
+            producer.stop_at_exit(self)
+        for (images, bad), ids in zip(it, batches, strict=True):
+            labels, consumed, nbad = self._labels(ids, bad), len(ids), int(bad.sum())
+            if not len(labels) and s.train:  # nothing loadable: stand-ins, decoded here (rare)
+                stand_in = s.stand_in(ids)
+                images, stand_in_bad = self.dataset[(epoch, seed, stand_in)]
+                labels = self._labels(stand_in, stand_in_bad)
+            if s.channels_last:
+                images = images.permute(0, 3, 1, 2)  # NHWC memory → NCHW shape, channels_last
+            yield Batch(images.to(s.device, non_blocking=True), labels.to(s.device, non_blocking=True), consumed, nbad)
+
+    def shutdown(self) -> None:
+        """Stop the worker processes now, not when the DataLoader's iterator is collected."""
+        it = getattr(self.dl, "_iterator", None)  # the persistent workers' iterator
+        if it is not None:
+            it._shutdown_workers()
+
+    def close(self) -> None:
+        """Stop the worker processes and let the DataLoader go."""
+        self.shutdown()
+        self.dl = None
+
+
+__all__ = ["PilBatches", "PilRunner"]

@@ -1,0 +1,491 @@
+import json
+import math
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from stoker.errors import UsageError
+from stoker.model.audit import audit_model
+from stoker.tools import cli
+from stoker.tools.diagnose.engine import run_diagnosis
+from stoker.tools.diagnose.measure import measure_loader, measure_transfer
+from stoker.tools.diagnose.report import format_report, judge, next_steps
+
+
+class SlowLoader:
+    """A loader that sleeps before every batch: deliberately the bottleneck."""
+
+    def __init__(self, *, batch=4, crop=16, batches=4, sleep=0.0):
+        self.batch, self.crop, self.batches, self.sleep = batch, crop, batches, sleep
+        self.epochs = []
+        g = torch.Generator().manual_seed(0)
+        self.images = torch.randint(0, 256, (batch, 3, crop, crop), dtype=torch.uint8, generator=g)
+        self.labels = torch.randint(0, 10, (batch,), generator=g)
+
+    def set_epoch(self, e):
+        self.epochs.append(e)
+
+    def __len__(self):
+        return self.batches
+
+    def __iter__(self):
+        for _ in range(self.batches):
+            if self.sleep:
+                time.sleep(self.sleep)
+            yield self.images, self.labels
+
+
+def light_model():
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 10))
+
+
+def heavy_model():
+    # ~0.2 GFLOP forward per 16x16 image: a few images/s on a CPU core.
+    return nn.Sequential(
+        nn.Conv2d(3, 192, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(192, 192, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(192, 192, 3, padding=1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(192, 10),
+    )
+
+
+FIGURES = ("images_per_s",)
+
+
+def _run(loader, model, **kw):
+    kw = {"batch_size": 4, "crop": 16, "device": "cpu", "seconds": 0.3, "warmup_batches": 1, **kw}
+    return run_diagnosis(loader, model, **kw)
+
+
+def test_slow_loader_is_loader_bound():
+    rep = _run(SlowLoader(sleep=0.25), light_model(), channels_last="off")
+    v = rep["verdict"]
+    assert v["label"] == "loader-bound"
+    assert v["stages"]["loader"] <= 16  # 4 images per 0.25 s sleep
+    assert v["ratio"] == pytest.approx(v["stages"]["model"] / v["stages"]["loader"])
+    # The model idles waiting for batches end to end.
+    assert rep["end_to_end"]["data_wait_fraction"] > 0.5
+    assert "loader-bound" in format_report(rep)
+
+
+def test_heavy_model_is_model_bound_and_batch_size_is_measured():
+    rep = _run(SlowLoader(), heavy_model())
+    v = rep["verdict"]
+    assert v["label"] == "model-bound"
+    assert v["ratio"] == pytest.approx(v["stages"]["loader"] / v["stages"]["model"])
+    assert rep["end_to_end"]["data_wait_fraction"] < 0.5
+    # Conv model: channels_last measured; no native bf16 here: AMP skipped with the reason (or measured).
+    assert rep["model"]["channels_last"]["images_per_s"] > 0
+    assert rep["model"]["fp32_batch_x2"]["batch_size"] == 8
+    assert "AMP" in format_report(rep)
+    ids = [s["id"] for s in rep["next_steps"] + rep["not_helping"]]
+    assert "channels_last" in ids and "batch_size" in ids
+
+
+def test_report_is_json_with_every_figure():
+    rep = _run(SlowLoader(sleep=0.01), light_model(), amp="bf16")
+    d = json.loads(json.dumps(rep))
+    for key in (
+        "environment",
+        "settings",
+        "loader",
+        "model",
+        "end_to_end",
+        "transfer",
+        "audit",
+        "verdict",
+        "next_steps",
+        "not_helping",
+    ):
+        assert key in d
+    assert d["loader"]["images_per_s"] > 0 and d["loader"]["batch_shape"] == [4, 3, 16, 16]
+    assert d["model"]["fp32"]["images_per_s"] > 0
+    assert d["model"]["amp"]["images_per_s"] > 0 and d["model"]["amp"]["amp"] == "bf16"
+    assert d["model"]["channels_last"]["applies"] is False  # no convolutions
+    assert 0 <= d["end_to_end"]["data_wait_fraction"] <= 1
+    assert d["transfer"]["bytes_uint8"] == 4 * 3 * 16 * 16
+    assert d["transfer"]["bytes_float32"] == 4 * d["transfer"]["bytes_uint8"]
+    assert d["audit"]["total_params"] == 3 * 16 * 16 * 10 + 10
+    env = d["environment"]
+    assert env["torch"] == torch.__version__ and env["cpu_count"] >= 1
+    assert isinstance(env["pillow"]["simd"], bool) and "gpu" in env
+
+
+def test_measure_loader_runs_over_epochs():
+    loader = SlowLoader(batches=2)
+    r = measure_loader(loader, seconds=0.05, warmup_batches=3)
+    assert r["images"] == 4 * r["batches"] and r["images_per_s"] > 0
+    assert loader.epochs[:1] == [1]  # warm-up alone needs a second epoch
+    assert loader.epochs == list(range(1, len(loader.epochs) + 1))
+    with pytest.raises(ValueError, match="seconds"):
+        measure_loader(loader, seconds=0)
+
+
+class _Resumable(SlowLoader):
+    """Like stoker's Loader: iterating again continues a half-read epoch."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.epoch, self.position = 0, 0
+
+    def set_epoch(self, e):
+        super().set_epoch(e)
+        if e != self.epoch:
+            self.epoch, self.position = e, 0
+
+    def __iter__(self):
+        while self.position < self.batches:
+            self.position += 1
+            yield self.images, self.labels
+
+
+def test_measurements_continue_a_half_read_epoch_then_go_on():
+    loader = _Resumable(batches=3)
+    it = iter(loader)
+    for _ in range(3):  # read to the end without finishing the generator: nothing left in epoch 0
+        next(it)
+    r = measure_loader(loader, seconds=0.01, warmup_batches=4)
+    assert r["batches"] >= 1 and loader.epochs[:2] == [1, 2]
+
+
+def test_transfer_bytes_on_cpu():
+    t = measure_transfer([64, 3, 224, 224], device="cpu")
+    assert t["bytes_uint8"] == 64 * 3 * 224 * 224 == t["bytes_float32"] // 4
+    assert t["applies"] is False and t["uint8_images_per_s"] is None
+
+
+def test_transfer_bound_verdict():
+    v = judge({"loader": 900.0, "model": 1200.0, "transfer": 300.0}, {"images_per_s": 280.0, "data_wait_fraction": 0.7})
+    assert v["label"] == "transfer-bound" and v["next"] == "loader"
+    assert v["ratio"] == pytest.approx(3.0)
+    v = judge({"loader": 100.0, "model": 105.0}, {"images_per_s": 90.0, "data_wait_fraction": 0.3})
+    assert v["balanced"] and "balanced" in v["text"]
+    assert v["consistent"]
+    # Loader-bound on paper, but end to end the model hardly ever waits: say so.
+    v = judge({"loader": 500.0, "model": 900.0}, {"images_per_s": 150.0, "data_wait_fraction": 0.03})
+    assert v["label"] == "loader-bound" and v["consistent"] is False and "Caution" in v["text"]
+
+
+def _report_net():
+    from stoker.model.nets import build_model
+
+    return build_model("report", 1)
+
+
+def test_report_network_flatten_head_step_and_flag():
+    net = _report_net()
+    audit = audit_model(net, input_size=(3, 224, 224))
+    stages = {"loader": 850.0, "model": 120.0}
+    model_r = {
+        "fp32": {"images_per_s": 120.0},
+        "amp": {"images_per_s": 300.0},
+        "channels_last": {"images_per_s": 90.0},
+        "fp32_batch_x2": {"images_per_s": 130.0},
+    }
+    transfer = {"applies": False}
+    steps, others = next_steps(stages, model_r, transfer, audit, 64, torch.device("cuda"), "bf16", [], [])
+    # The stem (estimated, ~16x on the model) would move the bound to the loader: 850/120.
+    assert [s["id"] for s in steps][:3] == ["stem", "amp", "batch_size"]
+    assert steps[0]["est_speedup"] == pytest.approx(850 / 120) and steps[0]["rank"] == 1
+    assert steps[1]["est_speedup"] == pytest.approx(2.5) and "bfloat16" in steps[1]["action"]
+    head = next(s for s in steps + others if s["id"] == "flatten_head")
+    assert "301,057" in head["title"] and "61%" in head["title"] and not head["measured"]
+    assert "AdaptiveAvgPool2d" in head["action"]
+    stem = next(s for s in steps if s["id"] == "stem")
+    assert 10 < stem["stage_speedup"] <= 16 and not stem["measured"]
+    assert "224x224" in stem["title"]
+    cl = next(s for s in others if s["id"] == "channels_last")
+    assert cl["stage_speedup"] == pytest.approx(0.75)
+    # Loader-side hints only pay up to the model's rate.
+    steps, _ = next_steps(
+        {"loader": 100.0, "model": 150.0},
+        {"fp32": {"images_per_s": 150.0}},
+        transfer,
+        audit,
+        64,
+        torch.device("cpu"),
+        None,
+        [],
+        [{"id": "pack_smaller", "title": "t", "action": "a", "est_loader_speedup": 3.0, "basis": "b"}],
+    )
+    assert steps[0]["id"] == "pack_smaller" and steps[0]["est_speedup"] == pytest.approx(1.5)
+
+
+def test_uint8_transfer_step_when_float_batches_cross_the_bus():
+    audit = audit_model(light_model(), input_size=(3, 16, 16))
+    transfer = {
+        "applies": True,
+        "loader_dtype": "float32",
+        "uint8_images_per_s": 4000.0,
+        "float32_images_per_s": 1000.0,
+    }
+
+    def steps_with(alternatives: list) -> list:
+        rates = {"loader": 2000.0, "model": 3000.0, "transfer": 1000.0}
+        model = {"fp32": {"images_per_s": 3000.0}}
+        return next_steps(rates, model, transfer, audit, 64, torch.device("cuda"), None, alternatives, [])[0]
+
+    steps = steps_with([])
+    assert steps[0]["id"] == "uint8_transfer" and steps[0]["est_speedup"] == pytest.approx(2.0)
+    # stoker's Loader yields uint8 already on the GPU: no bus stage left, the model bounds.
+    alt = [
+        {
+            "id": "pack",
+            "title": "stoker pack",
+            "action": "stoker pack SRC OUT",
+            "result": {"images_per_s": 5000.0, "device": "cuda:0"},
+        }
+    ]
+    steps = steps_with(alt)
+    assert [s["id"] for s in steps] == ["pack", "uint8_transfer"]
+    assert steps[0]["est_speedup"] == pytest.approx(3.0) and steps[0]["measured"]
+
+
+@pytest.mark.parametrize("kw", [dict(amp="fp8"), dict(channels_last="yes"), dict(seconds=0), dict(batch_size=0)])
+def test_run_diagnosis_validates(kw):
+    with pytest.raises(ValueError):
+        _run(SlowLoader(), light_model(), **kw)
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+@pytest.fixture
+def shards(tiny_shards):
+    return tiny_shards(n=24, per_shard=8)
+
+
+def _cli(capsys, *argv):
+    rc = cli.main(["diagnose", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("no_such_module_xyz:build", "cannot import no_such_module_xyz"),
+        ("nocolon", "must look like"),
+        ("json:no_such_factory", "has no attribute"),
+        ("math:pi", "not a callable"),
+        ("collections:OrderedDict", "not a torch.nn.Module"),
+    ],
+)
+def test_bad_model_is_one_line_exit_2(capsys, shards, spec, needle):
+    rc, out, err = _cli(capsys, shards, "--model", spec, "--batch-size", 4)
+    assert rc == 2
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+def test_model_file_factory_errors(capsys, shards, tmp_path):
+    f = tmp_path / "net.py"
+    f.write_text("import torch\nraise ImportError('needs timm')\n")
+    rc, _, err = _cli(capsys, shards, "--model", f"{f}:build", "--batch-size", 4)
+    assert rc == 2 and "needs timm" in err and err.count("\n") == 1
+    f.write_text("def build(num_classes):\n    raise RuntimeError('bad width')\n")
+    rc, _, err = _cli(capsys, shards, "--model", f"{f}:build", "--batch-size", 4)
+    assert rc == 2 and "factory raised RuntimeError: bad width" in err
+
+
+def test_model_file_factory_loads(tmp_path):
+    from stoker.tools.diagnose.inputs import build_user_model
+
+    f = tmp_path / "mynet.py"
+    f.write_text("from torch import nn\ndef build(num_classes):\n    return nn.Linear(4, num_classes)\n")
+    net = build_user_model(f"{f}:build", 7)
+    assert isinstance(net, nn.Linear) and net.out_features == 7
+
+
+def test_bad_data_and_flags(capsys, tmp_path, shards):
+    rc, _, err = _cli(capsys, tmp_path / "nope")
+    assert rc == 2 and "not a folder" in err
+    (tmp_path / "empty").mkdir()
+    rc, _, err = _cli(capsys, tmp_path / "empty")
+    assert rc == 2 and "neither stoker shards" in err
+    rc, _, err = _cli(capsys, shards, "--batch-size", "1000")
+    assert rc == 2 and "larger than the 24 samples" in err
+    rc, _, err = _cli(capsys, shards, "--arch", "no_such_net", "--batch-size", 4)
+    assert rc == 2 and "unknown arch" in err and err.count("\n") == 1
+    rc, _, err = _cli(capsys, shards, "--seconds", 0)
+    assert rc == 2 and "--seconds" in err
+    if not torch.cuda.is_available():
+        rc, _, err = _cli(capsys, shards, "--device", "cuda", "--batch-size", 4)
+        assert rc == 2 and "no CUDA device" in err
+
+
+def test_backend_choice_says_what_and_why(capsys, shards, monkeypatch):
+    from stoker.pipeline import deps
+    from stoker.tools.diagnose.inputs import backend_choice
+
+    monkeypatch.setattr(deps, "HAS_DALI", False)
+    monkeypatch.setattr(deps, "has_cuda", lambda: False)
+    assert backend_choice("auto", "cpu") == {
+        "name": "pil",
+        "why": "nvidia-dali is not installed and the device is the CPU",
+    }
+    assert backend_choice("pil", "cpu") == {"name": "pil", "why": "--backend pil"}
+    monkeypatch.setattr(deps, "has_cuda", lambda: True)
+    monkeypatch.setattr(
+        deps, "gpu_jpeg_decode", lambda device="cuda": (True, "torchvision 0.x decodes JPEGs on the GPU (nvJPEG)")
+    )
+    assert backend_choice("auto", "cuda") == {
+        "name": "nvjpeg",
+        "why": "nvidia-dali is not installed; torchvision 0.x decodes JPEGs on the GPU (nvJPEG)",
+    }
+    rc, out, err = _cli(capsys, shards, "--backend", "nvjpeg", "--device", "cpu", "--batch-size", 4)
+    assert rc == 2 and not out and err.count("\n") == 1
+    assert "--backend: backend='nvjpeg' decodes on the GPU but the device is the CPU: use device='cuda'" in err
+
+
+def _loader_available():
+    try:
+        from stoker.pipeline import Loader  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_loader = pytest.mark.skipif(not _loader_available(), reason="stoker.pipeline.Loader not built yet")
+
+
+@needs_loader
+@pytest.mark.slow
+def test_cli_end_to_end_on_shards_json(capsys, shards, tmp_path):
+    f = tmp_path / "tiny.py"
+    f.write_text(
+        "from torch import nn\n"
+        "def build(num_classes):\n"
+        "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),"
+        " nn.Linear(4, num_classes))\n"
+    )
+    rc, out, err = _cli(
+        capsys,
+        shards,
+        "--model",
+        f"{f}:build",
+        "--batch-size",
+        4,
+        "--crop",
+        32,
+        "--seconds",
+        0.2,
+        "--device",
+        "cpu",
+        "--json",
+    )
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["data"]["kind"] == "stoker shards" and d["data"]["samples"] == 24
+    assert d["loader"]["batch_shape"] == [4, 3, 32, 32] and d["loader"]["dtype"] == "uint8"
+    assert d["verdict"]["label"] in ("loader-bound", "model-bound")
+    for fig in (
+        d["loader"]["images_per_s"],
+        d["model"]["fp32"]["images_per_s"],
+        d["end_to_end"]["images_per_s"],
+        d["verdict"]["ratio"],
+    ):
+        assert math.isfinite(fig) and fig > 0
+    assert d["audit"]["total_params"] == 3 * 4 * 9 + 4 + 4 * 6 + 6
+    from stoker.pipeline.deps import HAS_DALI
+
+    assert d["data"]["backend"]["name"] == d["data"]["loader"]["backend"] == ("dali" if HAS_DALI else "pil")
+    assert d["data"]["backend"]["why"].startswith("nvidia-dali is")
+    assert "loader alone" in err  # progress goes to stderr, JSON alone to stdout
+
+
+@needs_loader
+@pytest.mark.slow
+def test_cli_human_report_on_shards(capsys, shards):
+    rc, out, err = _cli(
+        capsys,
+        shards / "train",
+        "--arch",
+        "inception",
+        "--batch-size",
+        4,
+        "--crop",
+        32,
+        "--seconds",
+        0.2,
+        "--channels-last",
+        "off",
+    )
+    assert rc == 0, err
+    assert "verdict:" in out and "environment" in out and "largest layers" in out
+    assert "  stoker backend: " in out and "(nvidia-dali is " in out  # which backend, and why
+
+
+@needs_loader
+@pytest.mark.slow
+def test_cli_image_folder_measures_torchvision_and_a_packed_sample(capsys, tmp_path, monkeypatch):
+    import tempfile
+
+    from stoker.tools.common.synth import make_image_folder
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+
+    make_image_folder(tmp_path / "imgs", per_class=3, min_side=40, max_side=80, seed=0)
+    rc, out, err = _cli(
+        capsys,
+        tmp_path / "imgs",
+        "--arch",
+        "resnet18",
+        "--batch-size",
+        4,
+        "--crop",
+        32,
+        "--seconds",
+        0.2,
+        "--workers",
+        0,
+        "--pack-sample",
+        8,
+        "--channels-last",
+        "off",
+        "--json",
+    )
+    assert rc == 0, err
+    d = json.loads(out)  # stdout holds the JSON alone (the pack summary goes to stderr)
+    assert d["data"]["kind"] == "ImageFolder" and d["data"]["samples"] == 18
+    assert d["loader"]["dtype"] == "float32"  # the torchvision pipeline as users run it
+    (alt,) = d["loader_alternatives"]
+    assert alt["id"] == "pack" and alt["result"]["dtype"] == "uint8" and alt["result"]["images_per_s"] > 0
+    assert any(s["id"] == "pack" for s in d["next_steps"] + d["not_helping"])
+    assert not list((tmp_path / "tmp").iterdir())  # the packed sample is removed
+
+
+@needs_loader
+@pytest.mark.slow
+def test_diagnose_python_api_takes_a_module(shards):
+    from stoker.tools.diagnose.command import Diagnosis, diagnose
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+    lines = []
+    result = diagnose(
+        shards, model=net, batch_size=4, crop=32, seconds=0.1, device="cpu", channels_last="off", progress=lines.append
+    )
+    assert isinstance(result, Diagnosis) and result.bound in ("loader", "model")
+    assert result.to_dict()["settings"]["model"] == "Sequential" and result.verdict["label"] == f"{result.bound}-bound"
+    assert result.to_dict()["audit"]["total_params"] == 3 * 4 * 9 + 4 + 4 * 3 + 3
+    assert "verdict:" in result.format() and any(line.startswith("loader alone") for line in lines)
+    with pytest.raises(UsageError, match="--batch-size 0 must be >= 1"):
+        diagnose(shards, batch_size=0)
+
+
+def test_loader_hints_from_pack_settings():
+    from types import SimpleNamespace
+
+    from stoker.tools.diagnose.inputs import loader_hints
+
+    (hint,) = loader_hints(SimpleNamespace(pack={"short_side": 512, "source": "/src"}), crop=224)
+    assert hint["id"] == "pack_smaller" and hint["action"] == "stoker pack /src OUT --short-side 256"
+    assert hint["est_loader_speedup"] == pytest.approx(4.0**0.65)
+    assert loader_hints(SimpleNamespace(pack={"short_side": 256}), crop=224) == []
+    assert loader_hints(SimpleNamespace(pack={"fixture": True}), crop=224) == []

@@ -1,0 +1,604 @@
+"""Hostile inputs for ``stoker pack``: every input ends packed with the right label,
+listed in rejects.jsonl with a reason, or as a one-line error. Data is generated in
+tmp_path; the whole file runs in seconds."""
+
+import errno
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from stoker.pipeline.decodecheck import jpeg_copy_safe
+from stoker.pipeline.shards.manifest import Manifest
+from stoker.tools.cli import main as cli
+from stoker.tools.common.synth import bomb_png, draw, encode, make_image_folder, nasty_files
+from stoker.tools.pack.sanitize import Settings, sanitize_bytes
+
+CLASSES = ("circles", "rings", "squares")
+
+
+def folder(root: Path, **kw) -> Path:
+    kw = {"classes": CLASSES, "per_class": 3, "min_side": 32, "max_side": 80, **kw}
+    return make_image_folder(root, **kw)
+
+
+def pack(*argv) -> int:
+    return cli(["pack", *map(str, argv), "-q", "--workers", "1"])
+
+
+def samples(out: Path, split: str = "train") -> dict[str, tuple[int, dict, bytes]]:
+    """path -> (cls, meta, jpg) of every sample of a split, read with webdataset."""
+    import webdataset as wds
+
+    m = Manifest.load(out / split)
+    got = {}
+    for s in wds.WebDataset([str(out / split / x.name) for x in m.shards], shardshuffle=False, empty_check=False):
+        meta = json.loads(s["json"])
+        assert meta["path"] not in got, meta["path"]  # every input packed at most once
+        got[meta["path"]] = (int(s["cls"]), meta, s["jpg"])
+    return got
+
+
+def rejects(out: Path) -> dict[str, str]:
+    raw = (out / "rejects.jsonl").read_bytes()
+    raw.decode("utf-8")  # strict: always valid UTF-8
+    return {r["path"]: r["reason"] for r in map(json.loads, raw.decode().splitlines())}
+
+
+def labels(out: Path, split: str = "train") -> dict[str, str]:
+    """path -> class name, checked against the class index stored in ``cls``."""
+    classes = Manifest.load(out / split).classes
+    got = {}
+    for path, (cls, meta, _) in samples(out, split).items():
+        assert classes[cls] == meta["class"], path
+        got[path] = meta["class"]
+    return got
+
+
+def flat_classes(root: Path, counts: dict[str, int]) -> Path:
+    """An ImageFolder with ``counts[name]`` small JPEGs in each class folder ``name``."""
+    for c, n in counts.items():
+        (root / c).mkdir(parents=True)
+        for i in range(n):
+            (root / c / f"{i}.jpg").write_bytes(encode(draw("circles", (40, 30), random.Random(f"{c}{i}"))))
+    return root
+
+
+def own_images(src: Path) -> dict[str, str]:
+    return {p.relative_to(src).as_posix(): p.parent.name for p in sorted(src.glob("*/*.jpg"))}
+
+
+def tree_sha(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def one_line_error(capsys) -> str:
+    """The one stderr line of a failed command, without the CLI's ``stoker pack: error: `` prefix."""
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("stoker pack: "), err
+    return re.sub(r"^stoker pack: (error: )?", "", err)
+
+
+# --- walking the source tree -------------------------------------------------------------------
+
+
+def test_symlink_loop_up_adds_nothing_under_the_wrong_label(tmp_path):
+    src = folder(tmp_path / "src")
+    os.symlink("..", src / "circles" / "loop")
+    os.symlink("../..", src / "rings" / "way_up")  # above SRC: would walk its siblings
+    (tmp_path / "elsewhere.jpg").write_bytes((src / "rings" / "rings_00000.jpg").read_bytes())
+    assert pack(src, tmp_path / "out") == 0
+    assert labels(tmp_path / "out") == own_images(src)
+    rej = rejects(tmp_path / "out")
+    assert set(rej) == {"circles/loop", "rings/way_up"}
+    assert rej["circles/loop"] == f"symlink loop to {src.resolve()}: not followed"
+    assert rej["rings/way_up"] == f"symlink loop to {tmp_path.resolve()}: not followed"
+
+
+def test_class_folder_linked_to_src_and_train_linked_to_val_are_not_followed(tmp_path):
+    src = folder(tmp_path / "src")
+    os.symlink(".", src / "all")  # a "class" that is SRC itself
+    assert pack(src, tmp_path / "out") == 0
+    assert labels(tmp_path / "out") == own_images(src)
+    assert rejects(tmp_path / "out") == {"all": f"symlink loop to {src.resolve()}: not followed"}
+    tree = tmp_path / "tree"
+    folder(tree / "train", classes=("circles", "rings"))
+    folder(tree / "val", classes=("circles", "rings"), seed=1)
+    os.symlink("../../val/rings", tree / "train" / "rings" / "more")  # val images would leak into train
+    assert pack(tree, tmp_path / "out2") == 0
+    assert labels(tmp_path / "out2", "train") == {f"train/{k}": v for k, v in own_images(tree / "train").items()}
+    assert labels(tmp_path / "out2", "val") == {f"val/{k}": v for k, v in own_images(tree / "val").items()}
+    assert rejects(tmp_path / "out2") == {"train/rings/more": "link into val/: not followed"}
+
+
+def test_links_into_another_class_are_not_followed_same_class_aliases_pack_once(tmp_path):
+    src = folder(tmp_path / "src")
+    os.symlink("../rings", src / "circles" / "borrowed")  # folder link into another class
+    os.symlink("../squares/squares_00001.jpg", src / "circles" / "stolen.jpg")  # file link
+    os.symlink(".", src / "rings" / "self")  # alias of its own class folder
+    os.symlink("rings_00000.jpg", src / "rings" / "again.jpg")  # same file twice in one class
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(src / "squares" / "squares_00000.jpg", outside / "x.jpg")
+    os.symlink(outside, src / "squares" / "ext")  # outside SRC: followed
+    os.symlink(outside, src / "rings" / "ext2")  # the same outside folder from another class
+    os.link(src / "circles" / "circles_00002.jpg", src / "squares" / "hardlink.jpg")
+    assert pack(src, tmp_path / "out") == 0
+    want = own_images(src)
+    del want["rings/rings_00000.jpg"], want["squares/hardlink.jpg"], want["circles/stolen.jpg"]  # again.jpg sorts first
+    want["rings/ext2/x.jpg"] = "rings"  # rings sorts before squares: the outside folder is walked there first
+    assert labels(tmp_path / "out") == want
+    assert rejects(tmp_path / "out") == {
+        "circles/borrowed": "link into class 'rings': not followed",
+        "circles/stolen.jpg": "link into class 'squares': not followed",
+        "squares/ext": "same file as rings/ext2 (class 'rings')",
+        "squares/hardlink.jpg": "same file as circles/circles_00002.jpg (class 'circles')",
+    }
+
+
+def test_unreadable_folder_and_file_are_rejects_and_strict_fails(tmp_path, monkeypatch, capsys):
+    src = folder(tmp_path / "src")
+    (src / "rings" / "locked").mkdir()
+    shutil.copy(src / "rings" / "rings_00000.jpg", src / "rings" / "locked" / "a.jpg")
+    shutil.copy(src / "rings" / "rings_00000.jpg", src / "rings" / "noperm.jpg")
+    locked, noperm = str(src / "rings" / "locked"), str(src / "rings" / "noperm.jpg")
+    real_scandir, real_open = os.scandir, os.open
+
+    def scandir(path="."):  # chmod 000 does not stop root: fail the way a real EACCES does
+        if str(path) == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", locked)
+        return real_scandir(path)
+
+    def os_open(path, *a, **k):
+        if str(path) == noperm:
+            raise PermissionError(errno.EACCES, "Permission denied", noperm)
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "open", os_open)
+    assert pack(src, tmp_path / "out") == 0
+    assert rejects(tmp_path / "out") == {
+        "rings/locked": "unreadable folder: Permission denied",
+        "rings/noperm.jpg": "unreadable: errno 13 (Permission denied)",
+    }
+    assert Manifest.load(tmp_path / "out" / "train").pack["rejected"] == 2
+    capsys.readouterr()
+    assert pack(src, tmp_path / "out2", "--strict") == 1
+    assert one_line_error(capsys) == "2 input(s) rejected (--strict); see rejects.jsonl"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_fifo_device_and_oversized_files_are_never_read(tmp_path):
+    src = folder(tmp_path / "src")
+    os.mkfifo(src / "circles" / "pipe.jpg")
+    os.symlink("/dev/zero", src / "circles" / "zero.jpg")
+    big = encode(Image.effect_noise((256, 256), 64).convert("RGB"), quality=95)
+    (src / "rings" / "big.jpg").write_bytes(big)
+    (tmp_path / "list.csv").write_text("src/circles/pipe.jpg,a\nsrc/circles/circles_00000.jpg,b\n")
+
+    def run(*argv):  # a subprocess with a timeout: a regression here would hang, not fail
+        return subprocess.run(
+            [sys.executable, "-m", "stoker.tools.cli", "pack", *map(str, argv), "-q"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    r = run(src, tmp_path / "out", "--max-file-size", "20KB", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert rejects(tmp_path / "out") == {
+        "circles/pipe.jpg": "not a regular file (fifo)",
+        "circles/zero.jpg": "not a regular file (character device)",
+        "rings/big.jpg": f"file too large ({len(big):,} bytes > 20,000)",
+    }
+    r = run(tmp_path / "list.csv", tmp_path / "out2", "--workers", "2")  # a CSV is not walked: the reader checks
+    assert r.returncode == 0, r.stderr
+    assert rejects(tmp_path / "out2") == {"src/circles/pipe.jpg": "not a regular file (fifo)"}
+
+
+def test_non_utf8_file_names_pack_with_escaped_names(tmp_path, capsys):
+    src = folder(tmp_path / "src")
+    d = os.fsencode(src / "circles")
+    good = (src / "rings" / "rings_00000.jpg").read_bytes()
+    with open(d + b"/caf\xe9.jpg", "wb") as f:  # Latin-1 name
+        f.write(good)
+    with open(d + b"/bad\xff.jpg", "wb") as f:  # not UTF-8 and not an image
+        f.write(b"")
+    os.mkdir(d + b"/sub\xfe")
+    with open(d + b"/sub\xfe/x.jpg", "wb") as f:
+        f.write(good)
+    os.mkdir(os.fsencode(src) + b"/z\xe9bre")  # a class folder
+    with open(os.fsencode(src) + b"/z\xe9bre/1.jpg", "wb") as f:
+        f.write(good)
+    assert pack(src, tmp_path / "out") == 0
+    assert Manifest.load(tmp_path / "out" / "train").classes == [*CLASSES, "z\\xe9bre"]
+    got = labels(tmp_path / "out")
+    assert got["circles/caf\\xe9.jpg"] == "circles" and got["circles/sub\\xfe/x.jpg"] == "circles"
+    assert got["z\\xe9bre/1.jpg"] == "z\\xe9bre"
+    assert len(got) == 9 + 3
+    assert rejects(tmp_path / "out") == {"circles/bad\\xff.jpg": "empty file"}
+    capsys.readouterr()
+    assert pack(src, tmp_path / "out") == 0 and "up to date" in capsys.readouterr().out
+
+
+# --- decoder agreement -------------------------------------------------------------------------
+
+
+def _baseline() -> bytes:
+    return encode(draw("circles", (120, 90), random.Random(0)), quality=90)
+
+
+def _sof(data: bytes, marker: bytes) -> bytes:
+    i = data.index(b"\xff\xc0")
+    return data[:i] + marker + data[i + 2 :]
+
+
+def _12bit(data: bytes) -> bytes:
+    i = data.index(b"\xff\xc0")
+    return data[: i + 4] + b"\x0c" + data[i + 5 :]
+
+
+def _huge_header(data: bytes, w: int, h: int) -> bytes:
+    i = data.index(b"\xff\xc0")
+    return data[: i + 5] + h.to_bytes(2, "big") + w.to_bytes(2, "big") + data[i + 9 :]
+
+
+def _hostile_jpegs() -> dict[str, bytes]:
+    base = _baseline()
+    im = draw("rings", (100, 80), random.Random(1))
+    return {
+        "baseline.jpg": base,
+        "trailing.jpg": base + b"\x00garbage after the end marker" * 4,
+        "trailing_jpeg.jpg": base + base,  # two images glued together
+        "progressive.jpg": encode(im, progressive=True),
+        "arithmetic_sof9.jpg": _sof(base, b"\xff\xc9"),
+        "lossless_sof3.jpg": _sof(base, b"\xff\xc3"),
+        "extended_sof1.jpg": _sof(base, b"\xff\xc1"),
+        "12bit.jpg": _12bit(base),
+        "rgb_no_ycc.jpg": encode(im, keep_rgb=True),
+        "truncated.jpg": base[: len(base) * 2 // 3],
+        "bomb.jpg": _huge_header(base, 60000, 60000),  # tiny file, 3.6 gigapixel header
+    }
+
+
+def test_jpeg_copy_safe_reasons():
+    want = {
+        "baseline.jpg": None,
+        "trailing.jpg": "bytes after EOI",
+        "trailing_jpeg.jpg": "bytes after EOI",
+        "progressive.jpg": "progressive (SOF2)",
+        "arithmetic_sof9.jpg": "arithmetic coding (SOF9)",
+        "lossless_sof3.jpg": "lossless (SOF3)",
+        "extended_sof1.jpg": "extended sequential (SOF1)",
+        "12bit.jpg": "12-bit samples",
+        "rgb_no_ycc.jpg": "RGB colour transform",
+        "truncated.jpg": "truncated (no EOI)",
+        "bomb.jpg": None,  # structurally fine: the pixel limit rejects it
+    }
+    assert {k: jpeg_copy_safe(v) for k, v in _hostile_jpegs().items()} == want
+    assert jpeg_copy_safe(encode(Image.new("L", (8, 8)))) is None
+    assert jpeg_copy_safe(encode(Image.new("CMYK", (8, 8)))) == "4 components (CMYK)"
+    assert jpeg_copy_safe(encode(Image.new("RGB", (8, 8)), "PNG")) == "not a JPEG"
+    assert jpeg_copy_safe(b"") == "not a JPEG"
+
+
+def _dali_decode(blobs: list[bytes]) -> list:
+    """Decode each blob alone with DALI's CPU decoder (what the Loader uses): its HWC
+    shape, or "error"."""
+    dali = pytest.importorskip("nvidia.dali")
+    from nvidia.dali import fn, types
+
+    @dali.pipeline_def(batch_size=1, num_threads=1, device_id=None)
+    def pipe():
+        return fn.decoders.image(fn.external_source(name="raw", dtype=types.UINT8), device="cpu", output_type=types.RGB)
+
+    out = []
+    for b in blobs:
+        p = pipe()
+        p.build()
+        p.feed_input("raw", [np.frombuffer(b, dtype=np.uint8)])
+        try:
+            (img,) = p.run()
+            out.append(tuple(np.array(img[0]).shape))
+        except RuntimeError:
+            out.append("error")
+    return out
+
+
+def test_what_pack_stores_is_copy_safe_and_decodes_in_dali_and_pil(tmp_path):
+    files = {**_hostile_jpegs(), **nasty_files(random.Random(0))}
+    expect_reject = {
+        "truncated.jpg": "truncated",
+        "bomb.jpg": "too many pixels (60000x60000)",
+        "lossless_sof3.jpg": "corrupt: ",
+        "12bit.jpg": "unsupported JPEG: 12-bit samples",
+        "bad_truncated.jpg": "truncated",
+        "bad_zero.jpg": "empty file",
+        "bad_not_an_image.jpg": "not an image",
+        "bad_bomb.png": "too many pixels (100000x100000)",
+    }
+    stored, copied = {}, set()
+    for name, data in files.items():
+        r = sanitize_bytes(data, Settings(short_side=0))
+        if name in expect_reject:
+            want = expect_reject[name]  # "...: " -> the decoder's message follows
+            assert r.jpg is None and (r.reason == want or want.endswith(": ") and r.reason.startswith(want)), name
+            continue
+        assert r.jpg is not None, (name, r.reason)
+        assert jpeg_copy_safe(r.jpg) is None, name
+        stored[name] = r.jpg
+        if r.copied:
+            copied.add(name)
+    assert copied == {"baseline.jpg", "odd name, with spaces & ünïcode's.jpg"}
+    assert stored["trailing.jpg"] != files["trailing.jpg"]
+    shapes = _dali_decode(list(stored.values()))
+    for (name, jpg), shape in zip(stored.items(), shapes, strict=True):
+        im = Image.open(io.BytesIO(jpg))
+        im.load()  # the pil backend's decoder
+        assert shape == (im.height, im.width, 3), name
+
+
+def test_packed_shards_decode_in_dali(tmp_path):
+    src = folder(tmp_path / "src", nasty=True)
+    for name, data in _hostile_jpegs().items():
+        (src / "rings" / name).write_bytes(data)
+    assert pack(src, tmp_path / "out") == 0
+    got = samples(tmp_path / "out")
+    assert all(jpeg_copy_safe(jpg) is None for _, _, jpg in got.values())
+    assert "error" not in _dali_decode([jpg for _, _, jpg in got.values()])
+    rej = rejects(tmp_path / "out")
+    assert set(rej) == {
+        "circles/bad_truncated.jpg",
+        "circles/bad_zero.jpg",
+        "circles/bad_not_an_image.jpg",
+        "circles/bad_bomb.png",
+        "rings/truncated.jpg",
+        "rings/bomb.jpg",
+        "rings/lossless_sof3.jpg",
+        "rings/12bit.jpg",
+    }
+
+
+# --- labels (CSV/TSV) --------------------------------------------------------------------------
+
+
+def _images(tmp_path: Path, n: int) -> list[str]:
+    d = tmp_path / "imgs"
+    d.mkdir()
+    for i in range(n):
+        (d / f"{i}.jpg").write_bytes(encode(draw("circles", (40, 30), random.Random(i))))
+    return [f"imgs/{i}.jpg" for i in range(n)]
+
+
+def test_integer_labels_kept_negative_and_huge_rejected(tmp_path):
+    paths = _images(tmp_path, 6)
+    labs = ["2", "10", "3", "-1", "100000000000", "007"]
+    (tmp_path / "l.csv").write_text("".join(f"{p},{lab}\n" for p, lab in zip(paths, labs, strict=True)))
+    assert pack(tmp_path / "l.csv", tmp_path / "out") == 0
+    m = Manifest.load(tmp_path / "out" / "train")
+    assert m.classes == [str(i) for i in range(11)]
+    assert {p: c for p, (c, _, _) in samples(tmp_path / "out").items()} == {
+        "imgs/0.jpg": 2,
+        "imgs/1.jpg": 10,
+        "imgs/2.jpg": 3,
+        "imgs/5.jpg": 7,
+    }
+    assert rejects(tmp_path / "out") == {
+        "imgs/3.jpg": "label -1 out of range 0..1000000",
+        "imgs/4.jpg": "label 100000000000 out of range 0..1000000",
+    }
+
+
+def test_header_row_detected_and_odd_names_are_classes(tmp_path):
+    paths = _images(tmp_path, 4)
+    (tmp_path / "l.csv").write_text(
+        "filepath,class\n" + "".join(f"{p},{lab}\n" for p, lab in zip(paths, ["cat", "²", "dog", "cat"], strict=True))
+    )
+    assert pack(tmp_path / "l.csv", tmp_path / "out") == 0
+    assert Manifest.load(tmp_path / "out" / "train").classes == ["cat", "dog", "²"]
+    assert labels(tmp_path / "out") == {
+        "imgs/0.jpg": "cat",
+        "imgs/1.jpg": "²",
+        "imgs/2.jpg": "dog",
+        "imgs/3.jpg": "cat",
+    }
+    (tmp_path / "t.tsv").write_text("path\tlabel\n" + "".join(f"{p}\t{i}\n" for i, p in enumerate(paths)))
+    assert pack(tmp_path / "t.tsv", tmp_path / "out2") == 0
+    assert Manifest.load(tmp_path / "out2" / "train").classes == ["0", "1", "2", "3"]
+
+
+def test_csv_errors_are_one_line(tmp_path, capsys):
+    paths = _images(tmp_path, 3)
+    (tmp_path / "latin1.csv").write_bytes("".join(f"{p},café\n" for p in paths).encode("latin-1"))
+    (tmp_path / "mixed.csv").write_text(f"{paths[0]},1\n{paths[1]},2\n{paths[2]},²\n")
+    (tmp_path / "short.csv").write_text(f"{paths[0]},1\n{paths[1]}\n")
+    capsys.readouterr()
+    assert pack(tmp_path / "latin1.csv", tmp_path / "o1") == 2
+    err = one_line_error(capsys)
+    assert "latin1.csv is not UTF-8 (byte 0xe9 on line 1)" in err and "iconv -f latin1 -t utf-8" in err
+    assert pack(tmp_path / "mixed.csv", tmp_path / "o2") == 2
+    assert "labels mix integers and names (e.g. '1' and '²')" in one_line_error(capsys)
+    assert pack(tmp_path / "short.csv", tmp_path / "o3") == 2
+    assert "line 2 should be 'path,label'" in one_line_error(capsys)
+
+
+# --- splits ------------------------------------------------------------------------------------
+
+
+def test_val_fraction_with_one_image_per_class_keeps_the_overall_fraction(tmp_path, capsys):
+    src = flat_classes(tmp_path / "src", {f"c{i:02d}": 1 for i in range(10)})
+    assert pack(src, tmp_path / "out", "--val-fraction", "0.3") == 0
+    train, val = labels(tmp_path / "out", "train"), labels(tmp_path / "out", "val")
+    assert len(val) == 3 and len(train) == 7 and not set(train) & set(val)
+    pack(src, tmp_path / "again", "--val-fraction", "0.3")
+    assert labels(tmp_path / "again", "val") == val  # deterministic
+    src2 = flat_classes(tmp_path / "src2", {"a": 5, "b": 5, "c": 1, "d": 1, "e": 1})
+    assert pack(src2, tmp_path / "out2", "--val-fraction", "0.25") == 0
+    val2 = labels(tmp_path / "out2", "val")
+    # 13 * 0.25 -> 3: a and b give floor(5 * 0.25) = 1 each; the third also comes from a or b, which keep
+    # train images, before any single-image class would lose its only one
+    assert len(val2) == 3 and set(val2.values()) == {"a", "b"}
+    capsys.readouterr()
+    one = flat_classes(tmp_path / "one", {"a": 1})
+    assert pack(one, tmp_path / "out3", "--val-fraction", "0.3") == 2
+    assert "leaves val/ empty" in one_line_error(capsys)
+
+
+def test_flat_folder_of_images_is_one_line(tmp_path, capsys):
+    src = tmp_path / "flat"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.JPEG").write_bytes(encode(draw("circles", (40, 30), random.Random(i))))
+    capsys.readouterr()
+    assert pack(src, tmp_path / "out") == 2
+    assert one_line_error(capsys) == (
+        f"SRC {src} holds 3 images but no class folders; put them in one subfolder "
+        f"per class, or list them in a CSV of path,label"
+    )
+
+
+def test_empty_val_folder_is_said(tmp_path, capsys):
+    folder(tmp_path / "src" / "train")
+    (tmp_path / "src" / "val").mkdir()
+    capsys.readouterr()
+    assert pack(tmp_path / "src", tmp_path / "out") == 0
+    assert capsys.readouterr().err.strip() == "note: val/ holds no samples: it has no input images"
+    assert Manifest.load(tmp_path / "out" / "val").num_samples == 0
+
+
+# --- faults ------------------------------------------------------------------------------------
+
+
+def test_disk_full_mid_shard_is_one_line_and_rerun_finishes_identically(tmp_path, monkeypatch, capsys):
+    from stoker.pipeline.shards import writer as shardwriter
+
+    src = folder(tmp_path / "src", per_class=4)
+    assert pack(src, tmp_path / "clean", "--samples-per-shard", "3") == 0
+    real = shardwriter.ShardWriter.__enter__
+    budget = [60_000]
+
+    class FillingDisk(io.BufferedWriter):  # the shard file: ENOSPC once 60 kB were written
+        def write(self, data):
+            budget[0] -= len(data)
+            if budget[0] < 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return super().write(data)
+
+    def enter(self):
+        real(self)
+        self._f = FillingDisk(self._f.detach())
+        return self
+
+    monkeypatch.setattr(shardwriter.ShardWriter, "__enter__", enter)
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert pack(src, out, "--samples-per-shard", "3") == 1
+    err = one_line_error(capsys)
+    assert err.startswith(f"disk full writing {out / 'train'}/train-0000")
+    assert err.endswith(
+        ".tar.tmp: free space and rerun the same command (finished shards are kept, nothing written is corrupt)"
+    )
+    assert not (out / "train" / "stoker.json").exists() and not list(out.rglob("*.tmp"))
+    monkeypatch.setattr(shardwriter.ShardWriter, "__enter__", real)
+    assert pack(src, out, "--samples-per-shard", "3") == 0
+    assert tree_sha(out) == tree_sha(tmp_path / "clean")
+
+
+def test_disk_full_writing_the_manifest(tmp_path, monkeypatch, capsys):
+    from stoker.pipeline import fsutil
+
+    src = folder(tmp_path / "src")
+    assert pack(src, tmp_path / "clean") == 0
+    real = os.fsync
+
+    def fsync(fd):
+        if re.search(r"stoker\.json\.[^/]*\.tmp$", os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd)
+
+    if not os.path.exists("/proc/self/fd"):
+        pytest.skip("needs /proc")
+    monkeypatch.setattr(fsutil.os, "fsync", fsync)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert pack(src, out) == 1
+    assert one_line_error(capsys) == (
+        f"disk full writing {out / 'train' / 'stoker.json'}: free space and "
+        f"rerun the same command (finished shards are kept, nothing written is corrupt)"
+    )
+    assert not (out / "train" / "stoker.json").exists() and not list(out.rglob("*.tmp"))
+    monkeypatch.setattr(fsutil.os, "fsync", real)
+    assert pack(src, out) == 0
+    assert tree_sha(out) == tree_sha(tmp_path / "clean")
+
+
+def test_deleted_or_truncated_shard_is_rebuilt_byte_identical(tmp_path, capsys):
+    src = folder(tmp_path / "src", per_class=4)
+    out = tmp_path / "out"
+    assert pack(src, out, "--samples-per-shard", "4") == 0
+    before = tree_sha(out)
+    (out / "train" / "train-000001.tar").unlink()
+    with open(out / "train" / "train-000002.tar", "r+b") as f:
+        f.truncate(1000)
+    (out / "train" / "train-000000.idx").unlink()
+    capsys.readouterr()
+    assert pack(src, out, "--samples-per-shard", "4") == 0
+    assert "restored 3 missing or damaged shard(s)" in capsys.readouterr().err
+    assert tree_sha(out) == before
+    capsys.readouterr()
+    assert pack(src, out, "--samples-per-shard", "4") == 0
+    assert "up to date" in capsys.readouterr().out
+    # a shard gone after SRC changed cannot come back the same: say so, leave nothing that looks complete
+    (out / "train" / "train-000001.tar").unlink()
+    for p in src.rglob("*.jpg"):
+        p.write_bytes(encode(Image.open(p).convert("RGB"), quality=50))
+    assert pack(src, out, "--samples-per-shard", "4") == 1
+    assert "rebuilds differently" in one_line_error(capsys)
+    assert not (out / "train" / "train-000001.tar").exists()
+
+
+def test_manifest_rewritten_by_another_tool_is_repaired_on_rerun(tmp_path, capsys):
+    src = folder(tmp_path / "src")
+    out = tmp_path / "out"
+    assert pack(src, out) == 0
+    before = tree_sha(out)
+    man = json.loads((out / "train" / "stoker.json").read_text())
+    man["classes"], man["pack"] = ["0", "1", "2"], {}  # what a re-index of the split would leave
+    (out / "train" / "stoker.json").write_text(json.dumps(man))
+    capsys.readouterr()
+    assert pack(src, out) == 0
+    assert "up to date" not in capsys.readouterr().out
+    assert tree_sha(out) == before
+
+
+def test_merge_refuses_a_missing_part_shard(tmp_path, capsys):
+    src = folder(tmp_path / "src")
+    out = tmp_path / "out"
+    for part in ("0/2", "1/2"):
+        assert pack(src, out, "--samples-per-shard", "2", "--part", part) == 0
+    (out / "train" / "train-p1of2-000000.tar").unlink()
+    capsys.readouterr()
+    assert cli(["pack", "--merge", str(out)]) == 2
+    assert "train-p1of2-000000.tar is missing or damaged; rerun part 1/2" in one_line_error(capsys)
+    assert pack(src, out, "--samples-per-shard", "2", "--part", "1/2") == 0
+    assert cli(["pack", "--merge", str(out)]) == 0
+
+
+def test_bomb_and_pixel_limits_still_reject():
+    assert sanitize_bytes(bomb_png(30_000, 30_000), Settings()).reason == "too many pixels (30000x30000)"

@@ -1,0 +1,420 @@
+"""Benchmark stoker's Loader against the usual ways of feeding a model, side by side.
+
+Each pipeline runs in a fresh subprocess (clean peak RSS and CPU time), with the same
+crop, batch size and training augmentation (RandomResizedCrop + flip), for a warm-up
+that is not counted and then up to --epochs epochs or --seconds seconds:
+
+  (1) torchvision ImageFolder + PIL + DataLoader(num_workers=cores), float32 normalized
+      (only with --images: the original files)
+  (2) webdataset + PIL + DataLoader on the shards, uint8
+  (3) DALI's own fn.readers.webdataset graph on the shards (buffer shuffle), uint8
+  (4) FFCV, when importable (here, or in --ffcv-python), from a .beton of --images
+  (5) stoker Loader, once per available backend (nvjpeg: decoded on the GPU, batches on
+      the GPU; skipped without CUDA)
+  and the decode-only ceiling: every image of the shards decoded once by `cores`
+  processes, nothing else.
+
+Columns: images/s, ratio to (1) (or to (2) without --images), CPU % (all processes of
+the pipeline; 200% = two cores busy), peak RSS (sum over the pipeline's processes; shared
+pages count once per process), bytes per batch handed to the device.
+
+examples:
+  stoker bench /data/packed/train --images /data/imagenet/train
+  stoker bench out/train --json --seconds 10
+  stoker bench out/train --images src --plot bench.png
+"""
+
+# One module past 400 lines: bench(), its result table and the flags; the pipelines it times
+# are in bench_runners.py and peers/.
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from stoker.errors import UsageError
+
+from ..common.results import Result
+from .peers import ffcv_bench
+from .runners import torchvision_loader
+
+__all__ = ["bench", "BenchResult", "torchvision_loader", "ALL", "LABELS"]
+
+HELP = "side-by-side loader throughput: torchvision, webdataset, DALI reader, FFCV, stoker"
+
+ALL = ("torchvision", "wds", "dali-reader", "ffcv", "stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling")
+STOKER = ("stoker-dali", "stoker-pil", "stoker-nvjpeg")
+LABELS = {
+    "torchvision": "(1) torchvision ImageFolder+PIL",
+    "wds": "(2) webdataset+PIL",
+    "dali-reader": "(3) DALI fn.readers.webdataset",
+    "ffcv": "(4) FFCV",
+    "stoker-dali": "(5) stoker Loader (dali)",
+    "stoker-pil": "(5) stoker Loader (pil)",
+    "stoker-nvjpeg": "(5) stoker Loader (nvjpeg, GPU)",
+    "stoker-dali-dali-resize": "(5) stoker Loader (dali, fn.resize)",
+    "ceiling": "decode-only ceiling",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data", metavar="DATA", help="a packed split (or a dataset root with train/), local or a URL")
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=None,
+        metavar="K=V",
+        help="fsspec storage option for a URL DATA, repeatable (e.g. endpoint_url=http://minio:9000)",
+    )
+    p.add_argument("--images", metavar="SRC", help="the original ImageFolder tree, for (1) and (4)")
+    p.add_argument("--batch-size", type=int, default=64, help="default 64")
+    p.add_argument("--crop", type=int, default=224, help="default 224")
+    p.add_argument("--epochs", type=int, default=3, help="measured epochs per pipeline (default 3)")
+    p.add_argument(
+        "--seconds", type=float, default=30.0, help="stop a pipeline's measurement after this long (default 30)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=3, metavar="BATCHES", help="batches run before timing starts (default 3)"
+    )
+    p.add_argument("--workers", type=int, default=0, help="workers / threads per pipeline (default: cores)")
+    p.add_argument(
+        "--only",
+        default="",
+        metavar="LIST",
+        help="comma-separated subset of: " + ",".join(ALL) + ",stoker-dali-dali-resize",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=1, help="rounds over all pipelines; each row reports its best round (default 1)"
+    )
+    p.add_argument("--ffcv-python", metavar="PATH", help="a python with ffcv installed, for column (4)")
+    p.add_argument(
+        "--ffcv-max-resolution",
+        type=int,
+        default=256,
+        metavar="R",
+        help="FFCV max_resolution when writing its .beton (default 256)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw a bar chart (needs matplotlib)")
+
+
+# ---- parent ---------------------------------------------------------------------------------
+
+
+def _measure(kind: str, cfg: dict, python: str = sys.executable) -> dict:
+    """One pipeline in a fresh subprocess; its ``RESULT`` dict, or ``{"error": last stderr line}``."""
+    cfg = {**cfg, "kind": kind}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if kind == "ffcv":  # by file path: the ffcv python need not have stoker
+        cmd = [python, ffcv_bench.__file__, json.dumps(cfg)]
+    else:
+        cmd = [python, "-m", "stoker.tools.bench.runners", json.dumps(cfg)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": tail[:200]}
+
+
+def _ffcv_python(ffcv_python: str | None) -> str | None:
+    for py in [ffcv_python] if ffcv_python else [sys.executable]:
+        try:
+            if subprocess.run([py, "-c", "import ffcv"], capture_output=True, timeout=120).returncode == 0:
+                return py
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return None
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@dataclasses.dataclass
+class BenchResult(Result):
+    """What `stoker bench` measured; :meth:`to_dict` is its ``--json`` output.
+
+    Attributes:
+        data: The packed split measured.
+        images: The original ImageFolder, or None.
+        batch_size: Batch size of every pipeline.
+        crop: Crop side of every pipeline.
+        workers: Workers / threads per pipeline.
+        epochs: Measured epochs per pipeline (at most).
+        seconds_limit: Time limit per pipeline.
+        baseline: ``"torchvision"``, ``"wds"`` or None: what ``ratio`` is relative to.
+        rows: One dict per pipeline run: ``pipeline``, ``label``, then ``images``, ``seconds``,
+            ``img_s``, ``cpu_pct``, ``peak_rss``, ``bytes_per_batch`` and ``ratio``, or ``error``.
+        summary: The best stoker Loader against the others: ``vs_torchvision``,
+            ``vs_dali_reader``, ``vs_ffcv``, ``of_ceiling`` (those measured).
+        notes: Why a pipeline was skipped, one line each.
+    """
+
+    data: str
+    images: str | None
+    batch_size: int
+    crop: int
+    workers: int
+    epochs: int
+    seconds_limit: float
+    baseline: str | None
+    rows: list
+    summary: dict
+    notes: list
+
+    def format_table(self) -> str:
+        """The human table ``stoker bench`` prints."""
+        base = self.baseline
+        nvjpeg = any(r["pipeline"] == "stoker-nvjpeg" for r in self.rows)
+        lines = [
+            f"stoker bench {self.data}: batch {self.batch_size}, crop {self.crop}, "
+            f"{self.workers} workers/threads, device cpu" + (" (nvjpeg: cuda)" if nvjpeg else ""),
+            f"{'pipeline':<38} {'img/s':>8} {'vs ' + ('(1)' if base == 'torchvision' else '(2)'):>7} "
+            f"{'CPU %':>6} {'peak RSS':>9} {'bytes/batch':>12}",
+        ]
+        for r in self.rows:
+            if "error" in r:
+                lines.append(f"{r['label']:<38} failed: {r['error']}")
+                continue
+            ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
+            bpb = _fmt_bytes(r["bytes_per_batch"]) if r["bytes_per_batch"] else "-"
+            lines.append(
+                f"{r['label']:<38} {r['img_s']:>8.0f} {ratio:>7} {r['cpu_pct']:>5.0f}% "
+                f"{_fmt_bytes(r['peak_rss']):>9} {bpb:>12}"
+            )
+        s = self.summary
+        if s:
+            parts = {"vs_torchvision": "x torchvision", "vs_dali_reader": "x DALI reader", "vs_ffcv": "x FFCV"}
+            text = [f"{s[k]:.2f}{v}" for k, v in parts.items() if k in s]
+            if "of_ceiling" in s:
+                text.append(f"{100 * s['of_ceiling']:.0f}% of the decode-only ceiling")
+            lines.append("best stoker Loader: " + ", ".join(text))
+        lines += self.notes
+        return "\n".join(lines)
+
+    def plot(self, path: str) -> None:
+        """Draw the images/s of each pipeline as a bar chart into ``path`` (needs matplotlib)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = [r for r in self.rows if "img_s" in r]
+        fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
+        colors = [
+            "tab:orange"
+            if r["pipeline"].startswith("stoker")
+            else "tab:gray"
+            if r["pipeline"] == "ceiling"
+            else "tab:blue"
+            for r in rows
+        ]
+        ax.barh([r["label"] for r in rows][::-1], [r["img_s"] for r in rows][::-1], color=colors[::-1])
+        for k, r in enumerate(rows[::-1]):
+            ax.text(r["img_s"], k, f" {r['img_s']:.0f}", va="center")
+        ax.set_xlabel("images / s")
+        ax.set_title(f"batch {self.batch_size}, crop {self.crop}, {self.workers} cores, cpu")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+
+
+def _split(data: str | Path, storage_options: dict | None = None) -> Path:
+    from stoker.errors import ManifestError
+    from stoker.pipeline.cache import local_copy, read_manifest
+    from stoker.pipeline.shards.manifest import MANIFEST_NAME
+    from stoker.pipeline.storage import is_url
+
+    if is_url(data):  # fetched whole into the shard cache first; every pipeline then reads it
+        url = str(data).rstrip("/")
+        try:
+            read_manifest(url, storage_options)
+        except ManifestError:
+            url += "/train"
+        return local_copy(url, storage_options)
+    split = Path(data)
+    if not (split / MANIFEST_NAME).exists() and (split / "train" / MANIFEST_NAME).exists():
+        split = split / "train"
+    if not (split / MANIFEST_NAME).exists():
+        raise UsageError(f"{data} has no {MANIFEST_NAME} (pack it with `stoker pack`)")
+    return split
+
+
+def _plan(only: Sequence[str], *, images: str | None, ffcv_python: str | None) -> tuple[list, list]:
+    """``([(kind, python), ...] to run, [notes on the kinds skipped])``."""
+    from stoker.pipeline.deps import HAS_DALI, has_cuda
+
+    notes, plan = [], []
+    for kind in only:
+        if kind == "torchvision" and not images:
+            notes.append("(1) torchvision: skipped (give --images SRC, the original ImageFolder)")
+        elif kind in ("dali-reader", "stoker-dali", "stoker-dali-dali-resize") and not HAS_DALI:
+            notes.append(f"{LABELS[kind]}: skipped (nvidia-dali not installed)")
+        elif kind == "stoker-nvjpeg" and not has_cuda():
+            notes.append(f"{LABELS[kind]}: skipped (torch sees no CUDA device; it decodes on the GPU)")
+        elif kind == "ffcv":
+            py = _ffcv_python(ffcv_python) if images else None
+            if not images:
+                notes.append("(4) FFCV: skipped (needs --images to write its .beton)")
+            elif py is None:
+                notes.append(
+                    "(4) FFCV: not installed (pip install ffcv needs libopencv-dev and "
+                    "libturbojpeg0-dev; or point --ffcv-python at a python that has it)"
+                )
+            else:
+                plan.append((kind, py))
+        else:
+            plan.append((kind, sys.executable))
+    return plan, notes
+
+
+def bench(
+    data: str | Path,
+    *,
+    images: str | Path | None = None,
+    batch_size: int = 64,
+    crop: int = 224,
+    epochs: int = 3,
+    seconds: float = 30.0,
+    warmup: int = 3,
+    workers: int | None = None,
+    only: Sequence[str] | None = None,
+    repeat: int = 1,
+    ffcv_python: str | None = None,
+    ffcv_max_resolution: int = 256,
+    progress: bool = False,
+    storage_options: dict | None = None,
+) -> BenchResult:
+    """Measure stoker's Loader and the usual loaders side by side, each in a fresh subprocess.
+
+    Args:
+        data: A packed split (with stoker.json), or a dataset root with ``train/``; local or a
+            URL (fetched whole into the shard cache first, with ``storage_options``).
+        images: The original ImageFolder, for the torchvision and FFCV pipelines.
+        batch_size: Batch size of every pipeline.
+        crop: Crop side (RandomResizedCrop + flip in every pipeline).
+        epochs: Measured epochs per pipeline (at most; ``seconds`` may stop it first).
+        seconds: Time limit of each pipeline's measurement.
+        warmup: Batches run before timing starts.
+        workers: Workers / threads per pipeline (None: the usable cores).
+        only: Pipelines to run, from :data:`LABELS` (None: all of :data:`ALL`).
+        repeat: Rounds over all pipelines; each row keeps its best round.
+        ffcv_python: A python with ffcv installed (None: this one, if it has ffcv).
+        ffcv_max_resolution: FFCV ``max_resolution`` when writing its .beton.
+        progress: Show a progress bar on stderr.
+
+    Returns:
+        The :class:`BenchResult`; a pipeline that failed has an ``error`` row.
+
+    Raises:
+        UsageError: ``data`` is not packed, ``images`` is not a folder, a count is below 1,
+            or ``only`` names an unknown pipeline.
+    """
+    from tqdm import tqdm
+
+    from stoker.pipeline.deps import usable_cores
+
+    split = _split(data, storage_options)
+    if images and not Path(images).is_dir():
+        raise UsageError(f"--images {images} is not a directory")
+    images = str(images) if images else None
+    for name, value in (("batch_size", batch_size), ("crop", crop), ("epochs", epochs), ("repeat", repeat)):
+        if value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    only = [k for k in only or () if k] or list(ALL)
+    unknown = set(only) - set(LABELS)
+    if unknown:
+        raise UsageError(f"--only: unknown pipeline(s) {sorted(unknown)}; choose from {', '.join(LABELS)}")
+    cores = workers or usable_cores()
+    cfg = {
+        "data": str(split),
+        "images": images,
+        "batch_size": batch_size,
+        "crop": crop,
+        "epochs": epochs,
+        "seconds": seconds,
+        "warmup": warmup,
+        "workers": cores,
+    }
+    plan, notes = _plan(only, images=images, ffcv_python=ffcv_python)
+    beton = Path(os.environ.get("TMPDIR", "/tmp")) / (
+        f"stoker-bench-{Path(images or 'x').resolve().name}-R{ffcv_max_resolution}.beton"
+    )
+    rows: dict[str, dict] = {}
+    steps = [(r, k, py) for r in range(repeat) for k, py in plan]
+    for _, kind, py in tqdm(steps, desc="bench", unit="run", file=sys.stderr, disable=None if progress else True):
+        extra = {"beton": str(beton), "R": ffcv_max_resolution} if kind == "ffcv" else {}
+        res = _measure(kind, {**cfg, **extra}, py)
+        best = rows.get(kind)
+        if best is None or "error" in best or res.get("img_s", 0) > best.get("img_s", 0):
+            rows[kind] = res
+    base_kind = (
+        "torchvision" if "img_s" in rows.get("torchvision", {}) else ("wds" if "img_s" in rows.get("wds", {}) else None)
+    )
+    base = rows[base_kind]["img_s"] if base_kind else None
+    out_rows = []
+    for kind, _ in plan:
+        r = rows[kind]
+        row = {"pipeline": kind, "label": LABELS[kind], **r}
+        if base and "img_s" in r:
+            row["ratio"] = r["img_s"] / base
+        out_rows.append(row)
+    summary = {}
+    best_stoker = max((rows[k]["img_s"] for k in STOKER if "img_s" in rows.get(k, {})), default=None)
+    if best_stoker:
+        for k, name in (
+            ("torchvision", "vs_torchvision"),
+            ("dali-reader", "vs_dali_reader"),
+            ("ceiling", "of_ceiling"),
+            ("ffcv", "vs_ffcv"),
+        ):
+            if "img_s" in rows.get(k, {}):
+                summary[name] = best_stoker / rows[k]["img_s"]
+    return BenchResult(
+        data=str(split),
+        images=images,
+        batch_size=batch_size,
+        crop=crop,
+        workers=cores,
+        epochs=epochs,
+        seconds_limit=seconds,
+        baseline=base_kind,
+        rows=out_rows,
+        summary=summary,
+        notes=notes,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    from stoker.pipeline.storage import parse_storage_options
+
+    result = bench(
+        args.data,
+        storage_options=parse_storage_options(args.storage_option) or None,
+        images=args.images,
+        batch_size=args.batch_size,
+        crop=args.crop,
+        epochs=args.epochs,
+        seconds=args.seconds,
+        warmup=args.warmup,
+        workers=args.workers,
+        only=args.only.split(","),
+        repeat=args.repeat,
+        ffcv_python=args.ffcv_python,
+        ffcv_max_resolution=args.ffcv_max_resolution,
+        progress=True,
+    )
+    if args.plot:
+        result.plot(args.plot)
+    print(json.dumps(result.to_dict(), indent=1) if args.json else result.format_table())
+    return 0

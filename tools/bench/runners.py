@@ -1,0 +1,239 @@
+"""The pipelines `stoker bench` measures, one per subprocess (the child side).
+
+``python -m stoker.tools.bench.runners CONFIG_JSON`` runs the pipeline ``CONFIG_JSON["kind"]``
+names and prints ``RESULT {json}`` (see :func:`stoker.tools.bench.peers.timing.timed`). Each runs
+in a fresh process so peak RSS and CPU time are its own. FFCV runs elsewhere
+(:mod:`stoker.tools.bench.peers.ffcv_bench`), under the python that has it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from .peers.timing import epochs, row, timed, tree_cpu, tree_peak_rss
+
+
+def _shards(data: str) -> list[str]:
+    from stoker.pipeline.shards.manifest import Manifest
+
+    m = Manifest.load(data)
+    return [str(Path(data) / s.name) for s in m.shards]
+
+
+def torchvision_loader(root, *, batch_size: int, crop: int, workers: int, pin_memory: bool = False):
+    """The usual torchvision pipeline, column (1) and ``stoker diagnose``'s ImageFolder case:
+    ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize + DataLoader, float32 batches.
+    Returns ``(loader, dataset)``."""
+    import torch
+    from torchvision import datasets, transforms
+
+    from stoker.model.normalize import IMAGENET_MEAN, IMAGENET_STD
+
+    tf = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(crop),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+        ]
+    )
+    ds = datasets.ImageFolder(str(root), transform=tf)
+    return torch.utils.data.DataLoader(
+        ds,
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        drop_last=True,
+        pin_memory=pin_memory,
+        persistent_workers=workers > 0,
+    ), ds
+
+
+def _run_torchvision(cfg):
+    dl, _ = torchvision_loader(cfg["images"], batch_size=cfg["batch_size"], crop=cfg["crop"], workers=cfg["workers"])
+    return timed(epochs(lambda e: iter(dl), cfg["epochs"] + 1), cfg)
+
+
+def _wds_decode(sample):
+    import io
+
+    from PIL import Image
+
+    img, cls = sample
+    return Image.open(io.BytesIO(img)).convert("RGB"), int(cls)
+
+
+def _run_wds(cfg):
+    import torch
+    import webdataset as wds
+    from torchvision import transforms
+
+    tf = transforms.Compose(
+        [transforms.RandomResizedCrop(cfg["crop"]), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]
+    )
+    # explicit decoding of the declared keys only (no webdataset auto/pickle decoders)
+    tars = _shards(cfg["data"])
+    ds = (
+        wds.WebDataset(tars, shardshuffle=len(tars), empty_check=False, workersplitter=wds.split_by_worker)
+        .shuffle(1000)
+        .to_tuple("jpg;jpeg;png", "cls")
+        .map(_wds_decode)
+        .map_tuple(tf, lambda c: c)
+        .batched(cfg["batch_size"], partial=False)
+    )
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=cfg["workers"], persistent_workers=True)
+    return timed(epochs(lambda e: iter(dl), cfg["epochs"] + 1), cfg)
+
+
+def reader_pipeline(
+    paths: list,
+    index_paths: list,
+    *,
+    batch_size: int,
+    crop: int,
+    threads: int = 2,
+    seed: int = 0,
+    decode: str = "cpu",
+    device_id: int | None = None,
+    shuffle_buffer: int = 1024,
+    train: bool = True,
+):
+    """DALI's own ``fn.readers.webdataset`` graph over the same shards, column ``dali-reader``:
+    buffer shuffle, shard order kept, DALI's random crop. A reference, not used by the Loader."""
+    from nvidia.dali import fn, pipeline_def, types
+
+    from stoker.pipeline.augment.crops import RATIO, SCALE, VAL_CROP_FRACTION
+
+    @pipeline_def
+    def reader_graph():
+        jpegs, labels = fn.readers.webdataset(
+            paths=paths,
+            index_paths=index_paths,
+            ext=["jpg;jpeg;png", "cls"],
+            missing_component_behavior="skip",
+            random_shuffle=train,
+            initial_fill=shuffle_buffer,
+            name="reader",
+            seed=seed,
+            dtypes=[types.UINT8, types.UINT8],
+        )
+        if train:
+            images = fn.decoders.image_random_crop(
+                jpegs, device=decode, output_type=types.RGB, random_area=list(SCALE), random_aspect_ratio=list(RATIO)
+            )
+            images = fn.resize(images, size=[crop, crop])
+            mirror = fn.random.coin_flip()
+        else:
+            images = fn.decoders.image(jpegs, device=decode, output_type=types.RGB)
+            images = fn.resize(images, resize_shorter=round(crop / VAL_CROP_FRACTION))
+            mirror = 0
+        images = fn.crop_mirror_normalize(
+            images, dtype=types.UINT8, output_layout="CHW", crop=[crop, crop], mirror=mirror
+        )
+        return images, labels
+
+    return reader_graph(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed)
+
+
+def _run_dali_reader(cfg):
+    import torch
+
+    from stoker.pipeline.shards.manifest import idx_path
+
+    tars = _shards(cfg["data"])
+    pipe = reader_pipeline(
+        tars, [str(idx_path(t)) for t in tars], batch_size=cfg["batch_size"], crop=cfg["crop"], threads=cfg["workers"]
+    )
+    pipe.build()
+    per_epoch = max(1, pipe.epoch_size("reader") // cfg["batch_size"])
+
+    def batches():
+        for _ in range((cfg["epochs"] + 1) * per_epoch):
+            images, labels = pipe.run()
+            yield torch.from_dlpack(images.as_tensor()), labels
+
+    return timed(batches(), cfg)
+
+
+def _run_stoker(cfg, backend, device="cpu", **kw):
+    from stoker.pipeline import Loader
+
+    loader = Loader(
+        cfg["data"],
+        batch_size=cfg["batch_size"],
+        crop=cfg["crop"],
+        backend=backend,
+        threads=cfg["workers"],
+        device=device,
+        **kw,
+    )
+
+    def epoch(e):
+        loader.set_epoch(e)
+        return iter(loader)
+
+    return timed(epochs(epoch, cfg["epochs"] + 1), cfg)
+
+
+def _decode_all(job):
+    import io
+
+    from PIL import Image
+
+    from stoker.pipeline.shards.samples import SampleIndex
+
+    data, lo, hi = job
+    idx = SampleIndex(data)
+    t = time.perf_counter()
+    for i in range(lo, hi):
+        Image.open(io.BytesIO(idx.image(i))).load()
+    return time.perf_counter() - t
+
+
+def _run_ceiling(cfg):
+    """Every image decoded once per epoch by `workers` processes, nothing else."""
+    from multiprocessing import get_context
+
+    from stoker.pipeline.shards.samples import SampleIndex
+
+    n = len(SampleIndex(cfg["data"]))
+    w = cfg["workers"]
+    parts = [(cfg["data"], n * k // w, n * (k + 1) // w) for k in range(w)]
+    with get_context("fork").Pool(w) as pool:
+        pool.map(_decode_all, [(cfg["data"], lo, min(hi, lo + 20)) for _, lo, hi in parts])  # warm-up
+        t0, cpu0, done = time.perf_counter(), tree_cpu(), 0
+        for e in range(10**6):
+            pool.map(_decode_all, parts)
+            done += n
+            elapsed = time.perf_counter() - t0
+            # at least `epochs` epochs and 1 s (tiny data), at most `seconds`
+            if elapsed > cfg["seconds"] or (e + 1 >= cfg["epochs"] and elapsed > min(1.0, cfg["seconds"])):
+                break
+        wall, cpu, rss = time.perf_counter() - t0, tree_cpu() - cpu0, tree_peak_rss()
+    return row(done, wall, cpu, rss, bytes_per_batch=0)
+
+
+RUNNERS = {
+    "torchvision": _run_torchvision,
+    "wds": _run_wds,
+    "dali-reader": _run_dali_reader,
+    "stoker-dali": lambda c: _run_stoker(c, "dali"),
+    "stoker-pil": lambda c: _run_stoker(c, "pil"),
+    "stoker-nvjpeg": lambda c: _run_stoker(c, "nvjpeg", device="cuda"),
+    "stoker-dali-dali-resize": lambda c: _run_stoker(c, "dali", cpu_resize="dali"),
+    "ceiling": _run_ceiling,
+}
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of one measurement subprocess: prints ``RESULT {json}``."""
+    cfg = json.loads(argv[0])
+    print("RESULT " + json.dumps(RUNNERS[cfg["kind"]](cfg)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,356 @@
+"""Tell why training is slow, with numbers: loader-bound, model-bound or transfer-bound.
+
+Measures, in one run and each for --seconds: the loader alone; the model alone
+(forward+backward+step on a synthetic batch already on the device) in fp32, with AMP
+and with channels_last where they apply; the two together end to end, with the
+fraction of time spent waiting for data; the bytes each batch sends to the device
+(uint8 vs float32); and a parameter/FLOP audit of the model that flags a layer holding
+most of the parameters. Then a verdict with the ratio behind it, and the next steps
+ranked by the speed-up they would bring, each with the command or code change.
+
+DATA is stoker shards (a split folder with stoker.json, or a `stoker pack` OUT with
+train/) or an ImageFolder; for an ImageFolder it measures the torchvision pipeline you
+have now, and what `stoker pack` would give (a small subset is packed into a temporary
+folder and measured).
+
+examples:
+  stoker diagnose out/ --arch resnet50 --batch-size 128
+  stoker diagnose ~/data/imagenet --model my_project.nets:build --seconds 10
+  stoker diagnose out/train --model train.py:make_net --json > diagnosis.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from stoker.errors import DiagnoseError, UsageError
+
+from .engine import run_diagnosis
+from .inputs import (
+    backend_choice,
+    build_net,
+    count_data,
+    describe_loader,
+    loader_hints,
+    pack_sample,
+    resolve_data,
+    resolve_device,
+    stoker_loader,
+)
+from .report import format_report
+
+__all__ = ["diagnose", "Diagnosis", "run_diagnosis", "format_report", "DiagnoseError"]
+
+HELP = "measure loader, model, transfer and end to end; say what bounds training and what to change"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "data",
+        metavar="DATA",
+        help="stoker shards (split folder or `stoker pack` OUT, local or a URL) or an ImageFolder",
+    )
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=None,
+        metavar="K=V",
+        help="fsspec storage option for a URL DATA, repeatable",
+    )
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--arch",
+        default="inception",
+        help="stoker network ('inception'; 'report': the report's original network, one regressed "
+        "output) or a torchvision model name (default inception)",
+    )
+    g.add_argument(
+        "--model",
+        metavar="MODULE:FACTORY",
+        help="your network: 'package.module:factory' or 'path/to/file.py:factory'; FACTORY() (given "
+        "num_classes= when it takes it) returns an nn.Module taking normalized float NCHW input",
+    )
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("--crop", type=int, default=224, help="image side the loader produces (default 224)")
+    p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
+    p.add_argument("--seconds", type=float, default=5.0, help="time budget of each measurement (default 5)")
+    p.add_argument(
+        "--amp",
+        choices=("auto", "bf16", "fp16", "off"),
+        default="auto",
+        help="autocast to measure (auto: bf16 where native, fp16 on GPUs without bf16; "
+        "skipped on CPUs without native bf16)",
+    )
+    p.add_argument(
+        "--channels-last",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="measure channels_last (auto: when the model has convolutions)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "dali", "nvjpeg", "pil"),
+        default="auto",
+        help="stoker Loader backend (auto: DALI when installed, else nvjpeg on a CUDA device, else pil)",
+    )
+    p.add_argument("--decode", choices=("auto", "mixed", "cpu"), default="auto", help="stoker Loader decode")
+    p.add_argument("--threads", type=int, default=None, help="stoker Loader threads (default: its own)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="DataLoader workers of the torchvision pipeline for an ImageFolder (default: CPU count)",
+    )
+    p.add_argument(
+        "--pack-sample",
+        type=int,
+        default=256,
+        metavar="N",
+        help="ImageFolder: images packed into a temporary folder to measure stoker (default 256; 0 skips)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON (every figure) on stdout")
+
+
+@dataclasses.dataclass
+class Diagnosis:
+    """What :func:`diagnose` measured and concluded.
+
+    Attributes:
+        report: The JSON-ready report (``stoker diagnose --json``): ``environment``,
+            ``settings``, ``data``, ``loader``, ``loader_alternatives``, ``model``,
+            ``end_to_end``, ``transfer``, ``audit``, ``verdict``, ``next_steps``, ``not_helping``.
+    """
+
+    report: dict
+
+    @property
+    def verdict(self) -> dict:
+        """``bound``, ``label``, ``ratio``, ``stages``, ``data_wait_fraction``, ``text``, ..."""
+        return self.report["verdict"]
+
+    @property
+    def bound(self) -> str:
+        """The stage that bounds training: ``"loader"``, ``"model"`` or ``"transfer"``."""
+        return self.report["verdict"]["bound"]
+
+    @property
+    def next_steps(self) -> list:
+        """The changes that would speed training up, best first (``id``, ``title``, ``action``, ``est_speedup``)."""
+        return self.report["next_steps"]
+
+    def to_dict(self) -> dict:
+        """The JSON-ready report."""
+        return self.report
+
+    def format(self) -> str:
+        """The human report ``stoker diagnose`` prints."""
+        return format_report(self.report)
+
+
+def _check_settings(batch_size: int, crop: int, seconds: float, threads: int | None) -> None:
+    for name, value in (("batch-size", batch_size), ("crop", crop)):
+        if value < 1:
+            raise UsageError(f"--{name} {value} must be >= 1")
+    if seconds <= 0:
+        raise UsageError(f"--seconds {seconds} must be > 0")
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads {threads} must be >= 1")
+
+
+def diagnose(
+    data: str | Path,
+    *,
+    storage_options: dict | None = None,
+    arch: str = "inception",
+    model=None,
+    batch_size: int = 64,
+    crop: int = 224,
+    device: str | None = None,
+    seconds: float = 5.0,
+    amp: str = "auto",
+    channels_last: str = "auto",
+    backend: str = "auto",
+    decode: str = "auto",
+    threads: int | None = None,
+    workers: int | None = None,
+    pack_sample_size: int = 256,
+    progress: Callable[[str], None] | None = None,
+) -> Diagnosis:
+    """Measure why training on ``data`` is slow: loader, model, transfer, end to end.
+
+    Args:
+        data: stoker shards (a split folder, or a `stoker pack` OUT with train/) or an ImageFolder
+            (then the torchvision pipeline is measured, and stoker on a packed sample of it). Shards
+            may be at a URL: fetched whole into the shard cache first.
+        storage_options: fsspec options for a URL ``data`` (credentials, ``endpoint_url``).
+        arch: stoker network (``"inception"``, ``"report"``) or a torchvision model name.
+        model: Your network instead of ``arch``: an ``nn.Module`` taking normalized float NCHW
+            input, or ``"package.module:factory"`` / ``"path/to/file.py:factory"``.
+        batch_size: Batch size of the loader and the model.
+        crop: Image side the loader produces.
+        device: ``"cuda"``, ``"cuda:1"`` or ``"cpu"`` (None: cuda when available).
+        seconds: Time budget of each measurement.
+        amp: Autocast to measure: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"off"``.
+        channels_last: ``"auto"`` (when the model has convolutions), ``"on"`` or ``"off"``.
+        backend: stoker Loader backend (``"auto"``, ``"dali"``, ``"nvjpeg"``, ``"pil"``).
+        decode: stoker Loader decode (``"auto"``, ``"mixed"``, ``"cpu"``).
+        threads: stoker Loader threads (None: its own default).
+        workers: DataLoader workers of the torchvision pipeline (None: the usable cores).
+        pack_sample_size: ImageFolder: images packed into a temporary folder to measure stoker (0 skips).
+        progress: Called with a line before each measurement.
+
+    Returns:
+        The :class:`Diagnosis`.
+
+    Raises:
+        UsageError: Bad data, setting or model; or the model does not train at this batch size.
+    """
+    from stoker.pipeline.deps import usable_cores
+
+    _check_settings(batch_size, crop, seconds, threads)
+    kind, path = resolve_data(data, storage_options)
+    device = resolve_device(device)
+    chosen = backend_choice(backend, device)
+    say = progress or (lambda line: None)
+    cores = usable_cores()
+    # Cheap facts first, then the user's model (a bad --model fails before any loader starts).
+    num_classes, num_samples = count_data(kind, path)
+    if num_samples < batch_size:
+        raise UsageError(f"--batch-size {batch_size} is larger than the {num_samples} samples in {path}")
+    net = build_net(arch, model, num_classes, crop)
+    loader_kw = dict(
+        batch_size=batch_size,
+        train=True,
+        crop=crop,
+        device=device,
+        seed=0,
+        backend=backend,
+        decode=decode,
+        threads=threads,
+    )
+    facts = {
+        "kind": "stoker shards" if kind == "shards" else "ImageFolder",
+        "path": str(path),
+        "samples": num_samples,
+        "classes": num_classes,
+    }
+    tmp = None
+    alternatives = []
+    try:
+        if kind == "shards":
+            from stoker.pipeline.shards.manifest import Manifest
+
+            loader = stoker_loader(path, **loader_kw)
+            manifest = Manifest.load(path)
+            facts |= {
+                "pack": manifest.pack,
+                "loader": describe_loader(loader),
+                "backend": chosen,
+                "loader_hints": loader_hints(manifest, crop),
+            }
+            if threads is not None and threads < cores:
+                alternatives.append(
+                    {
+                        "id": "threads",
+                        "label": f"{cores} threads",
+                        "title": f"Loader threads {cores} (from {threads})",
+                        "action": f"Loader(..., threads={cores})",
+                        "loader": stoker_loader(path, **{**loader_kw, "threads": cores}),
+                    }
+                )
+            if device.startswith("cuda") and decode == "cpu":
+                alternatives.append(
+                    {
+                        "id": "decode_mixed",
+                        "label": 'decode="mixed"',
+                        "title": 'Decode on the GPU (decode="mixed")',
+                        "action": 'Loader(..., decode="mixed")',
+                        "loader": stoker_loader(path, **{**loader_kw, "decode": "mixed"}),
+                    }
+                )
+        else:
+            from ..bench.runners import torchvision_loader
+
+            workers = workers if workers is not None else cores
+            loader, _ = torchvision_loader(
+                path, batch_size=batch_size, crop=crop, workers=workers, pin_memory=device.startswith("cuda")
+            )
+            facts |= {
+                "backend": chosen,
+                "loader": "torchvision ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize, "
+                f"DataLoader(num_workers={workers}): float32 batches on the host",
+            }
+            n = min(pack_sample_size, num_samples)
+            if n > 0:
+                from stoker.pipeline.shards.manifest import Manifest
+
+                say(f"packing {n} images into a temporary folder to measure stoker on them")
+                tmp = Path(tempfile.mkdtemp(prefix="stoker-diagnose-"))
+                split = pack_sample(path, n, tmp)
+                packed_batch = min(batch_size, Manifest.load(split).num_samples)
+                alternatives.append(
+                    {
+                        "id": "pack",
+                        "label": "after stoker pack",
+                        "title": "Pack with stoker pack, load with stoker's Loader",
+                        "action": f"stoker pack {path} OUT; then Loader('OUT/train', batch_size={batch_size}, "
+                        f"crop={crop}, device={device!r})",
+                        "loader": stoker_loader(split, **{**loader_kw, "batch_size": packed_batch}),
+                        "basis_note": f"on {n} of the images, packed with defaults",
+                    }
+                )
+        try:
+            rep = run_diagnosis(
+                loader,
+                net,
+                batch_size=batch_size,
+                crop=crop,
+                device=device,
+                seconds=seconds,
+                amp=amp,
+                channels_last=channels_last,
+                data=facts,
+                alternatives=alternatives,
+                progress=say,
+            )
+        except DiagnoseError as e:
+            raise UsageError(str(e)) from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    rep["settings"]["model"] = (
+        model if isinstance(model, str) and model else (type(model).__name__ if model is not None else arch)
+    )
+    return Diagnosis(rep)
+
+
+def main(args: argparse.Namespace) -> int:
+    from stoker.pipeline.storage import parse_storage_options
+
+    result = diagnose(
+        args.data,
+        storage_options=parse_storage_options(args.storage_option) or None,
+        arch=args.arch,
+        model=args.model,
+        batch_size=args.batch_size,
+        crop=args.crop,
+        device=args.device,
+        seconds=args.seconds,
+        amp=args.amp,
+        channels_last=args.channels_last,
+        backend=args.backend,
+        decode=args.decode,
+        threads=args.threads,
+        workers=args.workers,
+        pack_sample_size=args.pack_sample,
+        progress=lambda line: print(f"stoker diagnose: {line}", file=sys.stderr, flush=True),
+    )
+    print(json.dumps(result.to_dict(), indent=2, default=str) if args.json else result.format())
+    return 0

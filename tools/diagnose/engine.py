@@ -1,0 +1,187 @@
+"""The engine of ``stoker diagnose``: measure a loader and a model apart and together.
+
+:func:`run_diagnosis` takes any loader and any ``nn.Module`` (no paths, no flags), runs the
+measurements of :mod:`stoker.tools.diagnose.measure` and hands the figures to
+:mod:`stoker.tools.diagnose.report` for the verdict and the ranked next steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from stoker.errors import DiagnoseError
+
+
+def resolve_amp(amp: str, device) -> tuple[str | None, str]:
+    """``(dtype or None, why)`` for the AMP measurement on ``device``: the training runtime's
+    policy (:func:`stoker.model.train.runtime.resolve_amp`), plus bf16 on CPUs with native bf16."""
+    from stoker.model.train.runtime import resolve_amp as policy
+
+    spec = policy(amp, device, native_cpu_bf16=True)
+    return (spec.name if spec.enabled else None), spec.why
+
+
+def has_conv(model) -> bool:
+    """True when ``model`` has a 2-D or 3-D convolution (channels_last can pay off)."""
+    from torch import nn
+
+    return any(isinstance(m, (nn.Conv2d, nn.Conv3d)) for m in model.modules())
+
+
+def run_diagnosis(
+    loader: Iterable,
+    model,
+    *,
+    batch_size: int,
+    crop: int,
+    device="cpu",
+    seconds: float = 5.0,
+    amp: str = "auto",
+    channels_last: str = "auto",
+    warmup_batches: int = 2,
+    data: dict | None = None,
+    alternatives: list | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Measure ``loader`` and ``model`` separately and together; return the report dict.
+
+    Args:
+        loader: Yields ``(images, labels)``: uint8 NCHW (stoker's Loader) or normalized float
+            (a torchvision pipeline), on the host or on ``device``.
+        model: The network (taking normalized float input); measured in place, so pass a
+            model you do not mind being trained a few steps.
+        batch_size: The loader's batch size (the synthetic model batch uses the same).
+        crop: Image side of the batches.
+        device: Where the model runs.
+        seconds: Time budget of each measurement.
+        amp: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"off"``: which autocast to measure.
+        channels_last: ``"auto"`` (measure when the model has convolutions), ``"on"``, ``"off"``.
+        warmup_batches: Batches/steps excluded from every timing.
+        data: Facts about DATA shown in the report (kind, path, loader settings); a
+            ``"loader_hints"`` list of dicts (id, title, action, est_loader_speedup, basis)
+            adds estimated loader-side steps.
+        alternatives: Other loaders to measure as loader-side next steps: dicts with ``id``,
+            ``title``, ``action`` and ``loader`` (e.g. stoker's Loader on a packed subset).
+        progress: Called with a line before each measurement.
+
+    Returns:
+        A JSON-ready dict: ``environment``, ``settings``, ``data``, ``loader``, ``model``,
+        ``end_to_end``, ``transfer``, ``audit``, ``verdict``, ``next_steps``, ``not_helping``.
+    """
+    import torch
+
+    from stoker import __version__
+    from stoker.model.audit import audit_model
+
+    from .measure import environment, measure_end_to_end, measure_loader, measure_model_alone, measure_transfer
+    from .report import judge, next_steps
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    if crop < 1:
+        raise ValueError(f"crop={crop} must be >= 1")
+    if seconds <= 0:
+        raise ValueError(f"seconds={seconds} must be > 0")
+    if amp not in ("auto", "bf16", "fp16", "off"):
+        raise ValueError(f"amp={amp!r} must be 'auto', 'bf16', 'fp16' or 'off'")
+    if channels_last not in ("auto", "on", "off"):
+        raise ValueError(f"channels_last={channels_last!r} must be 'auto', 'on' or 'off'")
+    say = progress or (lambda line: None)
+    device = torch.device(device)
+    env = environment()
+
+    say("auditing the model's parameters and FLOPs")
+    audit = audit_model(model, input_size=(3, crop, crop))
+
+    say(f"loader alone ({seconds:g} s)")
+    loader_r = measure_loader(loader, seconds=seconds, warmup_batches=warmup_batches)
+
+    # Alternatives right after, so the loader figures compare side by side in time.
+    alt_r = []
+    for alt in alternatives or []:
+        say(f"loader: {alt['title']} ({seconds:g} s)")
+        r = measure_loader(alt["loader"], seconds=seconds, warmup_batches=warmup_batches)
+        alt_r.append({k: v for k, v in alt.items() if k != "loader"} | {"result": r})
+
+    amp_dtype, amp_why = resolve_amp(amp, device)
+    cl = channels_last == "on" or (channels_last == "auto" and has_conv(model))
+    cl_why = {"on": "--channels-last on", "off": "--channels-last off"}.get(
+        channels_last, "model has convolutions" if cl else "not measured: no convolutions in the model"
+    )
+    configs = [("fp32", None, False)]
+    if amp_dtype:
+        configs.append(("amp", amp_dtype, False))
+    if cl:
+        configs.append(("channels_last", None, True))
+    if amp_dtype and cl:
+        configs.append(("amp_channels_last", amp_dtype, True))
+    model_r: dict = {}
+    warm = warmup_batches
+    for key, a, c in configs:
+        say(f"model alone, {a or 'fp32'}{' channels_last' if c else ''} ({seconds:g} s)")
+        model_r[key] = measure_model_alone(
+            model, batch_size=batch_size, crop=crop, device=device, amp=a, channels_last=c, seconds=seconds, warmup=warm
+        )
+        if (model_r[key].get("step_ms") or 0) > 1000 * seconds:
+            warm = 1  # a step outlasts the budget: one warm-up step is plenty, and saves minutes
+    if model_r["fp32"].get("images_per_s") is None:
+        raise DiagnoseError(
+            f"the model does not train at batch {batch_size} on {device}: "
+            f"{model_r['fp32'].get('error')}; try a smaller batch size"
+        )
+    model_r.setdefault("amp", {"applies": False, "why": amp_why})
+    model_r["amp"].setdefault("why", amp_why)
+    model_r.setdefault("channels_last", {"applies": False, "why": cl_why})
+    model_r["channels_last"].setdefault("why", cl_why)
+
+    say(f"end to end, loader + model ({seconds:g} s)")
+    e2e = measure_end_to_end(loader, model, device=device, seconds=seconds, warmup_batches=min(warm, warmup_batches))
+
+    batch_dev = torch.device(loader_r["device"])
+    transfer = measure_transfer(loader_r["batch_shape"], device=device, seconds=min(seconds, 2.0))
+    # The bus is a stage only when batches are made on the host and trained on the GPU.
+    transfer["applies"] = bool(transfer["applies"] and batch_dev.type != device.type)
+    transfer["loader_dtype"] = loader_r["dtype"]
+    transfer["loader_device"] = loader_r["device"]
+
+    stages = {"loader": loader_r["images_per_s"], "model": model_r["fp32"]["images_per_s"]}
+    if transfer["applies"]:
+        key = "uint8_images_per_s" if loader_r["dtype"] == "uint8" else "float32_images_per_s"
+        stages["transfer"] = transfer[key]
+    verdict = judge(stages, e2e)
+
+    # A bigger batch is worth measuring only when the model is what bounds training.
+    if verdict["bound"] == "model" and model_r["fp32"].get("images_per_s"):
+        say(f"model alone, fp32, batch {2 * batch_size} ({seconds:g} s)")
+        model_r["fp32_batch_x2"] = measure_model_alone(
+            model, batch_size=2 * batch_size, crop=crop, device=device, seconds=seconds, warmup=warm
+        )
+
+    steps, not_helping = next_steps(
+        stages, model_r, transfer, audit, batch_size, device, amp_dtype, alt_r, (data or {}).get("loader_hints", [])
+    )
+    data_out = {k: v for k, v in (data or {}).items() if k != "loader_hints"}
+    return {
+        "stoker_version": __version__,
+        "environment": env,
+        "settings": {
+            "batch_size": batch_size,
+            "crop": crop,
+            "device": str(device),
+            "seconds": seconds,
+            "amp": amp,
+            "amp_measured": amp_dtype,
+            "channels_last": channels_last,
+            "warmup_batches": warmup_batches,
+        },
+        "data": data_out,
+        "loader": loader_r,
+        "loader_alternatives": alt_r,
+        "model": model_r,
+        "end_to_end": e2e,
+        "transfer": transfer,
+        "audit": audit.to_dict(top=10) | {"heaviest": [vars(la) for la in audit.heaviest(5)]},
+        "verdict": verdict,
+        "next_steps": steps,
+        "not_helping": not_helping,
+    }

@@ -1,0 +1,235 @@
+"""What ``stoker diagnose`` measures, made from what the user names: DATA, ``--model``/``--arch``.
+
+Turns a path into ``("shards", split)`` or ``("imagefolder", root)``, a ``MODULE:FACTORY`` spec
+into an ``nn.Module`` (one-line :class:`UsageError` for every way that can fail), and settings
+into stoker Loaders; reads loader-side hints from a split's manifest; packs a sample of an
+ImageFolder so stoker can be measured on it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from pathlib import Path
+
+from stoker.errors import UsageError
+
+from ..pack.sanitize import IMAGE_EXTS
+
+
+def _load_factory(spec: str):
+    """``module:factory`` or ``file.py:factory`` → the callable (UsageError when it cannot be had)."""
+    modname, sep, attr = spec.rpartition(":")
+    if not sep or not modname or not attr:
+        raise UsageError(f"--model {spec!r} must look like 'package.module:factory' or 'file.py:factory'")
+    try:
+        if modname.endswith(".py") or os.sep in modname or "/" in modname:
+            path = Path(modname).expanduser().resolve()
+            if not path.is_file():
+                raise UsageError(f"--model {spec!r}: no such file {modname}")
+            name = f"_stoker_user_model_{path.stem}"
+            sys.path.insert(0, str(path.parent))  # so the file's own sibling imports work
+            try:
+                mspec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(mspec)
+                sys.modules[name] = module
+                mspec.loader.exec_module(module)
+            finally:
+                sys.path.remove(str(path.parent))
+        else:
+            if "" not in sys.path and os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())  # like `python -m`: the current folder is importable
+            module = importlib.import_module(modname)
+    except UsageError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - user code may raise anything, even SystemExit
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        msg = str(e).splitlines()[0] if str(e) else ""
+        raise UsageError(f"--model {spec!r}: cannot import {modname}: {type(e).__name__}: {msg}") from None
+    if not hasattr(module, attr):
+        raise UsageError(f"--model {spec!r}: {modname} has no attribute {attr!r}")
+    factory = getattr(module, attr)
+    if not callable(factory):
+        raise UsageError(f"--model {spec!r}: {attr} is a {type(factory).__name__}, not a callable")
+    return factory
+
+
+def build_user_model(spec: str, num_classes: int):
+    """Import and call the ``--model`` factory; the result must be an ``nn.Module``."""
+    from torch import nn
+
+    factory = _load_factory(spec)
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    try:
+        net = factory(num_classes=num_classes) if "num_classes" in params else factory()
+    except Exception as e:  # noqa: BLE001
+        msg = str(e).splitlines()[0] if str(e) else ""
+        raise UsageError(f"--model {spec!r}: the factory raised {type(e).__name__}: {msg}") from None
+    if not isinstance(net, nn.Module):
+        raise UsageError(f"--model {spec!r}: the factory returned a {type(net).__name__}, not a torch.nn.Module")
+    return net
+
+
+def _is_image_folder(root: Path) -> bool:
+    for sub in sorted(root.iterdir()):
+        if sub.is_dir():
+            for f in sub.iterdir():
+                if f.suffix.lower() in IMAGE_EXTS:
+                    return True
+    return False
+
+
+def resolve_data(path: str, storage_options: dict | None = None) -> tuple[str, Path]:
+    """``("shards", split_dir)`` or ``("imagefolder", root)``; UsageError otherwise. A URL is
+    fetched whole into the shard cache first (its split, or its ``train/``)."""
+    from stoker.errors import ManifestError
+    from stoker.pipeline.cache import local_copy, read_manifest
+    from stoker.pipeline.shards.manifest import MANIFEST_NAME
+    from stoker.pipeline.storage import is_url
+
+    if is_url(path):
+        url = str(path).rstrip("/")
+        try:
+            read_manifest(url, storage_options)
+        except ManifestError:
+            url += "/train"
+        return "shards", local_copy(url, storage_options)
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise UsageError(f"DATA {path} is not a folder")
+    if (root / MANIFEST_NAME).is_file():
+        return "shards", root
+    if (root / "train" / MANIFEST_NAME).is_file():
+        return "shards", root / "train"
+    if _is_image_folder(root):
+        return "imagefolder", root
+    if (root / "train").is_dir() and _is_image_folder(root / "train"):
+        return "imagefolder", root / "train"
+    raise UsageError(
+        f"DATA {path} is neither stoker shards (no {MANIFEST_NAME} in it or in train/) "
+        "nor an ImageFolder (class subfolders of images)"
+    )
+
+
+def resolve_device(arg: str | None) -> str:
+    """``--device`` (None: cuda when available) as a device string; UsageError when it cannot be had."""
+    from stoker.model.train import resolve_device as resolve
+
+    try:
+        return str(resolve(arg or "auto"))
+    except ValueError as e:
+        raise UsageError(f"--device: {e}") from None
+
+
+def backend_choice(requested: str, device: str) -> dict:
+    """Which Loader backend this setup uses for ``requested`` on ``device``, and why
+    (:func:`stoker.pipeline.deps.resolve_backend`); a backend that cannot run here is a
+    :class:`UsageError` naming the fix."""
+    import torch
+
+    from stoker.pipeline.deps import resolve_backend
+
+    try:
+        name, why = resolve_backend(requested, torch.device(device).type)
+    except ValueError as e:
+        raise UsageError(f"--backend: {e}") from None
+    return {"name": name, "why": why if requested == "auto" else f"--backend {requested}"}
+
+
+def pack_sample(root: Path, n: int, tmp: Path) -> Path:
+    """Pack ``n`` random images of ImageFolder ``root`` (symlinked into ``tmp``) with the
+    default settings; return the packed split folder."""
+    from ..bench.packing import link_image_folder
+    from ..pack import pack
+
+    src = tmp / "src"
+    link_image_folder(root, src, n)
+    print(pack(src, tmp / "out").summary(), file=sys.stderr)  # stdout carries the report (--json) alone
+    return tmp / "out" / "train"
+
+
+def count_data(kind: str, path: Path) -> tuple[int, int]:
+    """``(classes, samples)`` of shards (from the manifest) or an ImageFolder (by listing it)."""
+    if kind == "shards":
+        from stoker.pipeline.shards.manifest import Manifest
+
+        manifest = Manifest.load(path)
+        return len(manifest.classes), manifest.num_samples
+    from torchvision.datasets.folder import find_classes
+
+    num_classes = len(find_classes(str(path))[0])
+    return num_classes, sum(
+        1 for c in path.iterdir() if c.is_dir() for f in c.iterdir() if f.suffix.lower() in IMAGE_EXTS
+    )
+
+
+def loader_hints(manifest, crop: int) -> list:
+    """Estimated loader-side steps read from the shards' manifest (pack settings)."""
+    pack = manifest.pack or {}
+    if "short_side" not in pack:  # not made by `stoker pack`: sizes unknown
+        return []
+    from stoker.pipeline.augment.crops import VAL_CROP_FRACTION
+
+    target = round(crop / VAL_CROP_FRACTION)  # what a val resize needs; train crops need no more
+    side = pack.get("short_side") or (round(0.75 * pack["max_side"]) if pack.get("max_side") else 0)
+    if side and side <= 1.5 * target:
+        return []
+    # Decode time grows with the stored pixels: ImageNet originals (median 500x375) repacked to
+    # short side 256 measured 1.6x faster for ~2.1x fewer pixels on this project's 2-core machine;
+    # assume the same law.
+    pixels = (side / target) ** 2 if side else 2.1
+    src = pack.get("source", "SRC")
+    return [
+        {
+            "id": "pack_smaller",
+            "title": f"Repack with --short-side {target}",
+            "action": f"stoker pack {src} OUT --short-side {target}",
+            "est_loader_speedup": min(pixels**0.65, 4.0),
+            "basis": f"stored short side {side or 'original size'} vs {target} for crop {crop}: "
+            f"~{pixels:.1f}x the pixels to decode; 2.1x fewer pixels gave 1.6x on ImageNet",
+        }
+    ]
+
+
+def build_net(arch: str, model, num_classes: int, crop: int):
+    """The network to measure: ``model`` (an ``nn.Module``, or a ``MODULE:FACTORY`` spec), else
+    stoker's or torchvision's ``arch`` (``"report"``: the report's network, one regressed output)."""
+    if model is not None and not isinstance(model, str):
+        return model
+    if model:
+        return build_user_model(model, num_classes)
+    from stoker.model.nets import build_model
+
+    try:
+        if arch == "report":  # as in the report: one regressed output, Linear sized by the crop
+            return build_model("report", 1, image_size=crop)
+        return build_model(arch, num_classes)
+    except ValueError as e:
+        raise UsageError(f"--arch: {e}") from None
+
+
+def stoker_loader(split: Path, **kw):
+    """stoker's Loader on ``split`` (a bad setting is a UsageError)."""
+    from stoker.pipeline import Loader
+
+    try:
+        return Loader(str(split), **kw)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def describe_loader(loader) -> dict:
+    """The settings of a stoker Loader, as strings, for the report."""
+    out = {}
+    for k in ("backend", "decode", "threads", "batch_size", "crop", "device"):
+        v = getattr(loader, k, None)
+        if v is not None:
+            out[k] = str(v)
+    return out

@@ -1,0 +1,19 @@
+"""``stoker pack``: an image folder, ``train/``+``val/`` tree or CSV into shards.
+
+=================  ======================================================================
+``api``            :func:`pack` and :func:`merge_parts`, the library functions
+``command``        the flags and ``main`` (its docstring is ``stoker pack --help``)
+``source``         the scan of SRC: folders, CSVs, labels and targets, scan rejects
+``sanitize``       one input file → stored bytes (decode, upright, RGB, resize, encode)
+``engine``         a (split, part): sanitize in a pool, write shards, restore damaged ones
+``journal``        crash-safe progress, settings identity, the merge into manifests
+``remote``         a URL OUT: stage locally, upload as shards finish, manifests last
+``ray_engine``     ``--engine ray``: the image work as Ray tasks, output byte-identical
+``result``         :class:`PackResult`, what a pack reports
+=================  ======================================================================
+"""
+
+from .api import DEFAULT_SHARD_SIZE, merge_parts, pack
+from .result import PackResult
+
+__all__ = ["DEFAULT_SHARD_SIZE", "PackResult", "merge_parts", "pack"]

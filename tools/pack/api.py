@@ -1,0 +1,310 @@
+"""``pack()`` and ``merge_parts()``: the library behind ``stoker pack`` (its flags: :mod:`.command`).
+
+The scan of SRC is :mod:`.source`, the per-image work :mod:`.sanitize`, the shard writing and
+resume :mod:`.engine` and :mod:`.journal`, a URL OUT :mod:`.remote`, Ray :mod:`.ray_engine`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from stoker import __version__
+from stoker.errors import InputsRejectedError, StokerError, UsageError, WriteFailedError
+from stoker.pipeline.storage import Store, default_cache_dir, is_url, url_key
+
+from .engine import pack_part
+from .journal import claim, merge, merged_totals, read_settings
+from .remote import Remote
+from .result import PackResult
+from .sanitize import MAX_BYTES, PIL_MAX_PIXELS, Settings
+from .source import Source, display_path, scan
+
+DEFAULT_SHARD_SIZE = 256 * 1000**2
+
+
+def pack(
+    src: str | Path,
+    out: str | Path,
+    *,
+    short_side: int = 256,
+    max_side: int = 0,
+    quality: int = 90,
+    reencode: bool = False,
+    max_pixels: int = PIL_MAX_PIXELS,
+    max_file_size: int = MAX_BYTES,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    samples_per_shard: int = 0,
+    seed: int = 0,
+    val_fraction: float = 0.0,
+    workers: int | None = None,
+    part: int = 0,
+    parts: int = 1,
+    engine: str = "local",
+    ray_address: str | None = None,
+    strict: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+    staging: str | Path | None = None,
+    progress: bool = False,
+) -> PackResult:
+    """Pack ``src`` into shards in ``out`` (see the module doc); rerun the same call to resume.
+
+    Args:
+        src: An ImageFolder tree, a tree with train/ and val/, or a CSV/TSV of path,label rows.
+        out: The output folder (created), or a URL (s3://bucket/ds, gs://..., any fsspec URL).
+        short_side: Resize down so the shorter side is at most this (0: keep the size).
+        max_side: Resize down so the longer side is at most this (0: no limit).
+        quality: JPEG quality of re-encoded images.
+        reencode: Re-encode every image, even JPEGs that could be copied as they are.
+        max_pixels: Reject images larger than this many pixels, before decoding.
+        max_file_size: Reject input files larger than this many bytes, before reading.
+        shard_size: Start a new shard before one would exceed this many bytes.
+        samples_per_shard: Exactly this many samples per shard (0: by ``shard_size``).
+        seed: Seed of the sample shuffle and of the val split.
+        val_fraction: A seeded, stratified fraction of the images for val/ (when SRC has no val/).
+        workers: Processes (or Ray CPUs) sanitizing images (None: the CPU count).
+        part: Pack only this part of ``parts`` of the shuffled list (0-based); then :func:`merge_parts`.
+        parts: Into how many parts the list is cut (1: the whole).
+        engine: ``"local"`` (a process pool) or ``"ray"`` (Ray tasks; the output is the same).
+        ray_address: The Ray cluster of ``engine="ray"`` (None: a local Ray).
+        strict: Raise :class:`InputsRejectedError` when any input was rejected.
+        storage_options: fsspec options of a URL ``out``.
+        staging: The local folder of a URL ``out`` for the journal and the shards on their way up
+            (None: under ~/.cache/stoker/pack-staging).
+        progress: Show a progress bar on stderr.
+
+    Returns:
+        The :class:`PackResult`.
+
+    Raises:
+        UsageError: A bad setting or path, or ``out`` holds something else.
+        InputsRejectedError: ``strict`` and some inputs were rejected (the pack is finished).
+        WriteFailedError: Writing ``out`` failed (disk full, ...); rerun the same call.
+        CheckFailedError: A shard deleted since it was packed rebuilds differently (SRC changed).
+    """
+    if not 0 <= part < parts:
+        raise UsageError(f"--part {part}/{parts} should be I/N with 0 <= I < N, e.g. 0/4")
+    try:
+        settings = Settings(
+            short_side=short_side,
+            max_side=max_side,
+            quality=quality,
+            reencode=reencode,
+            max_pixels=max_pixels,
+            max_bytes=max_file_size,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if shard_size < 1:
+        raise UsageError(f"--shard-size must be positive, got {shard_size}")
+    if samples_per_shard < 0:
+        raise UsageError(f"--samples-per-shard must be >= 0, got {samples_per_shard}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise UsageError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    if engine not in ("local", "ray"):
+        raise UsageError(f"--engine must be local or ray, got {engine!r}")
+    if engine != "ray" and ray_address:
+        raise UsageError("--ray-address needs --engine ray")
+    src = Path(src)
+    if not src.exists():
+        raise UsageError(f"SRC {src} does not exist")
+    remote: Remote | None = None
+    if is_url(out):
+        if parts > 1:
+            raise UsageError(
+                "--part with a URL OUT is not supported: use --engine ray to pack on many machines, "
+                "or pack the parts into a shared folder"
+            )
+        options = dict(storage_options or {})
+        store = Store(str(out), options)
+        store.check()  # reachable, bucket exists: before any work
+        local = Path(staging) if staging else default_cache_dir() / "pack-staging" / url_key(str(out), options)
+        remote = Remote(store, local)
+        _check_out(src, local, "--staging")
+    else:
+        if staging or storage_options:
+            raise UsageError("--staging and --storage-option are for a URL OUT (s3://bucket/ds, ...)")
+        local = Path(out)
+        _check_out(src, local)
+    t0 = time.perf_counter()
+    source = scan(src, seed=seed, val_fraction=val_fraction)
+    _make_out(local, "--staging" if remote else "OUT")
+    identity = _settings_identity(
+        src,
+        source,
+        settings,
+        seed=seed,
+        shard_size=shard_size,
+        samples_per_shard=samples_per_shard,
+        val_fraction=val_fraction,
+        parts=parts,
+    )
+    job = dict(
+        part=part,
+        parts=parts,
+        settings=settings,
+        shard_size=shard_size,
+        samples_per_shard=samples_per_shard,
+        workers=workers,
+        progress=progress,
+        engine=engine,
+        remote=remote,
+    )
+    try:
+        if engine == "ray":
+            from stoker.pipeline.deps import usable_cores
+
+            from .ray_engine import session
+
+            with session(ray_address, min(workers, usable_cores())):
+                result = _run(local, source, identity, t0, job)
+        else:
+            result = _run(local, source, identity, t0, job)
+    except OSError as e:
+        raise _write_failed(e, local) from None
+    return _checked(result, strict)
+
+
+def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
+    """Write the manifests and rejects.jsonl of ``out`` once every ``parts`` run of :func:`pack` finished.
+
+    Raises:
+        UsageError: ``out`` is a URL or holds no pack, or parts are not finished (named).
+        InputsRejectedError: ``strict`` and some inputs were rejected.
+        WriteFailedError: Writing ``out`` failed.
+    """
+    if is_url(out):
+        raise UsageError(
+            "--merge takes a local OUT: --part with a URL OUT is not supported (use --engine ray "
+            "to pack on many machines)"
+        )
+    out, t0 = Path(out), time.perf_counter()
+    try:
+        totals = merge(out)
+    except OSError as e:
+        raise _write_failed(e, out) from None
+    inputs = sum(s["num_inputs"] for s in (read_settings(out) or {}).get("splits", {}).values())
+    return _checked(
+        PackResult(out=str(out), inputs=inputs, splits=totals, run={}, seconds=time.perf_counter() - t0), strict
+    )
+
+
+def _checked(result: PackResult, strict: bool) -> PackResult:
+    if strict and result.rejected and not result.up_to_date and result.parts == 1:
+        raise InputsRejectedError(f"{result.rejected} input(s) rejected (--strict); see rejects.jsonl", result)
+    return result
+
+
+def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> PackResult:
+    """Pack every split of ``source`` into ``out`` (the staging folder of a URL OUT), then merge."""
+    remote: Remote | None = job["remote"]
+    where = remote.store.url if remote else str(out)
+    if remote is not None and read_settings(out) is None and not remote.store.is_empty():
+        raise UsageError(
+            f"OUT {where} is not empty and this machine holds no pack journal for it (in {out}); "
+            f"use an empty location, or the --staging folder of the pack that wrote it"
+        )
+    claim(out, identity)
+    run = {split: pack_part(out, split, source, **job) for split in source.splits}
+    if remote is not None:
+        remote.flush()  # every shard is up before the manifests are planned
+    part, parts, splits = job["part"], job["parts"], list(source.splits)
+    inputs = sum(len(v) for v in source.splits.values())
+    worked = any(r["packed"] or r["rejected"] or r["restored"] for r in run.values())
+    shard_ok = remote.shard_ok if remote else None
+    if parts == 1 and not worked:
+        totals = merged_totals(out, shard_ok)
+        if totals is not None and (remote is None or remote.manifests_match(out, splits)):
+            return PackResult(
+                out=where, inputs=inputs, splits=totals, run=run, seconds=time.perf_counter() - t0, up_to_date=True
+            )
+    if parts > 1:
+        return PackResult(
+            out=where, inputs=inputs, splits={}, run=run, seconds=time.perf_counter() - t0, part=part, parts=parts
+        )
+    totals = merge(out, shard_ok)
+    if remote is not None:
+        remote.publish_manifests(out, splits)
+    return PackResult(out=where, inputs=inputs, splits=totals, run=run, seconds=time.perf_counter() - t0)
+
+
+def _check_out(src: Path, out: Path, what: str = "OUT") -> None:
+    rs, ro = src.resolve(), out.resolve()
+    if rs.is_dir() and (ro == rs or rs in ro.parents):  # it would pack its own output
+        raise UsageError(f"{what} {out} is inside SRC {src}; put it elsewhere")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"cannot write to {what} {out}: it exists and is not a folder")
+    parent = ro
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write to {what} {out}: {parent} is not a writable folder")
+
+
+def _make_out(out: Path, what: str = "OUT") -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".stoker-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to {what} {out}: {e.strerror or e}") from None
+
+
+def _settings_identity(
+    src: Path,
+    source: Source,
+    settings: Settings,
+    *,
+    seed: int,
+    shard_size: int,
+    samples_per_shard: int,
+    val_fraction: float,
+    parts: int,
+) -> dict:
+    """Everything that determines the bytes of the pack: equal dicts -> equal output."""
+    return {
+        "journal_format": 1,
+        "stoker_version": __version__,
+        "source": str(src.resolve()),
+        "seed": seed,
+        "short_side": settings.short_side,
+        "max_side": settings.max_side,
+        "quality": settings.quality,
+        "reencode": settings.reencode,
+        "max_pixels": settings.max_pixels,
+        "max_bytes": settings.max_bytes,
+        "shard_size": 0 if samples_per_shard else shard_size,
+        "samples_per_shard": samples_per_shard,
+        "val_fraction": val_fraction,
+        "parts": parts,
+        "classes": source.classes,
+        "splits": {
+            s: {
+                "num_inputs": len(items),
+                "digest": source.digest(s),
+                "skipped": source.skipped.get(s, 0),
+                "scan_rejects": [list(r) for r in source.rejects.get(s, [])],
+            }
+            for s, items in source.splits.items()
+        },
+    }
+
+
+def _write_failed(e: OSError, out: Path) -> StokerError:
+    where = display_path(str(e.filename or out))
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return WriteFailedError(
+            f"disk full writing {where}: free space and rerun the same command "
+            f"(finished shards are kept, nothing written is corrupt)"
+        )
+    return WriteFailedError(
+        f"cannot write {where}: {e.strerror or e}; fix it and rerun the same command (finished shards are kept)"
+    )

@@ -1,0 +1,213 @@
+"""Pack an image folder (or a CSV/TSV of path,label) into WebDataset tar shards.
+
+SRC is an ImageFolder tree (one subfolder per class, class index = sorted folder
+name), a tree with train/ and val/ subtrees, or a CSV/TSV of path,label rows (paths
+relative to the CSV's folder; integer labels are kept as they are and must be in
+0..1,000,000; otherwise labels are class names). OUT gets train/ (and val/): shards
+train-000000.tar with one DALI .idx each and a stoker.json manifest, plus
+rejects.jsonl listing every input that was not packed, with the reason.
+
+Symlinks are followed, but each real folder and file is packed once, and a link that
+loops back up or into another class's folder is not followed (listed as a reject), so
+no image lands under another class's label. Only regular files up to --max-file-size
+are read. A JPEG is copied byte for byte only when every decoder of the Loader reads it
+identically (baseline, 8-bit, one scan, nothing after the end marker), is RGB, upright
+and within the size limits; every other image is decoded, turned upright and RGB,
+resized down and re-encoded, so every stored sample decodes in DALI and Pillow.
+
+The run is deterministic (same SRC and --seed: byte-identical shards), parallel,
+and resumable: after a crash, a kill or a full disk, rerun the same command. A rerun
+also restores shards deleted or truncated since, and manifests another tool rewrote.
+With --part I/N, N machines pack disjoint slices into one OUT; then
+`stoker pack --merge OUT`.
+
+OUT may be a URL (s3://bucket/ds, gs://..., file://...; credentials and endpoint
+from the usual AWS_* variables or --storage-option): shards are built in a local
+staging folder, each uploaded as soon as it is finished, and the stoker.json
+manifests go last, so a reader never sees a manifest before its shards. The
+journal stays in the staging folder: rerun the same command after a crash or a
+kill and it goes on where it stopped. With --engine ray the image work runs as
+Ray tasks on a cluster (--ray-address) or on this machine; the output is the same.
+
+examples:
+  stoker pack ~/data/imagenet /fast/imagenet-shards
+  stoker pack photos/ out/ --val-fraction 0.1 --short-side 0 --max-side 512
+  stoker pack labels.csv out/ --part 3/8   # on 8 machines, then: stoker pack --merge out/
+  stoker pack ~/data/imagenet s3://bucket/imagenet --engine ray --ray-address auto
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from stoker.errors import InputsRejectedError, UsageError
+from stoker.pipeline.storage import parse_storage_options
+
+from ..common.units import parse_part, parse_size
+from .api import merge_parts, pack
+from .result import PackResult
+from .sanitize import MAX_BYTES, PIL_MAX_PIXELS
+from .source import MAX_LABEL
+
+HELP = "pack an image folder or CSV into WebDataset shards + DALI .idx + stoker.json"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "src",
+        nargs="?",
+        metavar="SRC",
+        help="image folder, train/+val/ tree, or CSV/TSV of path,label (integer labels must be in "
+        f"0..{MAX_LABEL:,}; other rows are rejected)",
+    )
+    p.add_argument(
+        "out",
+        nargs="?",
+        metavar="OUT",
+        help="output folder (created), or a URL: s3://bucket/ds, gs://..., any fsspec URL",
+    )
+    g = p.add_argument_group("images")
+    g.add_argument(
+        "--short-side",
+        type=int,
+        default=256,
+        metavar="PX",
+        help="resize down so the shorter side is at most PX (0: keep the size; default 256)",
+    )
+    g.add_argument(
+        "--max-side",
+        type=int,
+        default=0,
+        metavar="PX",
+        help="resize down so the longer side is at most PX (default: no limit)",
+    )
+    g.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images (default 90)")
+    g.add_argument(
+        "--reencode",
+        action="store_true",
+        help="re-encode every image, even baseline RGB JPEGs that could be copied as they are",
+    )
+    g.add_argument(
+        "--max-pixels",
+        type=int,
+        default=PIL_MAX_PIXELS,
+        metavar="N",
+        help=f"reject images larger than N pixels, before decoding (default {PIL_MAX_PIXELS:,})",
+    )
+    g.add_argument(
+        "--max-file-size",
+        default=f"{MAX_BYTES // 1024**2}MiB",
+        metavar="SIZE",
+        help=f"reject input files larger than SIZE, before reading them (default {MAX_BYTES // 1024**2}MiB)",
+    )
+    g = p.add_argument_group("shards")
+    g.add_argument(
+        "--shard-size",
+        default="256MB",
+        metavar="SIZE",
+        help="start a new shard before one would exceed SIZE (256MB, 1GB, bytes; default 256MB)",
+    )
+    g.add_argument(
+        "--samples-per-shard",
+        type=int,
+        default=0,
+        metavar="N",
+        help="exactly N samples per shard (overrides --shard-size)",
+    )
+    g.add_argument("--seed", type=int, default=0, help="seed of the sample shuffle and val split (default 0)")
+    g.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="put a seeded fraction F of the images into val/, stratified by class (when SRC has no "
+        "val/ folder); classes too small to give one are filled from the others",
+    )
+    g = p.add_argument_group("running")
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help=f"worker processes (default: all cores, {os.cpu_count()})",
+    )
+    g.add_argument("--part", metavar="I/N", help="pack only part I of N of the shuffled list (0-based)")
+    g.add_argument("--merge", metavar="OUT", help="write the manifests of OUT once all its --part runs finished")
+    g.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: a process pool on this machine (default); ray: Ray tasks (pip install stoker[ray]) "
+        "on --ray-address, or on a local Ray with --workers CPUs; the output is the same",
+    )
+    g.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster to run on (auto, ray://head:10001; default: a local Ray on this machine)",
+    )
+    g.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    g = p.add_argument_group("object storage (OUT is a URL)")
+    g.add_argument(
+        "--storage-option",
+        action="append",
+        default=None,
+        metavar="K=V",
+        help="an fsspec storage option, repeatable (endpoint_url=http://host:9000, anon=true, "
+        "config_kwargs.read_timeout=30)",
+    )
+    g.add_argument(
+        "--staging",
+        metavar="DIR",
+        help="local folder for the journal and the shards on their way up (default: "
+        "~/.cache/stoker/pack-staging/<hash of OUT>); needs room for about two shards",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.merge:
+            if args.src or args.out:
+                raise UsageError("--merge OUT takes no SRC/OUT arguments")
+            result = merge_parts(args.merge, strict=args.strict)
+        else:
+            if not args.src or not args.out:
+                raise UsageError("need SRC and OUT (or --merge OUT)")
+            part, parts = parse_part(args.part)
+            max_file_size = parse_size(args.max_file_size, "--max-file-size")
+            shard_size = parse_size(args.shard_size)
+            result = pack(
+                args.src,
+                args.out,
+                short_side=args.short_side,
+                max_side=args.max_side,
+                quality=args.quality,
+                reencode=args.reencode,
+                max_pixels=args.max_pixels,
+                max_file_size=max_file_size,
+                shard_size=shard_size,
+                samples_per_shard=args.samples_per_shard,
+                seed=args.seed,
+                val_fraction=args.val_fraction,
+                workers=args.workers,
+                part=part,
+                parts=parts,
+                engine=args.engine,
+                ray_address=args.ray_address,
+                strict=args.strict,
+                storage_options=parse_storage_options(args.storage_option),
+                staging=args.staging,
+                progress=not args.quiet,
+            )
+    except InputsRejectedError as e:  # the pack is done: its summary, then the error
+        _print(e.result)
+        raise
+    _print(result)
+    return 0
+
+
+def _print(result: PackResult) -> None:
+    for line in result.notes():
+        print(line, file=sys.stderr)
+    print(result.summary())

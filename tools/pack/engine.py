@@ -1,0 +1,277 @@
+"""The local engine of ``stoker pack``: sanitize the inputs of one (split, part) in order
+(a process pool, or Ray tasks), write them into shards, journal each finished shard, and
+rebuild journaled shards that were deleted or damaged since. Resumes from the journal."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+from stoker.errors import CheckFailedError, UsageError
+from stoker.pipeline.shards.manifest import idx_path
+from stoker.pipeline.shards.writer import ShardWriter, shard_name
+
+from .journal import Journal, journal_path, local_shard_ok, part_status, shard_record, state_dir
+from .remote import Remote
+from .sanitize import Sanitized, Settings, sanitize
+from .source import Item, Source, display_path, part_range
+
+CHUNK = 8  # images per worker task: amortizes inter-process overhead
+
+
+def _worker_init() -> None:
+    """Workers leave Ctrl-C to the main process and die with it, even on kill -9."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _sanitize_chunk(chunk: list[str], settings: Settings) -> list[Sanitized]:
+    return [sanitize(path, settings) for path in chunk]
+
+
+class _Sanitizer:
+    """Sanitizes items in order: in this process (workers=1), or in a process pool with
+    a bounded window of chunks in flight, so memory stays flat however long the list.
+
+    The pool is forked on ``__enter__``, before the progress bar starts its thread.
+    """
+
+    def __init__(self, settings: Settings, workers: int, base: Path):
+        self.settings, self.workers, self.base, self.pool = settings, workers, str(base), None
+
+    def __enter__(self) -> _Sanitizer:
+        if self.workers > 1:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("spawn" if sys.platform == "darwin" else "fork")
+            self.pool = ctx.Pool(self.workers, _worker_init)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+    def results(self, items: list[Item]) -> Iterator[Sanitized]:
+        if self.pool is None:  # one at a time: a shard is written as soon as its images are ready
+            for it in items:
+                yield sanitize(os.path.join(self.base, it.rel), self.settings)
+            return
+        fn = partial(_sanitize_chunk, settings=self.settings)
+        chunks = ([os.path.join(self.base, it.rel) for it in items[i : i + CHUNK]] for i in range(0, len(items), CHUNK))
+        pending: collections.deque = collections.deque()
+        for c in chunks:
+            pending.append(self.pool.apply_async(fn, (c,)))
+            if len(pending) >= 4 * self.workers:
+                break
+        while pending:
+            res = pending.popleft().get()
+            nxt = next(chunks, None)
+            if nxt is not None:
+                pending.append(self.pool.apply_async(fn, (nxt,)))
+            yield from res
+
+
+def _sanitizer(settings: Settings, workers: int, base: Path, engine: str):
+    """The engine that sanitizes images: a process pool here, or Ray tasks."""
+    if engine == "ray":
+        from .ray_engine import RaySanitizer
+
+        return RaySanitizer(settings, base)
+    return _Sanitizer(settings, workers, base)
+
+
+def _components(it: Item, res: Sanitized, classes: list[str]) -> dict[str, bytes]:
+    """The tar members of one packed sample (file names stored as valid UTF-8)."""
+    meta = {"path": display_path(it.rel), "width": res.width, "height": res.height, "class": classes[it.label]}
+    return {"cls": str(it.label).encode(), "jpg": res.jpg, "json": json.dumps(meta).encode()}
+
+
+def _sample_bytes(components: dict[str, bytes]) -> int:
+    return sum(512 + len(v) + (-len(v) % 512) for v in components.values())
+
+
+def pack_part(out: Path, split: str, source: Source, *, part: int, parts: int, **kw) -> dict:
+    """Pack part ``part`` of ``parts`` of one split into shards, resuming from the
+    journal; ``kw`` as :func:`_pack_part_locked`. Returns this run's counts: packed,
+    rejected, copied, shards, bytes."""
+    start, end = part_range(len(source.splits[split]), part, parts)
+    state_dir(out).mkdir(parents=True, exist_ok=True)
+    with _lock(journal_path(out, split, part, parts).with_suffix(".lock"), f"{split} part {part}/{parts}"):
+        return _pack_part_locked(out, split, source, start=start, end=end, part=part, parts=parts, **kw)
+
+
+def _pack_part_locked(
+    out: Path,
+    split: str,
+    source: Source,
+    *,
+    start: int,
+    end: int,
+    part: int,
+    parts: int,
+    settings: Settings,
+    shard_size: int,
+    samples_per_shard: int,
+    workers: int,
+    progress: bool,
+    engine: str = "local",
+    remote: Remote | None = None,
+) -> dict:
+    from tqdm import tqdm
+
+    split_dir = out / split
+    split_dir.mkdir(parents=True, exist_ok=True)
+    prefix = shard_name(split, 0, part, parts)[: -len("000000.tar")]
+    for stale in split_dir.glob(prefix + "*.tmp"):  # a shard or index from a killed run
+        stale.unlink()
+    journal = Journal(journal_path(out, split, part, parts))
+    records = journal.load(repair=True)
+    nshards, pos, done = part_status(records)
+    pos = max(pos, start)
+    stats = {"packed": 0, "rejected": 0, "copied": 0, "shards": 0, "bytes": 0, "restored": 0}
+    if remote is None:
+        damaged, uploads = _damaged_shards(split_dir, records, start), []
+    else:
+        damaged, uploads = remote.check(split_dir, records, start)
+    if damaged:
+        stats["restored"] = _restore(
+            split_dir, source.splits[split], source, damaged, settings=settings, workers=workers, engine=engine
+        )
+    if remote is not None:  # staged shards of a killed run, and the ones just rebuilt
+        for name in uploads + [info["name"] for _, _, info in damaged]:
+            remote.publish(split_dir, name)
+        stats["restored"] += len(uploads)
+    if done:
+        return stats
+    writer: ShardWriter | None = None
+    rejects: list[tuple[str, str]] = []
+
+    def close(end_pos: int) -> None:
+        """Finish the open shard (if any) and journal it with the rejects of its range."""
+        nonlocal writer, nshards, rejects
+        info = None
+        if writer is not None:
+            writer.__exit__(None, None, None)
+            info = writer.info
+            writer = None
+            nshards += 1
+            stats["shards"] += 1
+            stats["bytes"] += info.bytes
+        journal.append(shard_record(info, end_pos, rejects))
+        rejects = []
+        if remote is not None and info is not None:  # journaled first: a kill mid-upload re-uploads
+            remote.publish(split_dir, info.name)
+
+    desc = split + (f" {part}/{parts}" if parts > 1 else "")
+    items, classes = source.splits[split], source.classes
+    with (
+        _sanitizer(settings, workers, source.base, engine) as sanitizer,
+        tqdm(
+            total=end - start,
+            initial=pos - start,
+            desc=desc,
+            unit="img",
+            file=sys.stderr,
+            disable=None if progress else True,
+            smoothing=0.05,
+            dynamic_ncols=True,
+        ) as bar,
+    ):
+        try:
+            for i, res in enumerate(sanitizer.results(items[pos:end]), start=pos):
+                it = items[i]
+                bar.update(1)
+                if res.jpg is None:
+                    rejects.append((display_path(it.rel), res.reason))
+                    stats["rejected"] += 1
+                    continue
+                comps = _components(it, res, classes)
+                if writer is not None and (
+                    len(writer) >= samples_per_shard
+                    if samples_per_shard
+                    else writer.bytes_written + _sample_bytes(comps) + 1024 > shard_size
+                ):
+                    close(i)
+                if writer is None:  # entered and exited by hand: shards roll over mid-loop
+                    writer = ShardWriter(out / split / shard_name(split, nshards, part, parts)).__enter__()
+                writer.write(f"{i:09d}", comps)
+                stats["packed"] += 1
+                stats["copied"] += res.copied
+            if writer is not None or rejects:
+                close(end)
+            journal.append({"done": True, "end": end})
+        except BaseException:
+            if writer is not None:  # leave no half shard under a .tmp name
+                writer.__exit__(*sys.exc_info())
+            raise
+    return stats
+
+
+def _damaged_shards(split_dir: Path, records: list[dict], start: int) -> list[tuple[int, int, dict]]:
+    """Journaled shards that are missing, have another size than journaled, or lack
+    their ``.idx``: ``(first input, end input, shard record)`` each. Stats only: cheap."""
+    bad, first = [], start
+    for r in records:
+        info = r.get("shard")
+        if info and not local_shard_ok(split_dir / info["name"], info["bytes"]):
+            bad.append((first, r["end"], info))
+        first = r["end"]
+    return bad
+
+
+def _restore(
+    split_dir: Path,
+    items: list[Item],
+    source: Source,
+    damaged: list[tuple[int, int, dict]],
+    *,
+    settings: Settings,
+    workers: int,
+    engine: str = "local",
+) -> int:
+    """Rebuild journaled shards that were deleted or damaged after they were written:
+    the inputs of a shard's range are packed again into the same name (deterministic,
+    so byte-identical). Raises CheckFailedError when the rebuilt bytes differ (SRC changed)."""
+    with _sanitizer(settings, workers, source.base, engine) as sanitizer:
+        for first, end, info in damaged:
+            path = split_dir / info["name"]
+            with ShardWriter(path) as writer:
+                for i, res in enumerate(sanitizer.results(items[first:end]), start=first):
+                    if res.jpg is not None:
+                        writer.write(f"{i:09d}", _components(items[i], res, source.classes))
+            if writer.info.sha256 != info["sha256"]:
+                path.unlink(missing_ok=True)
+                idx_path(path).unlink(missing_ok=True)
+                raise CheckFailedError(
+                    f"shard {path} was missing or damaged and rebuilds differently: the images in "
+                    f"SRC changed since it was packed; delete {split_dir.parent} and pack again"
+                )
+    return len(damaged)
+
+
+def _lock(path: Path, what: str):
+    """Hold an exclusive lock on ``path`` while packing, so a second run of the same
+    part (a double-submitted job) stops with a usage error instead of racing."""
+    f = open(path, "a")
+    try:
+        import fcntl
+
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:  # no fcntl (Windows): run unguarded
+        pass
+    except OSError:
+        f.close()
+        raise UsageError(f"{what} of {path.parent.parent} is being packed by another process") from None
+    return f

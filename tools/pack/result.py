@@ -1,0 +1,96 @@
+"""What ``stoker pack`` reports: :class:`PackResult` (its ``summary()`` is the command's output)
+and the errors a finished or failed pack raises."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..common.results import Result
+from .journal import REJECTS_NAME
+
+
+@dataclasses.dataclass
+class PackResult(Result):
+    """What :func:`~stoker.tools.pack.api.pack` or :func:`~stoker.tools.pack.api.merge_parts` did; :meth:`summary`
+    is what ``stoker pack`` prints.
+
+    Attributes:
+        out: OUT, a folder or a URL.
+        inputs: Inputs that were to be packed, all splits (files the scan rejected not counted).
+        splits: Per split, what OUT holds: ``samples`` packed, inputs ``rejected`` (listed in
+            rejects.jsonl), ``skipped`` (not images), ``shards``, ``bytes``. Empty after a part
+            (``parts > 1``): the merge writes the manifests.
+        run: Per split, what this run did: ``packed``, ``rejected``, ``copied`` (stored byte for
+            byte), ``shards`` and ``bytes`` written, ``restored`` (damaged shards rebuilt). Empty after a merge.
+        seconds: This run, scan included.
+        part: The part packed, of ``parts`` (1: the whole list).
+        up_to_date: OUT already held this pack; nothing was written.
+    """
+
+    out: str
+    inputs: int
+    splits: dict
+    run: dict
+    seconds: float
+    part: int = 0
+    parts: int = 1
+    up_to_date: bool = False
+
+    @property
+    def packed(self) -> int:
+        """Samples in OUT, all splits."""
+        return sum(t["samples"] for t in self.splits.values())
+
+    @property
+    def rejected(self) -> int:
+        """Inputs listed in rejects.jsonl, all splits."""
+        return sum(t["rejected"] for t in self.splits.values())
+
+    @property
+    def restored(self) -> int:
+        """Shards this run rebuilt or uploaded again (deleted or damaged since they were written)."""
+        return sum(r["restored"] for r in self.run.values())
+
+    def notes(self) -> list[str]:
+        """The lines ``stoker pack`` prints on stderr: shards restored, splits left empty."""
+        lines = [f"restored {self.restored} missing or damaged shard(s) of {self.out}"] if self.restored else []
+        if self.up_to_date or self.parts > 1:
+            return lines
+        for split, t in self.splits.items():  # never an empty split without a word
+            if not t["samples"]:
+                why = f"all {t['rejected']:,} inputs were rejected" if t["rejected"] else "it has no input images"
+                lines.append(f"note: {split}/ holds no samples: {why}")
+        return lines
+
+    def summary(self) -> str:
+        """The lines ``stoker pack`` prints on stdout."""
+        if self.up_to_date:
+            return f"{self.out} is up to date ({self.inputs:,} inputs, nothing to do)"
+        if self.parts > 1:
+            where = f"{self.part}/{self.parts}"
+            return "\n".join(
+                [
+                    f"{split} part {where}: {r['packed']:,} packed, {r['rejected']:,} rejected, "
+                    f"{r['shards']} shards this run"
+                    for split, r in self.run.items()
+                ]
+                + [
+                    f"part {where} done in {self.seconds:.1f} s; when every part is done: "
+                    f"stoker pack --merge {self.out}"
+                ]
+            )
+        lines = [f"{'split':6} {'packed':>9} {'rejected':>9} {'skipped':>8} {'shards':>7} {'bytes':>14}"]
+        lines += [
+            f"{split:6} {t['samples']:>9,} {t['rejected']:>9,} {t['skipped']:>8,} {t['shards']:>7,} {t['bytes']:>14,}"
+            for split, t in self.splits.items()
+        ]
+        if self.run:  # not after a merge
+            n = sum(r["packed"] + r["rejected"] for r in self.run.values())
+            rate = n / self.seconds if self.seconds > 0 else 0.0
+            copied = sum(r["copied"] for r in self.run.values())
+            lines.append(
+                f"this run: {n:,} images in {self.seconds:.1f} s ({rate:,.0f} images/s), {copied:,} copied as they were"
+            )
+        if self.rejected:
+            lines.append(f"{self.rejected:,} rejected inputs listed in {self.out.rstrip('/')}/{REJECTS_NAME}")
+        return "\n".join(lines)

@@ -1,0 +1,419 @@
+"""Check packed shards against their stoker.json: size and sha256 of every shard,
+tar integrity, .idx equal to a fresh scan of the tar, labels in range, and every
+image decoding with the Loader's decoders: its header check, pillow (the pil
+backend) and, when DALI is installed, DALI's CPU decoder (or --sample K random
+images per split).
+
+DIR is a pack's OUT (all its splits) or one split folder, local or an fsspec URL
+(s3://, gs://, https://, file://; the shards are downloaded to a temporary folder one split
+at a time and checked there). Prints one table row per shard and exits 1 naming the shard
+and sample of every problem found.
+
+examples:
+  stoker verify /fast/imagenet-shards
+  stoker verify /fast/imagenet-shards/val --sample 100
+  AWS_ENDPOINT_URL=http://minio:9000 stoker verify s3://bucket/imagenet-shards
+"""
+
+# One module past 400 lines: verify(), the per-shard check it runs and the flags; image
+# decoding is in imagecheck.py.
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stoker.errors import CheckFailedError, UsageError
+from stoker.pipeline.fsutil import sha256_file
+from stoker.pipeline.shards.idx import (
+    IdxFormatError,
+    TarFormatError,
+    image_component,
+    read_idx,
+    read_label,
+    sample_key,
+    scan_tar,
+)
+from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
+from stoker.pipeline.storage import Store, is_url, parse_storage_options, storage_errors
+
+from ..common.results import Result
+from .imagecheck import ImageChecker
+
+HELP = "check shards against stoker.json: checksums, tar, .idx, and that every image decodes"
+
+
+@dataclass
+class ShardReport:
+    """What :func:`verify_shard` found in one shard."""
+
+    split: str
+    name: str
+    samples: int = 0
+    bytes: int = 0
+    sha_ok: bool = False
+    idx_ok: bool = False
+    decoded: int = 0
+    bad: int = 0
+    skipped: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class VerifyResult(Result):
+    """What :func:`verify` found; ``stoker verify`` prints :meth:`table`, then :meth:`problem_lines`
+    and :meth:`failure` (exit 1) or :meth:`summary`.
+
+    Attributes:
+        path: The folder or URL checked.
+        shards: One :class:`ShardReport` per shard, split by split.
+        ok: No shard has a problem.
+    """
+
+    path: str
+    shards: list[ShardReport]
+    ok: bool
+
+    @property
+    def problems(self) -> list[str]:
+        """Every problem found, each naming its shard (and sample)."""
+        return [p for r in self.shards for p in r.problems]
+
+    def table(self) -> str:
+        """One row per shard: samples, bytes, sha256 and .idx ok, images decoded, bad, skipped."""
+        w = max([len(f"{r.split}/{r.name}") for r in self.shards] + [5])
+        lines = [
+            f"{'shard':{w}} {'samples':>8} {'bytes':>13} {'sha256':>6} {'idx':>4} {'decoded':>8} {'bad':>5} {'skip':>5}"
+        ]
+        lines += [
+            f"{r.split + '/' + r.name:{w}} {r.samples:>8,} {r.bytes:>13,} {'ok' if r.sha_ok else 'BAD':>6} "
+            f"{'ok' if r.idx_ok else 'BAD':>4} {r.decoded:>8,} {r.bad:>5,} {r.skipped:>5,}"
+            for r in self.shards
+        ]
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """The closing line of a clean check."""
+        return (
+            f"ok: {len(self.shards)} shards, {sum(r.samples for r in self.shards):,} samples, "
+            f"{sum(r.decoded for r in self.shards):,} images decoded"
+        )
+
+    def problem_lines(self, limit: int = 50) -> list[str]:
+        """The first ``limit`` problems, indented, and how many more."""
+        problems = self.problems
+        more = [f"  ... and {len(problems) - limit} more"] if len(problems) > limit else []
+        return [f"  {p}" for p in problems[:limit]] + more
+
+    def failure(self) -> str:
+        """One line: how many problems in how many shards, and the first."""
+        problems = self.problems
+        bad = len({(r.split, r.name) for r in self.shards if r.problems})
+        return f"{len(problems)} problem(s) in {bad} shard(s); first: {problems[0]}" if problems else ""
+
+
+def find_splits(path: Path) -> list[Path]:
+    """Split folders to check: ``path`` itself if it holds a manifest, else its
+    subfolders that do."""
+    if (path / MANIFEST_NAME).exists():
+        return [path]
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a folder")
+    splits = sorted(p.parent for p in path.glob(f"*/{MANIFEST_NAME}"))
+    if not splits:
+        raise UsageError(f"no {MANIFEST_NAME} in {path} or its subfolders: is it a stoker pack?")
+    return splits
+
+
+def verify_shard(
+    split_dir: str,
+    split: str,
+    info: ShardInfo,
+    num_classes: int,
+    check: list[int] | None,
+    skip: list[int],
+    require_rgb: bool = True,
+) -> ShardReport:
+    """Check one shard; ``check`` lists the sample indices to decode (None: all),
+    ``skip`` the ones the manifest marks as known-bad. Packed shards must hold RGB
+    JPEGs; foreign (indexed) ones only need to decode."""
+    tar = Path(split_dir) / info.name
+    rep = ShardReport(split, info.name, skipped=len(skip))
+    where = f"{split}/{info.name}"
+    if not tar.exists():
+        rep.problems.append(f"{where}: missing")
+        return rep
+    rep.bytes = os.path.getsize(tar)
+    if rep.bytes != info.bytes:
+        rep.problems.append(f"{where}: {rep.bytes} bytes, manifest says {info.bytes}")
+    try:
+        rep.sha_ok = sha256_file(tar) == info.sha256
+    except OSError as e:
+        rep.problems.append(f"{where}: cannot be read: {e.strerror or e}")
+        return rep
+    if not rep.sha_ok:
+        rep.problems.append(f"{where}: sha256 differs from the manifest (corrupt or replaced)")
+    try:
+        scan = scan_tar(tar)
+    except TarFormatError as e:
+        rep.problems.append(f"{where}: {e}")
+        return rep
+    samples = scan.samples
+    rep.samples = len(samples)
+    if len(samples) != info.num_samples:
+        rep.problems.append(f"{where}: {len(samples)} samples, manifest says {info.num_samples}")
+    try:
+        rep.idx_ok = read_idx(idx_path(tar)) == samples
+        if not rep.idx_ok:
+            rep.problems.append(
+                f"{where}: {idx_path(tar).name} does not match the tar (rerun `stoker index {split_dir}`)"
+            )
+    except IdxFormatError as e:
+        rep.problems.append(f"{where}: {e}")
+    skip_set = set(skip)
+    todo = range(len(samples)) if check is None else [i for i in check if i < len(samples)]
+    checker = ImageChecker(require_rgb=require_rgb)
+    pending: list[tuple[str, bytes]] = []
+
+    def flush() -> None:
+        for (label, _), err in zip(pending, checker.check([d for _, d in pending]), strict=True):
+            if err:
+                rep.bad += 1
+                rep.problems.append(f"{label}: {err}")
+            else:
+                rep.decoded += 1
+        pending.clear()
+
+    with open(tar, "rb") as f:
+        for i in todo:
+            if i in skip_set:
+                continue
+            sample = samples[i]
+            label = f"{where} sample {i} (key {sample_key(sample)})"
+            if i in scan.problems:
+                rep.bad += 1
+                rep.problems.append(f"{label}: {scan.problems[i]}")
+                continue
+            comps = {c.ext.lower(): c for c in sample}
+            img = image_component(sample)
+            if img is None:
+                rep.bad += 1
+                rep.problems.append(f"{label}: no image component (has {', '.join(comps)})")
+                continue
+            if "cls" not in comps:
+                rep.bad += 1
+                rep.problems.append(f"{label}: no cls label")
+                continue
+            value = read_label(f, comps["cls"], num_classes or None)
+            if isinstance(value, str):
+                rep.bad += 1
+                rep.problems.append(f"{label}: {value}")
+                continue
+            f.seek(img.offset)
+            pending.append((label, f.read(img.size)))
+            if len(pending) >= checker.batch_size:
+                flush()
+    flush()
+    return rep
+
+
+def fork_method() -> str:
+    """``fork`` (cheapest), unless DALI's native threads run in this process: a fork could
+    copy a held lock into the child, so use a fork server then."""
+    return "forkserver" if "nvidia.dali.backend_impl" in sys.modules else "fork"
+
+
+def _run(job):
+    return verify_shard(*job)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "dir",
+        metavar="DIR",
+        help="a pack's OUT folder or one split folder (a path or an fsspec URL: s3://, gs://, https://, file://)",
+    )
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        metavar="K",
+        help="decode K random images per split instead of all (checksums and indexes are always checked)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed choosing the --sample images")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes checking shards in parallel")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="fsspec option for a URL (repeatable; e.g. endpoint_url=http://host:9000, anon=true); "
+        "credentials also come from the AWS_* environment variables",
+    )
+
+
+def remote_splits(url: str, storage_options: dict) -> list[str]:
+    """Split URLs to check: ``url`` itself if it holds a manifest, else its subfolders that do."""
+    store = Store(url, storage_options)
+    if store.read_bytes(MANIFEST_NAME) is not None:
+        return [store.url]
+    with storage_errors(store.url):
+        try:
+            entries = store.fs.ls(store.root, detail=True)
+        except FileNotFoundError:
+            raise UsageError(f"{url} does not exist") from None
+    subs = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+    splits = [store.url_of(d) for d in subs if store.read_bytes(f"{d}/{MANIFEST_NAME}") is not None]
+    if not splits:
+        raise UsageError(f"no {MANIFEST_NAME} in {url} or its subfolders: is it a stoker pack?")
+    return splits
+
+
+def download_split(url: str, storage_options: dict, dest: Path) -> Path:
+    """The manifest, every shard and ``.idx`` it names, as stored (unchecked: verify checks
+    them), into ``dest``. A missing shard or ``.idx`` stays missing (and is reported)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = Store(url, storage_options)
+    dest.mkdir(parents=True)
+    data = store.read_bytes(MANIFEST_NAME)
+    if data is None:
+        raise UsageError(f"no {MANIFEST_NAME} at {url}")
+    (dest / MANIFEST_NAME).write_bytes(data)
+    manifest = Manifest.load(dest)
+    names = [n for s in manifest.shards for n in (s.name, idx_path(s.name).name)]
+
+    def get(name: str) -> None:
+        try:
+            store.get_file(name, dest / name)
+        except FileNotFoundError:
+            pass
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(get, names))
+    return dest
+
+
+def verify(
+    path: str | Path,
+    *,
+    sample: int = 0,
+    seed: int = 0,
+    workers: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: bool = False,
+) -> VerifyResult:
+    """Check the shards of a pack (all its splits) or of one split against their stoker.json.
+
+    Args:
+        path: A pack's OUT or one split folder: a path, or an fsspec URL (its shards are
+            downloaded to a temporary folder one split at a time).
+        sample: Decode this many random images per split instead of all (0: all); checksums
+            and indexes are always checked.
+        seed: Seed choosing the ``sample`` images.
+        workers: Processes checking shards in parallel (None: the CPU count).
+        storage_options: fsspec options of a URL ``path``.
+        progress: Show a progress bar on stderr.
+
+    Returns:
+        The :class:`VerifyResult`; ``ok`` is False when any shard has a problem.
+
+    Raises:
+        UsageError: A bad setting, or ``path`` is missing or holds no stoker.json.
+    """
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if sample < 0 or workers < 1:
+        raise UsageError("--sample must be >= 0 and --workers >= 1")
+    how = dict(sample=sample, seed=seed, workers=workers, progress=progress)
+    if is_url(path):
+        options = dict(storage_options or {})
+        # one split at a time: the temporary copy is at most one split's size
+        reports: list[ShardReport] = []
+        for url in remote_splits(str(path), options):
+            with tempfile.TemporaryDirectory(prefix="stoker-verify-") as tmp:
+                reports += _check([download_split(url, options, Path(tmp) / url.rsplit("/", 1)[-1])], **how)
+    else:
+        if storage_options:
+            raise UsageError(f"--storage-option is for a URL (s3://, gs://, https://, file://); {path} is a local path")
+        root = Path(path)
+        if not root.exists():
+            raise UsageError(f"{root} does not exist")
+        reports = _check(find_splits(root), **how)
+    return VerifyResult(path=str(path), shards=reports, ok=not any(r.problems for r in reports))
+
+
+def _check(split_dirs: list[Path], *, sample: int, seed: int, workers: int, progress: bool) -> list[ShardReport]:
+    from tqdm import tqdm
+
+    jobs = []
+    for split_dir in split_dirs:
+        m = Manifest.load(split_dir)
+        skips: dict[str, list[int]] = {}
+        for entry in m.pack.get("skip") or []:
+            if isinstance(entry, (list, tuple)) and len(entry) in (2, 3):
+                skips.setdefault(entry[0], []).append(int(entry[1]))
+        picks: dict[int, list[int]] = {}
+        if sample:
+            rng = random.Random(seed)
+            chosen = sorted(rng.sample(range(m.num_samples), min(sample, m.num_samples)))
+            starts, acc = [], 0
+            for s in m.shards:
+                starts.append(acc)
+                acc += s.num_samples
+            for g in chosen:
+                k = max(j for j, st in enumerate(starts) if st <= g)
+                picks.setdefault(k, []).append(g - starts[k])
+        for k, s in enumerate(m.shards):
+            check = picks.get(k, []) if sample else None
+            jobs.append(
+                (
+                    str(split_dir),
+                    split_dir.name,
+                    s,
+                    len(m.classes),
+                    check,
+                    skips.get(s.name, []),
+                    "indexed_by" not in m.pack,
+                )
+            )
+    reports: list[ShardReport] = []
+    bar = tqdm(total=len(jobs), desc="verify", unit="shard", file=sys.stderr, disable=None if progress else True)
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing as mp
+
+        with mp.get_context(fork_method()).Pool(min(workers, len(jobs))) as pool:
+            for rep in pool.imap(_run, jobs):
+                reports.append(rep)
+                bar.update(1)
+    else:
+        for job in jobs:
+            reports.append(_run(job))
+            bar.update(1)
+    bar.close()
+    return reports
+
+
+def main(args: argparse.Namespace) -> int:
+    result = verify(
+        args.dir,
+        sample=args.sample,
+        seed=args.seed,
+        workers=args.workers,
+        storage_options=parse_storage_options(args.storage_option),
+        progress=not args.quiet,
+    )
+    print(result.table())
+    if not result.ok:
+        for line in result.problem_lines():
+            print(line, file=sys.stderr)
+        raise CheckFailedError(result.failure())
+    print(result.summary())
+    return 0

@@ -1,0 +1,376 @@
+"""Make foreign WebDataset shards loadable by stoker: write a DALI .idx next to
+each tar and a stoker.json in their folder.
+
+Works on tars written by webdataset's ShardWriter/TarWriter, GNU tar, or anything
+with WebDataset's key rule (members sharing a name up to the first dot form one
+sample). Keys can be anything; images may be jpg, jpeg or png (what the loader decodes);
+labels come from cls members (integers 0 .. 999,999 as text). Unless --no-check,
+every image is decoded once with the Loader's decoders. Samples that do not decode,
+lack an image or a label, have a label that is not a class index, or repeat a
+component (a.jpg a.cls a.jpg: which label goes with which image is unknowable) are
+listed in the manifest under pack.skip as [shard, index, reason] so the loader
+leaves them out; members in no sample (directories, links, no extension) are listed
+under pack.ignored_members.
+
+On a split that already has a stoker.json (one `stoker pack` wrote, or an earlier
+index), its class names and pack settings are kept: re-indexing repairs, never
+downgrades. A compressed tar (.tar.gz, ...) must be decompressed first.
+
+examples:
+  stoker index /data/laion-shards/*.tar
+  stoker index /data/shards --classes cat,dog,bird
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from stoker import __version__
+from stoker.errors import CheckFailedError, ManifestError, TarFormatError, UsageError
+from stoker.pipeline.fsutil import sha256_file
+from stoker.pipeline.shards.idx import MAX_CLASSES, image_component, read_label, scan_tar, write_idx
+from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
+
+from .command import ImageChecker, fork_method
+
+HELP = "write .idx files and a stoker.json for foreign WebDataset shards"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "shards", nargs="+", metavar="SHARD", help="tar files, or one folder holding them (all in one folder)"
+    )
+    p.add_argument(
+        "--classes",
+        metavar="NAMES",
+        help="class names: comma-separated, or @FILE with one per line (default: '0'..'max cls')",
+    )
+    p.add_argument("--no-check", action="store_true", help="do not decode the images (faster; nothing is skipped)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes indexing shards in parallel")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+
+def _tars(shards: Sequence[str | Path]) -> list[Path]:
+    paths = [Path(s) for s in shards]
+    if len(paths) == 1 and paths[0].is_dir():
+        folder = paths[0]
+        paths = sorted(folder.glob("*.tar"))
+        if not paths:
+            packed = sorted(p.name for p in folder.iterdir() if p.name.endswith(_COMPRESSED_SUFFIXES))
+            splits = sorted(p.parent.name for p in folder.glob(f"*/{MANIFEST_NAME}"))
+            hint = (
+                f" (found {len(packed)} compressed: decompress them first, e.g. gunzip {folder / packed[0]})"
+                if packed
+                else ""
+            )
+            if splits and not packed:
+                hint = f" (it holds splits: index each one, e.g. stoker index {folder / splits[0]})"
+            raise UsageError(f"no .tar files in {shards[0]}{hint}")
+    for p in paths:
+        if not p.is_file():
+            raise UsageError(f"{p} is not a file")
+    dirs = {p.resolve().parent for p in paths}
+    if len(dirs) > 1:
+        raise UsageError("all shards must be in one folder (its stoker.json describes them together)")
+    names = [p.name for p in paths]
+    if len(set(names)) != len(names):
+        raise UsageError("a shard is listed twice")
+    return sorted(paths, key=lambda p: p.name)
+
+
+_COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".tar.lz4")
+
+
+def class_names(spec: str | None) -> list[str] | None:
+    """The ``--classes`` value as a list: comma-separated names, or ``@FILE`` with one per line."""
+    if not spec:
+        return None
+    if spec.startswith("@"):
+        try:
+            text = Path(spec[1:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"cannot read --classes file {spec[1:]}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--classes file {spec[1:]} is not UTF-8 text") from None
+        names = [line.strip() for line in text.splitlines() if line.strip()]
+    else:
+        names = [n.strip() for n in spec.split(",") if n.strip()]
+    return _checked_classes(names)
+
+
+def _checked_classes(names: Sequence[str]) -> list[str]:
+    names = list(names)
+    if not names:
+        raise UsageError("--classes is empty")
+    if len(set(names)) != len(names):
+        raise UsageError("--classes names a class twice")
+    if len(names) > MAX_CLASSES:
+        raise UsageError(f"--classes names {len(names):,} classes, more than {MAX_CLASSES:,}")
+    return names
+
+
+def _reason_kind(reason: str) -> str:
+    """The part of a skip reason that the summary counts (details follow a colon)."""
+    return reason.split(":", 1)[0]
+
+
+def index_one(tar: str, check: bool, num_classes: int | None = None) -> dict:
+    """Write ``tar``'s .idx and return what the manifest needs: its ShardInfo, the
+    samples to skip as ``(index, reason)``, the members no sample holds as ``(name, reason)``,
+    image extensions seen and the largest label kept.
+
+    ``num_classes`` (known from ``--classes`` or the split's manifest) bounds the labels;
+    without it a label only has to be below :data:`MAX_CLASSES`.
+    """
+    tar_path = Path(tar)
+    try:
+        scan = scan_tar(tar_path)
+    except TarFormatError as e:
+        return {"error": str(e)}
+    samples = scan.samples
+    try:
+        write_idx(idx_path(tar_path), samples)
+    except OSError as e:
+        return {"error": f"cannot write {idx_path(tar_path)}: {e.strerror or e}"}
+    skips: dict[int, str] = dict(scan.problems)
+    exts: set[str] = set()
+    max_label = -1
+    checker = ImageChecker(require_rgb=False) if check else None
+    pending: list[tuple[int, bytes]] = []
+
+    def flush() -> None:
+        for (i, _), err in zip(pending, checker.check([d for _, d in pending]), strict=True):
+            if err:
+                skips[i] = f"image does not decode: {err}"
+        pending.clear()
+
+    with open(tar_path, "rb") as f:
+        for i, sample in enumerate(samples):
+            if i in skips:
+                continue
+            cls = next((c for c in sample if c.ext.lower() == "cls"), None)
+            img = image_component(sample)
+            if img is None:
+                skips[i] = f"no image: has {', '.join(c.ext for c in sample)[:80]}"
+                continue
+            if cls is None:
+                skips[i] = "no cls label"
+                continue
+            value = read_label(f, cls, num_classes)
+            if isinstance(value, str):
+                skips[i] = value
+                continue
+            exts.add(img.ext)
+            max_label = max(max_label, value)
+            if checker is not None:
+                f.seek(img.offset)
+                pending.append((i, f.read(img.size)))
+                if len(pending) >= checker.batch_size:
+                    flush()
+        if checker is not None:
+            flush()
+    # the largest label of a sample that stays (a decode skip does not define a class)
+    info = ShardInfo(tar_path.name, len(samples), os.path.getsize(tar_path), sha256_file(tar_path))
+    return {"info": info, "skips": sorted(skips.items()), "ignored": scan.ignored, "exts": exts, "max_label": max_label}
+
+
+def _index_job(job: tuple) -> dict:
+    return index_one(*job)
+
+
+def _previous(folder: Path, tars: list[Path], notes: list[str]) -> Manifest | None:
+    """The split's current manifest, if it has a readable one (what a re-index keeps)."""
+    if not (folder / MANIFEST_NAME).exists():
+        return None
+    try:
+        m = Manifest.load(folder)
+    except ManifestError as e:
+        notes.append(f"note: replacing an unreadable manifest ({e})")
+        return None
+    given = {t.name for t in tars}
+    left_out = [s.name for s in m.shards if s.name not in given and (folder / s.name).exists()]
+    if left_out:
+        raise UsageError(
+            f"{folder / MANIFEST_NAME} also lists {', '.join(left_out[:3])}"
+            f"{' ...' if len(left_out) > 3 else ''}: index the whole folder "
+            f"(`stoker index {folder}`) so the split keeps them"
+        )
+    gone = [s.name for s in m.shards if s.name not in given and not (folder / s.name).exists()]
+    if gone:
+        notes.append(
+            f"note: {len(gone)} shard(s) listed in the old manifest are gone and left out: "
+            f"{', '.join(gone[:3])}{' ...' if len(gone) > 3 else ''}"
+        )
+    return m
+
+
+@dataclasses.dataclass
+class IndexResult:
+    """What :func:`index` wrote.
+
+    Attributes:
+        manifest: The stoker.json written.
+        shards: How many shards it lists.
+        num_samples: Samples in them, skipped ones included.
+        classes: The class names (labels index them).
+        skip: ``[shard, index, reason]`` for each sample the loader leaves out.
+        ignored: ``[shard, member, reason]`` for each tar member in no sample.
+        notes: Lines about the previous manifest (replaced as unreadable, shards gone).
+    """
+
+    manifest: Path
+    shards: int
+    num_samples: int
+    classes: list
+    skip: list
+    ignored: list
+    notes: list
+
+    def summary(self) -> str:
+        """The lines ``stoker index`` prints on stdout."""
+        lines = [
+            f"indexed {self.shards} shard(s), {self.num_samples:,} samples, {len(self.classes)} classes "
+            f"-> {self.manifest}",
+            f"{len(self.skip)} sample(s) marked to skip" + (f" ({_summary(self.skip)})" if self.skip else ""),
+        ]
+        if self.ignored:
+            lines.append(
+                f"{len(self.ignored)} tar member(s) in no sample ({_summary(self.ignored)}), "
+                "listed in pack.ignored_members"
+            )
+        return "\n".join(lines)
+
+
+def _index_all(jobs: list[tuple], workers: int, progress: bool) -> list[dict]:
+    """:func:`index_one` over ``jobs``, in ``workers`` processes; the first error is a CheckFailedError."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(jobs), desc="index", unit="shard", file=sys.stderr, disable=None if progress else True)
+    with contextlib.ExitStack() as stack:
+        if workers > 1 and len(jobs) > 1:
+            import multiprocessing as mp
+
+            pool = stack.enter_context(mp.get_context(fork_method()).Pool(min(workers, len(jobs))))
+            results = pool.imap(_index_job, jobs)
+        else:
+            results = map(_index_job, jobs)
+        found = []
+        for r in results:
+            if "error" in r:
+                raise CheckFailedError(r["error"])
+            found.append(r)
+            bar.update(1)
+    bar.close()
+    return found
+
+
+def index(
+    shards: str | Path | Sequence[str | Path],
+    *,
+    classes: Sequence[str] | None = None,
+    check: bool = True,
+    workers: int | None = None,
+    progress: bool = False,
+) -> IndexResult:
+    """Write a DALI .idx beside each tar and a stoker.json in their folder (see the module doc).
+
+    Args:
+        shards: Tar files (all in one folder), or that folder.
+        classes: Class names, label ``i`` naming ``classes[i]`` (None: kept from the split's
+            manifest when it has real names, else ``'0'..'max cls'``).
+        check: Decode every image once; samples that do not decode are skipped.
+        workers: Processes indexing shards in parallel (None: the CPU count).
+        progress: Show a progress bar on stderr.
+
+    Returns:
+        The :class:`IndexResult`.
+
+    Raises:
+        UsageError: A bad path or setting, or ``classes`` shorter than the labels.
+        CheckFailedError: A tar that cannot be indexed, no loadable sample, or the manifest cannot be written.
+    """
+    tars = _tars([shards] if isinstance(shards, (str, Path)) else shards)
+    classes = _checked_classes(classes) if classes is not None else None
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    folder = tars[0].parent
+    notes: list[str] = []
+    previous = _previous(folder, tars, notes)
+    # a split `stoker pack` wrote (or an earlier index given --classes) keeps its class names:
+    # labels index them. Names an earlier index made up ('0'..'N-1') may grow with the data.
+    named = previous is not None and previous.classes != [str(i) for i in range(len(previous.classes))]
+    bound = len(previous.classes) if classes is None and named else None
+    found = _index_all([(str(t), check, bound) for t in tars], workers, progress)
+    infos = [r["info"] for r in found]
+    skip = [[r["info"].name, i, why] for r in found for i, why in r["skips"]]
+    if not check and previous is not None:
+        skip += _carried_skips(previous, infos, skip)
+    ignored = [[r["info"].name, name, why] for r in found for name, why in r["ignored"]]
+    max_label = max(r["max_label"] for r in found)
+    if classes is not None and max_label >= len(classes):
+        shard = next(r["info"].name for r in found if r["max_label"] == max_label)
+        raise UsageError(f"{folder / shard} has a cls of {max_label} but --classes names only {len(classes)} classes")
+    if classes is None:
+        grown = max(max_label + 1, len(previous.classes) if previous else 0)
+        classes = previous.classes if named else [str(i) for i in range(grown)]
+    pack = dict(previous.pack) if previous else {}
+    # verify holds packed shards to pack's rules (RGB JPEGs) and foreign ones to the loader's
+    pack["reindexed_by" if previous and "indexed_by" not in pack else "indexed_by"] = f"stoker {__version__}"
+    exts = set().union(*(r["exts"] for r in found))
+    pack.update(image_exts=sorted(exts), checked=check, skip=skip, ignored_members=ignored)
+    m = Manifest(num_samples=sum(s.num_samples for s in infos), classes=classes, shards=infos, pack=pack)
+    if m.num_samples - len(skip) <= 0:
+        raise CheckFailedError(f"no loadable samples in {folder}: {_summary(skip)}; nothing written to {MANIFEST_NAME}")
+    try:
+        where = m.save(folder)
+    except OSError as e:  # the old manifest, if any, is left as it was (atomic write)
+        raise CheckFailedError(f"cannot write {folder / MANIFEST_NAME}: {e.strerror or e}") from None
+    return IndexResult(
+        manifest=Path(where),
+        shards=len(infos),
+        num_samples=m.num_samples,
+        classes=list(classes),
+        skip=skip,
+        ignored=ignored,
+        notes=notes,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    result = index(
+        args.shards,
+        classes=class_names(args.classes),
+        check=not args.no_check,
+        workers=args.workers,
+        progress=not args.quiet,
+    )
+    for line in result.notes:
+        print(line, file=sys.stderr)
+    print(result.summary())
+    return 0
+
+
+def _summary(entries: list) -> str:
+    reasons = collections.Counter(_reason_kind(e[-1]) for e in entries)
+    return ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+
+
+def _carried_skips(previous: Manifest, shards: list[ShardInfo], skip: list) -> list:
+    """With --no-check, the decode skips an earlier index found in shards that did not change."""
+    same = {s.name for s in shards} & {
+        s.name for s in previous.shards if s.sha256 == next((t.sha256 for t in shards if t.name == s.name), None)
+    }
+    have = {(e[0], e[1]) for e in skip}
+    out = []
+    for e in previous.pack.get("skip") or []:
+        if isinstance(e, (list, tuple)) and len(e) in (2, 3) and e[0] in same and (e[0], e[1]) not in have:
+            out.append([e[0], int(e[1]), e[2] if len(e) == 3 else "skipped by an earlier index"])
+    return out
