@@ -4,28 +4,35 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stoker-installed
-# torch/torchvision pinned within this machine's cap (a CUDA build that also runs on CPU).
-TORCH  := torch==2.14.1 torchvision==0.29.1
+# This machine's pins (its pip caps torch at 2.14.1, torchvision at 0.29.1): constraints.txt,
+# not bounds in pyproject.toml.
+PIP    := $(PY) -m pip install -q -c constraints.txt
 
-.PHONY: demo test install clean
+.PHONY: demo test lint wheel-check install clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile tools/install_pillow_simd.sh
+$(STAMP): pyproject.toml Makefile constraints.txt tools/install_pillow_simd.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test,plot]'
+	$(PIP) torch torchvision
+	$(PIP) -e '.[test,plot]'
 	bash tools/install_pillow_simd.sh $(PY)
 	@touch $@
 
 demo: $(STAMP)
 	$(VENV)/bin/stoker demo
 
-test: $(STAMP)
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+test: lint
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory wheel-check
+
+wheel-check: $(STAMP)
+	bash tests/wheel_check.sh $(PY)
 
 clean:
-	rm -rf $(VENV) .pytest_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache *.egg-info build

@@ -1,0 +1,146 @@
+"""What a user installs: every subpackage is in the wheel's package list, the public surface is
+where the README says, and the house has no import cycles."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+import stoker
+
+ROOT = Path(stoker.__file__).resolve().parent
+SKIP_DIRS = {".venv", "build", "tests", "examples", "docs", ".git", "site"}
+
+
+def _package_folders() -> set[str]:
+    found = set()
+    for folder, dirs, files in os.walk(ROOT):
+        rel = Path(folder).relative_to(ROOT)
+        dirs[:] = [d for d in dirs if not (rel == Path(".") and d in SKIP_DIRS) and not d.startswith((".", "__"))]
+        if "__init__.py" in files:
+            found.add(".".join(("stoker", *rel.parts)))
+    return found
+
+
+def test_every_folder_with_an_init_is_a_listed_package():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = _package_folders()
+    assert folders - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+    assert listed - folders == set(), "these listed packages have no folder with an __init__.py"
+
+
+def test_the_public_surface_is_on_the_top_package():
+    # lazily: `import stoker` loads no torch
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, stoker; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "False"
+    from stoker.model.normalize import Normalize, with_normalize
+    from stoker.pipeline.loader import Loader
+    from stoker.tools.pack.api import merge_parts, pack
+    from stoker.tools.verify.command import verify
+    from stoker.tools.verify.indexing import index
+
+    assert (stoker.Loader, stoker.Normalize, stoker.with_normalize) == (Loader, Normalize, with_normalize)
+    assert (stoker.pack, stoker.merge_parts, stoker.verify, stoker.index) == (pack, merge_parts, verify, index)
+    assert set(stoker.__all__) <= set(dir(stoker))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        stoker.nope  # noqa: B018
+
+
+def test_every_error_is_a_stoker_error_named_error():
+    import inspect
+
+    from stoker import errors
+
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if c.__module__ == errors.__name__]
+    assert len(classes) >= 15
+    for c in classes:
+        assert issubclass(c, errors.StokerError), c
+        assert c.__name__.endswith("Error"), c
+    # and no module of the package defines an exception of its own elsewhere
+    for path in ROOT.rglob("*.py"):
+        if SKIP_DIRS & set(path.relative_to(ROOT).parts) or path.name == "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {getattr(b, "id", getattr(b, "attr", "")) for b in node.bases}
+                assert not bases & {"Exception", "StokerError", "ValueError", "RuntimeError"} or node.name == "Skip", (
+                    f"{path}: class {node.name} belongs in stoker/errors.py"
+                )
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(("stoker", *parts))
+
+
+def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
+    """The stoker modules ``module`` imports, at module level or inside functions (not the
+    ``if TYPE_CHECKING:`` imports type checkers alone read)."""
+    is_pkg = path.name == "__init__.py"
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and getattr(block.test, "id", None) == "TYPE_CHECKING"
+        for n in ast.walk(block)
+    }
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_pkg else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [target] + [f"{target}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name in modules and name != module:
+                out.add(name)
+    return out
+
+
+def test_no_import_cycles():
+    paths = {
+        _module_name(p): p
+        for p in ROOT.rglob("*.py")
+        if not SKIP_DIRS & set(p.relative_to(ROOT).parts) and p.name != "__main__.py"
+    }
+    graph = {m: _imports(p, m, set(paths)) for m, p in paths.items()}
+    # a package's __init__ re-exporting its own modules is not a cycle of the house
+    for m in graph:
+        graph[m] = {t for t in graph[m] if not (m.startswith(t + ".") and paths[t].name == "__init__.py")}
+    cycles, state = [], {}
+
+    def visit(m, stack):
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycles.append(stack[stack.index(t) :] + [t])
+            elif t not in state:
+                visit(t, stack)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    assert cycles == []
