@@ -41,6 +41,15 @@ class InputsRejectedError(CheckFailedError):
         self.result = result
 
 
+class MostSkippedError(CheckFailedError):
+    """``stoker index`` marked most samples to skip: exit 1. The manifest is written: its
+    :class:`~stoker.tools.verify.IndexResult` is :attr:`result`."""
+
+    def __init__(self, message: str, result):
+        super().__init__(message)
+        self.result = result
+
+
 class WriteFailedError(StokerError):
     """Writing OUT failed (disk full, quota, I/O error): exit 1; what was written is intact."""
 
@@ -135,6 +144,7 @@ __all__ = [
     "LoaderError",
     "ManifestError",
     "MissingExtraError",
+    "MostSkippedError",
     "NoBatchError",
     "RayError",
     "StokerError",

@@ -3,8 +3,12 @@
 >>> loader = Loader("out/train", batch_size=256, train=True, crop=224, device="cuda", seed=0)
 >>> for epoch in range(epochs):
 ...     loader.set_epoch(epoch)
-...     for images, labels in loader:   # uint8 [N, 3, crop, crop] on device; int64 labels
+...     for images, targets in loader:   # uint8 [N, 3, crop, crop] on device; int64 classes
 ...         ...
+
+The targets are the split's kind (:mod:`.shards.targets`): int64 classes ``[N]``, float32
+values ``[N]`` / ``[N, K]``, float32 multi-hot ``[N, C]``, or uint8 masks ``[N, H, W]`` that get
+exactly their image's crop and flip.
 
 The sample order is ours (:mod:`.order`), not a reader's: each epoch is a fresh global
 permutation of ``(seed, epoch)`` split across ranks, cut into fixed batches of sample positions
@@ -33,6 +37,7 @@ import numpy as np
 from stoker.errors import LoaderError, NoBatchError
 
 from . import order
+from .augment import RATIO, SCALE, CropSpec
 from .backends import runner_class
 from .backends.base import DecodeSettings, Runner
 from .cache import ShardCache, is_url
@@ -60,7 +65,7 @@ def _dist_defaults() -> tuple[int, int]:
 
 
 class Loader:
-    """Iterate ``(images, labels)`` batches over a split written by ``stoker pack``.
+    """Iterate ``(images, targets)`` batches over a split written by ``stoker pack``.
 
     Args:
         path: a split directory (``stoker.json`` + shards + ``.idx``), or its fsspec URL
@@ -69,8 +74,15 @@ class Loader:
             size and sha256 before use.
         batch_size: samples per batch (the last val batch may be smaller).
         train: RandomResizedCrop + flip and a fresh permutation each epoch; else the val
-            transform (shorter side to ``crop/0.875``, center crop) in stored order.
-        crop: output side in pixels.
+            transform (shorter side to ``crop/crop_pct``, center crop) in stored order.
+        crop: output side in pixels, or ``(height, width)``.
+        scale, ratio: the train crop's area share and aspect ranges (torchvision's
+            ``RandomResizedCrop``; default ``(0.08, 1)`` and ``(3/4, 4/3)``).
+        crop_pct: val: the shorter side is resized to ``min(crop) / crop_pct`` before the
+            center crop (timm's name; default 0.875: 224 from 256).
+        val_resize: val: the shorter side before the center crop, in pixels (torchvision's
+            ``Resize(256)``), instead of ``crop_pct``.
+        channels: 3 (RGB) or 1 (grayscale: ``[N, 1, H, W]``, the decoder's own luma).
         device: where the batches land (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``).
         seed: seeds the order and the augmentation.
         rank, world_size: this process's share; default from ``torch.distributed`` when
@@ -120,7 +132,7 @@ class Loader:
       that pass it (wrapping around). Every rank still takes ``len(loader)`` steps (DDP's
       collectives stay matched) and never trains on an empty batch; those few samples are
       seen twice this epoch.
-    * val: an empty batch (``[0, 3, crop, crop]``, no labels) is yielded in its place, so
+    * val: an empty batch (``[0, C, H, W]``, no targets) is yielded in its place, so
       every loadable sample is counted exactly once and ``len`` holds; evaluation loops
       that sum counts handle it.
 
@@ -138,7 +150,7 @@ class Loader:
         *,
         batch_size: int,
         train: bool = True,
-        crop: int = 224,
+        crop: int | tuple[int, int] = 224,
         device: str | Any = "cpu",
         seed: int = 0,
         rank: int | None = None,
@@ -157,6 +169,11 @@ class Loader:
         storage_options: dict | None = None,
         cache_dir: PathLike | None = None,
         cache_limit: int | None = None,
+        scale: tuple[float, float] = SCALE,
+        ratio: tuple[float, float] = RATIO,
+        crop_pct: float | None = None,
+        val_resize: float | None = None,
+        channels: int = 3,
         **dataloader_kwargs: Any,
     ):
         import torch
@@ -166,8 +183,10 @@ class Loader:
 
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
-        if not isinstance(crop, int) or crop < 1:
-            raise ValueError(f"crop={crop!r} must be a positive integer")
+        #: the crop recipe: size (height, width), scale, ratio, the val resize
+        self.crops = CropSpec.of(crop, scale=scale, ratio=ratio, crop_pct=crop_pct, val_resize=val_resize)
+        if channels not in (1, 3):
+            raise ValueError(f"channels={channels!r} must be 3 (RGB) or 1 (grayscale)")
         if decode not in DECODES:
             raise ValueError(f"decode={decode!r} must be one of {DECODES}")
         if cpu_resize not in CPU_RESIZES:
@@ -233,7 +252,9 @@ class Loader:
 
         self.path: Path | str = str(path).rstrip("/") if remote else Path(path)
         self.shuffle, self.block_shards = shuffle, block_shards
-        self.batch_size, self.train, self.crop, self.seed = batch_size, bool(train), crop, int(seed)
+        self.batch_size, self.train, self.seed = batch_size, bool(train), int(seed)
+        #: output side, or ``(height, width)``, as given; :attr:`crops` holds the recipe
+        self.crop, self.channels = crop, channels
         self.backend, self.decode = backend, decode
         self.threads = usable_cores() if threads is None else threads
         self.drop_last = self.train if drop_last is None else bool(drop_last)
@@ -483,7 +504,7 @@ class Loader:
                             # asks for one more: loops bounded by len(loader) (Lightning, islice, zip
                             # with a range) never ask, and must still get a fresh epoch next time.
                             self._finish_epoch(stop)
-                        yield batch.images, batch.labels
+                        yield batch.images, batch.targets
                 finally:
                     inner.close()  # now, not whenever the GC gets to it: stops the producer in order
         finally:
@@ -603,7 +624,7 @@ class Loader:
             path=str(self.path),
             device=self.device,
             batch_size=self.batch_size,
-            crop=self.crop,
+            crop=self.crops.size,
             train=self.train,
             channels_last=self.channels_last,
             threads=self.threads,
@@ -612,6 +633,11 @@ class Loader:
             cpu_resize=self.cpu_resize,
             hw_decoder_load=self.hw_decoder_load,
             stand_in=self._stand_in,
+            channels=self.channels,
+            scale=self.crops.scale,
+            ratio=self.crops.ratio,
+            crop_pct=self.crops.crop_pct,
+            val_resize=self.crops.val_resize,
         )
 
     def __repr__(self) -> str:

@@ -9,6 +9,7 @@ where a resumed run started: DALI decodes exactly the region the pillow backend 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,6 +29,66 @@ def _mix(z: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
     return z ^ (z >> np.uint64(31))
+
+
+#: the largest crop side the Loader takes: past it is a mistake (a batch of 256 at 4096 is 12 GiB)
+MAX_CROP = 4096
+
+
+@dataclass(frozen=True)
+class CropSpec:
+    """A Loader's crop recipe, validated: the output ``size`` ``(height, width)``, the train crop's
+    area ``scale`` and aspect ``ratio`` ranges (torchvision's ``RandomResizedCrop``), and the
+    val center crop's ``crop_pct`` (timm's name) or ``val_resize`` (the shorter side before the
+    crop, torchvision's ``Resize``)."""
+
+    size: tuple[int, int]
+    scale: tuple[float, float] = SCALE
+    ratio: tuple[float, float] = RATIO
+    crop_pct: float = VAL_CROP_FRACTION
+    val_resize: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        crop,
+        *,
+        scale=SCALE,
+        ratio=RATIO,
+        crop_pct: float | None = None,
+        val_resize: float | None = None,
+    ) -> CropSpec:
+        """Validate the Loader's arguments (``crop`` an int or ``(height, width)``); a bad one is a
+        ValueError naming it."""
+        size = (crop, crop) if isinstance(crop, int) and not isinstance(crop, bool) else crop
+        if (
+            not isinstance(size, (tuple, list))
+            or len(size) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in size)
+        ):
+            raise ValueError(f"crop={crop!r} must be a positive integer or (height, width)")
+        if max(size) > MAX_CROP:
+            raise ValueError(f"crop={crop!r} is larger than any sensible training input (at most {MAX_CROP})")
+        scale, ratio = _pair(scale, "scale"), _pair(ratio, "ratio")
+        if not 0 < scale[0] <= scale[1] <= 1:
+            raise ValueError(f"scale={scale!r} must satisfy 0 < low <= high <= 1 (a share of the image's area)")
+        if not 0 < ratio[0] <= ratio[1]:
+            raise ValueError(f"ratio={ratio!r} must satisfy 0 < low <= high (width / height)")
+        if crop_pct is not None and val_resize is not None:
+            raise ValueError("give crop_pct= or val_resize=, not both (both set the val resize)")
+        if crop_pct is not None and not 0 < crop_pct <= 1:
+            raise ValueError(f"crop_pct={crop_pct!r} must be in (0, 1] (the crop's share of the resized short side)")
+        if val_resize is not None and not val_resize >= min(size):
+            raise ValueError(f"val_resize={val_resize!r} must be at least the crop's shorter side ({min(size)})")
+        return cls(tuple(size), scale, ratio, VAL_CROP_FRACTION if crop_pct is None else float(crop_pct), val_resize)
+
+
+def _pair(value, name: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} must be a (low, high) pair of numbers") from None
+    return lo, hi
 
 
 def uniforms(ids: np.ndarray, n: int, *, seed: int, epoch: int) -> np.ndarray:
@@ -89,16 +150,63 @@ def random_resized_crop(
     return boxes, flip
 
 
-def center_crop(wh: np.ndarray, crop: int, fraction: float = VAL_CROP_FRACTION) -> np.ndarray:
-    """The source region that "resize shorter side to ``crop/fraction``, center crop
-    ``crop``" keeps, as ``[B, 4]`` int64 ``(x, y, w, h)``: decoding only it and resizing it
-    to ``crop`` gives the same picture with less work."""
+def center_crop(
+    wh: np.ndarray, crop, fraction: float = VAL_CROP_FRACTION, *, resize: float | None = None
+) -> np.ndarray:
+    """The source region that "resize the shorter side to ``resize``, center crop ``crop``"
+    keeps, as ``[B, 4]`` int64 ``(x, y, w, h)``: decoding only it and resizing it to ``crop``
+    gives the same picture with less work.
+
+    Args:
+        wh: ``[B, 2]`` stored ``(width, height)``.
+        crop: the output side, or ``(height, width)``.
+        fraction: the crop fraction (timm's ``crop_pct``): with ``resize=None`` the shorter side
+            goes to ``min(crop) / fraction`` (0.875: 224 from 256).
+        resize: the shorter side before the crop (torchvision's ``Resize(resize)``), instead.
+
+    A region larger than the image (a crop wider than the resized image is tall) is clamped to
+    the image; the resize then stretches it to ``crop``.
+    """
+    ch, cw = (crop, crop) if np.isscalar(crop) else (int(crop[0]), int(crop[1]))
     wh = np.asarray(wh, np.int64).reshape(-1, 2)
     short = wh.min(axis=1).astype(np.float64)
-    side = np.maximum(1, np.rint(short * fraction)).astype(np.int64)
-    x = (wh[:, 0] - side) // 2
-    y = (wh[:, 1] - side) // 2
-    return np.stack([x, y, side, side], axis=1)
+    if resize is None:  # the shorter output side spans `fraction` of the shorter stored side
+        fh, fw = fraction * ch / min(ch, cw), fraction * cw / min(ch, cw)
+    else:
+        fh, fw = ch / resize, cw / resize
+    h = np.minimum(wh[:, 1], np.maximum(1, np.rint(short * fh)).astype(np.int64))
+    w = np.minimum(wh[:, 0], np.maximum(1, np.rint(short * fw)).astype(np.int64))
+    x = (wh[:, 0] - w) // 2
+    y = (wh[:, 1] - h) // 2
+    return np.stack([x, y, w, h], axis=1)
 
 
-__all__ = ["SCALE", "RATIO", "VAL_CROP_FRACTION", "uniforms", "random_resized_crop", "center_crop"]
+def crop_mask(mask: np.ndarray, box, flip: bool, out: np.ndarray) -> None:
+    """Crop ``box`` (``(x, y, w, h)``) out of ``mask`` (``[H, W]`` uint8 class indices), resize it to
+    ``out``'s shape with nearest neighbour, flip it where ``flip``, and write it into ``out``.
+
+    Output pixel ``(i, j)`` takes the source pixel under its centre, ``(y + floor((i + 0.5) h /
+    out_h), x + floor((j + 0.5) w / out_w))``: pillow's ``resize(NEAREST, box=...)`` rule, and the
+    same centres the image's bilinear resize samples around, so mask and image stay aligned.
+    Every backend crops masks with this one function: the mask is exactly the same everywhere.
+    """
+    oh, ow = out.shape
+    x, y, w, h = (int(v) for v in box)
+    rows = np.minimum(y + ((np.arange(oh) + 0.5) * (h / oh)).astype(np.int64), mask.shape[0] - 1)
+    cols = np.minimum(x + ((np.arange(ow) + 0.5) * (w / ow)).astype(np.int64), mask.shape[1] - 1)
+    if flip:
+        cols = cols[::-1]
+    out[...] = mask[rows[:, None], cols[None, :]]
+
+
+__all__ = [
+    "MAX_CROP",
+    "RATIO",
+    "SCALE",
+    "VAL_CROP_FRACTION",
+    "CropSpec",
+    "center_crop",
+    "crop_mask",
+    "random_resized_crop",
+    "uniforms",
+]

@@ -30,7 +30,7 @@ class DecodeSettings:
         path: the split, for messages.
         device: where batches land (a ``torch.device``).
         batch_size: the largest batch (DALI sizes its pipeline by it).
-        crop: output side in pixels.
+        crop: output ``(height, width)`` in pixels.
         train: train augmentation (random crops and flips) or the val center crop.
         channels_last: images in ``torch.channels_last`` memory format (NCHW shape).
         threads: decode threads / worker processes.
@@ -40,13 +40,16 @@ class DecodeSettings:
         hw_decoder_load: share of JPEGs for the hardware decoder (``decode="mixed"``).
         stand_in: for a train batch none of whose samples is loadable, the samples to decode
             instead (the Loader's rule: the next loadable ones of this rank's epoch order).
+        channels: 3 (RGB) or 1 (grayscale).
+        scale, ratio: the random resized crop's area and aspect ranges (train).
+        crop_pct, val_resize: the val center crop (:func:`stoker.pipeline.augment.center_crop`).
     """
 
     index: SampleIndex
     path: str
     device: Any
     batch_size: int
-    crop: int
+    crop: tuple[int, int]
     train: bool
     channels_last: bool
     threads: int
@@ -55,22 +58,34 @@ class DecodeSettings:
     cpu_resize: str
     hw_decoder_load: float
     stand_in: Callable[[np.ndarray], np.ndarray] | None
+    channels: int = 3
+    scale: tuple[float, float] = augment.SCALE
+    ratio: tuple[float, float] = augment.RATIO
+    crop_pct: float = augment.VAL_CROP_FRACTION
+    val_resize: float | None = None
+
+    @property
+    def masks(self) -> bool:
+        """The split's targets are masks: cropped and flipped with their images."""
+        return self.index.target.spatial
 
 
 class Batch(NamedTuple):
-    """One decoded batch, as a runner yields it (the Loader hands users ``(images, labels)``).
+    """One decoded batch, as a runner yields it (the Loader hands users ``(images, targets)``).
 
     Attributes:
-        images: uint8 ``[N, 3, crop, crop]`` on the Loader's device (``torch.channels_last``
+        images: uint8 ``[N, C, H, W]`` on the Loader's device (``torch.channels_last``
             memory format when the Loader was asked for it).
-        labels: int64 ``[N]`` on the same device.
+        targets: on the same device: int64 ``[N]`` classes, float32 ``[N]``/``[N, K]``
+            values, float32 ``[N, C]`` multi-hot, or uint8 ``[N, H, W]`` masks
+            (:mod:`stoker.pipeline.shards.targets`).
         consumed: samples of the rank's epoch order this batch accounts for (its planned size,
             whatever was dropped): what the Loader's resume position advances by.
         skipped: of those, samples dropped (failed the header check or the decoder).
     """
 
     images: Any
-    labels: Any
+    targets: Any
     consumed: int
     skipped: int
 
@@ -98,6 +113,7 @@ class Plan(NamedTuple):
             of the planned ones passed, for train).
         enc: their encoded image bytes (zero-copy views of the shard maps).
         wh: ``[len(ids), 2]`` stored ``(width, height)``.
+        masks: their encoded masks (a mask split), else ``None``.
         boxes: ``[len(ids), 4]`` crop boxes ``(x, y, w, h)`` in stored pixels.
         flips: ``[len(ids)]`` horizontal flips.
         consumed: samples of the epoch order this batch accounts for (its planned size).
@@ -107,6 +123,7 @@ class Plan(NamedTuple):
     ids: np.ndarray
     enc: list
     wh: np.ndarray
+    masks: list | None
     boxes: np.ndarray
     flips: np.ndarray
     consumed: int
@@ -119,6 +136,7 @@ class Plan(NamedTuple):
             ids=self.ids[mask],
             enc=[e for e, k in zip(self.enc, mask, strict=True) if k],
             wh=self.wh[mask],
+            masks=None if self.masks is None else [m for m, k in zip(self.masks, mask, strict=True) if k],
             boxes=self.boxes[mask],
             flips=self.flips[mask],
             skipped=self.skipped + int((~mask).sum()),
@@ -129,50 +147,145 @@ def crop_boxes(settings: DecodeSettings, wh: np.ndarray, ids: np.ndarray, *, epo
     """``(boxes, flips)`` of ``ids``: random resized crops and flips for train (a pure function of
     ``(seed, epoch, sample)``), the center crop and no flip for val."""
     if settings.train:
-        return augment.random_resized_crop(wh, ids, seed=seed, epoch=epoch)
-    return augment.center_crop(wh, settings.crop), np.zeros(len(ids), bool)
+        return augment.random_resized_crop(wh, ids, seed=seed, epoch=epoch, scale=settings.scale, ratio=settings.ratio)
+    boxes = augment.center_crop(wh, settings.crop, settings.crop_pct, resize=settings.val_resize)
+    return boxes, np.zeros(len(ids), bool)
 
 
 def plan_batch(settings: DecodeSettings, ids: np.ndarray, *, epoch: int, seed: int, stand_ins: bool = True) -> Plan:
     """The plan of one batch: read the samples' bytes and sizes, drop those that fail the header
-    guard (truncated or foreign bytes never reach a decoder), fill a train batch that lost every
-    sample with stand-ins (``stand_ins=False`` leaves that to the caller), and compute the crops.
-    A val plan may hold no sample: the runner yields an empty batch in its place."""
+    guard (truncated or foreign bytes never reach a decoder; a mask must be a complete PNG of its
+    image's size), fill a train batch that lost every sample with stand-ins (``stand_ins=False``
+    leaves that to the caller), and compute the crops. A val plan may hold no sample: the runner
+    yields an empty batch in its place."""
     consumed = len(ids)
-    enc, wh = settings.index.images(ids)
-    ok = wh[:, 0] > 0
+    enc, wh, masks, ok = _read(settings, ids)
     skipped = 0
     if not ok.all():
         skipped = int((~ok).sum())
         planned = ids
         ids, wh = ids[ok], wh[ok]
         enc = [e for e, k in zip(enc, ok, strict=True) if k]
+        masks = None if masks is None else [m for m, k in zip(masks, ok, strict=True) if k]
         if not len(ids) and settings.train and stand_ins:  # stand-ins keep every rank's step count
             ids = settings.stand_in(planned)
-            enc, wh = settings.index.images(ids)
+            enc, wh, masks, _ = _read(settings, ids)
     boxes, flips = crop_boxes(settings, wh, ids, epoch=epoch, seed=seed)
-    return Plan(ids, enc, wh, boxes, flips, consumed, skipped)
+    return Plan(ids, enc, wh, masks, boxes, flips, consumed, skipped)
+
+
+def _read(settings: DecodeSettings, ids: np.ndarray) -> tuple:
+    """``(encoded images, their sizes, encoded masks or None, which pass the header guard)``."""
+    enc, wh = settings.index.images(ids)
+    ok = wh[:, 0] > 0
+    masks = None
+    if settings.masks:
+        masks, mwh = settings.index.masks(ids)
+        ok &= (mwh == wh).all(axis=1)
+    return enc, wh, masks, ok
+
+
+def plan_with_masks(settings: DecodeSettings, ids: np.ndarray, *, epoch: int, seed: int) -> tuple[Plan, list | None]:
+    """:func:`plan_batch` and, for a mask split, the plan's masks decoded (a mask that does not
+    decode drops its sample; a train batch left with none gets stand-ins, as for images)."""
+    plan = plan_batch(settings, ids, epoch=epoch, seed=seed)
+    if not settings.masks:
+        return plan, None
+    plan, decoded = _decoded(plan)
+    if not len(plan.ids) and settings.train:
+        stand_in, decoded = _decoded(plan_batch(settings, settings.stand_in(ids), epoch=epoch, seed=seed))
+        plan = stand_in._replace(consumed=plan.consumed, skipped=plan.skipped)
+    return plan, decoded
+
+
+def _decoded(plan: Plan) -> tuple[Plan, list]:
+    decoded = decode_masks(plan)
+    ok = np.array([m is not None for m in decoded], bool)
+    return plan.keep(ok), [m for m in decoded if m is not None]
+
+
+def decode_masks(plan: Plan) -> list:
+    """The plan's masks decoded to ``[H, W]`` uint8 class indices (``None`` where one does not
+    decode: the sample is dropped)."""
+    import io
+
+    from PIL import Image
+
+    out = []
+    for raw in plan.masks or ():
+        try:
+            with Image.open(io.BytesIO(raw.tobytes() if hasattr(raw, "tobytes") else bytes(raw))) as im:
+                a = np.asarray(im.convert("L") if im.mode not in ("L", "P") else im)
+            out.append(a if a.dtype == np.uint8 else a.astype(np.uint8))
+        except Exception:  # noqa: BLE001 - a damaged mask drops its sample, like a damaged image
+            out.append(None)
+    return out
+
+
+def crop_masks(settings: DecodeSettings, decoded: list, plan: Plan):
+    """The decoded masks of ``plan`` with their images' boxes and flips: uint8 ``[N, H, W]`` (CPU)."""
+    import torch
+
+    h, w = settings.crop
+    out = torch.empty((len(decoded), h, w), dtype=torch.uint8)
+    buf = out.numpy()
+    for k, m in enumerate(decoded):
+        augment.crop_mask(m, plan.boxes[k], bool(plan.flips[k]), buf[k])
+    return out
+
+
+def targets_of(settings: DecodeSettings, ids: np.ndarray):
+    """The non-spatial targets of ``ids`` as a CPU tensor (classes, floats, multi-hot)."""
+    import torch
+
+    return torch.from_numpy(settings.index.targets(ids))
 
 
 def empty_images(settings: DecodeSettings, n: int, *, pin_memory: bool = False, device: Any | None = None):
-    """An uninitialised uint8 image batch of ``n`` samples: ``[n, 3, crop, crop]`` on ``device``
-    (default: the settings' device), in ``channels_last`` memory format when asked for."""
+    """An uninitialised uint8 image batch of ``n`` samples: ``[n, channels, height, width]`` on
+    ``device`` (default: the settings' device), in ``channels_last`` memory format when asked for."""
     import torch
 
-    c = settings.crop
+    (h, w), c = settings.crop, settings.channels
     device = settings.device if device is None else device
     if settings.channels_last:  # NHWC storage, NCHW shape: torch.channels_last
-        return torch.empty((n, c, c, 3), dtype=torch.uint8, device=device, pin_memory=pin_memory).permute(0, 3, 1, 2)
-    return torch.empty((n, 3, c, c), dtype=torch.uint8, device=device, pin_memory=pin_memory)
+        return torch.empty((n, h, w, c), dtype=torch.uint8, device=device, pin_memory=pin_memory).permute(0, 3, 1, 2)
+    return torch.empty((n, c, h, w), dtype=torch.uint8, device=device, pin_memory=pin_memory)
+
+
+def empty_targets(settings: DecodeSettings, n: int = 0):
+    """An empty target batch of the split's kind on the device (an empty val batch's)."""
+    import torch
+
+    kind, dev = settings.index.target.kind, settings.device
+    if kind == "class":
+        return torch.empty(n, dtype=torch.int64, device=dev)
+    if kind == "mask":
+        return torch.empty((n, *settings.crop), dtype=torch.uint8, device=dev)
+    if kind == "float":
+        width = settings.index.target.width
+        return torch.empty((n,) if width == 1 else (n, width), dtype=torch.float32, device=dev)
+    return torch.empty((n, len(settings.index.manifest.classes)), dtype=torch.float32, device=dev)
 
 
 def empty_batch(settings: DecodeSettings, consumed: int, skipped: int) -> Batch:
-    """A val batch none of whose samples is loadable: no images, no labels, on the Loader's
+    """A val batch none of whose samples is loadable: no images, no targets, on the Loader's
     device (yielded in place of the batch, so ``len(loader)`` holds)."""
-    import torch
-
-    labels = torch.empty(0, dtype=torch.int64, device=settings.device)
-    return Batch(empty_images(settings, 0), labels, consumed, skipped)
+    return Batch(empty_images(settings, 0), empty_targets(settings), consumed, skipped)
 
 
-__all__ = ["Batch", "DecodeSettings", "Plan", "Runner", "crop_boxes", "empty_batch", "empty_images", "plan_batch"]
+__all__ = [
+    "Batch",
+    "DecodeSettings",
+    "Plan",
+    "Runner",
+    "crop_boxes",
+    "crop_masks",
+    "decode_masks",
+    "empty_batch",
+    "empty_images",
+    "empty_targets",
+    "plan_batch",
+    "plan_with_masks",
+    "targets_of",
+]

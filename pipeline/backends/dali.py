@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from . import producer
-from .base import Batch, DecodeSettings, empty_batch, plan_batch
+from .base import Batch, DecodeSettings, crop_masks, empty_batch, plan_with_masks, targets_of
 from .producer import END, Failure, ProducerThread, stop_at_exit
 
 
@@ -58,12 +58,13 @@ class DaliRunner(ProducerThread):
             hw_decoder_load=ld.hw_decoder_load,
             resize=self.resize_in_graph,
             layout="HWC" if ld.channels_last else "CHW",
+            channels=ld.channels,
         )
         self.pipe.build()
 
     def _source(self):
         """DALI's batch callback: called ahead of consumption (prefetch), in order."""
-        index = self.settings.index
+        s = self.settings
         empties = self._carry  # val batches with no loadable sample: yielded empty, in order
         while True:
             try:
@@ -71,12 +72,14 @@ class DaliRunner(ProducerThread):
             except StopIteration:
                 self._carry = empties  # trailing all-bad batches: yielded at the end
                 raise
-            plan = plan_batch(self.settings, ids, epoch=epoch, seed=seed)
+            plan, masks = plan_with_masks(s, ids, epoch=epoch, seed=seed)
             if len(plan.ids):
                 break
             empties = empties + [(plan.consumed, plan.skipped)]
         self._carry = []
-        self._meta.append((index.labels(plan.ids), plan.flips, plan.consumed, plan.skipped, plan.ids, empties))
+        # a mask is cropped here, with its image's box and flip: exactly as the other backends do
+        targets = targets_of(s, plan.ids) if masks is None else crop_masks(s, masks, plan)
+        self._meta.append((targets, plan.flips, plan.consumed, plan.skipped, plan.ids, empties))
         anchors = plan.boxes[:, :2].astype(np.float32)
         shapes = plan.boxes[:, 2:].astype(np.float32)
         if self.resize_in_graph:
@@ -99,14 +102,16 @@ class DaliRunner(ProducerThread):
 
         from .resize import resize_into
 
-        n, c = len(out), ld.crop
-        shape = (n, c, c, 3) if ld.channels_last else (n, 3, c, c)  # contiguous: pinning keeps no strides
+        n, (h, w), c = len(out), ld.crop, ld.channels
+        shape = (n, h, w, c) if ld.channels_last else (n, c, h, w)  # contiguous: pinning keeps no strides
         images = torch.empty(shape, dtype=torch.uint8, pin_memory=ld.device.type == "cuda")
         buf = images.numpy()
         # pillow-simd resize of each decoded crop (the decode itself was DALI's, ROI only).
         # One thread: splitting the batch over a thread pool measured slower (GIL).
         for k in range(n):
-            resize_into(buf, k, Image.fromarray(np.asarray(out[k])), c, bool(flips[k]), chw=not ld.channels_last)
+            region = np.asarray(out[k])
+            im = Image.fromarray(region[..., 0] if c == 1 else region)
+            resize_into(buf, k, im, ld.crop, bool(flips[k]), chw=not ld.channels_last)
         if ld.channels_last:
             images = images.permute(0, 3, 1, 2)
         return images.to(ld.device, non_blocking=True)
@@ -135,7 +140,6 @@ class DaliRunner(ProducerThread):
 
     def _produce(self, out_q, stop):
         """Run the pipeline and the pillow stage; put finished batches on ``out_q``."""
-        import torch
 
         def put(item) -> None:  # never blocks past a consumer that has gone
             producer.put(out_q, stop, item)
@@ -148,12 +152,12 @@ class DaliRunner(ProducerThread):
                 except StopIteration:
                     done = True
                     break
-                labels, flips, consumed, nbad, _, empties = self._meta.popleft()
+                targets, flips, consumed, nbad, _, empties = self._meta.popleft()
                 for item in empties:
                     put(empty_batch(self.settings, *item))
                 images = self._finish(out, flips)
-                labels = torch.from_numpy(labels).to(self.settings.device, non_blocking=True)
-                put(Batch(images, labels, consumed, nbad))
+                targets = targets.to(self.settings.device, non_blocking=True)
+                put(Batch(images, targets, consumed, nbad))
             if done:
                 for item in self._carry:
                     put(empty_batch(self.settings, *item))

@@ -1,4 +1,4 @@
-"""The DALI graph: encoded bytes + crop boxes in, uint8 CHW crops out.
+"""The DALI graph: encoded bytes + crop boxes in, uint8 CHW (or HWC) crops out.
 
 One ``@pipeline_def`` factory serves train and val, CPU and GPU: ``decode="mixed"``
 decodes with nvJPEG / the hardware JPEG decoder and resizes on the GPU, ``decode="cpu"``
@@ -19,7 +19,7 @@ def build_pipeline(
     source: Callable,
     *,
     batch_size: int,
-    crop: int,
+    crop: int | tuple[int, int],
     decode: str = "cpu",
     threads: int = 2,
     prefetch: int = 2,
@@ -30,6 +30,7 @@ def build_pipeline(
     interp: str = "linear",
     antialias: bool = True,
     seed: int = 0,
+    channels: int = 3,
 ):
     """Build the DALI pipeline (call ``.build()`` / ``.run()`` on it).
 
@@ -39,17 +40,18 @@ def build_pipeline(
             when ``resize``, ``[B]`` int32 flips; raises ``StopIteration`` at the epoch's end
             (then the pipeline must be ``reset()``).
         batch_size: the largest batch ``source`` returns (the last one may be smaller).
-        crop: output side in pixels.
+        crop: output side in pixels, or ``(height, width)``.
         decode: ``"cpu"`` or ``"mixed"``.
         threads: DALI worker threads.
         prefetch: batches DALI runs ahead (``prefetch_queue_depth``).
         device_id: ``None`` for CPU-only DALI; the CUDA device for ``"mixed"``.
         hw_decoder_load: share of JPEGs sent to the hardware decoder (``"mixed"`` only).
-        resize: resize to ``crop``, flip and lay out in the graph (output: uint8 ``[B, 3,
-            crop, crop]`` for ``layout="CHW"``, ``[B, crop, crop, 3]`` for ``"HWC"``). When
-            ``False`` the output is the decoded crop region, HWC, one size per sample.
+        resize: resize to ``crop``, flip and lay out in the graph (output: uint8 ``[B, C, H, W]``
+            for ``layout="CHW"``, ``[B, H, W, C]`` for ``"HWC"``). When ``False`` the output is the
+            decoded crop region, HWC, one size per sample.
         interp: ``"linear"``, ``"cubic"`` or ``"nn"``.
         antialias: low-pass when downscaling (torchvision/PIL semantics).
+        channels: 3 (RGB) or 1 (grayscale: the decoder's own luma).
     """
     from nvidia.dali import fn, pipeline_def, types
 
@@ -57,6 +59,9 @@ def build_pipeline(
         raise ValueError(f"decode={decode!r} must be 'cpu' or 'mixed'")
     if layout not in ("CHW", "HWC"):
         raise ValueError(f"layout={layout!r} must be 'CHW' or 'HWC'")
+    if channels not in (1, 3):
+        raise ValueError(f"channels={channels!r} must be 1 or 3")
+    crop_h, crop_w = (crop, crop) if isinstance(crop, int) else crop
     interp_type = {"linear": types.INTERP_LINEAR, "cubic": types.INTERP_CUBIC, "nn": types.INTERP_NN}[interp]
 
     @pipeline_def(enable_conditionals=False)
@@ -77,7 +82,7 @@ def build_pipeline(
             anchor,
             shape,
             device=decode,
-            output_type=types.RGB,
+            output_type=types.RGB if channels == 3 else types.GRAY,
             normalized_anchor=False,
             normalized_shape=False,
             adjust_orientation=False,
@@ -86,7 +91,9 @@ def build_pipeline(
         )
         if not resize:
             return images
-        images = fn.resize(images, size=[crop, crop], interp_type=interp_type, antialias=antialias, dtype=types.UINT8)
+        images = fn.resize(
+            images, size=[crop_h, crop_w], interp_type=interp_type, antialias=antialias, dtype=types.UINT8
+        )
         return fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout=layout, mirror=mirror)
 
     # exec_dynamic: outputs own their memory, so they can go to torch via dlpack uncopied

@@ -29,29 +29,45 @@ from typing import Any
 import numpy as np
 
 from . import producer
-from .base import Batch, DecodeSettings, Plan, empty_batch, empty_images, plan_batch
+from .base import (
+    Batch,
+    DecodeSettings,
+    Plan,
+    crop_masks,
+    decode_masks,
+    empty_batch,
+    empty_images,
+    plan_batch,
+    targets_of,
+)
 from .producer import END, Failure, ProducerThread, stop_at_exit
+from .resize import MODES
 
 
-def decode_jpegs(datas: list, device) -> list:
-    """Decode encoded JPEGs (1-D uint8 CPU tensors) to RGB ``[3, H, W]`` uint8 tensors on
-    ``device`` in one batched call (nvJPEG on CUDA). Raises when any of them fails."""
+def decode_jpegs(datas: list, device, channels: int = 3) -> list:
+    """Decode encoded JPEGs (1-D uint8 CPU tensors) to ``[channels, H, W]`` uint8 tensors (RGB,
+    or the decoder's luma for 1) on ``device`` in one batched call (nvJPEG on CUDA). Raises when
+    any of them fails."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    out = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
+    mode = ImageReadMode.RGB if channels == 3 else ImageReadMode.GRAY
+    out = decode_jpeg(datas, mode=mode, device=device)
     return list(out)
 
 
-def decode_cpu(data) -> Any:
-    """Pillow decode of one encoded image (JPEG or PNG, any mode) to an RGB ``[3, H, W]``
+def decode_cpu(data, channels: int = 3) -> Any:
+    """Pillow decode of one encoded image (JPEG or PNG, any mode) to a ``[channels, H, W]``
     uint8 CPU tensor: the fallback for what the GPU decoder rejects."""
     import torch
     from PIL import Image
 
+    mode = MODES[channels]
     im = Image.open(io.BytesIO(data.numpy().tobytes() if hasattr(data, "numpy") else bytes(data)))
-    if im.mode != "RGB":
-        im = im.convert("RGB")
-    return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1)
+    if im.format == "JPEG" and mode == "L":
+        im.draft("L", im.size)  # the decoder's luma, as nvJPEG's grayscale output
+    if im.mode != mode:
+        im = im.convert(mode)
+    return torch.from_numpy(np.asarray(im).reshape(im.size[1], im.size[0], -1).copy()).permute(2, 0, 1)
 
 
 #: float32 bytes of one chunk's padded regions in :func:`crop_resize` (bounds its memory)
@@ -75,9 +91,9 @@ def _weights(start, scale, length, size: int, crop: int):
 
 
 def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None:
-    """Crop ``boxes`` (``[N, 4]`` ``(x, y, w, h)``) out of ``images`` (``[3, H, W]`` uint8
-    tensors), resize each to ``out``'s side with antialiased bilinear, flip where ``flips``,
-    and write them into ``out`` (``[N, 3, crop, crop]`` uint8, any memory format, on the
+    """Crop ``boxes`` (``[N, 4]`` ``(x, y, w, h)``) out of ``images`` (``[C, H, W]`` uint8
+    tensors), resize each to ``out``'s size with antialiased bilinear, flip where ``flips``,
+    and write them into ``out`` (``[N, C, crop_h, crop_w]`` uint8, any memory format, on the
     images' device).
 
     The resize is pillow's ``resize(BILINEAR, box=...)`` written as two matrix products,
@@ -92,7 +108,7 @@ def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None
     """
     import torch
 
-    crop = out.shape[-1]
+    channels, crop_h, crop_w = out.shape[-3:]
     n = len(images)
     if not n:
         return
@@ -102,7 +118,7 @@ def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None
     box[:, 1] = np.clip(box[:, 1], 0, hw[:, 0] - 1)
     box[:, 2] = np.clip(box[:, 2], 1, hw[:, 1] - box[:, 0])
     box[:, 3] = np.clip(box[:, 3], 1, hw[:, 0] - box[:, 1])
-    scale = box[:, 2:] / crop  # (x, y) input pixels per output pixel
+    scale = box[:, 2:] / np.array([crop_w, crop_h], np.float64)  # (x, y) input pixels per output pixel
     reach = np.ceil(np.maximum(scale, 1.0)) + 1  # how far past the box the filter reads
     lo = np.maximum(0, np.floor(box[:, :2] - reach)).astype(np.int64)  # region (x0, y0)
     hi = np.minimum(hw[:, ::-1], np.ceil(box[:, :2] + box[:, 2:] + reach)).astype(np.int64)  # (x1, y1)
@@ -114,20 +130,20 @@ def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None
         stop, mw, mh = start, 0, 0
         while stop < n:
             w, h = size[order[stop]]
-            if stop > start and (stop - start + 1) * 3 * 4 * max(mw, w) * max(mh, h) > CHUNK_BYTES:  # RGB float32
+            if stop > start and (stop - start + 1) * channels * 4 * max(mw, w) * max(mh, h) > CHUNK_BYTES:  # float32
                 break
             mw, mh, stop = max(mw, w), max(mh, h), stop + 1
         ks = order[start:stop]
-        region = torch.zeros((len(ks), 3, mh, mw), dtype=torch.float32, device=dev)  # 0 * padding, not NaN
+        region = torch.zeros((len(ks), channels, mh, mw), dtype=torch.float32, device=dev)  # 0 * padding, not NaN
         for j, k in enumerate(ks.tolist()):
             (x0, y0), (x1, y1) = lo[k], hi[k]
             region[j, :, : y1 - y0, : x1 - x0].copy_(images[k][:, y0:y1, x0:x1])
         per = torch.from_numpy(np.concatenate([box[ks, :2] - lo[ks], scale[ks], size[ks]], 1)).to(dev, torch.float32)
-        wx = _weights(per[:, 0], per[:, 2], per[:, 4], mw, crop)
-        wy = _weights(per[:, 1], per[:, 3], per[:, 5], mh, crop)
+        wx = _weights(per[:, 0], per[:, 2], per[:, 4], mw, crop_w)
+        wy = _weights(per[:, 1], per[:, 3], per[:, 5], mh, crop_h)
         flip = torch.from_numpy(flips[ks].astype(bool)).to(dev)
         wx = torch.where(flip[:, None, None], wx.flip(1), wx)  # a mirrored output: Wx's rows reversed
-        res = wy[:, None] @ region @ wx[:, None].transpose(-1, -2)  # [n, 3, crop, crop]
+        res = wy[:, None] @ region @ wx[:, None].transpose(-1, -2)  # [n, C, crop_h, crop_w]
         res.add_(0.5).clamp_(0, 255)  # float -> uint8 truncates: +0.5 rounds
         out[torch.from_numpy(ks).to(dev)] = res.to(torch.uint8)
         start = stop
@@ -152,7 +168,7 @@ class NvjpegRunner(ProducerThread):
         self.device = settings.device
         self.cuda = self.device.type == "cuda"
         self.gpu_fallbacks = 0
-        self.decode_jpegs: Callable[[list, Any], list] = decode_jpegs
+        self.decode_jpegs: Callable[..., list] = decode_jpegs
         self._epoch_fallbacks = 0
         self._fallback_examples: list = []
         self._stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -162,7 +178,7 @@ class NvjpegRunner(ProducerThread):
 
     # ---- one batch ---------------------------------------------------------------------
     def _decode(self, ids: np.ndarray, enc: list) -> list:
-        """Decoded ``[3, H, W]`` tensors on the device for ``enc`` (``None`` where neither
+        """Decoded ``[C, H, W]`` tensors on the device for ``enc`` (``None`` where neither
         the GPU nor pillow reads the sample)."""
         import torch
 
@@ -178,7 +194,8 @@ class NvjpegRunner(ProducerThread):
             """One batched call; when it fails (one bad JPEG fails all), halve and retry: a
             rejected sample costs ~2 log2(batch) extra calls, not one call per sample."""
             try:
-                for k, img in zip(ks, self.decode_jpegs([datas[k] for k in ks], self.device), strict=True):
+                images = self.decode_jpegs([datas[k] for k in ks], self.device, self.settings.channels)
+                for k, img in zip(ks, images, strict=True):
                     out[k] = img
             except Exception as e:  # noqa: BLE001 - nvJPEG said no: find which; pillow decodes it
                 if len(ks) == 1:
@@ -191,7 +208,7 @@ class NvjpegRunner(ProducerThread):
             decode(jpeg)
         for k, why in failed.items():
             try:
-                out[k] = decode_cpu(datas[k]).to(self.device)
+                out[k] = decode_cpu(datas[k], self.settings.channels).to(self.device)
             except Exception:  # noqa: BLE001 - undecodable for pillow too: dropped, counted
                 continue
             self.gpu_fallbacks += 1
@@ -200,29 +217,36 @@ class NvjpegRunner(ProducerThread):
                 self._fallback_examples.append(f"{self.settings.index.describe(int(ids[k]))} ({why})")
         return out
 
-    def _load(self, plan: Plan) -> tuple[list, Plan]:
-        """``(decoded, plan)``: the samples of ``plan`` that decode (on either decoder)."""
+    def _load(self, plan: Plan) -> tuple[list, list | None, Plan]:
+        """``(images, masks, plan)``: the samples of ``plan`` that decode (images on either
+        decoder; a mask split's masks with pillow, first: they are cheap and may drop a sample)."""
+        masks = None
+        if self.settings.masks:
+            masks = decode_masks(plan)
+            ok = np.array([m is not None for m in masks], bool)
+            plan, masks = plan.keep(ok), [m for m in masks if m is not None]
         decoded = self._decode(plan.ids, plan.enc)
         keep = np.array([d is not None for d in decoded], bool)
-        return [d for d in decoded if d is not None], plan.keep(keep)
+        if masks is not None:
+            masks = [m for m, k in zip(masks, keep, strict=True) if k]
+        return [d for d in decoded if d is not None], masks, plan.keep(keep)
 
     def _batch(self, ids: np.ndarray, epoch: int, seed: int) -> Batch:
         """One batch, on the device."""
-        import torch
-
         s = self.settings
         # stand-ins are this runner's to pick: a sample can also fail the decoder, after the guard
-        decoded, plan = self._load(plan_batch(s, ids, epoch=epoch, seed=seed, stand_ins=False))
+        decoded, masks, plan = self._load(plan_batch(s, ids, epoch=epoch, seed=seed, stand_ins=False))
         if not len(plan.ids):
             if not s.train:
                 return empty_batch(s, plan.consumed, plan.skipped)
             # stand-ins keep every rank's step count (the Loader's rule, as in the other backends)
-            decoded, stand_in = self._load(plan_batch(s, s.stand_in(ids), epoch=epoch, seed=seed, stand_ins=False))
+            stand_in = plan_batch(s, s.stand_in(ids), epoch=epoch, seed=seed, stand_ins=False)
+            decoded, masks, stand_in = self._load(stand_in)
             plan = stand_in._replace(consumed=plan.consumed, skipped=plan.skipped)
         images = empty_images(s, len(plan.ids))
         crop_resize(decoded, plan.boxes, plan.flips, images)
-        labels = torch.from_numpy(s.index.labels(plan.ids)).to(self.device, non_blocking=True)
-        return Batch(images, labels, plan.consumed, plan.skipped)
+        targets = targets_of(s, plan.ids) if masks is None else crop_masks(s, masks, plan)
+        return Batch(images, targets.to(self.device, non_blocking=True), plan.consumed, plan.skipped)
 
     # ---- the producer thread -----------------------------------------------------------
     def _produce(self, batches: list, epoch: int, seed: int, out_q: queue.Queue, stop: threading.Event) -> None:
@@ -283,7 +307,7 @@ class NvjpegRunner(ProducerThread):
                     current = torch.cuda.current_stream(self.device)
                     current.wait_event(event)
                     batch.images.record_stream(current)
-                    batch.labels.record_stream(current)
+                    batch.targets.record_stream(current)
                 yield batch
         finally:
             items.close()  # stops the producer thread now, not whenever the GC gets to it

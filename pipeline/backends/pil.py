@@ -13,17 +13,18 @@ from collections.abc import Iterator
 import numpy as np
 
 from . import producer
-from .base import Batch, DecodeSettings, plan_batch
+from .base import Batch, DecodeSettings, crop_masks, decode_masks, plan_batch, targets_of
 from .resize import decode_region, resize_into
 
 # A whole batch is one DataLoader item, so worker→parent traffic is one tensor per batch.
 
 
 class PilBatches:
-    """A map-style dataset whose items are whole batches: ``(epoch, seed, ids) → (images, bad)``,
-    where ``bad`` is a bool mask of the planned samples that failed the header check or the
-    decoder (dropped). Labels are read by the parent (:meth:`PilRunner.iterate`), so a bad label
-    is one error line there, not a worker's traceback."""
+    """A map-style dataset whose items are whole batches: ``(epoch, seed, ids) → (images, masks,
+    bad)``, where ``masks`` are the cropped masks of a mask split (else ``None``) and ``bad`` is a
+    bool mask of the planned samples that failed the header check or a decoder (dropped). Other
+    targets are read by the parent (:meth:`PilRunner.iterate`), so a bad target is one error line
+    there, not a worker's traceback."""
 
     def __init__(self, settings: DecodeSettings):
         # sent to the worker processes: without the Loader's stand-in rule (a bound method of
@@ -37,23 +38,31 @@ class PilBatches:
         s = self.settings
         ids = np.asarray(ids, np.int64)
         plan = plan_batch(s, ids, epoch=epoch, seed=seed, stand_ins=False)  # stand-ins: the parent's
-        bad = ~np.isin(ids, plan.ids)
-        n, c = len(plan.ids), s.crop
+        decoded = None
+        if s.masks:
+            decoded = decode_masks(plan)
+            ok = np.array([m is not None for m in decoded], bool)
+            plan, decoded = plan.keep(ok), [m for m in decoded if m is not None]
+        n, (h, w), c = len(plan.ids), s.crop, s.channels
         # contiguous NHWC for channels_last (the parent permutes it): pinning keeps no strides
-        images = torch.empty((n, c, c, 3) if s.channels_last else (n, 3, c, c), dtype=torch.uint8)
+        images = torch.empty((n, h, w, c) if s.channels_last else (n, c, h, w), dtype=torch.uint8)
         if torch.utils.data.get_worker_info() is not None:
             images.share_memory_()  # allocated in shm: no copy when sent to the parent
         out = images.numpy()
-        k = 0
-        for j, i in enumerate(plan.ids.tolist()):
+        good = np.zeros(n, bool)
+        for j in range(n):
             try:
-                im, box = decode_region(plan.enc[j], plan.boxes[j], s.crop)
-                resize_into(out, k, im, s.crop, bool(plan.flips[j]), box=box, chw=not s.channels_last)
+                im, box = decode_region(plan.enc[j], plan.boxes[j], s.crop, s.channels)
+                resize_into(out, int(good.sum()), im, s.crop, bool(plan.flips[j]), box=box, chw=not s.channels_last)
             except Exception:  # noqa: BLE001 - any decoder failure means: skip and count
-                bad[np.flatnonzero(ids == i)[0]] = True
                 continue
-            k += 1
-        return images[:k], torch.from_numpy(bad)
+            good[j] = True
+        masks = None
+        if decoded is not None:
+            plan = plan.keep(good)
+            masks = crop_masks(s, [m for m, g in zip(decoded, good, strict=True) if g], plan)
+        bad = ~np.isin(ids, plan.ids[good] if decoded is None else plan.ids)
+        return images[: int(good.sum())], masks, torch.from_numpy(bad)
 
     def __len__(self) -> int:  # not used: the sampler yields the items
         return 0
@@ -114,10 +123,9 @@ class PilRunner:
             **kw,
         )
 
-    def _labels(self, ids: np.ndarray, bad):
-        import torch
-
-        return torch.from_numpy(self.index.labels(ids[~bad.numpy()]))
+    def _targets(self, ids: np.ndarray, masks, bad):
+        """The batch's targets: the worker's cropped masks, or the others read here."""
+        return masks if masks is not None else targets_of(self.settings, ids[~bad.numpy()])
 
     def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[Batch]:
         """One :class:`.base.Batch` per array of global sample positions in ``batches``."""
@@ -129,15 +137,15 @@ class PilRunner:
             # pinned memory some versions wait 5 s per worker in it (80 s with 16 workers, seen on
             # an H200). Registered after it, ours runs first and stops them at once.
             producer.stop_at_exit(self)
-        for (images, bad), ids in zip(it, batches, strict=True):
-            labels, consumed, nbad = self._labels(ids, bad), len(ids), int(bad.sum())
-            if not len(labels) and s.train:  # nothing loadable: stand-ins, decoded here (rare)
+        for (images, masks, bad), ids in zip(it, batches, strict=True):
+            targets, consumed, nbad = self._targets(ids, masks, bad), len(ids), int(bad.sum())
+            if not len(targets) and s.train:  # nothing loadable: stand-ins, decoded here (rare)
                 stand_in = s.stand_in(ids)
-                images, stand_in_bad = self.dataset[(epoch, seed, stand_in)]
-                labels = self._labels(stand_in, stand_in_bad)
+                images, masks, stand_in_bad = self.dataset[(epoch, seed, stand_in)]
+                targets = self._targets(stand_in, masks, stand_in_bad)
             if s.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC memory → NCHW shape, channels_last
-            yield Batch(images.to(s.device, non_blocking=True), labels.to(s.device, non_blocking=True), consumed, nbad)
+            yield Batch(images.to(s.device, non_blocking=True), targets.to(s.device, non_blocking=True), consumed, nbad)
 
     def shutdown(self) -> None:
         """Stop the worker processes now, not when the DataLoader's iterator is collected."""

@@ -2,6 +2,10 @@
 
 The loader sizes epochs from it without opening a tar; ``stoker verify`` checks
 shards against it.
+
+Format 1 is a split of class-labelled images; format 2 adds the ``target`` of other sample
+kinds (:mod:`.targets`: float, multi-label, mask). A class split is still written as format 1,
+so an older stoker reads it; a newer format than this stoker knows is a one-line error.
 """
 
 from __future__ import annotations
@@ -12,11 +16,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stoker import __version__
 from stoker.errors import ManifestError
 
 from ..fsutil import PathLike, atomic_write, sha256_file
+from .targets import Target
 
-FORMAT_VERSION = 1
+#: the newest format this stoker reads and writes
+FORMAT_VERSION = 2
 MANIFEST_NAME = "stoker.json"
 
 
@@ -34,11 +41,19 @@ class Manifest:
     classes: list[str]
     shards: list[ShardInfo]
     pack: dict[str, Any] = field(default_factory=dict)
-    format: int = FORMAT_VERSION
+    target: Target = field(default_factory=Target)
+
+    @property
+    def format(self) -> int:
+        """1 for a class split (what every stoker reads), 2 for the other target kinds."""
+        return 1 if self.target.kind == "class" else 2
 
     def to_json(self) -> str:
         d = asdict(self)
-        ordered = {k: d[k] for k in ("format", "num_samples", "classes", "shards", "pack")}
+        ordered = {"format": self.format, **{k: d[k] for k in ("num_samples", "classes")}}
+        if self.format >= 2:
+            ordered["target"] = self.target.to_json()
+        ordered.update(shards=d["shards"], pack=d["pack"])
         return json.dumps(ordered, indent=1, sort_keys=False) + "\n"
 
     def save(self, split_dir: PathLike) -> Path:
@@ -60,15 +75,21 @@ class Manifest:
             )
         try:
             d = json.loads(path.read_text())
-            if d.get("format") != FORMAT_VERSION:
-                raise ManifestError(f"{path}: format {d.get('format')!r} is not supported (expected {FORMAT_VERSION})")
+            fmt = d.get("format")
+            if isinstance(fmt, int) and not isinstance(fmt, bool) and fmt > FORMAT_VERSION:
+                raise ManifestError(
+                    f"{path} is format {fmt}, written by a newer stoker; this one ({__version__}) reads "
+                    f"formats 1 to {FORMAT_VERSION}: upgrade stoker (pip install -U stoker)"
+                )
+            if fmt not in (1, 2):
+                raise ManifestError(f"{path}: format {fmt!r} is not a stoker manifest format (1 to {FORMAT_VERSION})")
             shards = [ShardInfo(**s) for s in d["shards"]]
             m = cls(
                 num_samples=int(d["num_samples"]),
                 classes=list(d["classes"]),
                 shards=shards,
                 pack=dict(d.get("pack", {})),
-                format=d["format"],
+                target=Target.from_json(d["target"]) if fmt >= 2 else Target(),
             )
         except ManifestError:
             raise

@@ -1,8 +1,9 @@
 """Random access to the samples of one split, by global position, out of mmap'd tars.
 
 The ``.idx`` files give each member's data offset and size, so a sample is read with
-two slices of a memory map: no tar scanning, no per-sample Python objects kept around.
-Bookkeeping is a handful of flat numpy arrays (``BYTES_PER_SAMPLE`` bytes per sample).
+two slices of a memory map (its image and its target, :mod:`.targets`): no tar scanning, no
+per-sample Python objects kept around. Bookkeeping is a handful of flat numpy arrays
+(``BYTES_PER_SAMPLE`` bytes per sample).
 
 A cheap structural guard (:func:`image_size`) reads the image header: JPEG SOI, a frame
 header and EOI; PNG signature, IHDR and IEND. It yields the stored width and height
@@ -19,18 +20,19 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker.errors import IdxFormatError, TargetError
+from stoker.errors import IdxFormatError
 
 from ..fsutil import PathLike
 from .idx import IMAGE_EXTS, MAX_CLS_BYTES, bad_idx, idx_fields, idx_lines, read_idx, sample_key
 from .manifest import Manifest, check_shards, idx_path
+from .targets import Target, bad_target, fast_float_reader, parse_float, parse_labels
 
 KIND_NONE, KIND_JPEG, KIND_PNG = 0, 1, 2
 _KIND = {ext.encode(): KIND_PNG if ext == "png" else KIND_JPEG for ext in IMAGE_EXTS}
 
-#: bytes of index arrays per sample: img offset (8) + size (4) + cls offset (8) + cls size (2)
+#: bytes of index arrays per sample: img offset (8) + size (4) + target offset (8) + size (4)
 #: + kind (1) + loadable-position list (8) [+ json offset (8) + size (4) when ``with_json``]
-BYTES_PER_SAMPLE = 31
+BYTES_PER_SAMPLE = 33
 
 _PNG_SIG = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers carry the image size; C4 (DHT), C8 (JPG), CC (DAC) do not.
@@ -40,14 +42,14 @@ _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _SOF_OK = frozenset({0xC0, 0xC1, 0xC2})
 
 
-def _parse_idx(path: Path, with_json: bool):
-    """An ``.idx`` as per-sample arrays (no per-sample objects kept)."""
+def _parse_idx(path: Path, with_json: bool, member: bytes = b"cls"):
+    """An ``.idx`` as per-sample arrays (no per-sample objects kept); ``member`` is the target's."""
     lines = idx_lines(path)
     n = len(lines)
     img_off = np.zeros(n, np.int64)
     img_size = np.zeros(n, np.uint32)
-    cls_off = np.zeros(n, np.int64)
-    cls_size = np.zeros(n, np.uint16)
+    tgt_off = np.zeros(n, np.int64)
+    tgt_size = np.zeros(n, np.uint32)
     kind = np.zeros(n, np.uint8)
     js_off = np.zeros(n, np.int64) if with_json else None
     js_size = np.zeros(n, np.uint32) if with_json else None
@@ -62,21 +64,21 @@ def _parse_idx(path: Path, with_json: bool):
                     kind[i] = _KIND[ext]
                     img_off[i] = offset
                     img_size[i] = size
-                elif ext == b"cls":
-                    cls_off[i] = offset
-                    cls_size[i] = min(size, 65535)
+                elif ext == member:
+                    tgt_off[i] = offset
+                    tgt_size[i] = size
                 elif with_json and ext == b"json":
                     js_off[i] = offset
                     js_size[i] = size
         except OverflowError:
             raise bad_idx(path, f"line {i + 2}: offset/size out of range") from None
-    return img_off, img_size, cls_off, cls_size, kind, js_off, js_size
+    return img_off, img_size, tgt_off, tgt_size, kind, js_off, js_size
 
 
 def _check_bounds(path: Path, tar_bytes: int, part) -> None:
     """Every component an ``.idx`` lists must lie inside its tar, after a header."""
-    img_off, img_size, cls_off, cls_size, kind = part[:5]
-    for present, off, size in ((kind > 0, img_off, img_size), (cls_size > 0, cls_off, cls_size)):
+    img_off, img_size, tgt_off, tgt_size, kind = part[:5]
+    for present, off, size in ((kind > 0, img_off, img_size), (tgt_size > 0, tgt_off, tgt_size)):
         off, end = off[present], off[present] + size[present]
         if len(off) and (off.min() < 512 or end.max() > tar_bytes):
             bad = int(np.flatnonzero(present)[np.argmax((off < 512) | (end > tar_bytes))])
@@ -143,7 +145,8 @@ class SampleIndex:
         manifest_sizes: check the ``.idx`` offsets against the manifest's shard sizes, not the
             files' (a shard cache: shards are fetched later and verified against the manifest).
 
-    Samples with no image (``jpg``/``jpeg``/``png``) or no ``cls`` component, with a repeated
+    Samples with no image (``jpg``/``jpeg``/``png``) or no target (``manifest.target.member``:
+    ``cls`` for a class, ``target.npy``, ``labels.npy``, ``mask.png``), with a repeated
     component (which image goes with which label is unknowable), and those listed in the
     manifest's ``pack["skip"]`` (``[shard, index, reason]``, as written by ``stoker index``
     for bad samples of foreign shards), are marked invalid:
@@ -168,7 +171,14 @@ class SampleIndex:
         self.max_maps: int | None = None
         self._keys: dict[int, list[str]] = {}  # shard -> sample keys, loaded for messages only
         self.shard_names = [s.name for s in self.manifest.shards]
-        parts = [_parse_idx(idx_path(self.split_dir / name), with_json) for name in self.shard_names]
+        #: the split's target kind and member
+        self.target: Target = self.manifest.target
+        member = self.target.member.lower().encode()
+        #: a ``cls`` that is a class name (foreign tars indexed with their names) -> its index
+        self._class_index = {c.encode("utf-8", "surrogateescape"): i for i, c in enumerate(self.manifest.classes)}
+        # (size, header) of the float32 .npy pack writes: read with one frombuffer, no parse
+        self._fast_float = fast_float_reader(self.target.width) if self.target.kind == "float" else None
+        parts = [_parse_idx(idx_path(self.split_dir / name), with_json, member) for name in self.shard_names]
         for name, part, info in zip(self.shard_names, parts, self.manifest.shards, strict=True):
             if len(part[0]) != info.num_samples:
                 raise IdxFormatError(
@@ -180,15 +190,15 @@ class SampleIndex:
         cat = lambda k, dt: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, dt)  # noqa: E731
         self.img_off = cat(0, np.int64)
         self.img_size = cat(1, np.uint32)
-        self.cls_off = cat(2, np.int64)
-        self.cls_size = cat(3, np.uint16)
+        self.tgt_off = cat(2, np.int64)
+        self.tgt_size = cat(3, np.uint32)
         self.kind = cat(4, np.uint8)
         self.json_off = cat(5, np.int64) if with_json else None
         self.json_size = cat(6, np.uint32) if with_json else None
         counts = np.array([len(p[0]) for p in parts], np.int64)
         #: global position where each shard starts (plus the total at the end)
         self.shard_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        bad = (self.kind == KIND_NONE) | (self.cls_size == 0)
+        bad = (self.kind == KIND_NONE) | (self.tgt_size == 0)
         bad |= self._manifest_skips()
         self.num_skipped = int(bad.sum())
         #: positions the loader draws from (``arange(len)`` when nothing is skipped)
@@ -220,7 +230,7 @@ class SampleIndex:
     @property
     def nbytes(self) -> int:
         """Bytes held by the per-sample arrays (the bookkeeping bound in the docs)."""
-        arrays = [self.img_off, self.img_size, self.cls_off, self.cls_size, self.kind, self.valid]
+        arrays = [self.img_off, self.img_size, self.tgt_off, self.tgt_size, self.kind, self.valid]
         if self.with_json:
             arrays += [self.json_off, self.json_size]
         return sum(a.nbytes for a in arrays)
@@ -270,11 +280,21 @@ class SampleIndex:
             out.append(np.frombuffer(m, np.uint8, size, off))
         return out, wh
 
+    def _members(self, idx: np.ndarray) -> list:
+        """The target members' bytes of the samples at ``idx`` (zero-copy views of the maps)."""
+        shards = np.searchsorted(self.shard_start, idx, side="right") - 1
+        out = []
+        for i, s in zip(idx.tolist(), shards.tolist(), strict=True):
+            m = self._maps.get(s) or self._map(s)
+            off = int(self.tgt_off[i])
+            out.append(np.frombuffer(m, np.uint8, int(self.tgt_size[i]), off))
+        return out
+
     def label(self, i: int) -> int:
         return int(self.labels(np.array([i], np.int64))[0])
 
     def labels(self, idx: np.ndarray) -> np.ndarray:
-        """Class indices of the samples at positions ``idx``.
+        """Class indices of the samples at positions ``idx`` (a class split).
 
         Raises:
             TargetError: one line naming the shard and key of a sample whose ``cls`` is not
@@ -285,23 +305,73 @@ class SampleIndex:
         out = np.empty(len(idx), np.int64)
         for k, (i, s) in enumerate(zip(idx.tolist(), shards.tolist(), strict=True)):
             m = self._maps.get(s) or self._map(s)
-            off, size = int(self.cls_off[i]), int(self.cls_size[i])
+            off, size = int(self.tgt_off[i]), int(self.tgt_size[i])
             raw = m[off : off + size] if size <= MAX_CLS_BYTES else b"x"
             try:
-                out[k] = int(raw) if raw.strip().isdigit() else -1
+                out[k] = int(raw) if raw.strip().isdigit() else self._class_index.get(bytes(raw).strip(), -1)
             except ValueError:  # digits Python will not convert (e.g. too long)
                 out[k] = -1
         bad = (out < 0) | (out >= len(self.manifest.classes))
         if bad.any():
             i = int(idx[int(np.argmax(bad))])
             m = self._map(self.shard_of(i))
-            raw = bytes(m[int(self.cls_off[i]) : int(self.cls_off[i]) + min(int(self.cls_size[i]), MAX_CLS_BYTES)])
-            raise TargetError(
-                f"{self.describe(i)}: cls {raw.decode('utf-8', 'replace')!r} is not a class index "
-                f"below {len(self.manifest.classes)} (run `stoker index {self.split_dir}` to skip "
-                "such samples)"
+            raw = bytes(m[int(self.tgt_off[i]) : int(self.tgt_off[i]) + min(int(self.tgt_size[i]), MAX_CLS_BYTES)])
+            raise bad_target(
+                self.describe(i),
+                f"cls {raw.decode('utf-8', 'replace')!r} is not a class index below {len(self.manifest.classes)}",
+                self.split_dir,
             )
         return out
+
+    def targets(self, idx: np.ndarray) -> np.ndarray:
+        """The targets of the samples at ``idx``, as the Loader yields them (on the CPU): class
+        indices int64 ``[N]``; float32 ``[N]`` (one column) or ``[N, K]``; multi-hot float32
+        ``[N, C]``. Masks are images: :meth:`masks`.
+
+        Raises:
+            TargetError: one line naming the shard and key of a sample whose target does not
+                parse, has the wrong width, is not finite, or names a class past the split's.
+        """
+        kind = self.target.kind
+        if kind == "class":
+            return self.labels(idx)
+        if kind == "mask":
+            raise ValueError("a mask split's targets are images: use masks()")
+        raws = self._members(idx)
+        member = self.target.member
+        if kind == "float":
+            width = self.target.width
+            out = np.empty((len(idx), width), np.float32)
+            size, header = self._fast_float
+            for k, raw in enumerate(raws):
+                if len(raw) == size and raw[: len(header)].tobytes() == header:  # what pack wrote
+                    out[k] = np.frombuffer(raw, "<f4", width, len(header))
+                    if np.isfinite(out[k]).all():
+                        continue
+                value = parse_float(raw.tobytes(), member, width)
+                if isinstance(value, str):
+                    raise bad_target(self.describe(int(idx[k])), value, self.split_dir)
+                out[k] = value
+            return out[:, 0] if width == 1 else out
+        num_classes = len(self.manifest.classes)
+        out = np.zeros((len(idx), num_classes), np.float32)
+        for k, raw in enumerate(raws):
+            labels = parse_labels(raw.tobytes(), member, num_classes)
+            if isinstance(labels, str):
+                raise bad_target(self.describe(int(idx[k])), labels, self.split_dir)
+            out[k, labels] = 1.0
+        return out
+
+    def masks(self, idx: np.ndarray) -> tuple[list, np.ndarray]:
+        """A mask split: the encoded masks (zero-copy views) of the samples at ``idx`` and their
+        ``(width, height)`` from the PNG header (``(0, 0)`` for bytes that are not a complete PNG)."""
+        raws = self._members(idx)
+        wh = np.zeros((len(idx), 2), np.int64)
+        for k, raw in enumerate(raws):
+            dims = image_size(raw)
+            if dims is not None and raw[0] == 0x89:
+                wh[k] = dims
+        return raws, wh
 
     def key(self, i: int) -> str:
         """The WebDataset key (from the ``.idx``, read once per shard when first asked)."""

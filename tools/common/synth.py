@@ -15,6 +15,8 @@ import struct
 import zlib
 from pathlib import Path
 
+import numpy as np
+
 CLASSES = ("circles", "squares", "stripes", "checker", "rings", "triangles")
 
 
@@ -141,3 +143,98 @@ def make_image_folder(
         for name, data in nasty_files(rng).items():
             (root / classes[0] / name).write_bytes(data)
     return root
+
+
+def _tint(size: tuple[int, int], t: float, rng: random.Random):
+    """An RGB picture of a random pattern whose colours run from blue (``t=0``) to red (``t=1``)."""
+    from PIL import Image
+
+    im = draw(rng.choice(CLASSES), size, rng)
+    a = np.asarray(im, np.float32)
+    gray = a.mean(axis=2, keepdims=True) / 255.0
+    warm, cool = np.array([230, 60, 40], np.float32), np.array([40, 80, 230], np.float32)
+    colour = (t * warm + (1 - t) * cool)[None, None, :]
+    out = 0.35 * a + 0.65 * gray * colour + rng.uniform(-8, 8)
+    return Image.fromarray(np.clip(out, 0, 255).astype(np.uint8), "RGB")
+
+
+def make_regression_csv(
+    root: str | Path, *, n: int = 200, seed: int = 0, min_side: int = 48, max_side: int = 160
+) -> Path:
+    """Images whose colour temperature is their target: ``root/images/<k>.jpg`` and
+    ``root/targets.csv`` (``path,temperature``, floats in [0, 1]). The target survives crops and
+    flips, so a small CNN learns it (the demo's regression task). Returns the CSV's path."""
+    root = Path(root)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    rows = ["path,temperature"]
+    for k in range(n):
+        t = rng.random()
+        size = (rng.randint(min_side, max_side), rng.randint(min_side, max_side))
+        (root / "images" / f"{k:05d}.jpg").write_bytes(encode(_tint(size, t, rng), quality=90))
+        rows.append(f"images/{k:05d}.jpg,{t:.6f}")
+    (root / "targets.csv").write_text("\n".join(rows) + "\n")
+    return root / "targets.csv"
+
+
+#: the segmentation demo's classes (index = mask value; 0 is the background)
+SEG_CLASSES = ("background", "stripes", "checker", "dots")
+
+
+def _texture(kind: int, h: int, w: int, rng: random.Random) -> np.ndarray:
+    """A ``[h, w]`` float texture in [0, 1] of segmentation class ``kind``."""
+    y, x = np.mgrid[0:h, 0:w]
+    step = rng.randint(3, 6)
+    if kind == 1:
+        return ((x + y) // step % 2).astype(np.float32)
+    if kind == 2:
+        return ((x // step + y // step) % 2).astype(np.float32)
+    if kind == 3:
+        return (((x % (2 * step)) < step // 2 + 1) & ((y % (2 * step)) < step // 2 + 1)).astype(np.float32)
+    return (x / max(1, w - 1)).astype(np.float32)  # background: a smooth gradient
+
+
+def draw_segmentation(size: tuple[int, int], rng: random.Random) -> tuple[np.ndarray, np.ndarray]:
+    """A grayscale picture (uint8 ``[h, w]``) of 2-4 textured shapes on a smooth background and
+    its mask (uint8 ``[h, w]``: 0 background, 1 stripes, 2 checker, 3 dots)."""
+    w, h = size
+    mask = np.zeros((h, w), np.uint8)
+    y, x = np.mgrid[0:h, 0:w]
+    for _ in range(rng.randint(2, 4)):
+        kind = rng.randint(1, 3)
+        cx, cy, r = rng.randint(0, w), rng.randint(0, h), rng.randint(min(w, h) // 6, min(w, h) // 3)
+        if rng.random() < 0.5:
+            inside = (x - cx) ** 2 + (y - cy) ** 2 <= r * r
+        else:
+            inside = (abs(x - cx) <= r) & (abs(y - cy) <= r)
+        mask[inside] = kind
+    image = np.zeros((h, w), np.float32)
+    lo, hi = rng.uniform(0, 90), rng.uniform(150, 255)
+    for kind in range(4):
+        t = _texture(kind, h, w, rng)
+        image = np.where(mask == kind, lo + (hi - lo) * t, image)
+    return np.clip(image, 0, 255).astype(np.uint8), mask
+
+
+def make_segmentation_tree(
+    root: str | Path, *, n: int = 120, seed: int = 0, min_side: int = 64, max_side: int = 160
+) -> tuple[Path, Path]:
+    """``root/images/<k>.png`` grayscale pictures of textured shapes and ``root/masks/<k>.png``
+    their masks (palette PNGs whose indices are :data:`SEG_CLASSES`): the segmentation demo's
+    data, a tree pair for ``stoker pack IMAGES OUT --masks MASKS``. Returns ``(images, masks)``."""
+    from PIL import Image
+
+    root = Path(root)
+    images, masks = root / "images", root / "masks"
+    images.mkdir(parents=True, exist_ok=True)
+    masks.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    palette = [0, 0, 0, 230, 80, 40, 40, 200, 90, 60, 90, 230] + [0] * (256 * 3 - 12)
+    for k in range(n):
+        size = (rng.randint(min_side, max_side), rng.randint(min_side, max_side))
+        picture, mask = draw_segmentation(size, rng)
+        Image.fromarray(picture, "L").save(images / f"{k:05d}.png")
+        m = Image.fromarray(mask, "P")
+        m.putpalette(palette)
+        m.save(masks / f"{k:05d}.png")
+    return images, masks

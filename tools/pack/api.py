@@ -15,14 +15,16 @@ from typing import Any
 
 from stoker import __version__
 from stoker.errors import InputsRejectedError, StokerError, UsageError, WriteFailedError
+from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
 from stoker.pipeline.storage import Store, default_cache_dir, is_url, url_key
 
 from .engine import pack_part
+from .items import Source, display_path
 from .journal import claim, merge, merged_totals, read_settings
 from .remote import Remote
 from .result import PackResult
 from .sanitize import MAX_BYTES, PIL_MAX_PIXELS, Settings
-from .source import Source, display_path, scan
+from .source import scan
 
 DEFAULT_SHARD_SIZE = 256 * 1000**2
 
@@ -31,7 +33,7 @@ def pack(
     src: str | Path,
     out: str | Path,
     *,
-    short_side: int = 256,
+    short_side: int | None = None,
     max_side: int = 0,
     quality: int = 90,
     reencode: bool = False,
@@ -50,13 +52,19 @@ def pack(
     storage_options: Mapping[str, Any] | None = None,
     staging: str | Path | None = None,
     progress: bool = False,
+    targets: str = "auto",
+    masks: str | Path | None = None,
+    num_classes: int | None = None,
+    ignore_index: int = IGNORE_INDEX,
 ) -> PackResult:
     """Pack ``src`` into shards in ``out`` (see the module doc); rerun the same call to resume.
 
     Args:
-        src: An ImageFolder tree, a tree with train/ and val/, or a CSV/TSV of path,label rows.
+        src: An ImageFolder tree, a tree with train/ and val/, a CSV/TSV of path,label (or
+            path,value...) rows, or with ``masks`` a folder of images at any depth.
         out: The output folder (created), or a URL (s3://bucket/ds, gs://..., any fsspec URL).
-        short_side: Resize down so the shorter side is at most this (0: keep the size).
+        short_side: Resize down so the shorter side is at most this (0: keep the size; None: 256,
+            or 0 with ``masks``: segmentation crops are usually larger than 256).
         max_side: Resize down so the longer side is at most this (0: no limit).
         quality: JPEG quality of re-encoded images.
         reencode: Re-encode every image, even JPEGs that could be copied as they are.
@@ -76,6 +84,13 @@ def pack(
         staging: The local folder of a URL ``out`` for the journal and the shards on their way up
             (None: under ~/.cache/stoker/pack-staging).
         progress: Show a progress bar on stderr.
+        targets: What a CSV's target columns hold: ``"auto"`` (decided from the cells, said in
+            the summary), ``"class"``, ``"float"`` or ``"multilabel"``
+            (:mod:`~stoker.tools.pack.csvlist`).
+        masks: A mask tree parallel to ``src`` (same relative paths and stems): a segmentation
+            pack, each image stored with its mask (:mod:`~stoker.tools.pack.masks`).
+        num_classes: With ``masks``: mask values must be below it (or ``ignore_index``).
+        ignore_index: With ``masks``: the "no class" pixel value (255).
 
     Returns:
         The :class:`PackResult`.
@@ -88,6 +103,14 @@ def pack(
     """
     if not 0 <= part < parts:
         raise UsageError(f"--part {part}/{parts} should be I/N with 0 <= I < N, e.g. 0/4")
+    if masks is None and (num_classes is not None or ignore_index != IGNORE_INDEX):
+        raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS)")
+    if masks is not None and targets != "auto":
+        raise UsageError("--targets is for a CSV's columns; with --masks the target is the mask")
+    if num_classes is not None and not 1 <= num_classes <= 256:
+        raise UsageError(f"--num-classes must be in 1..256 (masks are uint8), got {num_classes}")
+    if short_side is None:
+        short_side = 0 if masks is not None else 256
     try:
         settings = Settings(
             short_side=short_side,
@@ -96,6 +119,8 @@ def pack(
             reencode=reencode,
             max_pixels=max_pixels,
             max_bytes=max_file_size,
+            mask_classes=num_classes or 0,
+            ignore_index=ignore_index,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -134,7 +159,15 @@ def pack(
         local = Path(out)
         _check_out(src, local)
     t0 = time.perf_counter()
-    source = scan(src, seed=seed, val_fraction=val_fraction)
+    source = scan(
+        src,
+        seed=seed,
+        val_fraction=val_fraction,
+        targets=targets,
+        masks=Path(masks) if masks is not None else None,
+        num_classes=num_classes,
+        ignore_index=ignore_index,
+    )
     _make_out(local, "--staging" if remote else "OUT")
     identity = _settings_identity(
         src,
@@ -191,9 +224,12 @@ def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
     except OSError as e:
         raise _write_failed(e, out) from None
     inputs = sum(s["num_inputs"] for s in (read_settings(out) or {}).get("splits", {}).values())
-    return _checked(
-        PackResult(out=str(out), inputs=inputs, splits=totals, run={}, seconds=time.perf_counter() - t0), strict
+    settings = read_settings(out) or {}
+    targets = describe_targets(Target.from_json(settings["target"]) if "target" in settings else Target(), settings)
+    result = PackResult(
+        out=str(out), inputs=inputs, splits=totals, run={}, seconds=time.perf_counter() - t0, targets=targets
     )
+    return _checked(result, strict)
 
 
 def _checked(result: PackResult, strict: bool) -> PackResult:
@@ -232,7 +268,18 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
     totals = merge(out, shard_ok)
     if remote is not None:
         remote.publish_manifests(out, splits)
-    return PackResult(out=where, inputs=inputs, splits=totals, run=run, seconds=time.perf_counter() - t0)
+    targets = describe_targets(source.target, {"classes": source.classes})
+    return PackResult(
+        out=where, inputs=inputs, splits=totals, run=run, seconds=time.perf_counter() - t0, targets=targets
+    )
+
+
+def describe_targets(target: Target, settings: dict) -> str:
+    """The summary's ``targets:`` line: the kind, and the classes of a class or multi-label pack."""
+    if target.kind in ("class", "multilabel"):
+        n = len(settings.get("classes") or [])
+        return f"{target.kind}, {n:,} class{'es' if n != 1 else ''}"
+    return target.describe()
 
 
 def _check_out(src: Path, out: Path, what: str = "OUT") -> None:
@@ -270,7 +317,13 @@ def _settings_identity(
     parts: int,
 ) -> dict:
     """Everything that determines the bytes of the pack: equal dicts -> equal output."""
+    extra = {}
+    if source.target.kind != "class":  # a class pack's identity is as it always was
+        extra["target"] = source.target.to_json()
+    if source.mask_base is not None:
+        extra.update(masks=str(source.mask_base.resolve()), mask_classes=settings.mask_classes)
     return {
+        **extra,
         "journal_format": 1,
         "stoker_version": __version__,
         "source": str(src.resolve()),

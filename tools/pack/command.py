@@ -1,4 +1,4 @@
-"""Pack an image folder (or a CSV/TSV of path,label) into WebDataset tar shards.
+"""Pack an image folder (or a CSV/TSV of path,target) into WebDataset tar shards.
 
 SRC is an ImageFolder tree (one subfolder per class, class index = sorted folder
 name), a tree with train/ and val/ subtrees, or a CSV/TSV of path,label rows (paths
@@ -7,13 +7,22 @@ relative to the CSV's folder; integer labels are kept as they are and must be in
 train-000000.tar with one DALI .idx each and a stoker.json manifest, plus
 rejects.jsonl listing every input that was not packed, with the reason.
 
+Targets other than a class: a CSV whose label cells are numbers, at least one not an
+integer, holds float targets (regression); several columns (path,x,y,z) are a vector
+of floats; cells like cat|dog are multi-label. --targets forces a reading. The summary
+always says which (targets: float, 1 column). Segmentation: --masks MASKS, a tree
+parallel to SRC (same relative path and stem, usually .png; train/ and val/ on both
+sides when SRC has them); mask pixels are class indices (palette indices, or L/I;16
+values), 255 means ignore; image and mask get the same resize (the mask nearest).
+
 Symlinks are followed, but each real folder and file is packed once, and a link that
 loops back up or into another class's folder is not followed (listed as a reject), so
 no image lands under another class's label. Only regular files up to --max-file-size
 are read. A JPEG is copied byte for byte only when every decoder of the Loader reads it
-identically (baseline, 8-bit, one scan, nothing after the end marker), is RGB, upright
-and within the size limits; every other image is decoded, turned upright and RGB,
-resized down and re-encoded, so every stored sample decodes in DALI and Pillow.
+identically (baseline, 8-bit, one scan, nothing after the end marker), is RGB or
+grayscale, upright and within the size limits; every other image is decoded, turned
+upright and RGB (a one-channel image stays grayscale), resized down and re-encoded, so
+every stored sample decodes in DALI and Pillow.
 
 The run is deterministic (same SRC and --seed: byte-identical shards), parallel,
 and resumable: after a crash, a kill or a full disk, rerun the same command. A rerun
@@ -33,6 +42,8 @@ examples:
   stoker pack ~/data/imagenet /fast/imagenet-shards
   stoker pack photos/ out/ --val-fraction 0.1 --short-side 0 --max-side 512
   stoker pack labels.csv out/ --part 3/8   # on 8 machines, then: stoker pack --merge out/
+  stoker pack ages.csv out/ --targets float --val-fraction 0.1
+  stoker pack images/ out/ --masks masks/ --num-classes 21 --val-fraction 0.1
   stoker pack ~/data/imagenet s3://bucket/imagenet --engine ray --ray-address auto
 """
 
@@ -43,13 +54,15 @@ import os
 import sys
 
 from stoker.errors import InputsRejectedError, UsageError
+from stoker.pipeline.shards.targets import IGNORE_INDEX
 from stoker.pipeline.storage import parse_storage_options
 
 from ..common.units import parse_part, parse_size
 from .api import merge_parts, pack
+from .csvlist import TARGET_MODES
+from .items import MAX_LABEL
 from .result import PackResult
 from .sanitize import MAX_BYTES, PIL_MAX_PIXELS
-from .source import MAX_LABEL
 
 HELP = "pack an image folder or CSV into WebDataset shards + DALI .idx + stoker.json"
 
@@ -72,9 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--short-side",
         type=int,
-        default=256,
+        default=None,
         metavar="PX",
-        help="resize down so the shorter side is at most PX (0: keep the size; default 256)",
+        help="resize down so the shorter side is at most PX (0: keep the size; default 256, or 0 with --masks)",
     )
     g.add_argument(
         "--max-side",
@@ -101,6 +114,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=f"{MAX_BYTES // 1024**2}MiB",
         metavar="SIZE",
         help=f"reject input files larger than SIZE, before reading them (default {MAX_BYTES // 1024**2}MiB)",
+    )
+    g = p.add_argument_group("targets")
+    g.add_argument(
+        "--targets",
+        choices=TARGET_MODES,
+        default="auto",
+        help="what a CSV's target columns hold: auto (decided from the cells; the summary says which), class, "
+        "float (regression; several columns: a vector), multilabel (cells like cat|dog); default auto",
+    )
+    g.add_argument(
+        "--masks",
+        metavar="MASKS",
+        help="segmentation: a mask tree parallel to SRC (same relative paths and stems, usually .png)",
+    )
+    g.add_argument(
+        "--num-classes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --masks: reject masks with a value >= N (other than --ignore-index); default: not checked",
+    )
+    g.add_argument(
+        "--ignore-index",
+        type=int,
+        default=IGNORE_INDEX,
+        metavar="V",
+        help=f"with --masks: the mask value no loss counts (default {IGNORE_INDEX})",
     )
     g = p.add_argument_group("shards")
     g.add_argument(
@@ -180,6 +220,10 @@ def main(args: argparse.Namespace) -> int:
             result = pack(
                 args.src,
                 args.out,
+                targets=args.targets,
+                masks=args.masks,
+                num_classes=args.num_classes,
+                ignore_index=args.ignore_index,
                 short_side=args.short_side,
                 max_side=args.max_side,
                 quality=args.quality,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import sys
 from collections.abc import Iterator
 from functools import partial
@@ -14,12 +13,14 @@ from pathlib import Path
 
 from stoker.errors import CheckFailedError, UsageError
 from stoker.pipeline.shards.manifest import idx_path
+from stoker.pipeline.shards.targets import MEMBERS, encode_float, encode_labels
 from stoker.pipeline.shards.writer import ShardWriter, shard_name
 
+from .items import Item, Source, display_path
 from .journal import Journal, journal_path, local_shard_ok, part_status, shard_record, state_dir
 from .remote import Remote
-from .sanitize import Sanitized, Settings, sanitize
-from .source import Item, Source, display_path, part_range
+from .sanitize import Sanitized, Settings, sanitize, sanitize_job
+from .source import part_range
 
 CHUNK = 8  # images per worker task: amortizes inter-process overhead
 
@@ -36,8 +37,8 @@ def _worker_init() -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _sanitize_chunk(chunk: list[str], settings: Settings) -> list[Sanitized]:
-    return [sanitize(path, settings) for path in chunk]
+def _sanitize_chunk(chunk: list[tuple[str, str | None]], settings: Settings) -> list[Sanitized]:
+    return [sanitize_job(sanitize, job, settings) for job in chunk]
 
 
 class _Sanitizer:
@@ -47,8 +48,8 @@ class _Sanitizer:
     The pool is forked on ``__enter__``, before the progress bar starts its thread.
     """
 
-    def __init__(self, settings: Settings, workers: int, base: Path):
-        self.settings, self.workers, self.base, self.pool = settings, workers, str(base), None
+    def __init__(self, settings: Settings, workers: int, source: Source):
+        self.settings, self.workers, self.source, self.pool = settings, workers, source, None
 
     def __enter__(self) -> _Sanitizer:
         if self.workers > 1:
@@ -65,11 +66,11 @@ class _Sanitizer:
 
     def results(self, items: list[Item]) -> Iterator[Sanitized]:
         if self.pool is None:  # one at a time: a shard is written as soon as its images are ready
-            for it in items:
-                yield sanitize(os.path.join(self.base, it.rel), self.settings)
+            for job in self.source.jobs(items):
+                yield sanitize_job(sanitize, job, self.settings)
             return
         fn = partial(_sanitize_chunk, settings=self.settings)
-        chunks = ([os.path.join(self.base, it.rel) for it in items[i : i + CHUNK]] for i in range(0, len(items), CHUNK))
+        chunks = (self.source.jobs(items[i : i + CHUNK]) for i in range(0, len(items), CHUNK))
         pending: collections.deque = collections.deque()
         for c in chunks:
             pending.append(self.pool.apply_async(fn, (c,)))
@@ -83,19 +84,33 @@ class _Sanitizer:
             yield from res
 
 
-def _sanitizer(settings: Settings, workers: int, base: Path, engine: str):
+def _sanitizer(settings: Settings, workers: int, source: Source, engine: str):
     """The engine that sanitizes images: a process pool here, or Ray tasks."""
     if engine == "ray":
         from .ray_engine import RaySanitizer
 
-        return RaySanitizer(settings, base)
-    return _Sanitizer(settings, workers, base)
+        return RaySanitizer(settings, source)
+    return _Sanitizer(settings, workers, source)
 
 
-def _components(it: Item, res: Sanitized, classes: list[str]) -> dict[str, bytes]:
-    """The tar members of one packed sample (file names stored as valid UTF-8)."""
-    meta = {"path": display_path(it.rel), "width": res.width, "height": res.height, "class": classes[it.label]}
-    return {"cls": str(it.label).encode(), "jpg": res.jpg, "json": json.dumps(meta).encode()}
+def _components(it: Item, res: Sanitized, source: Source) -> dict[str, bytes]:
+    """The tar members of one packed sample (:mod:`stoker.pipeline.shards.targets`; file names
+    stored as valid UTF-8)."""
+    meta = {"path": display_path(it.rel), "width": res.width, "height": res.height}
+    kind, classes = source.target.kind, source.classes
+    if kind == "class":
+        meta["class"] = classes[it.label]
+        return {"cls": str(it.label).encode(), "jpg": res.jpg, "json": json.dumps(meta).encode()}
+    if kind == "float":
+        meta["target"] = dict(zip(source.target.columns, it.target, strict=True))
+        target = {MEMBERS["float"]: encode_float(it.target)}
+    elif kind == "multilabel":
+        meta["classes"] = [classes[k] for k in it.target]
+        target = {MEMBERS["multilabel"]: encode_labels(it.target)}
+    else:
+        meta["mask"] = display_path(it.mask)
+        target = {MEMBERS["mask"]: res.mask}
+    return {**target, "jpg": res.jpg, "json": json.dumps(meta).encode()}
 
 
 def _sample_bytes(components: dict[str, bytes]) -> int:
@@ -175,9 +190,9 @@ def _pack_part_locked(
             remote.publish(split_dir, info.name)
 
     desc = split + (f" {part}/{parts}" if parts > 1 else "")
-    items, classes = source.splits[split], source.classes
+    items = source.splits[split]
     with (
-        _sanitizer(settings, workers, source.base, engine) as sanitizer,
+        _sanitizer(settings, workers, source, engine) as sanitizer,
         tqdm(
             total=end - start,
             initial=pos - start,
@@ -197,7 +212,7 @@ def _pack_part_locked(
                     rejects.append((display_path(it.rel), res.reason))
                     stats["rejected"] += 1
                     continue
-                comps = _components(it, res, classes)
+                comps = _components(it, res, source)
                 if writer is not None and (
                     len(writer) >= samples_per_shard
                     if samples_per_shard
@@ -244,13 +259,13 @@ def _restore(
     """Rebuild journaled shards that were deleted or damaged after they were written:
     the inputs of a shard's range are packed again into the same name (deterministic,
     so byte-identical). Raises CheckFailedError when the rebuilt bytes differ (SRC changed)."""
-    with _sanitizer(settings, workers, source.base, engine) as sanitizer:
+    with _sanitizer(settings, workers, source, engine) as sanitizer:
         for first, end, info in damaged:
             path = split_dir / info["name"]
             with ShardWriter(path) as writer:
                 for i, res in enumerate(sanitizer.results(items[first:end]), start=first):
                     if res.jpg is not None:
-                        writer.write(f"{i:09d}", _components(items[i], res, source.classes))
+                        writer.write(f"{i:09d}", _components(items[i], res, source))
             if writer.info.sha256 != info["sha256"]:
                 path.unlink(missing_ok=True)
                 idx_path(path).unlink(missing_ok=True)

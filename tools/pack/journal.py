@@ -25,6 +25,7 @@ from typing import Any
 from stoker.errors import UsageError
 from stoker.pipeline.fsutil import atomic_write
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
+from stoker.pipeline.shards.targets import Target
 
 STATE_DIR = ".stoker-pack"
 SETTINGS_NAME = "settings.json"
@@ -173,10 +174,14 @@ def _plan(out: Path, shard_ok: ShardCheck | None = None) -> tuple[dict[str, Mani
         split_rejects += [tuple(x) for records in per_part for r in records for x in r.get("rejects", [])]
         rejects.extend(split_rejects)
         info = settings["splits"][split]
-        pack = {k: v for k, v in settings.items() if k not in ("splits", "classes", "journal_format")}
+        pack = {k: v for k, v in settings.items() if k not in ("splits", "classes", "journal_format", "target")}
         pack.update(split=split, num_inputs=info["num_inputs"], rejected=len(split_rejects), skipped=info["skipped"])
         m = Manifest(
-            num_samples=sum(s.num_samples for s in shards), classes=list(settings["classes"]), shards=shards, pack=pack
+            num_samples=sum(s.num_samples for s in shards),
+            classes=list(settings["classes"]),
+            shards=shards,
+            pack=pack,
+            target=Target.from_json(settings["target"]) if "target" in settings else Target(),
         )
         manifests[split] = m
         totals[split] = {

@@ -17,15 +17,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from stoker.errors import InputFailedError, MissingExtraError, RayError
 
-from .sanitize import Sanitized, Settings, sanitize
-from .source import Item
+from .items import Item, Source
+from .sanitize import Sanitized, Settings, sanitize, sanitize_job
 
 MAX_RETRIES = 3  # times Ray reruns a task whose worker died
 PROBE_TIMEOUT = 10.0  # seconds to connect to --ray-address before giving up
@@ -85,14 +83,15 @@ def _probe(address: str) -> None:
         ) from None
 
 
-def _run_chunk(fn: Callable[[str, Settings], Sanitized], paths: list[str], settings: Settings) -> list[Sanitized]:
-    """The Ray task: sanitize a chunk of inputs (``fn`` is :func:`sanitize`)."""
+def _run_chunk(fn: Callable[..., Sanitized], chunk: list[tuple], settings: Settings) -> list[Sanitized]:
+    """The Ray task: sanitize a chunk of ``(image path, mask path or None)`` inputs (``fn`` is
+    :func:`sanitize`)."""
     out = []
-    for p in paths:
+    for job in chunk:
         try:
-            out.append(fn(p, settings))
+            out.append(sanitize_job(fn, job, settings))
         except Exception as e:  # noqa: BLE001 - name the input on the driver
-            raise InputFailedError(p, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+            raise InputFailedError(job[0], f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
     return out
 
 
@@ -101,8 +100,8 @@ class RaySanitizer:
     two tasks per cluster CPU), so memory stays flat however long the list. The same
     interface as the default engine's process pool: ``with ...: for res in s.results(items)``."""
 
-    def __init__(self, settings: Settings, base: Path, *, chunk: int | None = None):
-        self.settings, self.base, self.chunk = settings, str(base), chunk or CHUNK
+    def __init__(self, settings: Settings, source: Source, *, chunk: int | None = None):
+        self.settings, self.source, self.chunk = settings, source, chunk or CHUNK
         self.fn = sanitize  # looked up now: the function the tasks run, replaceable in tests
 
     def __enter__(self) -> RaySanitizer:
@@ -116,10 +115,7 @@ class RaySanitizer:
         task = ray.remote(max_retries=MAX_RETRIES)(_run_chunk)
         fn_ref, settings_ref = ray.put(self.fn), ray.put(self.settings)
         window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
-        chunks = (
-            [os.path.join(self.base, it.rel) for it in items[i : i + self.chunk]]
-            for i in range(0, len(items), self.chunk)
-        )
+        chunks = (self.source.jobs(items[i : i + self.chunk]) for i in range(0, len(items), self.chunk))
         pending: collections.deque = collections.deque()
         try:
             for c in chunks:
@@ -127,8 +123,8 @@ class RaySanitizer:
                 if len(pending) >= window:
                     break
             while pending:
-                ref, paths = pending.popleft()
-                res = self._get(ray, ref, paths)
+                ref, chunk = pending.popleft()
+                res = self._get(ray, ref, [path for path, _ in chunk])
                 nxt = next(chunks, None)
                 if nxt is not None:
                     pending.append((task.remote(fn_ref, nxt, settings_ref), nxt))

@@ -25,6 +25,8 @@ class PackResult(Result):
         seconds: This run, scan included.
         part: The part packed, of ``parts`` (1: the whole list).
         up_to_date: OUT already held this pack; nothing was written.
+        targets: What the samples' targets are, in words (``"class, 6 classes"``,
+            ``"float, 1 column"``, ``"mask, 21 classes, 255 ignored"``).
     """
 
     out: str
@@ -35,6 +37,7 @@ class PackResult(Result):
     part: int = 0
     parts: int = 1
     up_to_date: bool = False
+    targets: str = ""
 
     @property
     def packed(self) -> int:
@@ -84,6 +87,8 @@ class PackResult(Result):
             f"{split:6} {t['samples']:>9,} {t['rejected']:>9,} {t['skipped']:>8,} {t['shards']:>7,} {t['bytes']:>14,}"
             for split, t in self.splits.items()
         ]
+        if self.targets:
+            lines.append(f"targets: {self.targets}")
         if self.run:  # not after a merge
             n = sum(r["packed"] + r["rejected"] for r in self.run.values())
             rate = n / self.seconds if self.seconds > 0 else 0.0

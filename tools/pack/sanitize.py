@@ -1,8 +1,9 @@
 """Per-image work of ``stoker pack``: read, check, decode, fix up, resize, encode.
 
-:func:`sanitize` turns one input file into the bytes of a baseline RGB JPEG that
-every reader (DALI, webdataset + PIL, torchvision) decodes, or into a short reject
-reason. It runs in the pack's worker processes, so it takes and returns only
+:func:`sanitize` turns one input file into the bytes of a baseline JPEG (RGB, or
+grayscale for a grayscale input) that every reader (DALI, webdataset + PIL, torchvision)
+decodes, or into a short reject reason; with a mask (``stoker pack --masks``) the mask too
+gets the image's geometry (:mod:`.masks`). It runs in the pack's worker processes, so it takes and returns only
 picklable values and never raises for a bad input.
 
 What happens to an image:
@@ -11,13 +12,15 @@ What happens to an image:
   and files over ``max_bytes`` (default 256 MiB) are rejects, before they are read;
 * a JPEG that every Loader decoder reads identically
   (:func:`stoker.pipeline.decodecheck.jpeg_copy_safe`: baseline SOF0 Huffman, 8-bit, one
-  scan, nothing after EOI), RGB, with no EXIF rotation, that needs no resize and decodes
-  completely is copied byte for byte (unless ``reencode``);
+  scan, nothing after EOI), RGB or grayscale, with no EXIF rotation, that needs no resize and
+  decodes completely is copied byte for byte (unless ``reencode``);
 * anything else is decoded with Pillow (JPEG draft mode when downscaling, so
   libjpeg-turbo decodes at 1/2, 1/4 or 1/8 scale in the DCT), rotated upright per
-  its EXIF orientation, converted to RGB (alpha composited on white, 16-bit scaled
-  to 8-bit, CMYK converted), resized down to the size limits with an antialiased
-  bicubic filter, and re-encoded as a baseline JPEG at ``quality``.
+  its EXIF orientation, converted to RGB (alpha composited on white, CMYK converted) or,
+  when it has one channel, kept grayscale (16-bit scaled to 8-bit), resized down to the size
+  limits with an antialiased bicubic filter, and re-encoded as a baseline JPEG at ``quality``.
+  A grayscale image stays one channel (a third of the bytes to store and decode); the Loader
+  turns it into RGB when asked for three channels.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import stat
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from .masks import sanitize_mask
 
 # Extensions looked at when scanning a folder; everything else is skipped silently.
 IMAGE_EXTS = frozenset(".jpg .jpeg .jpe .jfif .png .bmp .gif .webp .tif .tiff .ppm .pgm .pbm .pnm .tga".split())
@@ -57,6 +62,9 @@ class Settings:
         reencode: re-encode even images that could be copied byte for byte.
         max_pixels: reject images whose header declares more pixels than this.
         max_bytes: reject input files larger than this many bytes (before reading them).
+        mask_classes: masks: values at or past this (other than ``ignore_index``) are rejects
+            (0: not checked).
+        ignore_index: masks: the "no class" value.
     """
 
     short_side: int = 256
@@ -65,6 +73,8 @@ class Settings:
     reencode: bool = False
     max_pixels: int = PIL_MAX_PIXELS
     max_bytes: int = MAX_BYTES
+    mask_classes: int = 0
+    ignore_index: int = 255
 
     def __post_init__(self) -> None:
         if self.short_side < 0:
@@ -77,16 +87,21 @@ class Settings:
             raise ValueError(f"max_pixels must be >= 1, got {self.max_pixels}")
         if self.max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
+        if not 0 <= self.mask_classes <= 256:
+            raise ValueError(f"num_classes must be in 1..256 for uint8 masks, got {self.mask_classes}")
+        if not 0 <= self.ignore_index <= 255:
+            raise ValueError(f"ignore_index must be in 0..255 (uint8 masks), got {self.ignore_index}")
 
 
 class Sanitized(NamedTuple):
-    """Result for one input: ``jpg`` bytes, or ``reason`` why it was rejected."""
+    """Result for one input: ``jpg`` bytes (and its ``mask``'s PNG), or ``reason`` why it was rejected."""
 
     jpg: bytes | None
     width: int = 0  # original size, upright (after EXIF orientation)
     height: int = 0
     copied: bool = False
     reason: str | None = None
+    mask: bytes | None = None
 
 
 def target_size(width: int, height: int, short_side: int, max_side: int) -> tuple[int, int]:
@@ -139,7 +154,7 @@ def _to_rgb_or_l(im):
 
 
 def encode_jpeg(im, quality: int) -> bytes:
-    """Baseline (non-progressive) JPEG bytes of an RGB image, no metadata."""
+    """Baseline (non-progressive) JPEG bytes of an RGB or grayscale image, no metadata."""
     buf = io.BytesIO()
     im.save(buf, "JPEG", quality=quality, progressive=False, optimize=False)
     return buf.getvalue()
@@ -183,21 +198,47 @@ def read_input(path: str, max_bytes: int = MAX_BYTES) -> tuple[bytes | None, str
     return data, None
 
 
-def sanitize(path: str, settings: Settings) -> Sanitized:
-    """Read ``path`` and return its sanitized JPEG, or a reject reason. Never raises
-    for a bad input (only for bugs)."""
+def sanitize(path: str, settings: Settings, mask: str | None = None) -> Sanitized:
+    """Read ``path`` and return its sanitized JPEG (with ``mask``, its mask's PNG too), or a
+    reject reason. Never raises for a bad input (only for bugs)."""
     data, reason = read_input(path, settings.max_bytes)
     if data is None:
         return Sanitized(None, reason=reason)
-    return sanitize_bytes(data, settings)
+    res, geometry = _sanitize_bytes(data, settings)
+    if mask is None or res.jpg is None:
+        return res
+    mask_data, reason = read_input(mask, settings.max_bytes)
+    if mask_data is None:
+        return Sanitized(None, reason=f"mask {reason}")
+    png, why = sanitize_mask(
+        mask_data,
+        **geometry,
+        num_classes=settings.mask_classes,
+        ignore_index=settings.ignore_index,
+        max_pixels=settings.max_pixels,
+    )
+    return res._replace(mask=png) if png is not None else Sanitized(None, reason=why)
+
+
+def sanitize_job(fn, job: tuple[str, str | None], settings: Settings) -> Sanitized:
+    """``fn(path, settings)``, or with a mask ``fn(path, settings, mask)``: one ``(image path,
+    mask path or None)`` input (``fn`` is :func:`sanitize`; tests hand in others)."""
+    path, mask = job
+    return fn(path, settings) if mask is None else fn(path, settings, mask)
 
 
 def sanitize_bytes(data: bytes, settings: Settings) -> Sanitized:
     """:func:`sanitize` on bytes already in memory."""
+    return _sanitize_bytes(data, settings)[0]
+
+
+def _sanitize_bytes(data: bytes, settings: Settings) -> tuple[Sanitized, dict | None]:
+    """``(result, geometry)``: the geometry is what a mask of this image must follow (stored
+    size, EXIF orientation and its transpose, stored target size)."""
     from PIL import Image, UnidentifiedImageError
 
     if not data:
-        return Sanitized(None, reason="empty file")
+        return Sanitized(None, reason="empty file"), None
     old_limit = Image.MAX_IMAGE_PIXELS
     # We check the pixel count ourselves (with --max-pixels) before anything is decoded.
     Image.MAX_IMAGE_PIXELS = None
@@ -210,28 +251,29 @@ def sanitize_bytes(data: bytes, settings: Settings) -> Sanitized:
                 from stoker.pipeline.decodecheck import is_jpeg, jpeg_copy_safe
 
                 if is_jpeg(data):  # a JPEG flavour Pillow cannot read (12-bit, lossless, ...): say which
-                    return Sanitized(None, reason=f"unsupported JPEG: {jpeg_copy_safe(data) or 'unknown variant'}")
-                return Sanitized(None, reason="not an image")
+                    why = f"unsupported JPEG: {jpeg_copy_safe(data) or 'unknown variant'}"
+                    return Sanitized(None, reason=why), None
+                return Sanitized(None, reason="not an image"), None
             except Exception as e:  # a header Pillow recognises but cannot parse
-                return Sanitized(None, reason=_reason(e))
+                return Sanitized(None, reason=_reason(e)), None
             try:
                 return _convert(im, data, settings)
             except Exception as e:
-                return Sanitized(None, reason=_reason(e))
+                return Sanitized(None, reason=_reason(e)), None
     finally:
         Image.MAX_IMAGE_PIXELS = old_limit
 
 
-def _convert(im, data: bytes, settings: Settings) -> Sanitized:
+def _convert(im, data: bytes, settings: Settings) -> tuple[Sanitized, dict | None]:
     from PIL import Image
 
     from stoker.pipeline.decodecheck import jpeg_copy_safe
 
     w, h = im.size
     if w < 1 or h < 1:
-        return Sanitized(None, reason=f"empty image ({w}x{h})")
+        return Sanitized(None, reason=f"empty image ({w}x{h})"), None
     if w * h > settings.max_pixels:
-        return Sanitized(None, reason=f"too many pixels ({w}x{h})")
+        return Sanitized(None, reason=f"too many pixels ({w}x{h})"), None
     try:
         orientation = int(im.getexif().get(0x0112, 1) or 1)
     except Exception:  # a broken EXIF block must not cost the image
@@ -243,20 +285,21 @@ def _convert(im, data: bytes, settings: Settings) -> Sanitized:
     tw, th = target_size(uw, uh, settings.short_side, settings.max_side)
     resize = (tw, th) != (uw, uh)
     is_jpeg = im.format == "JPEG"
+    geometry = {"stored": (w, h), "orientation": orientation, "transpose": _ORIENT.get(orientation), "target": (tw, th)}
 
     if (
         is_jpeg
         and not settings.reencode
         and not resize
         and orientation == 1
-        and im.mode == "RGB"
+        and im.mode in ("RGB", "L")
         and jpeg_copy_safe(data) is None
     ):
         # Candidate for copy-through: prove it decodes completely. A 1/8-scale draft
         # still entropy-decodes every scan (truncation shows) at a fraction of the cost.
-        im.draft("RGB", (max(1, w // 8), max(1, h // 8)))
+        im.draft(im.mode, (max(1, w // 8), max(1, h // 8)))
         im.load()
-        return Sanitized(data, uw, uh, copied=True)
+        return Sanitized(data, uw, uh, copied=True), geometry
 
     stored_target = (th, tw) if swap else (tw, th)  # target in the file's own orientation
     if is_jpeg and resize:
@@ -268,6 +311,4 @@ def _convert(im, data: bytes, settings: Settings) -> Sanitized:
         im = im.resize(stored_target, Image.Resampling.BICUBIC)
     if orientation != 1:
         im = im.transpose(getattr(Image.Transpose, _ORIENT[orientation]))
-    if im.mode != "RGB":
-        im = im.convert("RGB")
-    return Sanitized(encode_jpeg(im, settings.quality), uw, uh)
+    return Sanitized(encode_jpeg(im, settings.quality), uw, uh), geometry

@@ -28,91 +28,23 @@ Walking folders:
   ``rejects.jsonl``) their name is written with each undecodable byte as ``\\xNN``
   (:func:`display_path`), so every file stoker writes is valid UTF-8.
 
-CSV/TSV lists (``path,label`` per row; tab-separated when the file is ``.tsv`` or its
-first line holds a tab):
+CSV/TSV lists are :mod:`.csvlist`'s rules, mask trees :mod:`.masktree`'s.
 
-* The file must be UTF-8 (a BOM is fine); otherwise a one-line error names the file
-  and how to convert it (``iconv -f latin1 -t utf-8``).
-* The first row is a header, and skipped, when its path cell has no image extension and
-  it names a column: ``path/file/filename/filepath/image/img/image_path`` or
-  ``label/class/cls/target/category/y``.
-* Integer labels: when every label is an ASCII integer (``-?[0-9]+``), labels are kept
-  as they are (class ``i`` is index ``i``; class names are ``"0".."max"``). A label
-  below 0 or above :data:`MAX_LABEL` (1,000,000) is a reject ``"label <x> out of range
-  0..1000000"``.
-* Name labels: when every label is a non-integer string (``cat``, ``²``, ``n01440764``),
-  class names are the sorted distinct labels and the index is the position.
-* Labels that mix both kinds are a one-line error naming an example of each (a column
-  of integers with one odd entry is almost always a mistake).
-* An empty path or label cell is a reject ``"empty path"``/``"empty label"``; a row with
-  fewer than two cells is a one-line error naming the row.
-
-One module past 400 lines because it is one set of rules: every way an input can be walked,
-labelled or rejected, which must agree with each other.
 """
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import json
 import os
 import random
-import re
 import stat
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from stoker.errors import UsageError
+from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
 
+from .csvlist import scan_csv
+from .items import SPLITS, Item, Source, display_path
 from .sanitize import IMAGE_EXTS
-
-SPLITS = ("train", "val")
-MAX_LABEL = 1_000_000  # integer labels above this are rejects: a class list that long is a typo
-_PATH_WORDS = {"path", "file", "filename", "filepath", "file_path", "image", "img", "image_path", "image_name"}
-_LABEL_WORDS = {"label", "class", "cls", "target", "category", "y", "class_name", "label_name"}
-_INT = re.compile(r"-?[0-9]+")
-
-
-@dataclass(slots=True)  # a million of these stay in memory during a pack: keep them small
-class Item:
-    """One input: ``rel`` path (posix; relative to SRC, or as written in the CSV) and
-    class ``label`` index. The file is ``Source.base / rel``."""
-
-    rel: str
-    label: int
-
-
-@dataclass
-class Source:
-    """A scanned SRC: class names and, per split, the shuffled items, skip counts and
-    scan rejects ``(display path, reason)``. ``base`` is the folder item paths are
-    relative to (SRC, or the CSV's folder)."""
-
-    base: Path
-    classes: list[str]
-    splits: dict[str, list[Item]]
-    skipped: dict[str, int] = field(default_factory=dict)
-    rejects: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
-
-    def path(self, item: Item) -> str:
-        return os.path.join(self.base, item.rel)
-
-    def digest(self, split: str) -> str:
-        """sha256 of a split's (shuffled) sample list: identifies the input of a pack."""
-        h = hashlib.sha256()
-        for it in self.splits[split]:
-            h.update(json.dumps([it.rel, it.label]).encode() + b"\n")
-        return h.hexdigest()
-
-
-def display_path(rel: str) -> str:
-    """``rel`` as valid UTF-8 text: bytes of a non-UTF-8 file name become ``\\xNN``."""
-    try:
-        rel.encode("utf-8")
-        return rel
-    except UnicodeEncodeError:
-        return os.fsencode(rel).decode("utf-8", "backslashreplace")
 
 
 def _hidden(name: str) -> bool:
@@ -219,7 +151,7 @@ class _Walker:
                     if not e.is_dir():
                         self.skipped[0] += 1
                     continue
-                erel = f"{drel}/{e.name}"
+                erel = e.name if drel == "." else f"{drel}/{e.name}"
                 try:
                     if e.is_file(follow_symlinks=False):  # the common case: no stat (d_type, d_ino)
                         if os.path.splitext(e.name)[1].lower() not in IMAGE_EXTS:
@@ -291,92 +223,40 @@ def _scan_folder(
     return items
 
 
-def _read_text(path: Path) -> str:
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from None
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise UsageError(
-            f"{path} is not UTF-8 (byte 0x{raw[e.start]:02x} on line {line}); convert it, e.g. "
-            f"iconv -f latin1 -t utf-8 {path} > fixed{path.suffix}"
-        ) from None
-
-
-def _is_header(row: list[str]) -> bool:
-    first = row[0].strip().lower()
-    if os.path.splitext(first)[1] in IMAGE_EXTS:
-        return False
-    return first in _PATH_WORDS or (len(row) > 1 and row[1].strip().lower() in _LABEL_WORDS)
-
-
-def _scan_csv(path: Path, rejects: list[tuple[str, str]]) -> tuple[list[str], list[Item]]:
-    """Items of a CSV/TSV list (rules in the module docstring) -> class names, items;
-    bad rows are appended to ``rejects``."""
-    text = _read_text(path)
-    first_line = text.split("\n", 1)[0]
-    delim = "\t" if path.suffix.lower() == ".tsv" or "\t" in first_line else ","
-    rows = [
-        (n, r)
-        for n, r in enumerate(csv.reader(text.splitlines(), delimiter=delim), start=1)
-        if r and any(c.strip() for c in r)
-    ]
-    if rows and _is_header(rows[0][1]):
-        rows = rows[1:]
-    good: list[tuple[str, str]] = []
-    for lineno, r in rows:
-        if len(r) < 2:
-            raise UsageError(f"{path}: line {lineno} should be 'path{delim}label', got {delim.join(r)!r}")
-        rel, lab = r[0].strip(), r[1].strip()
-        if not rel:
-            rejects.append((f"{path.name}:{lineno}", "empty path"))
-        elif not lab:
-            rejects.append((rel, "empty label"))
-        else:
-            good.append((rel, lab))
-    ints = [lab for _, lab in good if _INT.fullmatch(lab)]
-    if ints and len(ints) != len(good):
-        name = next(lab for _, lab in good if not _INT.fullmatch(lab))
-        raise UsageError(
-            f"{path}: labels mix integers and names (e.g. {ints[0]!r} and {name!r}); "
-            f"use integer class indices or class names, not both"
-        )
-    items: list[Item] = []
-    if ints:
-        top = -1
-        for rel, lab in good:
-            v = int(lab)
-            if not 0 <= v <= MAX_LABEL:
-                rejects.append((rel, f"label {lab} out of range 0..{MAX_LABEL}"))
-                continue
-            items.append(Item(Path(rel).as_posix(), v))
-            top = max(top, v)
-        classes = [str(i) for i in range(top + 1)]
-    else:
-        classes = sorted({lab for _, lab in good})
-        index = {c: i for i, c in enumerate(classes)}
-        items = [Item(Path(rel).as_posix(), index[lab]) for rel, lab in good]
-    return classes, items
-
-
-def scan(src: Path, *, seed: int, val_fraction: float = 0.0) -> Source:
-    """Scan ``src`` (folder or CSV/TSV) into a :class:`Source`; raise UsageError when
-    it does not exist or holds no image."""
+def scan(
+    src: Path,
+    *,
+    seed: int,
+    val_fraction: float = 0.0,
+    targets: str = "auto",
+    masks: Path | None = None,
+    num_classes: int | None = None,
+    ignore_index: int = IGNORE_INDEX,
+) -> Source:
+    """Scan ``src`` (folder or CSV/TSV; with ``masks``, an image tree and its parallel mask tree)
+    into a :class:`Source`; raise UsageError when it does not exist or holds no image."""
     if not src.exists():
         raise UsageError(f"SRC {src} does not exist")
     skipped = {s: [0] for s in SPLITS}
     rejects: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
     splits: dict[str, list[Item]]
-    if src.is_file():
+    target, mask_base = Target(), None
+    if masks is not None:
+        splits = _scan_masks(src, Path(masks), skipped, rejects, val_fraction)
+        classes = [str(i) for i in range(num_classes)] if num_classes else []
+        target, mask_base, base = Target.of("mask", num_classes=num_classes, ignore_index=ignore_index), masks, src
+    elif src.is_file():
         if src.suffix.lower() not in (".csv", ".tsv", ".txt"):
             raise UsageError(f"SRC {src} is a file but not a .csv/.tsv list of 'path,label'")
-        classes, items = _scan_csv(src, rejects["train"])
+        classes, items, target = scan_csv(src, rejects["train"], targets)
         base = src.parent
         splits = {"train": items}
     else:
+        if targets not in ("auto", "class"):
+            raise UsageError(
+                f"--targets {targets} needs a CSV of path,values (a folder's subfolders are classes; "
+                "a mask tree is --masks)"
+            )
         top = _class_dirs(src)
         if "train" in top and set(top) <= set(SPLITS):
             names = set(_class_dirs(src / "train"))
@@ -400,7 +280,7 @@ def scan(src: Path, *, seed: int, val_fraction: float = 0.0) -> Source:
     if not any(splits.values()):
         loose = (
             []
-            if src.is_file()
+            if src.is_file() or masks is not None
             else [
                 e.name
                 for e in _scandir(src)
@@ -410,7 +290,7 @@ def scan(src: Path, *, seed: int, val_fraction: float = 0.0) -> Source:
         if loose:
             raise UsageError(
                 f"SRC {src} holds {len(loose):,} images but no class folders; put them in one subfolder "
-                f"per class, or list them in a CSV of path,label"
+                f"per class, list them in a CSV of path,label, or give their masks with --masks"
             )
         nrej = sum(len(r) for r in rejects.values())
         why = f" ({nrej} rejected, e.g. {_first(rejects)})" if nrej else ""
@@ -425,7 +305,80 @@ def scan(src: Path, *, seed: int, val_fraction: float = 0.0) -> Source:
     for items in splits.values():
         random.Random(seed).shuffle(items)
     classes = [display_path(c) for c in classes]  # folder names as written into the pack
-    return Source(base, classes, splits, {s: skipped[s][0] for s in splits}, {s: rejects[s] for s in splits})
+    return Source(
+        base,
+        classes,
+        splits,
+        {s: skipped[s][0] for s in splits},
+        {s: rejects[s] for s in splits},
+        target=target,
+        mask_base=mask_base,
+    )
+
+
+def _stem(rel: str) -> str:
+    return os.path.splitext(rel)[0]
+
+
+def _walk_tree(root: Path, split_root: Path, skipped: list[int], rejects: list, others: tuple) -> list[str]:
+    """Every image under ``split_root`` at any depth (relative to ``root``), by the walk's rules."""
+    walker = _Walker(root, split_root, [""], skipped, others)
+    found = walker.walk("")
+    rejects.extend(walker.rejects)
+    return found
+
+
+def _scan_masks(src: Path, masks: Path, skipped: dict, rejects: dict, val_fraction: float) -> dict[str, list[Item]]:
+    """Images of ``src`` paired with the masks at the same relative path and stem in ``masks``
+    (any image extension): one item each, with its mask. An image with no mask, a mask with no
+    image, and two files of one stem on either side are rejects."""
+    if not masks.is_dir():
+        raise UsageError(f"--masks {masks} is not a folder (a tree parallel to SRC: same relative paths and stems)")
+    if not src.is_dir():
+        raise UsageError(f"--masks needs SRC to be a folder of images, not {src}")
+    rs, rm = src.resolve(), masks.resolve()
+    if rs == rm or rs in rm.parents or rm in rs.parents:
+        raise UsageError(f"--masks {masks} and SRC {src} overlap: keep the images and the masks in two folders")
+    top = _class_dirs(src)
+    names = [s for s in SPLITS if s in top] if "train" in top and set(top) <= set(SPLITS) else [None]
+    if names != [None] and "val" in names and val_fraction:
+        raise UsageError(f"--val-fraction given but {src} already has a val/ folder")
+    splits: dict[str, list[Item]] = {}
+    for name in names:
+        split = name or "train"
+        image_root, mask_root = (src / name, masks / name) if name else (src, masks)
+        others = tuple(src / o for o in names if o and o != name)
+        images = _walk_tree(src, image_root, skipped[split], rejects[split], others)
+        found = _walk_tree(masks, mask_root, [0], rejects[split], ()) if mask_root.is_dir() else []
+        prefix = f"{name}/" if name else ""
+        by_stem: dict[str, list[str]] = {}
+        for rel in found:
+            by_stem.setdefault(_stem(rel[len(prefix) :]), []).append(rel)
+        image_stems: dict[str, list[str]] = {}
+        for rel in images:
+            image_stems.setdefault(_stem(rel[len(prefix) :]), []).append(rel)
+        items = []
+        for stem, rels in image_stems.items():
+            mask = by_stem.get(stem, [])
+            if len(rels) > 1:
+                rejects[split].extend((display_path(r), f"{len(rels)} images share the stem {stem!r}") for r in rels)
+            elif not mask:
+                rejects[split].append((display_path(rels[0]), f"no mask: expected {prefix}{stem}.png in {masks}"))
+            elif len(mask) > 1:
+                rejects[split].append((display_path(rels[0]), f"{len(mask)} masks share its stem: {', '.join(mask)}"))
+            else:
+                items.append(Item(rels[0], mask=mask[0]))
+        for stem, rels in by_stem.items():
+            if stem not in image_stems:
+                rejects[split].extend((f"{masks.name}/{display_path(r)}", "mask with no image") for r in rels)
+        splits[split] = items
+        if images and found and not items:
+            example = _stem(images[0][len(prefix) :])
+            raise UsageError(
+                f"no image of {image_root} has a mask in {mask_root}: masks must have the image's relative path "
+                f"and stem (for {images[0]}: {prefix}{example}.png), e.g. {found[0]} has no image"
+            )
+    return splits
 
 
 def _first(rejects: dict[str, list[tuple[str, str]]]) -> str:

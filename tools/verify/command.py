@@ -42,10 +42,15 @@ from stoker.pipeline.shards.idx import (
     scan_tar,
 )
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
+from stoker.pipeline.shards.samples import image_size
+from stoker.pipeline.shards.targets import Target, check_target
 from stoker.pipeline.storage import Store, is_url, parse_storage_options, storage_errors
 
 from ..common.results import Result
 from .imagecheck import ImageChecker
+
+#: a target member past this is not read whole (a mask of 64 MiB is damage, not data)
+MAX_TARGET_BYTES = 64 << 20
 
 HELP = "check shards against stoker.json: checksums, tar, .idx, and that every image decodes"
 
@@ -140,10 +145,13 @@ def verify_shard(
     check: list[int] | None,
     skip: list[int],
     require_rgb: bool = True,
+    target: dict | None = None,
 ) -> ShardReport:
     """Check one shard; ``check`` lists the sample indices to decode (None: all),
-    ``skip`` the ones the manifest marks as known-bad. Packed shards must hold RGB
-    JPEGs; foreign (indexed) ones only need to decode."""
+    ``skip`` the ones the manifest marks as known-bad; ``target`` is the manifest's target
+    (:class:`~stoker.pipeline.shards.targets.Target` as JSON; None: a class). Packed shards must
+    hold RGB or grayscale JPEGs; foreign (indexed) ones only need to decode."""
+    target_kind = Target.from_json(target) if target else Target()
     tar = Path(split_dir) / info.name
     rep = ShardReport(split, info.name, skipped=len(skip))
     where = f"{split}/{info.name}"
@@ -207,14 +215,23 @@ def verify_shard(
                 rep.bad += 1
                 rep.problems.append(f"{label}: no image component (has {', '.join(comps)})")
                 continue
-            if "cls" not in comps:
+            member = comps.get(target_kind.member.lower())
+            if member is None:
                 rep.bad += 1
-                rep.problems.append(f"{label}: no cls label")
+                rep.problems.append(f"{label}: no {target_kind.member} target" if target else f"{label}: no cls label")
                 continue
-            value = read_label(f, comps["cls"], num_classes or None)
-            if isinstance(value, str):
+            f.seek(member.offset)
+            raw = f.read(member.size if member.size <= MAX_TARGET_BYTES else 0) if target_kind.kind != "class" else b""
+            if target_kind.kind == "class":
+                why = read_label(f, member, num_classes or None)
+                why = why if isinstance(why, str) else None
+            else:
+                f.seek(img.offset)
+                wh = image_size(f.read(img.size))
+                why = check_target(target_kind, raw, num_classes=num_classes, image_wh=wh)
+            if why:
                 rep.bad += 1
-                rep.problems.append(f"{label}: {value}")
+                rep.problems.append(f"{label}: {why}")
                 continue
             f.seek(img.offset)
             pending.append((label, f.read(img.size)))
@@ -378,10 +395,11 @@ def _check(split_dirs: list[Path], *, sample: int, seed: int, workers: int, prog
                     str(split_dir),
                     split_dir.name,
                     s,
-                    len(m.classes),
+                    m.target.num_classes or len(m.classes) if m.target.kind == "mask" else len(m.classes),
                     check,
                     skips.get(s.name, []),
                     "indexed_by" not in m.pack,
+                    m.target.to_json() if m.target.kind != "class" else None,
                 )
             )
     reports: list[ShardReport] = []

@@ -18,8 +18,8 @@ def decode_check(data: bytes, *, require_rgb: bool = True) -> str | None:
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
-            if require_rgb and im.mode != "RGB":
-                return f"mode {im.mode}, not RGB"
+            if require_rgb and im.mode not in ("RGB", "L"):
+                return f"mode {im.mode}, not RGB or grayscale"
             if im.mode != "RGB":
                 im.convert("RGB")  # what the pil backend does with L, P, LA, CMYK ...
     except Exception as e:  # noqa: BLE001 - any decoder failure is a finding, not a crash

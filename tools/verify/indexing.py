@@ -4,7 +4,10 @@ each tar and a stoker.json in their folder.
 Works on tars written by webdataset's ShardWriter/TarWriter, GNU tar, or anything
 with WebDataset's key rule (members sharing a name up to the first dot form one
 sample). Keys can be anything; images may be jpg, jpeg or png (what the loader decodes);
-labels come from cls members (integers 0 .. 999,999 as text). Unless --no-check,
+labels come from cls members: integers 0 .. 999,999 as text, or class names when --classes
+names them (a cls of "dog" with --classes cat,dog is class 1). Other targets are named,
+never guessed: --targets float|multilabel|mask with --target-member (the member holding
+it: npy, json or text numbers for floats and label lists, a png for masks). Unless --no-check,
 every image is decoded once with the Loader's decoders. Samples that do not decode,
 lack an image or a label, have a label that is not a class index, or repeat a
 component (a.jpg a.cls a.jpg: which label goes with which image is unknowable) are
@@ -16,9 +19,14 @@ On a split that already has a stoker.json (one `stoker pack` wrote, or an earlie
 index), its class names and pack settings are kept: re-indexing repairs, never
 downgrades. A compressed tar (.tar.gz, ...) must be decompressed first.
 
+When most samples are marked to skip the manifest is still written, but the command exits 1
+and says why (a wrong --classes or --target-member usually).
+
 examples:
   stoker index /data/laion-shards/*.tar
   stoker index /data/shards --classes cat,dog,bird
+  stoker index /data/shards --targets float --target-member npy
+  stoker index /data/seg-shards --targets mask --target-member seg.png --num-classes 21
 """
 
 from __future__ import annotations
@@ -33,10 +41,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stoker import __version__
-from stoker.errors import CheckFailedError, ManifestError, TarFormatError, UsageError
+from stoker.errors import CheckFailedError, ManifestError, MostSkippedError, TarFormatError, UsageError
 from stoker.pipeline.fsutil import sha256_file
 from stoker.pipeline.shards.idx import MAX_CLASSES, image_component, read_label, scan_tar, write_idx
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
+from stoker.pipeline.shards.targets import IGNORE_INDEX, MEMBERS, TARGET_KINDS, Target
 
 from .command import ImageChecker, fork_method
 
@@ -51,6 +60,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--classes",
         metavar="NAMES",
         help="class names: comma-separated, or @FILE with one per line (default: '0'..'max cls')",
+    )
+    p.add_argument(
+        "--targets",
+        choices=TARGET_KINDS,
+        default="class",
+        help="what the samples' target member holds: class (cls members, default), float, multilabel, mask",
+    )
+    p.add_argument(
+        "--target-member",
+        metavar="EXT",
+        help="the member holding the target (default: cls; target.npy, labels.npy, mask.png for the other kinds): "
+        "npy/json/txt numbers, or a png mask",
+    )
+    p.add_argument("--num-classes", type=int, metavar="N", help="--targets mask: the mask's classes (values below N)")
+    p.add_argument(
+        "--ignore-index", type=int, default=IGNORE_INDEX, metavar="V", help="--targets mask: the ignored value (255)"
     )
     p.add_argument("--no-check", action="store_true", help="do not decode the images (faster; nothing is skipped)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes indexing shards in parallel")
@@ -121,14 +146,27 @@ def _reason_kind(reason: str) -> str:
     return reason.split(":", 1)[0]
 
 
-def index_one(tar: str, check: bool, num_classes: int | None = None) -> dict:
+def index_one(
+    tar: str,
+    check: bool,
+    num_classes: int | None = None,
+    target: dict | None = None,
+    names: list | None = None,
+    discover_width: bool = False,
+) -> dict:
     """Write ``tar``'s .idx and return what the manifest needs: its ShardInfo, the
     samples to skip as ``(index, reason)``, the members no sample holds as ``(name, reason)``,
-    image extensions seen and the largest label kept.
+    image extensions seen, the largest label kept (classes, multi-label), the float width
+    (the first sample's, with ``target`` a float of no declared columns) and whether any sample
+    holds the target member.
 
     ``num_classes`` (known from ``--classes`` or the split's manifest) bounds the labels;
-    without it a label only has to be below :data:`MAX_CLASSES`.
+    without it a label only has to be below :data:`MAX_CLASSES`. ``names`` maps a ``cls`` that
+    is a class name to its index. ``discover_width``: a float target's width is the first
+    sample's (no columns were declared).
     """
+    spec = Target.from_json(target) if target else Target()
+    member_ext = spec.member.lower()
     tar_path = Path(tar)
     try:
         scan = scan_tar(tar_path)
@@ -141,7 +179,10 @@ def index_one(tar: str, check: bool, num_classes: int | None = None) -> dict:
         return {"error": f"cannot write {idx_path(tar_path)}: {e.strerror or e}"}
     skips: dict[int, str] = dict(scan.problems)
     exts: set[str] = set()
-    max_label = -1
+    max_label, seen = -1, False
+    width = None if discover_width else spec.width
+    members: set[str] = set()
+    index_of = {n: i for i, n in enumerate(names or ())}
     checker = ImageChecker(require_rgb=False) if check else None
     pending: list[tuple[int, bytes]] = []
 
@@ -153,22 +194,28 @@ def index_one(tar: str, check: bool, num_classes: int | None = None) -> dict:
 
     with open(tar_path, "rb") as f:
         for i, sample in enumerate(samples):
+            comp = next((c for c in sample if c.ext.lower() == member_ext), None)
+            seen = seen or comp is not None
+            if len(members) < 16:
+                members.update(c.ext for c in sample)
             if i in skips:
                 continue
-            cls = next((c for c in sample if c.ext.lower() == "cls"), None)
             img = image_component(sample)
             if img is None:
                 skips[i] = f"no image: has {', '.join(c.ext for c in sample)[:80]}"
                 continue
-            if cls is None:
-                skips[i] = "no cls label"
+            if comp is None:
+                skips[i] = "no cls label" if spec.kind == "class" else f"no {spec.member} target"
                 continue
-            value = read_label(f, cls, num_classes)
+            value = _target_value(f, comp, img, spec, num_classes, index_of, width)
             if isinstance(value, str):
                 skips[i] = value
                 continue
+            if spec.kind == "float":
+                width = width or value
+            elif spec.kind in ("class", "multilabel"):
+                max_label = max(max_label, value)
             exts.add(img.ext)
-            max_label = max(max_label, value)
             if checker is not None:
                 f.seek(img.offset)
                 pending.append((i, f.read(img.size)))
@@ -178,7 +225,44 @@ def index_one(tar: str, check: bool, num_classes: int | None = None) -> dict:
             flush()
     # the largest label of a sample that stays (a decode skip does not define a class)
     info = ShardInfo(tar_path.name, len(samples), os.path.getsize(tar_path), sha256_file(tar_path))
-    return {"info": info, "skips": sorted(skips.items()), "ignored": scan.ignored, "exts": exts, "max_label": max_label}
+    return {
+        "info": info,
+        "skips": sorted(skips.items()),
+        "ignored": scan.ignored,
+        "exts": exts,
+        "max_label": max_label,
+        "width": width,
+        "seen": seen,
+        "members": sorted(members),
+    }
+
+
+def _target_value(f, comp, img, spec: Target, num_classes, index_of: dict, width):
+    """A sample's target checked: the class (or the largest label), the float width, or 0 for a
+    mask; a string says why it cannot be used."""
+    from stoker.pipeline.shards.samples import image_size
+    from stoker.pipeline.shards.targets import check_target, parse_float, parse_labels
+
+    if spec.kind == "class":
+        value = read_label(f, comp, num_classes)
+        if isinstance(value, str) and index_of and value.startswith("cls is not an integer"):
+            f.seek(comp.offset)  # a class name: what --classes (or the split's manifest) names
+            name = f.read(min(comp.size, 4096)).decode("utf-8", "replace").strip()
+            return index_of.get(name, f"cls {name!r} is not one of the class names")
+        return value
+    if comp.size > 64 << 20:
+        return f"{spec.member} is {comp.size:,} bytes: not a target"
+    f.seek(comp.offset)
+    raw = f.read(comp.size)
+    if spec.kind == "float":  # without declared columns the first sample says how wide they are
+        value = parse_float(raw, spec.member, width)
+        return value if isinstance(value, str) else len(value)
+    if spec.kind == "multilabel":
+        labels = parse_labels(raw, spec.member, num_classes or MAX_CLASSES)
+        return labels if isinstance(labels, str) else int(labels.max(initial=-1))
+    f.seek(img.offset)
+    why = check_target(spec, raw, num_classes=spec.num_classes or 0, image_wh=image_size(f.read(img.size)))
+    return why if why else 0
 
 
 def _index_job(job: tuple) -> dict:
@@ -223,6 +307,7 @@ class IndexResult:
         skip: ``[shard, index, reason]`` for each sample the loader leaves out.
         ignored: ``[shard, member, reason]`` for each tar member in no sample.
         notes: Lines about the previous manifest (replaced as unreadable, shards gone).
+        target: The target kind, in words (``"class"``, ``"float, 3 columns"``, ...).
     """
 
     manifest: Path
@@ -232,6 +317,7 @@ class IndexResult:
     skip: list
     ignored: list
     notes: list
+    target: str = "class"
 
     def summary(self) -> str:
         """The lines ``stoker index`` prints on stdout."""
@@ -245,6 +331,7 @@ class IndexResult:
                 f"{len(self.ignored)} tar member(s) in no sample ({_summary(self.ignored)}), "
                 "listed in pack.ignored_members"
             )
+        lines.append(f"targets: {self.target}")
         return "\n".join(lines)
 
 
@@ -278,42 +365,73 @@ def index(
     check: bool = True,
     workers: int | None = None,
     progress: bool = False,
+    targets: str | None = None,
+    target_member: str | None = None,
+    num_classes: int | None = None,
+    ignore_index: int = IGNORE_INDEX,
 ) -> IndexResult:
     """Write a DALI .idx beside each tar and a stoker.json in their folder (see the module doc).
 
     Args:
         shards: Tar files (all in one folder), or that folder.
         classes: Class names, label ``i`` naming ``classes[i]`` (None: kept from the split's
-            manifest when it has real names, else ``'0'..'max cls'``).
+            manifest when it has real names, else ``'0'..'max cls'``); a ``cls`` member that is
+            one of these names is that class.
         check: Decode every image once; samples that do not decode are skipped.
         workers: Processes indexing shards in parallel (None: the CPU count).
         progress: Show a progress bar on stderr.
+        targets: The target kind (``class``, ``float``, ``multilabel``, ``mask``; None: the
+            split's manifest's, else ``class``).
+        target_member: The member holding the target (None: the kind's packed member, or the
+            split's manifest's).
+        num_classes: ``mask``: mask values must be below it (or ``ignore_index``).
+        ignore_index: ``mask``: the ignored value.
 
     Returns:
         The :class:`IndexResult`.
 
     Raises:
-        UsageError: A bad path or setting, or ``classes`` shorter than the labels.
-        CheckFailedError: A tar that cannot be indexed, no loadable sample, or the manifest cannot be written.
+        UsageError: A bad path or setting, ``classes`` shorter than the labels, or no sample
+            holds the target member (the members they hold are named).
+        CheckFailedError: A tar that cannot be indexed, no loadable sample, the manifest cannot
+            be written, or most samples were marked to skip (the manifest is written).
     """
     tars = _tars([shards] if isinstance(shards, (str, Path)) else shards)
     classes = _checked_classes(classes) if classes is not None else None
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
+    if targets is not None and targets not in TARGET_KINDS:
+        raise UsageError(f"--targets {targets!r} must be one of {', '.join(TARGET_KINDS)}")
     folder = tars[0].parent
     notes: list[str] = []
     previous = _previous(folder, tars, notes)
+    spec, discover = _target_spec(previous, targets, target_member, num_classes, ignore_index)
     # a split `stoker pack` wrote (or an earlier index given --classes) keeps its class names:
     # labels index them. Names an earlier index made up ('0'..'N-1') may grow with the data.
     named = previous is not None and previous.classes != [str(i) for i in range(len(previous.classes))]
     bound = len(previous.classes) if classes is None and named else None
-    found = _index_all([(str(t), check, bound) for t in tars], workers, progress)
+    names = classes if classes is not None else (previous.classes if named else None)
+    jobs = [(str(t), check, bound, spec.to_json(), names, discover) for t in tars]
+    found = _index_all(jobs, workers, progress)
+    if not any(r["seen"] for r in found):
+        members = sorted({e for r in found for e in r.get("members", ())})
+        raise UsageError(
+            f"no sample in {folder} has a {spec.member!r} member"
+            + (f" (they hold {', '.join(members)})" if members else "")
+            + ": name the target's member with --target-member"
+        )
     infos = [r["info"] for r in found]
     skip = [[r["info"].name, i, why] for r in found for i, why in r["skips"]]
     if not check and previous is not None:
         skip += _carried_skips(previous, infos, skip)
     ignored = [[r["info"].name, name, why] for r in found for name, why in r["ignored"]]
+    if discover:
+        widths = sorted({r["width"] for r in found if r["width"]})
+        if len(widths) > 1:
+            raise UsageError(f"the float targets of {folder} have {' and '.join(map(str, widths))} values per sample")
+        k = widths[0] if widths else 1
+        spec = dataclasses.replace(spec, columns=("y",) if k == 1 else tuple(f"y{i}" for i in range(k)))
     max_label = max(r["max_label"] for r in found)
     if classes is not None and max_label >= len(classes):
         shard = next(r["info"].name for r in found if r["max_label"] == max_label)
@@ -321,19 +439,21 @@ def index(
     if classes is None:
         grown = max(max_label + 1, len(previous.classes) if previous else 0)
         classes = previous.classes if named else [str(i) for i in range(grown)]
+        if spec.kind in ("float", "mask"):
+            classes = [str(i) for i in range(spec.num_classes)] if spec.num_classes else []
     pack = dict(previous.pack) if previous else {}
     # verify holds packed shards to pack's rules (RGB JPEGs) and foreign ones to the loader's
     pack["reindexed_by" if previous and "indexed_by" not in pack else "indexed_by"] = f"stoker {__version__}"
     exts = set().union(*(r["exts"] for r in found))
     pack.update(image_exts=sorted(exts), checked=check, skip=skip, ignored_members=ignored)
-    m = Manifest(num_samples=sum(s.num_samples for s in infos), classes=classes, shards=infos, pack=pack)
+    m = Manifest(num_samples=sum(s.num_samples for s in infos), classes=classes, shards=infos, pack=pack, target=spec)
     if m.num_samples - len(skip) <= 0:
         raise CheckFailedError(f"no loadable samples in {folder}: {_summary(skip)}; nothing written to {MANIFEST_NAME}")
     try:
         where = m.save(folder)
     except OSError as e:  # the old manifest, if any, is left as it was (atomic write)
         raise CheckFailedError(f"cannot write {folder / MANIFEST_NAME}: {e.strerror or e}") from None
-    return IndexResult(
+    result = IndexResult(
         manifest=Path(where),
         shards=len(infos),
         num_samples=m.num_samples,
@@ -341,17 +461,50 @@ def index(
         skip=skip,
         ignored=ignored,
         notes=notes,
+        target=spec.describe(),
     )
+    if len(skip) * 2 > m.num_samples:  # written, but a run on a fraction of the data is no success
+        raise MostSkippedError(
+            f"{len(skip):,} of {m.num_samples:,} samples of {folder} are marked to skip ({_summary(skip)}); "
+            f"{MANIFEST_NAME} is written, but check the data and the flags (--classes with the names the tars "
+            "use, --targets, --target-member)",
+            result,
+        )
+    return result
+
+
+def _target_spec(previous, targets, member, num_classes, ignore_index) -> tuple[Target, bool]:
+    """``(target, discover_width)``: the split's target, the flags', else what its manifest already
+    says, else a class; a float target the flags name has the width of the data."""
+    if targets is None and member is None and num_classes is None and previous is not None:
+        return previous.target, False
+    kind = targets or (previous.target.kind if previous is not None else "class")
+    if kind != "mask" and num_classes is not None:
+        raise UsageError("--num-classes is for --targets mask (class names: --classes)")
+    kw = {"member": member} if member else {}
+    if kind == "mask":
+        kw.update(num_classes=num_classes, ignore_index=ignore_index)
+    if kind == "float":  # columns: found in the data
+        return Target(kind="float", member=member or MEMBERS["float"], columns=("y",)), True
+    return Target.of(kind, **kw), False
 
 
 def main(args: argparse.Namespace) -> int:
-    result = index(
-        args.shards,
-        classes=class_names(args.classes),
-        check=not args.no_check,
-        workers=args.workers,
-        progress=not args.quiet,
-    )
+    try:
+        result = index(
+            args.shards,
+            classes=class_names(args.classes),
+            check=not args.no_check,
+            workers=args.workers,
+            progress=not args.quiet,
+            targets=None if args.targets == "class" and args.target_member is None else args.targets,
+            target_member=args.target_member,
+            num_classes=args.num_classes,
+            ignore_index=args.ignore_index,
+        )
+    except MostSkippedError as e:  # written: its summary, then the error
+        print(e.result.summary())
+        raise
     for line in result.notes:
         print(line, file=sys.stderr)
     print(result.summary())

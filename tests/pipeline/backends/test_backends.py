@@ -39,9 +39,9 @@ def test_each_runner_yields_named_batches_of_the_planned_samples(split, backend,
     runner.close()
     assert [type(b) for b in out] == [Batch, Batch]
     assert [(b.consumed, b.skipped) for b in out] == [(3, 0), (2, 0)]
-    assert [b.labels.tolist() for b in out] == [[3, 0, 17], [12, 5]]
+    assert [b.targets.tolist() for b in out] == [[3, 0, 17], [12, 5]]
     assert [tuple(b.images.shape) for b in out] == [(3, 3, 32, 32), (2, 3, 32, 32)]
-    assert all(b.images.dtype == torch.uint8 and b.labels.dtype == torch.int64 for b in out)
+    assert all(b.images.dtype == torch.uint8 and b.targets.dtype == torch.int64 for b in out)
     loader.close()
 
 

@@ -12,7 +12,7 @@ import torch
 from helpers import run_epoch, write_split
 from stoker.pipeline import Loader, deps
 from stoker.pipeline.backends.nvjpeg import NvjpegRunner, crop_resize, decode_jpegs
-from stoker.pipeline.backends.pil import resize_into
+from stoker.pipeline.backends.resize import resize_into
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.pipeline.shards.writer import ShardWriter
 from stoker.tools.common.synth import CLASSES, draw, encode
@@ -273,14 +273,14 @@ class GpuLikeDecoder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, datas, device):
+    def __call__(self, datas, device, channels=3):
         self.calls.append(len(datas))
         for d in datas:
             b = d.numpy().tobytes()
             sof = b.find(b"\xff\xc0")
             if sof > 0 and b[sof + 9] == 4:
                 raise RuntimeError("nvjpegDecode: unsupported JPEG (CMYK)")
-        return decode_jpegs(datas, device)
+        return decode_jpegs(datas, device, channels)
 
 
 def test_gpu_rejects_are_decoded_on_the_cpu_counted_and_kept(tmp_path):
@@ -394,7 +394,9 @@ def test_gpu_path_matches_the_cpu_path(split):
     gpu._runner = NvjpegRunner(gpu.decode_settings())
     # nvJPEG's own pixels, cropped and resized on the CPU: boxes, flips and resize must agree exactly
     same_pixels = nvjpeg_loader(split, seed=2)
-    same_pixels._runner.decode_jpegs = lambda datas, device: [x.cpu() for x in decode_jpegs(datas, "cuda")]
+    same_pixels._runner.decode_jpegs = lambda datas, device, channels=3: [
+        x.cpu() for x in decode_jpegs(datas, "cuda", channels)
+    ]
     cpu = nvjpeg_loader(split, seed=2)  # libjpeg-turbo's pixels
     g_img, g_lab = run(gpu, 0)
     s_img, s_lab = run(same_pixels, 0)

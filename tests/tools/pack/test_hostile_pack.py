@@ -345,7 +345,7 @@ def test_what_pack_stores_is_copy_safe_and_decodes_in_dali_and_pil(tmp_path):
         stored[name] = r.jpg
         if r.copied:
             copied.add(name)
-    assert copied == {"baseline.jpg", "odd name, with spaces & ünïcode's.jpg"}
+    assert copied == {"baseline.jpg", "gray.jpg", "odd name, with spaces & ünïcode's.jpg"}  # gray: baseline, 1 channel
     assert stored["trailing.jpg"] != files["trailing.jpg"]
     shapes = _dali_decode(list(stored.values()))
     for (name, jpg), shape in zip(stored.items(), shapes, strict=True):
@@ -469,7 +469,7 @@ def test_flat_folder_of_images_is_one_line(tmp_path, capsys):
     assert pack(src, tmp_path / "out") == 2
     assert one_line_error(capsys) == (
         f"SRC {src} holds 3 images but no class folders; put them in one subfolder "
-        f"per class, or list them in a CSV of path,label"
+        f"per class, list them in a CSV of path,label, or give their masks with --masks"
     )
 
 

@@ -303,8 +303,10 @@ def test_bad_labels_are_skipped_with_reasons_and_never_loaded(tmp_path, capsys):
     for k, raw in enumerate(bad):
         members += [(f"bad{k}.jpg", jpeg(0)), (f"bad{k}.cls", raw)]
     tar = make_tar(tmp_path / "s" / "t.tar", members)
-    assert cli(["index", str(tar), "-q"]) == 0  # fast: a huge cls does not size anything
-    out = capsys.readouterr().out
+    # fast: a huge cls does not size anything; 7 of 10 marked to skip is written, but exit 1
+    assert cli(["index", str(tar), "-q"]) == 1
+    out, err = capsys.readouterr()
+    assert "7 of 10 samples of" in err and "are marked to skip" in err
     m = Manifest.load(tmp_path / "s")
     assert m.classes == ["0", "1", "2"]
     assert [why for _, _, why in m.pack["skip"]] == [

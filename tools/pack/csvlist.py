@@ -1,0 +1,223 @@
+"""CSV/TSV lists of ``path,target`` rows: the rules ``stoker pack`` reads them by.
+
+Rows are ``path,label`` (one target column) or ``path,v1,v2,...`` (several); tab-separated when
+the file is ``.tsv`` or its first line holds a tab. Paths are relative to the CSV's folder.
+
+* The file must be UTF-8 (a BOM is fine); otherwise a one-line error names the file and how to
+  convert it (``iconv -f latin1 -t utf-8``).
+* The first row is a header, and skipped, when its path cell has no image extension and it names
+  a column: ``path/file/filename/filepath/image/img/image_path``, ``label/class/cls/target/
+  category/y``, or names for number columns below it (``path,age``; ``file,x,y,z``). A header
+  names the float columns; without one they are ``y`` (one) or ``y0, y1, ...``.
+* What the target is (``--targets``, default ``auto``):
+
+  - ``auto``: several target columns are a vector of K floats; one column whose cells are all
+    numbers with at least one that is not an integer (``0.25``, ``1e-3``, ``2.0``, ``nan``) holds
+    floats; a cell with ``|`` makes the column multi-label (``cat|dog``); else classes.
+    **Never a silent class**: pack's summary says which (``targets: float, 1 column``).
+  - ``class``: one label column; non-integer numbers are a one-line error (use ``float``).
+  - ``float``: every target column is a float (an integer column, e.g. ages, too).
+  - ``multilabel``: ``|``-separated labels per cell (names, or integer class indices).
+
+* Classes: when every label is an ASCII integer (``-?[0-9]+``) labels are kept as they are
+  (class ``i`` is index ``i``; names ``"0".."max"``); a label below 0 or above
+  :data:`~.items.MAX_LABEL` is a reject ``"label <x> out of range 0..1000000"``. When every
+  label is a name (``cat``, ``n01440764``) names are sorted and the index is the position.
+  Labels that mix both kinds are a one-line error naming an example of each.
+* Rejects, each listed with a reason: an empty path or target cell (``"empty path"``,
+  ``"empty label"``, ``"target 'y' is empty"``), a float cell that is not a finite number
+  (``"target 'y' is not finite: nan"``, ``"target 'x' is not a number: 'abc'"``). A row with
+  fewer cells than the first is a one-line error naming the row.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from pathlib import Path
+
+from stoker.errors import UsageError
+from stoker.pipeline.shards.targets import MAX_COLUMNS, Target, finite_number
+
+from .items import MAX_LABEL, Item
+from .sanitize import IMAGE_EXTS
+
+TARGET_MODES = ("auto", "class", "float", "multilabel")
+_PATH_WORDS = {"path", "file", "filename", "filepath", "file_path", "image", "img", "image_path", "image_name"}
+_LABEL_WORDS = {"label", "class", "cls", "target", "category", "y", "class_name", "label_name"}
+_INT = re.compile(r"-?[0-9]+")
+_NAME = re.compile(r"[A-Za-z_][\w .-]*")
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 text file (BOM allowed), or a one-line error saying how to convert it."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise UsageError(
+            f"{path} is not UTF-8 (byte 0x{raw[e.start]:02x} on line {line}); convert it, e.g. "
+            f"iconv -f latin1 -t utf-8 {path} > fixed{path.suffix}"
+        ) from None
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_header(row: list[str], below: list[str] | None) -> bool:
+    first = row[0].strip().lower()
+    if os.path.splitext(first)[1] in IMAGE_EXTS:
+        return False
+    if first in _PATH_WORDS or (len(row) > 1 and row[1].strip().lower() in _LABEL_WORDS):
+        return True
+    # `name,age`: names over number columns
+    rest = [c.strip() for c in row[1:]]
+    return bool(
+        below
+        and rest
+        and all(_NAME.fullmatch(c) and not _is_number(c) for c in rest)
+        and all(_is_number(c.strip()) for c in below[1 : len(row)])
+    )
+
+
+def _rows(path: Path) -> tuple[str, list[tuple[int, list[str]]], list[str] | None]:
+    """``(delimiter, data rows (line number, cells), header cells or None)``."""
+    text = read_text(path)
+    first_line = text.split("\n", 1)[0]
+    delim = "\t" if path.suffix.lower() == ".tsv" or "\t" in first_line else ","
+    rows = [
+        (n, r)
+        for n, r in enumerate(csv.reader(text.splitlines(), delimiter=delim), start=1)
+        if r and any(c.strip() for c in r)
+    ]
+    header = None
+    if rows and _is_header(rows[0][1], rows[1][1] if len(rows) > 1 else None):
+        header = [c.strip() for c in rows[0][1]]
+        rows = rows[1:]
+    return delim, rows, header
+
+
+def scan_csv(path: Path, rejects: list[tuple[str, str]], targets: str = "auto") -> tuple[list[str], list[Item], Target]:
+    """The items of a CSV/TSV list (rules in the module docstring): ``(class names, items,
+    target kind)``; bad rows are appended to ``rejects``."""
+    if targets not in TARGET_MODES:
+        raise UsageError(f"--targets {targets!r} must be one of {', '.join(TARGET_MODES)}")
+    delim, rows, header = _rows(path)
+    width = max((len(r) for _, r in rows), default=2) if header is None else len(header)
+    for lineno, r in rows:
+        if len(r) < 2:
+            raise UsageError(f"{path}: line {lineno} should be 'path{delim}label', got {delim.join(r)!r}")
+        if len(r) < width:
+            raise UsageError(f"{path}: line {lineno} has {len(r)} cells, the first row {width}")
+    ncols = width - 1
+    if ncols > MAX_COLUMNS:
+        raise UsageError(f"{path} has {ncols:,} target columns, more than {MAX_COLUMNS:,}: is it a list of images?")
+    good: list[tuple[str, list[str]]] = []
+    for lineno, r in rows:
+        rel, cells = r[0].strip(), [c.strip() for c in r[1:width]]
+        if not rel:
+            rejects.append((f"{path.name}:{lineno}", "empty path"))
+        elif ncols == 1 and not cells[0]:
+            rejects.append((rel, "empty label"))
+        else:
+            good.append((rel, cells))
+    kind = _kind(path, targets, ncols, [c[0] for _, c in good])
+    if kind == "float":
+        names = header[1:width] if header else (["y"] if ncols == 1 else [f"y{k}" for k in range(ncols)])
+        return [], _float_items(good, names, rejects), Target.of("float", columns=tuple(names))
+    if kind == "multilabel":
+        classes, items = _label_items(path, [(rel, cells[0].split("|")) for rel, cells in good], rejects)
+        return classes, items, Target.of("multilabel")
+    classes, items = _label_items(path, [(rel, [cells[0]]) for rel, cells in good], rejects)
+    return classes, [Item(it.rel, it.target[0]) for it in items], Target()
+
+
+def _kind(path: Path, targets: str, ncols: int, cells: list[str]) -> str:
+    """What the target columns hold (``--targets auto`` decides from the cells)."""
+    if targets == "class" and ncols > 1:
+        raise UsageError(f"--targets class takes one label column; {path} has {ncols} (use --targets float)")
+    if targets == "multilabel" and ncols > 1:
+        raise UsageError(f"--targets multilabel takes one column of |-separated labels; {path} has {ncols}")
+    numeric = bool(cells) and all(_is_number(c) for c in cells if c)
+    fractional = [c for c in cells if c and _is_number(c) and not _INT.fullmatch(c)]
+    if targets == "class" and numeric and fractional:
+        raise UsageError(
+            f"{path}: --targets class but labels are non-integer numbers (e.g. {fractional[0]!r}); "
+            "use --targets float for float targets, or integer class indices"
+        )
+    if targets != "auto":
+        return targets
+    if ncols > 1:
+        return "float"
+    if any("|" in c for c in cells):
+        return "multilabel"
+    return "float" if numeric and fractional else "class"
+
+
+def _float_items(good: list[tuple[str, list[str]]], names: list[str], rejects: list) -> list[Item]:
+    items = []
+    for rel, cells in good:
+        values, why = [], None
+        for name, c in zip(names, cells, strict=True):
+            if not c:
+                why = f"target {name!r} is empty"
+            elif not _is_number(c):
+                why = f"target {name!r} is not a number: {c[:40]!r}"
+            elif finite_number(c) is None:
+                why = f"target {name!r} is not finite: {c}"
+            else:
+                values.append(float(c))
+                continue
+            break
+        if why:
+            rejects.append((rel, why))
+        else:
+            items.append(Item(Path(rel).as_posix(), target=tuple(values)))
+    return items
+
+
+def _label_items(path: Path, good: list[tuple[str, list[str]]], rejects: list) -> tuple[list[str], list[Item]]:
+    """Class names and items whose ``target`` is the tuple of their class indices (one for a
+    class, any number for multi-label)."""
+    good = [(rel, [p.strip() for p in parts if p.strip()]) for rel, parts in good]
+    for rel, parts in good:
+        if not parts:
+            rejects.append((rel, "empty label"))
+    good = [(rel, parts) for rel, parts in good if parts]
+    labels = [p for _, parts in good for p in parts]
+    ints = [p for p in labels if _INT.fullmatch(p)]
+    if ints and len(ints) != len(labels):
+        name = next(p for p in labels if not _INT.fullmatch(p))
+        raise UsageError(
+            f"{path}: labels mix integers and names (e.g. {ints[0]!r} and {name!r}); "
+            f"use integer class indices or class names, not both"
+        )
+    items: list[Item] = []
+    if ints:
+        top = -1
+        for rel, parts in good:
+            bad = next((p for p in parts if not 0 <= int(p) <= MAX_LABEL), None)
+            if bad is not None:
+                rejects.append((rel, f"label {bad} out of range 0..{MAX_LABEL}"))
+                continue
+            values = tuple(sorted({int(p) for p in parts}))
+            items.append(Item(Path(rel).as_posix(), target=values))
+            top = max(top, values[-1])
+        return [str(i) for i in range(top + 1)], items
+    classes = sorted(set(labels))
+    index = {c: i for i, c in enumerate(classes)}
+    items = [Item(Path(rel).as_posix(), target=tuple(sorted({index[p] for p in parts}))) for rel, parts in good]
+    return classes, items
+
+
+__all__ = ["TARGET_MODES", "read_text", "scan_csv"]
