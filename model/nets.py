@@ -55,31 +55,53 @@ class InceptionNet(nn.Module):
         return self.fc(self.dropout(torch.flatten(x, 1)))
 
 
-def torchvision_archs() -> list[str]:
-    """Names of torchvision's classification models (``resnet50``, ...)."""
+def torchvision_archs(task: str = "classify") -> list[str]:
+    """Names of torchvision's classification models (``resnet50``, ...), or with
+    ``task="segment"`` its segmentation models (``lraspp_mobilenet_v3_large``, ``fcn_resnet50``,
+    ``deeplabv3_resnet50``, ...)."""
     import torchvision
 
-    return sorted(torchvision.models.list_models(module=torchvision.models))
+    module = torchvision.models.segmentation if task == "segment" else torchvision.models
+    return sorted(torchvision.models.list_models(module=module))
 
 
-def build_model(arch: str, num_classes: int, *, image_size: int | None = None) -> nn.Module:
+class SegmentationOutput(nn.Module):
+    """A torchvision segmentation model returning its ``"out"`` logits ``[N, C, H, W]`` (at the
+    input's size) instead of a dict, so losses, AMP and DDP see a tensor like any network's."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)["out"]
+
+
+def build_model(
+    arch: str, num_classes: int, *, image_size: int | None = None, in_channels: int = 3, task: str = "classify"
+) -> nn.Module:
     """A randomly initialised network by name (no weight downloads).
 
     Args:
         arch: ``"inception"`` (:class:`InceptionNet`), ``"report"`` (the case study's
-            :class:`~stoker.model.case_study.ReportNet`) or
-            any torchvision classification model name (``"resnet18"``, ``"resnet50"``, ...).
-        num_classes: Outputs of the head.
+            :class:`~stoker.model.case_study.ReportNet`) or any torchvision classification model
+            name (``"resnet18"``, ``"resnet50"``, ...); with ``task="segment"`` a torchvision
+            segmentation model (``"lraspp_mobilenet_v3_large"``, ``"deeplabv3_resnet50"``, ...).
+        num_classes: Outputs of the head (per pixel for segmentation).
         image_size: Input side; only ``"report"`` needs it (its Linear is sized by it, 224
             when None).
+        in_channels: Input channels (1: grayscale; the first convolution is built for it).
+        task: ``"segment"`` for per-pixel outputs; anything else is a per-image head.
 
     Raises:
         ValueError: Unknown ``arch`` (the message lists the choices) or bad sizes.
     """
+    if task == "segment":
+        return _segmentation_model(arch, num_classes, in_channels)
     if arch == "inception":
-        return InceptionNet(num_classes)
+        return InceptionNet(num_classes, in_channels=in_channels)
     if arch == "report":
-        return ReportNet(num_classes, image_size=image_size or 224)
+        return ReportNet(num_classes, image_size=image_size or 224, in_channels=in_channels)
     names = torchvision_archs()
     if arch not in names:
         raise ValueError(f"unknown arch {arch!r}: choose from {', '.join(STOKER_ARCHS + tuple(names))}")
@@ -88,7 +110,39 @@ def build_model(arch: str, num_classes: int, *, image_size: int | None = None) -
     kwargs: dict = {"weights": None, "num_classes": num_classes}
     if arch in ("inception_v3", "googlenet"):
         kwargs.update(aux_logits=False, init_weights=True)  # aux heads off: plain logits out
-    return torchvision.models.get_model(arch, **kwargs)
+    return _in_channels(torchvision.models.get_model(arch, **kwargs), in_channels)
+
+
+def _segmentation_model(arch: str, num_classes: int, in_channels: int) -> nn.Module:
+    import torchvision
+
+    names = torchvision_archs("segment")
+    if arch not in names:
+        raise ValueError(f"unknown segmentation arch {arch!r}: choose from {', '.join(names)}")
+    net = torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=num_classes)
+    return SegmentationOutput(_in_channels(net, in_channels))
+
+
+def _in_channels(net: nn.Module, in_channels: int) -> nn.Module:
+    """``net`` with its first convolution taking ``in_channels`` (its other settings kept)."""
+    if in_channels == 3:
+        return net
+    for parent in net.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, nn.Conv2d) and child.in_channels == 3:
+                conv = nn.Conv2d(
+                    in_channels,
+                    child.out_channels,
+                    child.kernel_size,
+                    stride=child.stride,
+                    padding=child.padding,
+                    dilation=child.dilation,
+                    groups=1,
+                    bias=child.bias is not None,
+                )
+                setattr(parent, name, conv)
+                return net
+    raise ValueError(f"{type(net).__name__} has no 3-channel convolution to build for {in_channels} channel(s)")
 
 
 def count_parameters(model: nn.Module) -> int:

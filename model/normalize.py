@@ -72,6 +72,20 @@ def with_normalize(
     return nn.Sequential(OrderedDict(normalize=Normalize(mean, std), net=net))
 
 
+#: one channel: the average of ImageNet's channel statistics (what timm uses for grayscale input)
+GRAY_MEAN: tuple[float] = (sum(IMAGENET_MEAN) / 3,)
+GRAY_STD: tuple[float] = (sum(IMAGENET_STD) / 3,)
+
+
+def default_stats(
+    channels: int, mean: Sequence[float] | None = None, std: Sequence[float] | None = None
+) -> tuple[tuple, tuple]:
+    """``(mean, std)`` in the 0..1 scale for ``channels`` inputs: the given ones, else ImageNet's
+    (their average for one channel)."""
+    base_mean, base_std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else (GRAY_MEAN, GRAY_STD)
+    return tuple(mean if mean is not None else base_mean), tuple(std if std is not None else base_std)
+
+
 def has_normalize(model: nn.Module) -> bool:
     """True when ``model`` already contains a :class:`Normalize` (takes uint8 input)."""
     return any(isinstance(m, Normalize) for m in model.modules())

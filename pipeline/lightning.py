@@ -60,8 +60,9 @@ class StokerDataModule(pl.LightningDataModule):
             else ``"cpu"`` (Lightning then moves the batch).
         **loader_kwargs: passed to both Loaders (``backend``, ``threads``, ``channels_last``, ...).
 
-    Batches are uint8 ``[N, 3, crop, crop]`` and int64 labels: put
-    :func:`stoker.model.with_normalize` in front of the network.
+    Batches are uint8 ``[N, C, H, W]`` images and the split's targets (int64 classes, float32
+    values or multi-hot, uint8 masks ``[N, H, W]``): put :func:`stoker.model.with_normalize` in
+    front of the network.
     """
 
     def __init__(
@@ -135,14 +136,24 @@ class StokerDataModule(pl.LightningDataModule):
 
     @property
     def classes(self) -> list:
-        """Class names of the train split (index = label)."""
-        from .shards.manifest import Manifest
+        """Class names of the train split (index = label; a mask split's mask classes)."""
+        return list(self._manifest().classes)
 
-        return list(Manifest.load(self.root / self.train_split).classes)
+    @property
+    def target(self):
+        """What the train split's samples hold (:class:`~stoker.pipeline.shards.targets.Target`)."""
+        return self._manifest().target
 
     @property
     def num_classes(self) -> int:
-        return len(self.classes)
+        """Classes of a class, multi-label or mask split (a mask's declared classes)."""
+        target = self.target
+        return target.num_classes or len(self.classes) if target.kind == "mask" else len(self.classes)
+
+    def _manifest(self):
+        from .shards.manifest import Manifest
+
+        return Manifest.load(self.root / self.train_split)
 
     def teardown(self, stage: str) -> None:
         """Close the Loaders (their decode pipelines and shard maps) when the trainer is done."""

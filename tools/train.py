@@ -1,16 +1,23 @@
 """Train a network on packed shards: ``stoker train DATA --out RUN``.
 
 Reads DATA/train (and DATA/val when present) through the stoker Loader; uint8 batches
-are normalized on the device. Under ``torchrun --nproc_per_node N`` the same command
-runs DDP (nccl on GPU, gloo on CPU; --batch-size is per process). RUN/ receives
-config.json, metrics.jsonl, last.pt (every --ckpt-every steps and each epoch end),
-best.pt (best val top-1) and, with --plot, curves.png. SIGTERM/Ctrl-C write a checkpoint
+are normalized on the device. The task follows the split's targets (--task auto): classes
+are classified (cross-entropy; val top-1/top-5), float targets regressed (K outputs, MSE;
+val MSE, MAE, R²), masks segmented (a torchvision segmentation model, cross-entropy with
+the ignore index; val mIoU and pixel accuracy), multi-label targets learnt with BCE (val
+mAP). best.pt keeps the best val figure of the task (top-1, R², mIoU, mAP).
+
+Under ``torchrun --nproc_per_node N`` the same command runs DDP (nccl on GPU, gloo on
+CPU; --batch-size is per process). RUN/ receives config.json, metrics.jsonl, last.pt
+(every --ckpt-every steps and each epoch end), best.pt and, with --plot, curves.png. SIGTERM/Ctrl-C write a checkpoint
 and exit; --resume continues exactly where the run stopped, mid-epoch included.
 
 examples:
   stoker train data/ --out runs/a --epochs 10 --batch-size 128 --crop 160
+  stoker train ages/ --out runs/age                       # float targets: regression
+  stoker train seg/ --out runs/seg --channels 1 --crop 256 --arch deeplabv3_mobilenet_v3_large
   stoker train data/ --out runs/a --epochs 10 --batch-size 128 --crop 160 --resume
-  torchrun --nproc_per_node 2 -m stoker.tools.cli train data/ --out runs/ddp
+  torchrun --nproc_per_node 2 -m stoker train data/ --out runs/ddp
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import sys
 
 # no torch in these imports: `stoker --help` stays instant
 from stoker.errors import CheckFailedError, StokerError, UsageError
-from stoker.model.train.config import AMP_CHOICES, OPTIMIZERS, SHUFFLES, TASKS
+from stoker.model.train.config import AMP_CHOICES, CHANNELS, OPTIMIZERS, SHUFFLES, TASKS
 
 HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)"
 
@@ -32,19 +39,79 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="RUN", help="run directory (created)")
     p.add_argument(
         "--arch",
-        default="inception",
-        help="inception (default), report (the case study's original slow net), "
-        "or a torchvision model name (resnet50, ...)",
+        default="auto",
+        help="auto: inception, or lraspp_mobilenet_v3_large for segmentation; report (the case study's "
+        "original slow net); a torchvision classification model (resnet50, ...); for --task segment a "
+        "torchvision segmentation model (fcn_resnet50, deeplabv3_resnet50, ...). No pretrained weights. "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--task",
         choices=TASKS,
-        default="classify",
-        help="classify (cross-entropy) or regress (the case study: one output, MSE on the label value)",
+        default="auto",
+        help="auto: what the split's targets are (default); classify; regress (float targets: K outputs, "
+        "MSE; on a class split the case study: one output regressed onto the label value); segment "
+        "(masks); multilabel",
     )
+    p.add_argument(
+        "--num-classes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="classes (segment: when the manifest does not declare them; default: from the manifest)",
+    )
+    p.add_argument(
+        "--channels",
+        type=int,
+        choices=CHANNELS,
+        default=None,
+        help="input channels: 3 (RGB, default) or 1 (grayscale; the first layer is built for it)",
+    )
+    p.add_argument(
+        "--mean",
+        type=_floats,
+        default=None,
+        metavar="M[,M,M]",
+        help="normalization mean per channel, 0..1 scale (default: ImageNet's; their average for 1 channel)",
+    )
+    p.add_argument("--std", type=_floats, default=None, metavar="S[,S,S]", help="normalization std, as --mean")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=64, help="per process (default: %(default)s)")
-    p.add_argument("--crop", type=int, default=224, help="training/validation crop side (default: %(default)s)")
+    p.add_argument(
+        "--crop",
+        type=_crop,
+        default=224,
+        metavar="PX|H,W",
+        help="training/validation crop: a side, or height,width (default: %(default)s)",
+    )
+    p.add_argument(
+        "--scale",
+        type=_floats,
+        default=(0.08, 1.0),
+        metavar="LO,HI",
+        help="the random crop's share of the image area (default: 0.08,1)",
+    )
+    p.add_argument(
+        "--ratio",
+        type=_floats,
+        default=(3 / 4, 4 / 3),
+        metavar="LO,HI",
+        help="the random crop's aspect range, width/height (default: 0.75,1.333)",
+    )
+    p.add_argument(
+        "--crop-pct",
+        type=float,
+        default=None,
+        metavar="F",
+        help="val: the crop's share of the resized shorter side (timm's crop_pct; default 0.875)",
+    )
+    p.add_argument(
+        "--val-resize",
+        type=float,
+        default=None,
+        metavar="PX",
+        help="val: the shorter side before the center crop, instead of --crop-pct (torchvision's Resize)",
+    )
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
     p.add_argument(
         "--lr", type=float, default=None, help="peak learning rate (default: sgd 0.1 x global batch/256, adamw 1e-3)"
@@ -150,6 +217,23 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+
+
+def _crop(text: str):
+    try:
+        sides = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a side or height,width in pixels") from None
+    if len(sides) not in (1, 2):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a side or height,width in pixels")
+    return sides[0] if len(sides) == 1 else tuple(sides)
+
+
 def _rank() -> int:
     import os
 
@@ -170,8 +254,10 @@ def format_summary(s: dict) -> str:
         f"speed      {ips} images/s, data wait {pct(s['data_wait'])} of train time",
         f"loss       train {s['train_loss']:.4f}" + (f", val {s['val_loss']:.4f}" if s["val_loss"] is not None else ""),
     ]
-    if s["val_top1"] is not None:
-        lines.append(f"val        top-1 {pct(s['val_top1'])}, top-5 {pct(s['val_top5'])} ({s['val_samples']} samples)")
+    if s.get("val"):
+        from stoker.model.train.loop import format_val
+
+        lines.append(f"val        {format_val(s['val'])}")
     lines.append(f"checkpoint {s['checkpoint']}")
     return "\n".join(lines)
 

@@ -12,12 +12,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+#: ``--arch auto``: the network of each task (segmentation: a torchvision segmentation model)
+DEFAULT_ARCH = {
+    "classify": "inception",
+    "regress": "inception",
+    "multilabel": "inception",
+    "segment": "lraspp_mobilenet_v3_large",
+}
 #: ``--amp``: ``auto`` resolves per device (:func:`stoker.model.train.runtime.resolve_amp`).
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
 #: ``--optimizer``.
 OPTIMIZERS = ("sgd", "adamw")
-#: ``--task``: ``regress`` is the seed report's case study (:mod:`stoker.model.case_study`).
-TASKS = ("classify", "regress")
+#: ``--task``: ``auto`` follows the split's targets (:mod:`stoker.model.train.tasks`); ``regress``
+#: on a class split is the seed report's case study (:mod:`stoker.model.case_study`).
+TASKS = ("auto", "classify", "regress", "segment", "multilabel")
+#: ``--channels``: RGB, or grayscale (the network's first layer built for one channel)
+CHANNELS = (1, 3)
 #: the Loader's sample orders (see stoker.pipeline.Loader)
 SHUFFLES = ("global", "block")
 
@@ -45,12 +55,16 @@ class TrainConfig:
     ``threads`` goes to the Loader; ``torch_threads`` sets ``torch.set_num_threads`` (CPU
     training: leave cores to the loader). ``ckpt_every=0`` checkpoints at epoch ends only.
     ``resume``: ``"auto"`` (RUN/last.pt) or a checkpoint path. ``num_classes=None`` reads the
-    class list from the train manifest.
+    class list from the train manifest. ``task="auto"`` trains what the split's targets are.
+    ``channels=None`` is 3 (RGB); 1 trains on grayscale, the network's first layer built for it.
+    ``mean``/``std`` (0..1 scale) default to ImageNet's (their average for one channel).
+    ``crop`` is a side or ``(height, width)``; ``scale``, ``ratio``, ``crop_pct`` and
+    ``val_resize`` are the Loader's crop recipe.
     """
 
     data: str
     out: str
-    arch: str = "inception"
+    arch: str = "auto"
     epochs: int = 5
     batch_size: int = 64
     lr: float | None = None
@@ -59,8 +73,15 @@ class TrainConfig:
     weight_decay: float | None = None
     warmup_epochs: float = 1.0
     label_smoothing: float = 0.0
-    task: str = "classify"
-    crop: int = 224
+    task: str = "auto"
+    crop: Any = 224
+    channels: int | None = None
+    mean: tuple | None = None
+    std: tuple | None = None
+    scale: tuple = (0.08, 1.0)
+    ratio: tuple = (3 / 4, 4 / 3)
+    crop_pct: float | None = None
+    val_resize: float | None = None
     amp: str = "auto"
     channels_last: bool = False
     compile: bool = False
@@ -85,9 +106,18 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad value."""
-        for name in ("epochs", "batch_size", "crop", "log_every"):
+        for name in ("epochs", "batch_size", "log_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        crop = self.crop if isinstance(self.crop, (list, tuple)) else [self.crop]
+        if not crop or not all(isinstance(c, int) and c >= 1 for c in crop) or len(crop) > 2:
+            raise ValueError(f"crop={self.crop!r} must be a positive side or (height, width)")
+        if self.channels is not None:
+            check_choice("channels", self.channels, CHANNELS)
+        for name in ("mean", "std"):
+            v = getattr(self, name)
+            if v is not None and len(v) != (self.channels or 3):
+                raise ValueError(f"{name}={tuple(v)} needs {self.channels or 3} value(s), one per channel")
         if self.ckpt_every < 0:
             raise ValueError(f"ckpt_every={self.ckpt_every} must be >= 0 (0: at epoch ends only)")
         check_choice("optimizer", self.optimizer, OPTIMIZERS)

@@ -1,4 +1,4 @@
-"""Validation: top-1/top-5 (or the case study's regression figures) over a whole loader."""
+"""Validation: the task's figures (:mod:`.tasks`) over a whole loader, summed over ranks."""
 
 from __future__ import annotations
 
@@ -6,49 +6,34 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..case_study import regress_stats
-from .runtime import AmpSpec, Dist, all_reduce_sum
+from .runtime import AmpSpec, Dist
+from .tasks import Task
 
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: Iterable, *, device: torch.device, amp: AmpSpec, task: str, dist: Dist | None = None
+    model: nn.Module, loader: Iterable, *, device: torch.device, amp: AmpSpec, task: Task, dist: Dist | None = None
 ) -> dict[str, Any]:
-    """Top-1/top-5 (classify) or MSE + rounded accuracy (regress) over the whole loader.
+    """The task's validation figures over the whole loader (:meth:`.tasks.Task.metrics`).
 
-    Counts stay on the device (no per-batch sync) and are summed across ranks, so each
+    Figures stay on the device (no per-batch sync) and are summed across ranks, so each
     sample counts exactly once when the loader splits val samples without padding.
     ``model`` must not be the DDP wrapper (ranks may see different batch counts).
 
     Returns:
-        ``n`` (samples), ``top1``, ``top5`` (None for regress), ``loss`` (mean per sample).
+        ``n`` (samples), ``loss`` (mean per sample) and the task's figures: ``top1``/``top5``
+        (classify), ``mse``/``mae``/``r2`` (regress), ``miou``/``pixel_acc`` (segment), ``map``
+        (multilabel).
     """
     was_training = model.training
     model.eval()
-    stats = torch.zeros(4, dtype=torch.float64, device=device)  # top1, top5, count, loss sum
-    for images, labels in loader:
-        labels = labels.to(device, non_blocking=True)
+    metrics = task.metrics(device)
+    for images, targets in loader:
+        targets = targets.to(device, non_blocking=True)
         with amp.autocast():
             out = model(images)
-        out = out.float()
-        if task == "classify":
-            top = out.topk(min(5, out.shape[1]), dim=1).indices
-            hit = top == labels[:, None]
-            stats[0] += hit[:, 0].sum()
-            stats[1] += hit.any(dim=1).sum()
-            stats[3] += F.cross_entropy(out, labels, reduction="sum")
-        else:
-            hits, squared = regress_stats(out, labels)
-            stats[0] += hits
-            stats[3] += squared
-        stats[2] += labels.numel()
-    all_reduce_sum(stats, dist or Dist())
-    top1, top5, n, loss = stats.tolist()  # the one sync of the evaluation
+        metrics.update(out.float(), targets)
     model.train(was_training)
-    n = int(n)
-    res = {"n": n, "top1": top1 / n if n else float("nan"), "loss": loss / n if n else float("nan")}
-    res["top5"] = top5 / n if n and task == "classify" else None
-    return res
+    return metrics.compute(dist or Dist())  # the one sync of the evaluation

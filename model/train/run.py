@@ -25,8 +25,8 @@ from stoker.pipeline.storage import redact_options
 
 from ..checkpoint import load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
 from ..nets import build_model, count_parameters
-from ..normalize import with_normalize
-from .config import CONFIG, LAST, METRICS, TrainConfig
+from ..normalize import default_stats, with_normalize
+from .config import CONFIG, DEFAULT_ARCH, LAST, METRICS, TrainConfig
 from .runtime import (
     Dist,
     init_distributed,
@@ -37,16 +37,17 @@ from .runtime import (
     shutdown_distributed,
     wrap_ddp,
 )
-from .step import TrainStep, loss_fn, make_optimizer, make_scheduler
+from .step import TrainStep, make_optimizer, make_scheduler
+from .tasks import resolve_task
 
 
 class Run:
     """One call of :func:`~stoker.model.train.loop.train`: :meth:`setup` builds everything
     (and resumes), :meth:`checkpoint` saves the state, :meth:`close` ends DDP.
 
-    The counters (:attr:`step`, :attr:`epoch_step`, :attr:`best_top1`) are what a checkpoint
-    holds besides the model, optimizer, scheduler, scaler and loader states; the loop
-    advances them.
+    The counters (:attr:`step`, :attr:`epoch_step`, :attr:`best_score`: the best val figure of
+    the task's metric, which picks ``best.pt``) are what a checkpoint holds besides the model,
+    optimizer, scheduler, scaler and loader states; the loop advances them.
     """
 
     def __init__(self, cfg: TrainConfig, loader_factory: Callable[..., Any]) -> None:
@@ -55,7 +56,7 @@ class Run:
         self.out = Path(cfg.out)
         self.dist: Dist | None = None
         self.start_epoch, self.step, self.epoch_step = 0, 0, 0
-        self.best_top1 = -1.0
+        self.best_score = float("-inf")
         self.loader_state: dict | None = None  # the train loader's position to resume from, once
 
     # rank-0 outputs ------------------------------------------------------------
@@ -90,7 +91,8 @@ class Run:
                     "epoch_step": self.epoch_step,
                     "epoch_complete": epoch_complete,
                     "step": self.step,
-                    "best_top1": self.best_top1,
+                    "best_score": self.best_score,
+                    "best_metric": self.task.metric,
                 },
             )
 
@@ -106,8 +108,12 @@ class Run:
         cfg = self.cfg
         self._start_runtime()
         train_dir, val_dir = self._split_dirs()
-        classes, num_classes = self._classes(train_dir)
-        net = build_model(cfg.arch, self.num_outputs, image_size=cfg.crop)  # a bad --arch fails before any I/O
+        classes, num_classes = self._task(train_dir)
+        self.arch = cfg.arch if cfg.arch != "auto" else DEFAULT_ARCH[self.task.name]
+        self.channels = cfg.channels or 3
+        side = cfg.crop if isinstance(cfg.crop, int) else min(cfg.crop)
+        # a bad --arch fails before any I/O
+        net = build_model(self.arch, self.num_outputs, image_size=side, in_channels=self.channels, task=self.task.name)
         self._make_loaders(train_dir, val_dir)
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.warmup_steps = min(round(cfg.warmup_epochs * self.steps_per_epoch), max(0, self.total_steps - 1))
@@ -127,6 +133,14 @@ class Run:
             "num_classes": num_classes,
             "num_outputs": self.num_outputs,
             "classes": classes,
+            "task": self.task.name,
+            "task_requested": cfg.task,
+            "arch": self.arch,
+            "arch_requested": cfg.arch,
+            "channels": self.channels,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "best_metric": self.task.metric,
             "steps_per_epoch": self.steps_per_epoch,
             "total_steps": self.total_steps,
             "warmup_steps": self.warmup_steps,
@@ -167,20 +181,29 @@ class Run:
             raise FileNotFoundError(f"{data}: no train/ directory (expected DATA/train and optionally DATA/val)")
         return str(data / "train"), str(data / "val")
 
-    def _classes(self, train_dir: str) -> tuple[list[str] | None, int]:
-        """The class names (from the train manifest, unless ``num_classes`` is given) and their count."""
-        cfg = self.cfg
-        classes: list[str] | None = None
-        num_classes = cfg.num_classes
-        if num_classes is None:
-            from stoker.pipeline.cache import read_manifest
+    def _task(self, train_dir: str) -> tuple[list[str] | None, int]:
+        """Resolve the task from the train manifest's targets (:func:`.tasks.resolve_task`); the
+        class names and their count (``num_classes`` overrides the manifest's)."""
+        from stoker.pipeline.cache import read_manifest
 
-            classes = read_manifest(train_dir, cfg.storage_options).classes
-            num_classes = len(classes)
-        self.num_outputs = 1 if cfg.task == "regress" else num_classes
-        if cfg.task == "classify" and num_classes < 2:
-            raise ValueError(f"{train_dir}: {num_classes} class(es); classification needs at least 2")
-        return classes, num_classes
+        from stoker.errors import ManifestError
+        from stoker.pipeline.shards.targets import Target
+
+        cfg = self.cfg
+        try:
+            manifest = read_manifest(train_dir, cfg.storage_options)
+            target, names = manifest.target, list(manifest.classes)
+        except ManifestError:
+            if cfg.num_classes is None:
+                raise
+            target, names = Target(), []  # a loader_factory's own data, its classes given: a class split
+        try:
+            self.task = resolve_task(cfg.task, target, names, num_classes=cfg.num_classes)
+        except ValueError as e:
+            raise ValueError(f"{train_dir}: {e}") from None
+        self.num_outputs = self.task.num_outputs
+        classes = None if cfg.num_classes is not None else names
+        return classes, cfg.num_classes or len(names) or self.num_outputs
 
     def _has_split(self, split: str) -> bool:
         from stoker.pipeline.storage import is_url
@@ -202,7 +225,12 @@ class Run:
         cfg = self.cfg
         kw = dict(
             batch_size=cfg.batch_size,
-            crop=cfg.crop,
+            crop=tuple(cfg.crop) if isinstance(cfg.crop, (list, tuple)) else cfg.crop,
+            channels=self.channels,
+            scale=tuple(cfg.scale),
+            ratio=tuple(cfg.ratio),
+            crop_pct=cfg.crop_pct,
+            val_resize=cfg.val_resize,
             device=str(self.device),
             seed=cfg.seed,
             rank=self.dist.rank,
@@ -243,7 +271,8 @@ class Run:
     def _make_model(self, net: nn.Module, *, lr: float, weight_decay: float) -> None:
         cfg = self.cfg
         mf = torch.channels_last if cfg.channels_last else torch.contiguous_format
-        self.raw = with_normalize(net).to(self.device, memory_format=mf)
+        self.mean, self.std = default_stats(self.channels, cfg.mean, cfg.std)
+        self.raw = with_normalize(net, self.mean, self.std).to(self.device, memory_format=mf)
         self.optimizer = make_optimizer(
             self.raw,
             cfg.optimizer,
@@ -261,7 +290,7 @@ class Run:
         self.train_step = TrainStep(
             train_model,
             self.optimizer,
-            loss_fn(cfg.task, label_smoothing=cfg.label_smoothing),
+            self.task.loss(label_smoothing=cfg.label_smoothing),
             amp=self.amp,
             scaler=self.scaler,
             scheduler=self.scheduler,
@@ -270,7 +299,7 @@ class Run:
     def _resume(self) -> None:
         cfg = self.cfg
         path = self.out / LAST if cfg.resume in ("auto", "last") else Path(cfg.resume)
-        state = load_checkpoint(path, arch=cfg.arch, num_outputs=self.num_outputs)
+        state = load_checkpoint(path, arch=self.arch, num_outputs=self.num_outputs)
         old = state["config"]
         if (old.get("batch_size"), old.get("world_size")) != (cfg.batch_size, self.dist.world_size):
             raise CheckpointError(
@@ -289,7 +318,8 @@ class Run:
         self.scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
         self.step = int(state["step"])
-        self.best_top1 = float(state.get("best_top1", -1.0))
+        # checkpoints before the task metrics kept the best val top-1
+        self.best_score = float(state.get("best_score", state.get("best_top1", float("-inf"))))
         if state["epoch_complete"]:
             self.start_epoch, self.epoch_step = int(state["epoch"]) + 1, 0
         else:

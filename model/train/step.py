@@ -11,11 +11,10 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..case_study import regress_loss
 from .runtime import AmpSpec
+from .tasks import Task
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -68,11 +67,12 @@ class TrainStep:
         return loss.detach()
 
 
-def loss_fn(task: str, *, label_smoothing: float = 0.0) -> LossFn:
-    """Cross-entropy for ``classify``; for ``regress`` the case study's MSE on the label value."""
-    if task == "classify":
-        return lambda out, y: F.cross_entropy(out, y, label_smoothing=label_smoothing)
-    return regress_loss
+def loss_fn(task: str | Task, *, label_smoothing: float = 0.0) -> LossFn:
+    """The loss of ``task`` (:meth:`.tasks.Task.loss`); the names ``"classify"`` (cross-entropy)
+    and ``"regress"`` (the case study's MSE on a class split's label value) stand for those tasks."""
+    if isinstance(task, str):
+        task = Task("classify", 0, "top1") if task == "classify" else Task("regress", 1, "top1", case_study=True)
+    return task.loss(label_smoothing=label_smoothing)
 
 
 def make_optimizer(

@@ -36,6 +36,7 @@ class FakeLoader:
         num_classes: int = 6,
         signal_at: int | None = None,
         signum: int = signal.SIGTERM,
+        **recipe: Any,  # the crop recipe (channels, scale, ratio, crop_pct, val_resize): the real Loader's
     ) -> None:
         self.path, self.batch_size, self.train, self.crop = path, batch_size, train, crop
         self.device, self.seed = torch.device(device), seed

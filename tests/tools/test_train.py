@@ -220,4 +220,5 @@ def test_cli_choices_are_the_configs():
         "optimizer": config.OPTIMIZERS,
         "task": config.TASKS,
         "shuffle": config.SHUFFLES,
+        "channels": config.CHANNELS,
     }

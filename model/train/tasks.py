@@ -1,0 +1,261 @@
+"""What a run learns: the task of a split's targets, its loss, and its validation figures.
+
+==============  ===============================  =======================  ===================================
+task            split's targets                  loss                     validation (``best.pt`` by)
+==============  ===============================  =======================  ===================================
+``classify``    classes                          cross-entropy            top-1 (by), top-5
+``regress``     float ``[N]`` / ``[N, K]``       MSE over the K outputs   MSE, MAE, R² (by)
+``regress``     classes (the case study)         MSE on the label value   rounded accuracy (by), MSE
+``segment``     masks                            cross-entropy, ignore    mIoU (by), pixel accuracy
+``multilabel``  multi-hot                        BCE with logits          mAP (by)
+==============  ===============================  =======================  ===================================
+
+``auto`` (``stoker train``'s default) picks the task of the split's targets. Each metric sums on
+the device (no host sync per batch) and across ranks, so a sample counts exactly once; mAP is
+exact: the scores of every val sample are gathered (``C`` floats a sample).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..case_study import regress_loss, regress_stats
+from .config import TASKS
+from .runtime import Dist, all_reduce_sum
+
+#: the task each target kind trains
+TASK_OF_KIND = {"class": "classify", "float": "regress", "mask": "segment", "multilabel": "multilabel"}
+
+
+@dataclass(frozen=True)
+class Task:
+    """A resolved task: its ``name``, the network's ``num_outputs``, the ``metric`` that picks
+    ``best.pt`` (higher is better), and for masks the ``ignore_index``. ``case_study``: regression
+    onto a class split's label value (the report this project was seeded from)."""
+
+    name: str
+    num_outputs: int
+    metric: str
+    ignore_index: int | None = None
+    case_study: bool = False
+
+    def loss(self, *, label_smoothing: float = 0.0) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """``loss(outputs, targets)``, computed under autocast (the reduction in float32)."""
+        if self.name == "classify":
+            return lambda out, y: F.cross_entropy(out, y, label_smoothing=label_smoothing)
+        if self.case_study:
+            return regress_loss
+        if self.name == "regress":
+            return lambda out, y: F.mse_loss(out.float(), y.float().view(out.shape[0], -1))
+        if self.name == "segment":
+            ignore = -100 if self.ignore_index is None else self.ignore_index
+            return lambda out, y: F.cross_entropy(out.float(), y.long(), ignore_index=ignore)
+        return lambda out, y: F.binary_cross_entropy_with_logits(out.float(), y.float())
+
+    def metrics(self, device: torch.device) -> Metrics:
+        """A fresh accumulator of this task's validation figures."""
+        cls = {"classify": ClassifyMetrics, "segment": SegmentMetrics, "multilabel": MultilabelMetrics}.get(self.name)
+        if self.case_study:
+            return CaseStudyMetrics(self, device)
+        return (cls or RegressMetrics)(self, device)
+
+
+def resolve_task(requested: str, target, classes: list, *, num_classes: int | None = None) -> Task:
+    """The task ``requested`` (one of :data:`TASKS`) on a split whose manifest says ``target``
+    (:class:`~stoker.pipeline.shards.targets.Target`) and ``classes``.
+
+    Raises:
+        ValueError: a task the split's targets cannot train, in one line naming both and the fix.
+    """
+    kind = target.kind
+    name = TASK_OF_KIND[kind] if requested == "auto" else requested
+    if name not in TASKS[1:]:
+        raise ValueError(f"task={requested!r} is not one of {', '.join(TASKS)}")
+    n_classes = num_classes or len(classes)
+    if name == "regress" and kind == "class":  # the case study: one output onto the label value
+        return Task("regress", 1, "top1", case_study=True)
+    if TASK_OF_KIND[kind] != name:
+        raise ValueError(
+            f"--task {name} needs {_kind_of(name)} targets, but the split's are {target.describe()} "
+            f"(use --task {TASK_OF_KIND[kind]} or --task auto)"
+        )
+    if name == "classify":
+        if n_classes < 2:
+            raise ValueError(f"{n_classes} class(es); classification needs at least 2")
+        return Task("classify", n_classes, "top1")
+    if name == "regress":
+        return Task("regress", target.width, "r2")
+    if name == "multilabel":
+        return Task("multilabel", n_classes, "map")
+    n_classes = num_classes or target.num_classes or len(classes)
+    if not n_classes:
+        raise ValueError("the masks' class count is not in the manifest: pass --num-classes (pack with --num-classes)")
+    return Task("segment", n_classes, "miou", ignore_index=target.ignore_index)
+
+
+def _kind_of(task: str) -> str:
+    return next(k for k, t in TASK_OF_KIND.items() if t == task)
+
+
+# ---- validation figures -------------------------------------------------------------------------
+class Metrics:
+    """Sums a task's figures over batches on the device; :meth:`compute` sums them over ranks
+    (the one host sync of an evaluation) and returns ``{"n", "loss", <figures>}``."""
+
+    def __init__(self, task: Task, device: torch.device):
+        self.task, self.device = task, device
+        self.loss_fn = task.loss()
+
+    def update(self, out: torch.Tensor, targets: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def compute(self, dist: Dist) -> dict:
+        raise NotImplementedError
+
+
+class ClassifyMetrics(Metrics):
+    def __init__(self, task: Task, device: torch.device):
+        super().__init__(task, device)
+        self.stats = torch.zeros(4, dtype=torch.float64, device=device)  # top1, top5, n, loss sum
+
+    def update(self, out, y):
+        top = out.topk(min(5, out.shape[1]), dim=1).indices
+        hit = top == y[:, None]
+        self.stats[0] += hit[:, 0].sum()
+        self.stats[1] += hit.any(dim=1).sum()
+        self.stats[2] += y.numel()
+        self.stats[3] += F.cross_entropy(out, y, reduction="sum")
+
+    def compute(self, dist):
+        top1, top5, n, loss = all_reduce_sum(self.stats, dist).tolist()
+        return {"n": int(n), "top1": _div(top1, n), "top5": _div(top5, n), "loss": _div(loss, n)}
+
+
+class CaseStudyMetrics(Metrics):
+    def __init__(self, task: Task, device: torch.device):
+        super().__init__(task, device)
+        self.stats = torch.zeros(3, dtype=torch.float64, device=device)  # rounded hits, n, squared error
+
+    def update(self, out, y):
+        hits, squared = regress_stats(out, y)
+        self.stats[0] += hits
+        self.stats[1] += y.numel()
+        self.stats[2] += squared
+
+    def compute(self, dist):
+        hits, n, squared = all_reduce_sum(self.stats, dist).tolist()
+        return {"n": int(n), "top1": _div(hits, n), "top5": None, "loss": _div(squared, n)}
+
+
+class RegressMetrics(Metrics):
+    def __init__(self, task: Task, device: torch.device):
+        super().__init__(task, device)
+        k = task.num_outputs
+        # per column: squared error, absolute error, sum of y, sum of y^2; then n
+        self.stats = torch.zeros(4 * k + 1, dtype=torch.float64, device=device)
+
+    def update(self, out, y):
+        pred = out.double().view(out.shape[0], -1)
+        y = y.double().view(pred.shape[0], -1)
+        err = pred - y
+        self.stats[:-1] += torch.cat([(err**2).sum(0), err.abs().sum(0), y.sum(0), (y**2).sum(0)])
+        self.stats[-1] += y.shape[0]
+
+    def compute(self, dist):
+        s = all_reduce_sum(self.stats, dist).cpu()
+        k, n = self.task.num_outputs, float(s[-1])
+        sq, ab, sy, sy2 = (s[i * k : (i + 1) * k] for i in range(4))
+        if not n:
+            return {"n": 0, "mse": float("nan"), "mae": float("nan"), "r2": float("nan"), "loss": float("nan")}
+        total = sy2 - sy**2 / n  # sum of squares about the mean, per column
+        r2 = torch.where(total > 0, 1 - sq / total.clamp(min=1e-12), torch.zeros_like(total))
+        mse = float(sq.sum() / (n * k))
+        return {"n": int(n), "mse": mse, "mae": float(ab.sum() / (n * k)), "r2": float(r2.mean()), "loss": mse}
+
+
+class SegmentMetrics(Metrics):
+    def __init__(self, task: Task, device: torch.device):
+        super().__init__(task, device)
+        c = task.num_outputs
+        self.confusion = torch.zeros(c * c, dtype=torch.float64, device=device)
+        self.stats = torch.zeros(2, dtype=torch.float64, device=device)  # images, loss sum
+
+    def update(self, out, y):
+        c = self.task.num_outputs
+        y = y.long()
+        keep = y != (self.task.ignore_index if self.task.ignore_index is not None else -1)
+        keep &= y < c
+        pred = out.argmax(1)
+        self.confusion += torch.bincount(y[keep] * c + pred[keep], minlength=c * c).double()
+        self.stats[0] += y.shape[0]
+        self.stats[1] += self.loss_fn(out, y) * y.shape[0]
+
+    def compute(self, dist):
+        c = self.task.num_outputs
+        conf = all_reduce_sum(self.confusion, dist).view(c, c).cpu()
+        n, loss = all_reduce_sum(self.stats, dist).tolist()
+        tp = conf.diag()
+        union = conf.sum(0) + conf.sum(1) - tp
+        present = union > 0
+        miou = float((tp[present] / union[present]).mean()) if present.any() else float("nan")
+        pixels = float(conf.sum())
+        return {"n": int(n), "miou": miou, "pixel_acc": _div(float(tp.sum()), pixels), "loss": _div(loss, n)}
+
+
+class MultilabelMetrics(Metrics):
+    def __init__(self, task: Task, device: torch.device):
+        super().__init__(task, device)
+        self.scores: list = []
+        self.targets: list = []
+        self.stats = torch.zeros(2, dtype=torch.float64, device=device)  # n, loss sum
+
+    def update(self, out, y):
+        self.scores.append(out.float().detach())
+        self.targets.append(y.float())
+        self.stats[0] += y.shape[0]
+        self.stats[1] += F.binary_cross_entropy_with_logits(out.float(), y.float(), reduction="sum") / out.shape[1]
+
+    def compute(self, dist):
+        n, loss = all_reduce_sum(self.stats, dist).tolist()
+        c = self.task.num_outputs
+        scores = torch.cat(self.scores).cpu() if self.scores else torch.zeros(0, c)
+        targets = torch.cat(self.targets).cpu() if self.targets else torch.zeros(0, c)
+        if dist.enabled:  # every rank's scores: mAP ranks all samples together
+            import torch.distributed as tdist
+
+            parts: list = [None] * dist.world_size
+            tdist.all_gather_object(parts, (scores, targets))
+            scores, targets = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        return {"n": int(n), "map": average_precision(scores, targets), "loss": _div(loss, n)}
+
+
+def average_precision(scores: torch.Tensor, targets: torch.Tensor) -> float:
+    """The mean over classes with a positive of each class's average precision (the area under
+    its precision-recall steps, as scikit-learn's ``average_precision_score``)."""
+    aps = []
+    for k in range(scores.shape[1]):
+        pos = targets[:, k] > 0.5
+        if not pos.any():
+            continue
+        order = torch.argsort(scores[:, k], descending=True, stable=True)
+        hits = pos[order].double()
+        s = scores[order, k]
+        # precision at each distinct threshold, counted at the last sample of a tie
+        last = torch.ones_like(s, dtype=torch.bool)
+        last[:-1] = s[:-1] != s[1:]
+        tp = hits.cumsum(0)[last]
+        seen = torch.arange(1, len(s) + 1, dtype=torch.float64)[last]
+        recall_step = torch.diff(tp, prepend=torch.zeros(1, dtype=torch.float64)) / pos.sum()
+        aps.append(float((recall_step * tp / seen).sum()))
+    return sum(aps) / len(aps) if aps else float("nan")
+
+
+def _div(a, b) -> float:
+    return a / b if b else float("nan")
+
+
+__all__ = ["TASKS", "TASK_OF_KIND", "Metrics", "Task", "average_precision", "resolve_task"]
