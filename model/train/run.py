@@ -184,9 +184,8 @@ class Run:
     def _task(self, train_dir: str) -> tuple[list[str] | None, int]:
         """Resolve the task from the train manifest's targets (:func:`.tasks.resolve_task`); the
         class names and their count (``num_classes`` overrides the manifest's)."""
-        from stoker.pipeline.cache import read_manifest
-
         from stoker.errors import ManifestError
+        from stoker.pipeline.cache import read_manifest
         from stoker.pipeline.shards.targets import Target
 
         cfg = self.cfg
