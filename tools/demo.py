@@ -7,9 +7,16 @@ baseline on the same images, trains the inception-block network for a few epochs
 prints a summary. The dataset and shards are cached and reused; each run trains anew.
 Uses the GPU when there is one; under 5 minutes on a 2-core CPU.
 
+--task regress: pictures whose colour temperature is their float target (a CSV), trained
+with MSE; the summary gives R² (well above 0: it learnt). --task segment: grayscale
+pictures of textured shapes and their masks, a torchvision segmentation network on one
+channel; the summary gives mIoU against predicting the background everywhere.
+
 examples:
   stoker demo
   stoker demo --epochs 8 --per-class 400
+  stoker demo --task regress
+  stoker demo --task segment
   stoker demo --tiny            # a seconds-long smoke run
 """
 
@@ -25,11 +32,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from stoker.errors import UsageError
+from stoker.errors import CheckFailedError, UsageError
 
 from .common.results import Result
 
 HELP = "the main job on a built-in dataset: generate, pack, benchmark the loader, train, summarize"
+#: ``--task``
+DEMO_TASKS = ("classify", "regress", "segment")
 
 
 def default_cache() -> Path:
@@ -42,12 +51,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cache", type=Path, default=None, help=f"where data, shards and runs go (default: {default_cache()})"
     )
     p.add_argument("--per-class", type=int, default=200, help="training images per class (default: %(default)s)")
-    p.add_argument("--epochs", type=int, default=4, help="training epochs (default: %(default)s)")
+    p.add_argument(
+        "--epochs", type=int, default=None, help="training epochs (default: classify 4, regress 12, segment 8)"
+    )
     p.add_argument("--batch-size", type=int, default=64, help="(default: %(default)s)")
     p.add_argument("--crop", type=int, default=None, help="crop side (default: 224 on a GPU, 64 on the CPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
     p.add_argument("--bench-seconds", type=float, default=8.0, help="time per loader measured (default: %(default)s)")
     p.add_argument("--tiny", action="store_true", help="tiny settings: a smoke run of a few seconds")
+    p.add_argument(
+        "--task",
+        choices=DEMO_TASKS,
+        default="classify",
+        help="classify (default), regress (float targets), segment (grayscale images with masks)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -69,17 +86,23 @@ class DemoResult(Result):
     """What :func:`demo` did; :meth:`to_dict` is ``stoker demo --json``.
 
     Attributes:
-        images: The generated ImageFolder (``train/``, ``val/``).
+        images: The generated dataset (an ImageFolder with ``train/`` and ``val/``, a CSV, or an
+            image folder beside its mask folder).
         shards: Where it was packed.
         run: The training run folder (checkpoints, metrics).
         packed: Images packed per split (``train``, ``val``).
         rejected: Inputs listed in ``rejects.jsonl``.
-        loader: stoker's Loader against torchvision ImageFolder: ``torchvision_images_per_s``,
+        loader: stoker's Loader against the usual PyTorch pipeline of the task (torchvision
+            ImageFolder; a CSV Dataset; a (PIL image, PIL mask) Dataset): ``torchvision_images_per_s``,
             ``stoker_images_per_s``, ``stoker_backend``, ``speedup``.
-        train: From the training summary: ``images_per_s``, ``data_wait``, ``val_top1``,
-            ``val_top5``, ``val_samples``, ``train_loss``, ``steps``, ``seconds``, ``device``, ``amp``.
-        chance_top1: Top-1 of guessing (1 / classes).
+        train: From the training summary: ``images_per_s``, ``data_wait``, ``val`` (the task's
+            figures), ``val_top1``, ``val_top5``, ``val_samples``, ``train_loss``, ``steps``,
+            ``seconds``, ``device``, ``amp``.
+        chance_top1: Top-1 of guessing (1 / classes); classification only.
         seconds: The whole run.
+        task: ``classify``, ``regress`` or ``segment``.
+        chance: The task's figure when nothing is learnt: top-1 of guessing, R² 0 (predicting the
+            mean), mIoU of calling every pixel background.
     """
 
     images: str
@@ -89,27 +112,50 @@ class DemoResult(Result):
     rejected: int
     loader: dict
     train: dict
-    chance_top1: float
+    chance_top1: float | None
     seconds: float
+    task: str = "classify"
+    chance: float = 0.0
+
+    @property
+    def learnt(self) -> bool:
+        """The figure is well above what guessing gets (top-1 2x chance, R² > 0.5, mIoU 2x chance)."""
+        val = self.train.get("val") or {}
+        if self.task == "regress":
+            return (val.get("r2") or -1) > 0.5
+        key = "miou" if self.task == "segment" else "top1"
+        return (val.get(key) or 0) > 2 * self.chance
 
     def format_summary(self) -> str:
         """The human summary ``stoker demo`` prints."""
         t, b = self.train, self.loader
-        top1 = t["val_top1"]
-        verdict = "above chance" if top1 is not None and top1 > 2 * self.chance_top1 else "NOT clearly above chance"
+        val = t.get("val") or {}
+        verdict = "learnt" if self.learnt else "NOT clearly learnt"
+        peer = {"classify": "torchvision", "regress": "a CSV Dataset", "segment": "a (PIL, mask) Dataset"}[self.task]
+        if self.task == "regress":
+            figure = f"R² {val.get('r2', float('nan')):.3f} (MSE {val.get('mse', float('nan')):.4f}; 0 is the mean)"
+        elif self.task == "segment":
+            figure = (
+                f"mIoU {100 * (val.get('miou') or 0):.1f}% (pixel accuracy {100 * (val.get('pixel_acc') or 0):.1f}%; "
+                f"background everywhere {100 * self.chance:.1f}%)"
+            )
+        else:
+            figure = (
+                f"top-1 {100 * (val.get('top1') or 0):.1f}% (top-5 {100 * (val.get('top5') or 0):.1f}%, chance "
+                f"{100 * self.chance:.1f}%)"
+            )
         return "\n".join(
             [
                 "",
-                "stoker demo: summary",
+                f"stoker demo ({self.task}): summary",
                 f"  packed        {self.packed['train']:,} train + {self.packed['val']:,} val images, "
                 f"{self.rejected} rejected (listed in {Path(self.shards) / 'rejects.jsonl'})",
-                f"  loader        stoker {b['stoker_images_per_s']:,.0f} img/s ({b['stoker_backend']}) vs torchvision "
+                f"  loader        stoker {b['stoker_images_per_s']:,.0f} img/s ({b['stoker_backend']}) vs {peer} "
                 f"{b['torchvision_images_per_s']:,.0f} img/s: {b['speedup']:.1f}x",
                 f"  training      {t['images_per_s'] or 0:,.0f} img/s on {t['device']} (amp {t['amp']}), "
                 f"data wait {100 * (t['data_wait'] or 0):.0f}% of train time, "
                 f"{t['steps']} steps in {t['seconds']:.0f} s",
-                f"  val top-1     {100 * (top1 or 0):.1f}% (top-5 {100 * (t['val_top5'] or 0):.1f}%, chance "
-                f"{100 * self.chance_top1:.1f}%): {verdict}",
+                f"  val           {figure}: {verdict}",
                 f"  run           {self.run}",
                 f"  total         {self.seconds:.0f} s",
             ]
@@ -120,13 +166,14 @@ def demo(
     *,
     cache: str | Path | None = None,
     per_class: int = 200,
-    epochs: int = 4,
+    epochs: int | None = None,
     batch_size: int = 64,
     crop: int | None = None,
     device: str = "auto",
     bench_seconds: float = 8.0,
     tiny: bool = False,
     say: Callable[[str], None] | None = None,
+    task: str = "classify",
 ) -> DemoResult:
     """Generate a small dataset, pack it, benchmark the loader on it, train on it.
 
@@ -134,14 +181,17 @@ def demo(
 
     Args:
         cache: Where data, shards and runs go (None: :func:`default_cache`).
-        per_class: Training images per class (val gets a fifth, at least 4).
-        epochs: Training epochs.
-        batch_size: Batch size of the benchmark and of training.
+        per_class: Training images per class (val gets a fifth, at least 4); ``regress`` makes
+            three times as many pictures, ``segment`` as many.
+        epochs: Training epochs (None: 4 to classify, 12 to regress, 8 to segment).
+        batch_size: Batch size of the benchmark and of training (segment: at most 16).
         crop: Crop side (None: 224 on a GPU, 64 on the CPU).
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
         bench_seconds: Time per loader measured.
         tiny: A smoke run of a few seconds: 12 per class, 1 epoch, 1 s per loader, batch <= 16.
         say: Called with a line as each of the four steps starts.
+        task: ``"classify"``, ``"regress"`` (float targets) or ``"segment"`` (grayscale images and
+            masks).
 
     Returns:
         The :class:`DemoResult`.
@@ -149,15 +199,16 @@ def demo(
     Raises:
         UsageError: A setting below 1, a cache folder that cannot be made, or a loader that fails.
     """
-    from stoker.model.train import TrainConfig, train
     from stoker.pipeline.deps import has_cuda
-    from stoker.pipeline.shards.manifest import Manifest
-
-    from .pack import pack
 
     say = say or (lambda line: None)
+    if task not in DEMO_TASKS:
+        raise UsageError(f"--task {task!r} must be one of {', '.join(DEMO_TASKS)}")
+    epochs = epochs if epochs is not None else {"classify": 4, "regress": 12, "segment": 8}[task]
     if tiny:
         per_class, epochs, bench_seconds, batch_size = 12, 1, 1.0, min(batch_size, 16)
+    if task == "segment":
+        batch_size = min(batch_size, 16)
     for name, value in (("per-class", per_class), ("epochs", epochs), ("batch-size", batch_size)):
         if value < 1:
             raise UsageError(f"--{name} must be >= 1, got {value}")
@@ -168,65 +219,171 @@ def demo(
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot create cache directory {cache}: {e.strerror}") from None
-    images, shards = cache / f"images-{per_class}pc", cache / f"shards-{per_class}pc"
     t0 = time.perf_counter()
-
-    say(f"[1/4] dataset: {images}")
-    _generate(images, per_class=per_class, val_per_class=max(4, per_class // 5))
-
-    say(f"[2/4] pack: {shards}")
-    packed = pack(images, shards)
-    classes = Manifest.load(shards / "train").classes
-
+    data = _PREPARE[task](cache, per_class, say)
     say(f"[3/4] loader benchmark ({bench_seconds:g} s each, crop {crop}, batch {batch_size})")
-    # On val: torchvision's ImageFolder would crash on the broken files planted in train/.
-    loader = _bench(shards / "val", images / "val", crop=crop, batch_size=batch_size, seconds=bench_seconds)
-
-    say(f"[4/4] train the inception-block network, {epochs} epoch(s)")
+    loader = _bench(
+        data["bench_split"],
+        data["bench_images"],
+        masks=data.get("bench_masks"),
+        peer=data["peer"],
+        crop=crop,
+        batch_size=batch_size,
+        seconds=bench_seconds,
+        channels=data["channels"],
+    )
+    say(f"[4/4] train {data['arch']}, {epochs} epoch(s)")
     run_dir = cache / "runs" / time.strftime("%Y%m%d-%H%M%S")
-    summary = train(
-        TrainConfig(
-            data=str(shards),
+    try:
+        summary = _train(
+            data=str(data["shards"]),
             out=str(run_dir),
-            arch="inception",
+            arch=data["arch"],
             epochs=epochs,
             batch_size=batch_size,
             crop=crop,
             device=device,
             seed=0,
             warmup_epochs=min(1.0, epochs / 4),
-            lr=0.05 if not tiny else None,
+            lr=None if tiny else data["lr"],
+            optimizer=data.get("optimizer", "sgd"),
+            channels=data["channels"],
+            scale=data.get("scale", (0.08, 1.0)),
             progress=sys.stderr.isatty(),
             log_every=10,
         )
-    )
-    keys = (
-        "images_per_s",
-        "data_wait",
-        "val_top1",
-        "val_top5",
-        "val_samples",
-        "train_loss",
-        "steps",
-        "seconds",
-        "device",
-        "amp",
-    )
+    except FloatingPointError as e:  # a diverging loss: the run failed, in one line
+        raise CheckFailedError(str(e)) from None
+    keys = ("images_per_s", "data_wait", "val", "val_top1", "val_top5", "val_samples", "train_loss")
+    keys += ("steps", "seconds", "device", "amp")
+    packed = data["packed"]
     return DemoResult(
-        images=str(images),
-        shards=str(shards),
+        images=str(data["images"]),
+        shards=str(data["shards"]),
         run=str(run_dir),
         packed={split: t["samples"] for split, t in packed.splits.items()},
         rejected=packed.rejected,
         loader=loader,
         train={k: summary.get(k) for k in keys},
-        chance_top1=1 / len(classes),
+        chance_top1=data["chance"] if task == "classify" else None,
         seconds=time.perf_counter() - t0,
+        task=task,
+        chance=data["chance"],
     )
 
 
-def _bench(shards: Path, images: Path, *, crop: int, batch_size: int, seconds: float) -> dict:
-    """stoker's Loader vs the torchvision ImageFolder baseline, side by side (`stoker bench`)."""
+def _train(**config):
+    from stoker.model.train import TrainConfig, train
+
+    return train(TrainConfig(**config))
+
+
+def _prepare_classify(cache: Path, per_class: int, say: Callable[[str], None]) -> dict:
+    from stoker.pipeline.shards.manifest import Manifest
+
+    from .pack import pack
+
+    images, shards = cache / f"images-{per_class}pc", cache / f"shards-{per_class}pc"
+    say(f"[1/4] dataset: {images}")
+    _generate(images, per_class=per_class, val_per_class=max(4, per_class // 5))
+    say(f"[2/4] pack: {shards}")
+    packed = pack(images, shards)
+    classes = Manifest.load(shards / "train").classes
+    # the benchmark on val: torchvision's ImageFolder would crash on the broken files planted in train/
+    return dict(
+        images=images,
+        shards=shards,
+        packed=packed,
+        bench_split=shards / "val",
+        bench_images=images / "val",
+        peer="torchvision",
+        arch="inception",
+        lr=0.05,
+        channels=3,
+        chance=1 / len(classes),
+    )
+
+
+def _prepare_regress(cache: Path, per_class: int, say: Callable[[str], None]) -> dict:
+    from .common.synth import make_regression_csv
+    from .pack import pack
+
+    n = 3 * per_class
+    root, shards = cache / f"regress-{n}", cache / f"regress-{n}-shards"
+    say(f"[1/4] dataset: {root} ({n} pictures whose colour temperature is their target)")
+    csv = root / "targets.csv"
+    if not csv.exists():
+        make_regression_csv(root.with_name(root.name + ".tmp"), n=n, seed=0)
+        os.replace(root.with_name(root.name + ".tmp"), root)
+    say(f"[2/4] pack: {shards}")
+    packed = pack(csv, shards, val_fraction=0.2)
+    return dict(
+        images=csv,
+        shards=shards,
+        packed=packed,
+        bench_split=shards / "train",
+        bench_images=csv,
+        peer="torchvision-csv",
+        arch="inception",
+        lr=2e-3,
+        optimizer="adamw",
+        channels=3,
+        chance=0.0,
+    )
+
+
+def _prepare_segment(cache: Path, per_class: int, say: Callable[[str], None]) -> dict:
+    import numpy as np
+    from PIL import Image
+
+    from .common.synth import make_segmentation_tree
+    from .pack import pack
+
+    n = per_class
+    root, shards = cache / f"segment-{n}", cache / f"segment-{n}-shards"
+    say(f"[1/4] dataset: {root} ({n} grayscale pictures of textured shapes, and their masks)")
+    if not (root / "masks").is_dir():
+        tmp = root.with_name(root.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        make_segmentation_tree(tmp, n=n, seed=0)
+        os.replace(tmp, root)
+    say(f"[2/4] pack: {shards}")
+    packed = pack(root / "images", shards, masks=root / "masks", num_classes=4, val_fraction=0.2)
+    counts = np.zeros(4)
+    for path in sorted((root / "masks").glob("*.png")):
+        counts += np.bincount(np.asarray(Image.open(path)).ravel(), minlength=4)[:4]
+    return dict(
+        images=root / "images",
+        shards=shards,
+        packed=packed,
+        bench_split=shards / "train",
+        bench_images=root / "images",
+        bench_masks=root / "masks",
+        peer="torchvision-seg",
+        arch="inception",
+        lr=3e-3,
+        optimizer="adamw",
+        channels=1,
+        scale=(0.25, 1.0),
+        chance=float(counts[0] / counts.sum()) / 4,  # mIoU of calling every pixel background
+    )
+
+
+_PREPARE = {"classify": _prepare_classify, "regress": _prepare_regress, "segment": _prepare_segment}
+
+
+def _bench(
+    shards: Path,
+    images: Path,
+    *,
+    peer: str,
+    crop: int,
+    batch_size: int,
+    seconds: float,
+    masks: Path | None = None,
+    channels: int = 3,
+) -> dict:
+    """stoker's Loader vs the usual PyTorch pipeline of the task, side by side (`stoker bench`)."""
     from stoker.pipeline.deps import HAS_DALI
 
     from .bench.loader import bench
@@ -235,7 +392,9 @@ def _bench(shards: Path, images: Path, *, crop: int, batch_size: int, seconds: f
     result = bench(
         shards,
         images=images,
-        only=["torchvision", ours],
+        masks=masks,
+        channels=channels,
+        only=[peer, ours],
         crop=crop,
         batch_size=batch_size,
         seconds=seconds,
@@ -247,7 +406,7 @@ def _bench(shards: Path, images: Path, *, crop: int, batch_size: int, seconds: f
     for r in rows.values():
         if "img_s" not in r:
             raise UsageError(f"loader benchmark failed ({r['label']}): {r.get('error')}")
-    base, mine = rows["torchvision"]["img_s"], rows[ours]["img_s"]
+    base, mine = rows[peer]["img_s"], rows[ours]["img_s"]
     return {
         "torchvision_images_per_s": base,
         "stoker_images_per_s": mine,
@@ -267,6 +426,7 @@ def main(args: argparse.Namespace) -> int:
         bench_seconds=args.bench_seconds,
         tiny=args.tiny,
         say=lambda line: print(line, flush=True),
+        task=args.task,
     )
     print(json.dumps(result.to_dict(), indent=1) if args.json else result.format_summary())
     return 0

@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--arch",
         default="auto",
-        help="auto: inception, or lraspp_mobilenet_v3_large for segmentation; report (the case study's "
+        help="auto: inception (for segmentation the same block, per pixel); report (the case study's "
         "original slow net); a torchvision classification model (resnet50, ...); for --task segment a "
         "torchvision segmentation model (fcn_resnet50, deeplabv3_resnet50, ...). No pretrained weights. "
         "(default: %(default)s)",

@@ -12,13 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: ``--arch auto``: the network of each task (segmentation: a torchvision segmentation model)
-DEFAULT_ARCH = {
-    "classify": "inception",
-    "regress": "inception",
-    "multilabel": "inception",
-    "segment": "lraspp_mobilenet_v3_large",
-}
+#: ``--arch auto``: the network of each task (the inception block, as a per-pixel net to segment)
+DEFAULT_ARCH = {"classify": "inception", "regress": "inception", "multilabel": "inception", "segment": "inception"}
 #: ``--amp``: ``auto`` resolves per device (:func:`stoker.model.train.runtime.resolve_amp`).
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
 #: ``--optimizer``.

@@ -23,3 +23,23 @@ def test_demo_bad_setting_is_one_line(tmp_path, capsys):
     assert main(["demo", "--per-class", "0", "--cache", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--per-class" in err
+
+
+@pytest.mark.slow
+def test_demo_regress_runs_on_tiny_settings(tmp_path, capsys):
+    assert main(["demo", "--task", "regress", "--tiny", "--cache", str(tmp_path), "--json"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out[out.index("{") :])
+    assert result["task"] == "regress" and result["chance"] == 0.0 and result["chance_top1"] is None
+    assert set(result["train"]["val"]) >= {"mse", "mae", "r2"} and result["loader"]["torchvision_images_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_demo_segment_learns_well_above_background_everywhere(tmp_path, capsys):
+    # the README's claim: the segmentation demo shows learning on a CPU within a minute or two
+    assert main(["demo", "--task", "segment", "--per-class", "120", "--cache", str(tmp_path), "--json"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out[out.index("{") :])
+    val = result["train"]["val"]
+    assert result["task"] == "segment" and 0 < result["chance"] < 0.25
+    assert val["miou"] > 2 * result["chance"] and val["pixel_acc"] > 0.5

@@ -50,8 +50,20 @@ HELP = "side-by-side loader throughput: torchvision, webdataset, DALI reader, FF
 
 ALL = ("torchvision", "wds", "dali-reader", "ffcv", "stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling")
 STOKER = ("stoker-dali", "stoker-pil", "stoker-nvjpeg")
+#: the pipelines of a split that is not of classes: the usual Dataset of its kind, stoker, the ceiling
+OF_KIND = {
+    "mask": ("torchvision-seg", "stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling"),
+    "float": ("torchvision-csv", "stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling"),
+    "multilabel": ("stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling"),
+}
+#: the peers that read a class split's cls members (or an ImageFolder) only
+CLASS_ONLY = ("torchvision", "wds", "dali-reader", "ffcv")
+#: the baseline rows, in order of preference
+BASELINES = ("torchvision", "torchvision-seg", "torchvision-csv", "wds")
 LABELS = {
     "torchvision": "(1) torchvision ImageFolder+PIL",
+    "torchvision-seg": "(1) (PIL image, PIL mask) Dataset, v2 joint crop",
+    "torchvision-csv": "(1) CSV Dataset+PIL, float targets",
     "wds": "(2) webdataset+PIL",
     "dali-reader": "(3) DALI fn.readers.webdataset",
     "ffcv": "(4) FFCV",
@@ -72,7 +84,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="K=V",
         help="fsspec storage option for a URL DATA, repeatable (e.g. endpoint_url=http://minio:9000)",
     )
-    p.add_argument("--images", metavar="SRC", help="the original ImageFolder tree, for (1) and (4)")
+    p.add_argument(
+        "--images",
+        metavar="SRC",
+        help="the original images, for (1) and (4): the ImageFolder tree; a mask split's image folder "
+        "(with --masks); a float split's CSV",
+    )
+    p.add_argument("--masks", metavar="MASKS", help="a mask split's original mask folder, for (1)")
+    p.add_argument("--channels", type=int, choices=(1, 3), default=3, help="3 (RGB, default) or 1 (grayscale)")
     p.add_argument("--batch-size", type=int, default=64, help="default 64")
     p.add_argument("--crop", type=int, default=224, help="default 224")
     p.add_argument("--epochs", type=int, default=3, help="measured epochs per pipeline (default 3)")
@@ -250,14 +269,22 @@ def _split(data: str | Path, storage_options: dict | None = None) -> Path:
     return split
 
 
-def _plan(only: Sequence[str], *, images: str | None, ffcv_python: str | None) -> tuple[list, list]:
+def _plan(
+    only: Sequence[str], *, images: str | None, ffcv_python: str | None, masks: str | None = None, target: str = "class"
+) -> tuple[list, list]:
     """``([(kind, python), ...] to run, [notes on the kinds skipped])``."""
     from stoker.pipeline.deps import HAS_DALI, has_cuda
 
     notes, plan = [], []
     for kind in only:
-        if kind == "torchvision" and not images:
+        if kind in CLASS_ONLY and target != "class":
+            notes.append(f"{LABELS[kind]}: skipped (it reads class labels; the split's targets are {target})")
+        elif kind == "torchvision" and not images:
             notes.append("(1) torchvision: skipped (give --images SRC, the original ImageFolder)")
+        elif kind == "torchvision-seg" and not (images and masks):
+            notes.append(f"{LABELS[kind]}: skipped (give --images IMAGES --masks MASKS, the original folders)")
+        elif kind == "torchvision-csv" and not (images and Path(images).is_file()):
+            notes.append(f"{LABELS[kind]}: skipped (give --images CSV, the original list of path,value)")
         elif kind in ("dali-reader", "stoker-dali", "stoker-dali-dali-resize") and not HAS_DALI:
             notes.append(f"{LABELS[kind]}: skipped (nvidia-dali not installed)")
         elif kind == "stoker-nvjpeg" and not has_cuda():
@@ -294,20 +321,26 @@ def bench(
     ffcv_max_resolution: int = 256,
     progress: bool = False,
     storage_options: dict | None = None,
+    masks: str | Path | None = None,
+    channels: int = 3,
 ) -> BenchResult:
     """Measure stoker's Loader and the usual loaders side by side, each in a fresh subprocess.
 
     Args:
         data: A packed split (with stoker.json), or a dataset root with ``train/``; local or a
             URL (fetched whole into the shard cache first, with ``storage_options``).
-        images: The original ImageFolder, for the torchvision and FFCV pipelines.
+        images: The original images, for the torchvision and FFCV pipelines: the ImageFolder; a
+            mask split's image folder; a float split's CSV.
+        masks: A mask split's original mask folder (the (PIL image, PIL mask) Dataset's).
+        channels: 3 (RGB) or 1 (grayscale), for every pipeline that can.
         batch_size: Batch size of every pipeline.
         crop: Crop side (RandomResizedCrop + flip in every pipeline).
         epochs: Measured epochs per pipeline (at most; ``seconds`` may stop it first).
         seconds: Time limit of each pipeline's measurement.
         warmup: Batches run before timing starts.
         workers: Workers / threads per pipeline (None: the usable cores).
-        only: Pipelines to run, from :data:`LABELS` (None: all of :data:`ALL`).
+        only: Pipelines to run, from :data:`LABELS` (None: all of :data:`ALL`, or for a split that is
+            not of classes those of :data:`OF_KIND`).
         repeat: Rounds over all pipelines; each row keeps its best round.
         ffcv_python: A python with ffcv installed (None: this one, if it has ffcv).
         ffcv_max_resolution: FFCV ``max_resolution`` when writing its .beton.
@@ -322,16 +355,24 @@ def bench(
     """
     from tqdm import tqdm
 
+    from stoker.pipeline.cache import read_manifest
     from stoker.pipeline.deps import usable_cores
 
     split = _split(data, storage_options)
-    if images and not Path(images).is_dir():
-        raise UsageError(f"--images {images} is not a directory")
-    images = str(images) if images else None
+    target = read_manifest(str(split), storage_options).target.kind
+    if images and not Path(images).exists():
+        raise UsageError(f"--images {images} does not exist")
+    if images and Path(images).is_file() and target != "float":
+        raise UsageError(
+            f"--images {images} is a file: a CSV is the original of a float split, this one's are {target}"
+        )
+    if masks and not Path(masks).is_dir():
+        raise UsageError(f"--masks {masks} is not a directory")
+    images, masks = (str(images) if images else None), (str(masks) if masks else None)
     for name, value in (("batch_size", batch_size), ("crop", crop), ("epochs", epochs), ("repeat", repeat)):
         if value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    only = [k for k in only or () if k] or list(ALL)
+    only = [k for k in only or () if k] or list(OF_KIND.get(target, ALL))
     unknown = set(only) - set(LABELS)
     if unknown:
         raise UsageError(f"--only: unknown pipeline(s) {sorted(unknown)}; choose from {', '.join(LABELS)}")
@@ -345,8 +386,10 @@ def bench(
         "seconds": seconds,
         "warmup": warmup,
         "workers": cores,
+        "masks": masks,
+        "channels": channels,
     }
-    plan, notes = _plan(only, images=images, ffcv_python=ffcv_python)
+    plan, notes = _plan(only, images=images, ffcv_python=ffcv_python, masks=masks, target=target)
     beton = Path(os.environ.get("TMPDIR", "/tmp")) / (
         f"stoker-bench-{Path(images or 'x').resolve().name}-R{ffcv_max_resolution}.beton"
     )
@@ -358,9 +401,7 @@ def bench(
         best = rows.get(kind)
         if best is None or "error" in best or res.get("img_s", 0) > best.get("img_s", 0):
             rows[kind] = res
-    base_kind = (
-        "torchvision" if "img_s" in rows.get("torchvision", {}) else ("wds" if "img_s" in rows.get("wds", {}) else None)
-    )
+    base_kind = next((k for k in BASELINES if "img_s" in rows.get(k, {})), None)
     base = rows[base_kind]["img_s"] if base_kind else None
     out_rows = []
     for kind, _ in plan:
@@ -374,6 +415,8 @@ def bench(
     if best_stoker:
         for k, name in (
             ("torchvision", "vs_torchvision"),
+            ("torchvision-seg", "vs_torchvision"),
+            ("torchvision-csv", "vs_torchvision"),
             ("dali-reader", "vs_dali_reader"),
             ("ceiling", "of_ceiling"),
             ("ffcv", "vs_ffcv"),
@@ -402,6 +445,8 @@ def main(args: argparse.Namespace) -> int:
         args.data,
         storage_options=parse_storage_options(args.storage_option) or None,
         images=args.images,
+        masks=args.masks,
+        channels=args.channels,
         batch_size=args.batch_size,
         crop=args.crop,
         epochs=args.epochs,

@@ -57,6 +57,108 @@ def _run_torchvision(cfg):
     return timed(epochs(lambda e: iter(dl), cfg["epochs"] + 1), cfg)
 
 
+class SegmentationFolder:
+    """The usual segmentation ``Dataset``: ``(PIL image, PIL mask)`` pairs from an image folder and
+    its parallel mask folder (same relative path and stem), the same random resized crop and flip
+    applied to both with torchvision's v2 transforms (the mask with nearest neighbour), uint8
+    tensors out: the peer of stoker's mask Loader."""
+
+    def __init__(self, images, masks, *, crop: int, channels: int = 3, train: bool = True):
+        from torchvision.transforms import v2
+
+        exts = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp"}
+        found = {
+            p.relative_to(masks).with_suffix("").as_posix(): p
+            for p in Path(masks).rglob("*")
+            if p.suffix.lower() in exts
+        }
+        self.pairs = [
+            (p, found[k])
+            for p in sorted(Path(images).rglob("*"))
+            if p.suffix.lower() in exts and (k := p.relative_to(images).with_suffix("").as_posix()) in found
+        ]
+        self.mode = "RGB" if channels == 3 else "L"
+        ops = (
+            [v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip()]
+            if train
+            else [v2.Resize(round(crop / 0.875), antialias=True), v2.CenterCrop(crop)]
+        )
+        self.transform = v2.Compose([*ops, v2.PILToTensor()])
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i):
+        import torch
+        from PIL import Image
+        from torchvision import tv_tensors
+
+        image_path, mask_path = self.pairs[i]
+        image = Image.open(image_path).convert(self.mode)
+        mask = tv_tensors.Mask(torch.from_numpy(__import__("numpy").asarray(Image.open(mask_path))))
+        image, mask = self.transform(image, mask)
+        return image, mask
+
+
+class CsvTargets:
+    """The usual regression ``Dataset``: a CSV of ``path,value[,value...]``, PIL + torchvision's
+    RandomResizedCrop/flip/ToTensor/Normalize, float targets: the peer of stoker's float Loader."""
+
+    def __init__(self, csv, *, crop: int):
+        import csv as _csv
+
+        from torchvision import transforms
+
+        from stoker.model.normalize import IMAGENET_MEAN, IMAGENET_STD
+
+        rows = list(_csv.reader(Path(csv).read_text().splitlines()))
+        if rows and not rows[0][-1].replace(".", "", 1).replace("-", "", 1).isdigit():
+            rows = rows[1:]  # a header
+        self.rows = [(Path(csv).parent / r[0], [float(v) for v in r[1:]]) for r in rows if r]
+        self.transform = transforms.Compose(
+            [
+                transforms.RandomResizedCrop(crop),
+                transforms.RandomHorizontalFlip(),
+                transforms.ToTensor(),
+                transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+            ]
+        )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        import torch
+        from PIL import Image
+
+        path, values = self.rows[i]
+        return self.transform(Image.open(path).convert("RGB")), torch.tensor(values, dtype=torch.float32)
+
+
+def _dataloader(ds, cfg):
+    import torch
+
+    return torch.utils.data.DataLoader(
+        ds,
+        batch_size=cfg["batch_size"],
+        shuffle=True,
+        num_workers=cfg["workers"],
+        drop_last=True,
+        persistent_workers=cfg["workers"] > 0,
+    )
+
+
+def _run_torchvision_seg(cfg):
+    ds = SegmentationFolder(cfg["images"], cfg["masks"], crop=cfg["crop"], channels=cfg.get("channels", 3))
+    dl = _dataloader(ds, cfg)
+    return timed(epochs(lambda e: iter(dl), cfg["epochs"] + 1), cfg)
+
+
+def _run_torchvision_csv(cfg):
+    dl = _dataloader(CsvTargets(cfg["images"], crop=cfg["crop"]), cfg)
+    return timed(epochs(lambda e: iter(dl), cfg["epochs"] + 1), cfg)
+
+
 def _wds_decode(sample):
     import io
 
@@ -168,6 +270,7 @@ def _run_stoker(cfg, backend, device="cpu", **kw):
         backend=backend,
         threads=cfg["workers"],
         device=device,
+        channels=cfg.get("channels", 3),
         **kw,
     )
 
@@ -218,6 +321,8 @@ def _run_ceiling(cfg):
 
 RUNNERS = {
     "torchvision": _run_torchvision,
+    "torchvision-seg": _run_torchvision_seg,
+    "torchvision-csv": _run_torchvision_csv,
     "wds": _run_wds,
     "dali-reader": _run_dali_reader,
     "stoker-dali": lambda c: _run_stoker(c, "dali"),

@@ -184,7 +184,7 @@ SEG_CLASSES = ("background", "stripes", "checker", "dots")
 def _texture(kind: int, h: int, w: int, rng: random.Random) -> np.ndarray:
     """A ``[h, w]`` float texture in [0, 1] of segmentation class ``kind``."""
     y, x = np.mgrid[0:h, 0:w]
-    step = rng.randint(3, 6)
+    step = rng.randint(4, 8)
     if kind == 1:
         return ((x + y) // step % 2).astype(np.float32)
     if kind == 2:
