@@ -252,6 +252,7 @@ class Loader:
 
         self.path: Path | str = str(path).rstrip("/") if remote else Path(path)
         self.shuffle, self.block_shards = shuffle, block_shards
+        self._offset = 0  # where this rank count's split of the epoch begins (a resume elsewhere)
         self.batch_size, self.train, self.seed = batch_size, bool(train), int(seed)
         #: output side, or ``(height, width)``, as given; :attr:`crops` holds the recipe
         self.crop, self.channels = crop, channels
@@ -345,12 +346,18 @@ class Loader:
             )
 
     # ---- order ---------------------------------------------------------------------------
-    def _share(self, rank: int) -> int:
-        count = order.block_samples_per_rank if self.shuffle == "block" else order.samples_per_rank
-        return count(self.num_samples, rank=rank, world_size=self.world_size, train=self.train)
+    def _share(self, rank: int, offset: int = 0) -> int:
+        if self.shuffle == "block":
+            return order.block_samples_per_rank(
+                self.num_samples, rank=rank, world_size=self.world_size, train=self.train
+            )
+        return order.samples_per_rank(
+            self.num_samples, rank=rank, world_size=self.world_size, train=self.train, offset=offset
+        )
 
-    def _rank_count(self) -> int:
-        return self._share(self.rank)
+    def _rank_count(self, offset: int | None = None) -> int:
+        """This rank's samples in the current epoch (from ``offset``; default: the epoch's own)."""
+        return self._share(self.rank, self._offset if offset is None else offset)
 
     def _plan(self, epoch: int) -> tuple:
         """Block mode: ``(positions into valid, windows of shard numbers)`` of this rank's epoch."""
@@ -364,13 +371,14 @@ class Loader:
             block_shards=self.block_shards,
         )
 
-    def _epoch_stop(self) -> int:
+    def _epoch_stop(self, offset: int | None = None) -> int:
         """Samples of this rank's epoch order that are handed out (``drop_last`` applied)."""
-        n = self._rank_count()
+        n = self._rank_count(offset)
         return n - n % self.batch_size if self.drop_last else n
 
     def __len__(self) -> int:
-        """Batches this rank yields in a whole epoch (the same on every rank for train)."""
+        """Batches this rank yields in a whole epoch (the same on every rank for train; for the
+        epoch a resume on another number of ranks continues, the batches of its rest)."""
         return order.num_batches(self._rank_count(), self.batch_size, drop_last=self.drop_last)
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
@@ -387,6 +395,7 @@ class Loader:
                 rank=self.rank,
                 world_size=self.world_size,
                 train=self.train,
+                offset=self._offset if epoch == self.epoch else 0,
             )
         return self.index.valid[pick]
 
@@ -401,13 +410,17 @@ class Loader:
     def _start_epoch(self, epoch: int) -> None:
         self.epoch, self.position, self.skipped, self._finished = epoch, 0, 0, False
         self._resumed = False
+        self._offset = 0  # a resume on another number of ranks sets it for its epoch
 
     # ---- resume --------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """``{seed, epoch, position, world_size, num_samples}``: where the next iteration
-        starts. ``position`` counts the samples of ``epoch`` this rank has consumed (batches
-        handed out so far); once an epoch's last batch is handed out the state already names
-        the next epoch at position 0."""
+        """``{seed, epoch, position, world_size, num_samples, batch_size}``: where the next
+        iteration starts. ``position`` counts the samples of ``epoch`` this rank has consumed
+        (batches handed out so far); once an epoch's last batch is handed out the state already
+        names the next epoch at position 0. Ranks step in lockstep, so rank 0's state (what
+        ``stoker train`` and every framework save) says where every rank is. After a resume on
+        another number of ranks, ``offset`` is where that rank count's split of the epoch began
+        (:mod:`.order`)."""
         epoch, position = (self.epoch + 1, 0) if self._finished else (self.epoch, self.position)
         state = {
             "seed": self.seed,
@@ -415,21 +428,38 @@ class Loader:
             "position": position,
             "world_size": self.world_size,
             "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
         }
+        if self._offset and not self._finished:
+            state["offset"] = self._offset
         if self.shuffle == "block":  # another order: a state of one mode means nothing in the other
             state.update(shuffle="block", block_shards=self.block_shards)
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state``: the next iteration yields exactly the rest of that epoch."""
+        """Continue from ``state``: the next iteration yields exactly the rest of that epoch.
+
+        The state's seed replaces the constructor's (the order and the augmentation are the
+        saved run's; a warning says so when they differ). A train state saved with another number
+        of ranks continues the same epoch on this one: the samples the saved ranks had not handed
+        out yet, split over the new ranks, each exactly once (:mod:`.order`); keep the global
+        batch (``batch_size * world_size``) to keep the steps per epoch. A val state from another
+        number of ranks restarts its evaluation (every sample once); ``shuffle="block"`` resumes
+        on the same number of ranks only.
+        """
         if not isinstance(state, dict):
             raise ValueError(f"state must be the dict Loader.state_dict() returned, not {type(state).__name__}")
         missing = {"seed", "epoch", "position"} - set(state)
         if missing:
             raise ValueError(f"state is missing {sorted(missing)}")
-        if state.get("world_size", self.world_size) != self.world_size:
+        saved_world = state.get("world_size", self.world_size)
+        if not isinstance(saved_world, int) or saved_world < 1:
+            raise ValueError(f"state['world_size']={saved_world!r} must be a positive integer")
+        elastic = saved_world != self.world_size
+        if elastic and self.shuffle == "block":
             raise ValueError(
-                f"state was saved with world_size={state['world_size']}, this loader has world_size={self.world_size}"
+                f"state was saved with world_size={saved_world}, this loader has world_size={self.world_size}: "
+                "shuffle='block' resumes on the same number of ranks only (shuffle='global' resumes on any)"
             )
         mode = (state.get("shuffle", "global"), state.get("block_shards", self.block_shards))
         if mode[0] != self.shuffle or (self.shuffle == "block" and mode[1] != self.block_shards):
@@ -445,16 +475,27 @@ class Loader:
         seed = _non_negative(state["seed"], "state['seed']")
         epoch = _non_negative(state["epoch"], "state['epoch']")
         position = _non_negative(state["position"], "state['position']")
-        stop = self._epoch_stop()
+        offset = _non_negative(state.get("offset", 0), "state['offset']")
+        if elastic:  # the saved ranks handed out offset .. offset + W * position of the epoch
+            offset, position = (offset + saved_world * position, 0) if self.train else (0, 0)
+        if self.train and offset > self.num_samples:
+            raise ValueError(f"state['offset']={offset} is past the {self.num_samples} samples of {self.path}")
+        stop = self._epoch_stop(offset)
         if position > stop:
             raise ValueError(
                 f"state['position']={position} is past the end of rank {self.rank}'s epoch "
                 f"({stop} samples): the state is from another split or batch size"
             )
+        if seed != self.seed:
+            warnings.warn(
+                f"stoker Loader {self.path}: load_state_dict replaces seed={self.seed} with the state's seed={seed}",
+                UserWarning,
+                stacklevel=2,
+            )
         self._close_active()
         self.seed = seed
         self._start_epoch(epoch)
-        self.position = position
+        self.position, self._offset = position, offset if self.train else 0
         self._resumed = True  # a val loader continues a restored position once, too
 
     # ---- iteration -----------------------------------------------------------------------

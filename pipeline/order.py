@@ -3,6 +3,13 @@
 Training sees a fresh global permutation of all samples each epoch (not a shuffle
 buffer), split across ranks so that the slices are disjoint and cover the epoch.
 Validation keeps the stored order and gives every sample to exactly one rank.
+
+Resuming on another number of ranks (elastic): ranks step in lockstep, so after ``p`` samples
+per rank the ``W`` ranks of a split at ``offset`` have handed out exactly the epoch sequence's
+``offset .. offset + W * p`` (the permutation's, in order). The rest of the epoch is the sequence
+from there, split over the new ranks the way an epoch is (:func:`rank_indices` with ``offset``):
+every sample not yet handed out once, none handed out twice; each rank gets the same count, the
+last fewer than ``W'`` left out as an epoch leaves ``n % W`` out.
 """
 
 from __future__ import annotations
@@ -16,28 +23,32 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     return rng.permutation(num_samples).astype(np.int64)
 
 
-def samples_per_rank(num_samples: int, *, rank: int, world_size: int, train: bool) -> int:
+def samples_per_rank(num_samples: int, *, rank: int, world_size: int, train: bool, offset: int = 0) -> int:
     """``len(rank_indices(...))`` without building it (train: equal for every rank)."""
     if train:
-        return num_samples // world_size
+        return (num_samples - offset) // world_size
     return len(range(rank, num_samples, world_size))
 
 
-def rank_indices(num_samples: int, *, seed: int, epoch: int, rank: int, world_size: int, train: bool) -> np.ndarray:
+def rank_indices(
+    num_samples: int, *, seed: int, epoch: int, rank: int, world_size: int, train: bool, offset: int = 0
+) -> np.ndarray:
     """The sample indices this rank reads this epoch, in order.
 
-    train: a strided slice of the epoch permutation, truncated to
-    ``num_samples // world_size`` so every rank takes the same number of steps (the
-    ``num_samples % world_size`` samples left over are different ones each epoch).
+    train: a strided slice of the epoch permutation (from ``offset``: what a resume on another
+    number of ranks starts from), truncated to ``(num_samples - offset) // world_size`` so every
+    rank takes the same number of steps (the samples left over are different ones each epoch).
     val: ``range(num_samples)[rank::world_size]``: each sample exactly once over all
     ranks, no padding; rank sizes differ by at most one.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} is outside world_size={world_size}")
     if train:
-        per_rank = num_samples // world_size
-        perm = epoch_permutation(num_samples, seed, epoch)
-        return perm[rank : per_rank * world_size : world_size]
+        if not 0 <= offset <= num_samples:
+            raise ValueError(f"offset={offset} is outside the epoch's {num_samples} samples")
+        per_rank = (num_samples - offset) // world_size
+        rest = epoch_permutation(num_samples, seed, epoch)[offset:]
+        return rest[rank : per_rank * world_size : world_size]
     return np.arange(rank, num_samples, world_size, dtype=np.int64)
 
 

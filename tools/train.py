@@ -147,12 +147,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps too (default: epoch ends only)")
     p.add_argument(
-        "--resume",
-        nargs="?",
-        const="auto",
+        "--resume-from",
         default=None,
         metavar="CKPT",
-        help="continue from RUN/last.pt, or from CKPT",
+        help="continue from the checkpoint CKPT (as --resume does from RUN/last.pt)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_const",
+        const="auto",
+        default=None,
+        help="continue from RUN/last.pt; mid-epoch included, also on another number of "
+        "processes (torchrun --nproc_per_node): the epoch goes on with the samples not yet seen, each once. "
+        "The run keeps its global batch (--batch-size x processes), so its steps per epoch and its "
+        "learning-rate schedule (per step) are unchanged: with 2 -> 1 processes pass twice the --batch-size",
     )
     p.add_argument("--plot", action="store_true", help="write RUN/curves.png (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -189,7 +197,9 @@ def main(args: argparse.Namespace) -> int:
     from .common.units import parse_size
 
     try:
-        config = TrainConfig.from_any(vars(args))
+        if args.resume and args.resume_from:
+            raise ValueError("give --resume (RUN/last.pt) or --resume-from CKPT, not both")
+        config = TrainConfig.from_any({**vars(args), "resume": args.resume_from or args.resume})
         config.storage_options = parse_storage_options(args.storage_option) or None
         config.cache_limit = parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None
     except ValueError as e:

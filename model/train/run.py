@@ -300,11 +300,23 @@ class Run:
         path = self.out / LAST if cfg.resume in ("auto", "last") else Path(cfg.resume)
         state = load_checkpoint(path, arch=self.arch, num_outputs=self.num_outputs)
         old = state["config"]
-        if (old.get("batch_size"), old.get("world_size")) != (cfg.batch_size, self.dist.world_size):
+        old_batch, old_world = old.get("batch_size"), old.get("world_size")
+        if old_world == self.dist.world_size and old_batch != cfg.batch_size:
             raise CheckpointError(
                 f"{path}: resuming needs the same batch size and world size (checkpoint: "
-                f"{old.get('batch_size')} x {old.get('world_size')}, now: "
-                f"{cfg.batch_size} x {self.dist.world_size})"
+                f"{old_batch} x {old_world}, now: {cfg.batch_size} x {self.dist.world_size})"
+            )
+        if old_world != self.dist.world_size and old_batch * old_world != cfg.batch_size * self.dist.world_size:
+            # another number of processes keeps the global batch, so the steps and the schedule stay
+            global_batch, world = old_batch * old_world, self.dist.world_size
+            fix = (
+                f"use --batch-size {global_batch // world}"
+                if global_batch % world == 0
+                else f"{global_batch} does not split over {world} processes"
+            )
+            raise CheckpointError(
+                f"{path}: resuming on {world} process(es) keeps the run's global batch of {global_batch} "
+                f"({old_batch} x {old_world}): {fix}"
             )
         if old.get("total_steps") != self.total_steps:
             raise CheckpointError(
@@ -324,7 +336,7 @@ class Run:
         else:
             self.start_epoch, self.epoch_step = int(state["epoch"]), int(state["epoch_step"])
             self.loader_state = state["loader"]
-        self.resolved["resumed_from"] = {"path": str(path), "step": self.step}
+        self.resolved["resumed_from"] = {"path": str(path), "step": self.step, "world_size": old_world}
         self.log(
             f"resumed from {path} at step {self.step} (epoch {self.start_epoch + 1}, "
             f"step {self.epoch_step} of {self.steps_per_epoch})"

@@ -98,7 +98,7 @@ def test_resume_mid_epoch_equals_uninterrupted(split, backend):
     for _ in range(2):
         next(it)
     state = first.state_dict()
-    assert state == {"seed": 1, "epoch": 4, "position": 16, "world_size": 1, "num_samples": 50}
+    assert state == {"seed": 1, "epoch": 4, "position": 16, "world_size": 1, "num_samples": 50, "batch_size": 8}
     second = make(split, backend=backend, seed=999)
     second.load_state_dict(state)
     second.set_epoch(4)  # a training loop calls this on resume: it must not restart the epoch
@@ -219,8 +219,10 @@ def test_bad_arguments_are_named(split):
         with pytest.raises(ValueError, match="CUDA"):
             Loader(split, batch_size=8, device="cuda")
     loader = make(split)
-    with pytest.raises(ValueError, match="world_size=2"):
-        loader.load_state_dict({"seed": 0, "epoch": 0, "position": 0, "world_size": 2, "num_samples": 50})
+    with pytest.raises(ValueError, match=r"state\['world_size'\]=0 must be a positive integer"):
+        loader.load_state_dict({"seed": 0, "epoch": 0, "position": 0, "world_size": 0, "num_samples": 50})
+    with pytest.raises(ValueError, match="offset"):
+        loader.load_state_dict({"seed": 0, "epoch": 0, "position": 0, "offset": 51, "num_samples": 50})
 
 
 @needs_dali

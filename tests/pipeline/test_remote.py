@@ -282,6 +282,7 @@ def test_block_mode_resume_is_exact_and_the_cache_stays_bounded(remote, tmp_path
         "position": 20,
         "world_size": 1,
         "num_samples": 48,
+        "batch_size": 4,
         "shuffle": "block",
         "block_shards": 2,
     }

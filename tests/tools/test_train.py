@@ -222,3 +222,35 @@ def test_cli_choices_are_the_configs():
         "shuffle": config.SHUFFLES,
         "channels": config.CHANNELS,
     }
+
+
+@pytest.mark.slow
+def test_resume_on_another_process_count_keeps_the_global_batch(data, tmp_path, capsys):
+    from helpers import run_in_group
+
+    # one process, batch 8, killed mid-epoch 2 (last.pt at step 8: epoch 2, batch 2 of 6)
+    run = tmp_path / "elastic"
+    p = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, "train", str(data), "--out", str(run), *ARGS],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    ck = load_checkpoint(run / "last.pt")
+    assert ck["step"] == 8 and not ck["epoch_complete"]
+    args = [a if a != "8" else "4" for a in ARGS]  # --batch-size 4 on 2 processes: the global batch of 8
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = run_in_group(
+        [*cmd, "-m", "stoker", "train", str(data), "--out", str(run), *args, "--resume"], timeout=300, env=_env()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert s["world_size"] == 2 and s["steps"] == 12 and s["total_steps"] == 12 and s["val"]["n"] == 21
+    config = json.loads((run / "config.json").read_text())
+    assert config["resumed_from"]["world_size"] == 1 and config["global_batch"] == 8
+    # back on one process with the per-process batch size kept: one line saying which to use
+    capsys.readouterr()
+    assert cli(["train", str(data), "--out", str(run), *args, "--resume"]) == 1
+    assert "keeps the run's global batch of 8 (4 x 2): use --batch-size 8" in capsys.readouterr().err
