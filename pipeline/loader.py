@@ -83,6 +83,15 @@ class Loader:
         val_resize: val: the shorter side before the center crop, in pixels (torchvision's
             ``Resize(256)``), instead of ``crop_pct``.
         channels: 3 (RGB) or 1 (grayscale: ``[N, 1, H, W]``, the decoder's own luma).
+        augment: per-sample augmentation of train batches on their device, after the crop and
+            flip: a transform of :mod:`.augment` (``build_augment(...)``, ``RandAugment(...)``) or a
+            policy name as timm and torchvision name them (``"rand-m9-mstd0.5-inc1"``,
+            ``"ta_wide"``, ``"original"``). Each sample's parameters come from ``(seed, epoch,
+            sample)``: the same on every backend and batch size, and after a resume. Masks move
+            with the geometric ops.
+        mixing: MixUp/CutMix of train batches (``build_mixing(...)``): the targets become soft,
+            float32 ``[N, classes]``; class splits only. A batch left odd by a dropped sample mixes
+            its first ``N - 1`` rows (the last keeps its smoothed label).
         device: where the batches land (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``).
         seed: seeds the order and the augmentation.
         rank, world_size: this process's share; default from ``torch.distributed`` when
@@ -174,6 +183,8 @@ class Loader:
         crop_pct: float | None = None,
         val_resize: float | None = None,
         channels: int = 3,
+        augment: Any = None,
+        mixing: Any = None,
         **dataloader_kwargs: Any,
     ):
         import torch
@@ -279,6 +290,7 @@ class Loader:
         if self.num_samples == 0:
             raise ValueError(f"{self.path} has no loadable samples")
         self._check_every_rank_has_a_batch()
+        self.augment, self.mixing = self._recipe(augment, mixing)
         if self.cache is not None:
             self._check_cache_limit()
         #: samples excluded up front (``pack["skip"]`` or missing image/cls component)
@@ -545,11 +557,43 @@ class Loader:
                             # asks for one more: loops bounded by len(loader) (Lightning, islice, zip
                             # with a range) never ask, and must still get a fresh epoch next time.
                             self._finish_epoch(stop)
-                        yield batch.images, batch.targets
+                        yield self._augmented(batch)
                 finally:
                     inner.close()  # now, not whenever the GC gets to it: stops the producer in order
         finally:
             fetched.close()  # a window download in flight ends before the iteration does
+
+    def _recipe(self, augment: Any, mixing: Any) -> tuple:
+        """The augmentation and mixing of train batches, checked against the split's targets."""
+        if (augment is not None or mixing is not None) and not self.train:
+            raise ValueError("augment= and mixing= are for train Loaders (val batches are not augmented)")
+        if isinstance(augment, str):
+            from .augment import build_augment
+
+            augment = build_augment(augment, ignore_index=self.index.target.ignore_index or 255)
+        if augment is not None and not callable(augment):
+            raise ValueError(f"augment={augment!r} must be a transform of stoker.pipeline.augment or a policy name")
+        if mixing is not None:
+            kind = self.index.target.describe()
+            if self.index.target.kind != "class":
+                raise ValueError(f"mixing= (MixUp/CutMix) mixes class targets; the targets of {self.path} are {kind}")
+            if getattr(mixing, "num_classes", len(self.index.manifest.classes)) != len(self.index.manifest.classes):
+                raise ValueError(
+                    f"mixing has num_classes={mixing.num_classes}, {self.path} has {len(self.index.manifest.classes)}"
+                )
+        return augment, mixing
+
+    def _augmented(self, batch) -> tuple:
+        """A batch as handed out: augmented and mixed on its device (train), each row by its id."""
+        images, targets = batch.images, batch.targets
+        if self.augment is not None and len(images):
+            if self.index.target.spatial:  # the masks move with the geometric ops
+                images, targets = self.augment(images, batch.ids, seed=self.seed, epoch=self.epoch, masks=targets)
+            else:
+                images = self.augment(images, batch.ids, seed=self.seed, epoch=self.epoch)
+        if self.mixing is not None and len(images):
+            images, targets = _mix(self.mixing, images, targets, batch.ids, seed=self.seed, epoch=self.epoch)
+        return images, targets
 
     def _batches(self, start: int, stop: int, idx: np.ndarray) -> list:
         return [idx[s : min(s + self.batch_size, stop)] for s in range(start, stop, self.batch_size)]
@@ -719,6 +763,24 @@ class LoaderIterator:
     def _supersede(self) -> None:
         self._superseded = True
         self._gen.close()
+
+
+def _mix(mixing, images, targets, ids, *, seed: int, epoch: int) -> tuple:
+    """``mixing`` over the batch's first even number of rows (timm mixes pairs); an odd last row
+    keeps its own image and gets its label smoothed as mixing smooths them."""
+    import torch
+
+    n = len(images) - len(images) % 2
+    if n == len(images):
+        return mixing(images, targets, ids, seed=seed, epoch=epoch)
+    soft = torch.full(
+        (len(images), mixing.num_classes), mixing.label_smoothing / mixing.num_classes, device=images.device
+    )
+    soft[-1, targets[-1]] += 1.0 - mixing.label_smoothing
+    if n:
+        head, soft[:n] = mixing(images[:n], targets[:n], ids[:n], seed=seed, epoch=epoch)
+        images = torch.cat([head, images[n:]])
+    return images, soft
 
 
 def _non_negative(value: Any, name: str) -> int:

@@ -29,7 +29,7 @@ import sys
 
 # no torch in these imports: `stoker --help` stays instant
 from stoker.errors import CheckFailedError, StokerError, UsageError
-from stoker.model.train.config import AMP_CHOICES, CHANNELS, OPTIMIZERS, SHUFFLES, TASKS
+from stoker.model.train.config import AMP_CHOICES, CHANNELS, MIXUP_MODES, OPTIMIZERS, REMODES, SHUFFLES, TASKS
 
 HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)"
 
@@ -105,6 +105,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="F",
         help="val: the crop's share of the resized shorter side (timm's crop_pct; default 0.875)",
     )
+    g = p.add_argument_group("augmentation per sample, on the device (timm's names)")
+    g.add_argument(
+        "--aa",
+        default=None,
+        metavar="POLICY",
+        help="RandAugment / AutoAugment / TrivialAugment: timm's strings (rand-m9-mstd0.5-inc1, original, v0) "
+        "or ta_wide (default: none)",
+    )
+    g.add_argument("--reprob", type=float, default=0.0, help="random erasing probability (default: %(default)s)")
+    g.add_argument("--remode", choices=REMODES, default="const", help="random erasing fill (default: const)")
+    g.add_argument("--recount", type=int, default=1, help="random erasing boxes at most (default: %(default)s)")
+    g.add_argument(
+        "--color-jitter", type=float, default=None, metavar="F", help="colour jitter strength, without --aa (timm)"
+    )
+    g.add_argument("--mixup", type=float, default=0.0, metavar="ALPHA", help="MixUp alpha (0: off; timm: 0.8)")
+    g.add_argument("--cutmix", type=float, default=0.0, metavar="ALPHA", help="CutMix alpha (0: off; timm: 1.0)")
+    g.add_argument("--cutmix-minmax", type=_floats, default=None, metavar="LO,HI", help="CutMix box size range (timm)")
+    g.add_argument("--mixup-prob", type=float, default=1.0, help="probability of mixing a batch (default: 1)")
+    g.add_argument(
+        "--mixup-switch-prob", type=float, default=0.5, help="CutMix instead of MixUp when both (default: 0.5)"
+    )
+    g.add_argument("--mixup-mode", choices=MIXUP_MODES, default="batch", help="how lambda is drawn (default: batch)")
     p.add_argument(
         "--val-resize",
         type=float,
@@ -121,7 +143,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--weight-decay", type=float, default=None, help="default: sgd 5e-5, adamw 0.05 (not on norms/biases)"
     )
     p.add_argument("--warmup-epochs", type=float, default=1.0, help="linear warm-up, then cosine decay to 0")
-    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument(
+        "--label-smoothing",
+        "--smoothing",
+        type=float,
+        default=0.0,
+        help="label smoothing (with --mixup/--cutmix: the mixing's, as timm; default: %(default)s)",
+    )
     p.add_argument(
         "--amp",
         choices=AMP_CHOICES,

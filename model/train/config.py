@@ -23,6 +23,9 @@ OPTIMIZERS = ("sgd", "adamw")
 TASKS = ("auto", "classify", "regress", "segment", "multilabel")
 #: ``--channels``: RGB, or grayscale (the network's first layer built for one channel)
 CHANNELS = (1, 3)
+#: ``--remode``: random erasing's fill; ``--mixup-mode``: how MixUp/CutMix draw lambda (timm's)
+REMODES = ("const", "rand", "pixel")
+MIXUP_MODES = ("batch", "pair", "elem")
 #: the Loader's sample orders (see stoker.pipeline.Loader)
 SHUFFLES = ("global", "block")
 
@@ -54,7 +57,10 @@ class TrainConfig:
     ``channels=None`` is 3 (RGB); 1 trains on grayscale, the network's first layer built for it.
     ``mean``/``std`` (0..1 scale) default to ImageNet's (their average for one channel).
     ``crop`` is a side or ``(height, width)``; ``scale``, ``ratio``, ``crop_pct`` and
-    ``val_resize`` are the Loader's crop recipe.
+    ``val_resize`` are the Loader's crop recipe. ``aa``, ``reprob``/``remode``/``recount``,
+    ``color_jitter``, ``mixup``/``cutmix`` and the ``mixup_*`` knobs are timm's training recipe,
+    applied per sample on the device (:mod:`stoker.pipeline.augment`); with mixing, the label
+    smoothing is the mixing's (timm's ``Mixup(label_smoothing=...)``).
     """
 
     data: str
@@ -77,6 +83,18 @@ class TrainConfig:
     ratio: tuple = (3 / 4, 4 / 3)
     crop_pct: float | None = None
     val_resize: float | None = None
+    # per-sample augmentation on the device (timm's flag names; stoker.pipeline.augment)
+    aa: str | None = None
+    reprob: float = 0.0
+    remode: str = "const"
+    recount: int = 1
+    color_jitter: float | None = None
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    cutmix_minmax: tuple | None = None
+    mixup_prob: float = 1.0
+    mixup_switch_prob: float = 0.5
+    mixup_mode: str = "batch"
     amp: str = "auto"
     channels_last: bool = False
     compile: bool = False
@@ -109,6 +127,14 @@ class TrainConfig:
             raise ValueError(f"crop={self.crop!r} must be a positive side or (height, width)")
         if self.channels is not None:
             check_choice("channels", self.channels, CHANNELS)
+        check_choice("remode", self.remode, REMODES)
+        check_choice("mixup_mode", self.mixup_mode, MIXUP_MODES)
+        for name in ("reprob", "mixup_prob", "mixup_switch_prob"):
+            if not 0.0 <= float(getattr(self, name)) <= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1]")
+        for name in ("mixup", "cutmix"):
+            if float(getattr(self, name)) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (an alpha; 0: off)")
         for name in ("mean", "std"):
             v = getattr(self, name)
             if v is not None and len(v) != (self.channels or 3):

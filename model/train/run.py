@@ -248,7 +248,8 @@ class Run:
             return {"cache_dir": str(Path(cfg.cache_dir) / split) if cfg.cache_dir else None} if remote else {}
 
         try:
-            self.train_loader = self.factory(train_dir, train=True, drop_last=None, **kw, **cache("train"))
+            recipe = self._augmentation()
+            self.train_loader = self.factory(train_dir, train=True, drop_last=None, **kw, **recipe, **cache("train"))
         except NoBatchError as e:  # the Loader's own advice names drop_last, which train does not take
             raise ValueError(
                 f"{train_dir}: --batch-size {cfg.batch_size} is larger than a rank's share of the "
@@ -266,6 +267,41 @@ class Run:
                 f"{train_dir}: too few samples for one batch of {cfg.batch_size} "
                 f"x {self.dist.world_size} rank(s); lower --batch-size"
             )
+
+    def _augmentation(self) -> dict:
+        """The train Loader's ``augment=`` and ``mixing=`` from the timm-named settings (none: {})."""
+        cfg = self.cfg
+        out: dict[str, Any] = {}
+        if cfg.aa or cfg.reprob or cfg.color_jitter:
+            from stoker.pipeline.augment import build_augment
+
+            mean, std = default_stats(cfg.channels or 3, cfg.mean, cfg.std)
+            out["augment"] = build_augment(
+                cfg.aa,
+                reprob=cfg.reprob,
+                remode=cfg.remode,
+                recount=cfg.recount,
+                color_jitter=cfg.color_jitter,
+                ignore_index=self.task.ignore_index if self.task.ignore_index is not None else 255,
+                mean=mean,
+                std=std,
+            )
+        if cfg.mixup or cfg.cutmix or cfg.cutmix_minmax:
+            from stoker.pipeline.augment import build_mixing
+
+            if self.task.name != "classify":
+                raise ValueError(f"--mixup/--cutmix mix class targets; this run's task is {self.task.name}")
+            out["mixing"] = build_mixing(
+                cfg.mixup,
+                cfg.cutmix,
+                cfg.cutmix_minmax,
+                cfg.mixup_prob,
+                cfg.mixup_switch_prob,
+                cfg.mixup_mode,
+                cfg.label_smoothing,
+                self.num_outputs,
+            )
+        return out
 
     def _make_model(self, net: nn.Module, *, lr: float, weight_decay: float) -> None:
         cfg = self.cfg
@@ -289,7 +325,10 @@ class Run:
         self.train_step = TrainStep(
             train_model,
             self.optimizer,
-            self.task.loss(label_smoothing=cfg.label_smoothing),
+            # with mixing the targets arrive soft, smoothed by the mixing (timm's SoftTargetCrossEntropy)
+            self.task.loss(
+                label_smoothing=0.0 if cfg.mixup or cfg.cutmix or cfg.cutmix_minmax else cfg.label_smoothing
+            ),
             amp=self.amp,
             scaler=self.scaler,
             scheduler=self.scheduler,

@@ -82,12 +82,15 @@ class Batch(NamedTuple):
         consumed: samples of the rank's epoch order this batch accounts for (its planned size,
             whatever was dropped): what the Loader's resume position advances by.
         skipped: of those, samples dropped (failed the header check or the decoder).
+        ids: the global positions of the batch's rows (stand-ins included): each row's random
+            stream for the augmentation applied on the device.
     """
 
     images: Any
     targets: Any
     consumed: int
     skipped: int
+    ids: Any = None
 
 
 class Runner(Protocol):
@@ -271,7 +274,7 @@ def empty_targets(settings: DecodeSettings, n: int = 0):
 def empty_batch(settings: DecodeSettings, consumed: int, skipped: int) -> Batch:
     """A val batch none of whose samples is loadable: no images, no targets, on the Loader's
     device (yielded in place of the batch, so ``len(loader)`` holds)."""
-    return Batch(empty_images(settings, 0), empty_targets(settings), consumed, skipped)
+    return Batch(empty_images(settings, 0), empty_targets(settings), consumed, skipped, np.zeros(0, np.int64))
 
 
 __all__ = [

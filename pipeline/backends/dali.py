@@ -152,12 +152,12 @@ class DaliRunner(ProducerThread):
                 except StopIteration:
                     done = True
                     break
-                targets, flips, consumed, nbad, _, empties = self._meta.popleft()
+                targets, flips, consumed, nbad, ids, empties = self._meta.popleft()
                 for item in empties:
                     put(empty_batch(self.settings, *item))
                 images = self._finish(out, flips)
                 targets = targets.to(self.settings.device, non_blocking=True)
-                put(Batch(images, targets, consumed, nbad))
+                put(Batch(images, targets, consumed, nbad, ids))
             if done:
                 for item in self._carry:
                     put(empty_batch(self.settings, *item))

@@ -246,7 +246,7 @@ class NvjpegRunner(ProducerThread):
         images = empty_images(s, len(plan.ids))
         crop_resize(decoded, plan.boxes, plan.flips, images)
         targets = targets_of(s, plan.ids) if masks is None else crop_masks(s, masks, plan)
-        return Batch(images, targets.to(self.device, non_blocking=True), plan.consumed, plan.skipped)
+        return Batch(images, targets.to(self.device, non_blocking=True), plan.consumed, plan.skipped, plan.ids)
 
     # ---- the producer thread -----------------------------------------------------------
     def _produce(self, batches: list, epoch: int, seed: int, out_q: queue.Queue, stop: threading.Event) -> None:

@@ -139,13 +139,16 @@ class PilRunner:
             producer.stop_at_exit(self)
         for (images, masks, bad), ids in zip(it, batches, strict=True):
             targets, consumed, nbad = self._targets(ids, masks, bad), len(ids), int(bad.sum())
+            rows = ids[~bad.numpy()]
             if not len(targets) and s.train:  # nothing loadable: stand-ins, decoded here (rare)
                 stand_in = s.stand_in(ids)
                 images, masks, stand_in_bad = self.dataset[(epoch, seed, stand_in)]
                 targets = self._targets(stand_in, masks, stand_in_bad)
+                rows = stand_in[~stand_in_bad.numpy()]
             if s.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC memory → NCHW shape, channels_last
-            yield Batch(images.to(s.device, non_blocking=True), targets.to(s.device, non_blocking=True), consumed, nbad)
+            images, targets = images.to(s.device, non_blocking=True), targets.to(s.device, non_blocking=True)
+            yield Batch(images, targets, consumed, nbad, rows)
 
     def shutdown(self) -> None:
         """Stop the worker processes now, not when the DataLoader's iterator is collected."""

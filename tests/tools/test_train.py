@@ -221,6 +221,8 @@ def test_cli_choices_are_the_configs():
         "task": config.TASKS,
         "shuffle": config.SHUFFLES,
         "channels": config.CHANNELS,
+        "remode": config.REMODES,
+        "mixup_mode": config.MIXUP_MODES,
     }
 
 
@@ -254,3 +256,24 @@ def test_resume_on_another_process_count_keeps_the_global_batch(data, tmp_path, 
     capsys.readouterr()
     assert cli(["train", str(data), "--out", str(run), *args, "--resume"]) == 1
     assert "keeps the run's global batch of 8 (4 x 2): use --batch-size 8" in capsys.readouterr().err
+
+
+def test_the_timm_recipe_flags_train(data, tmp_path):
+    args = [a for a in ARGS if a != "--deterministic"]
+    recipe = ["--aa", "rand-m9-mstd0.5", "--mixup", "0.8", "--cutmix", "1.0", "--reprob", "0.25", "--smoothing", "0.1"]
+    s = _in_process(["train", str(data), "--out", str(tmp_path / "r"), *args, "--epochs", "1", *recipe])
+    assert s["steps"] == 6 and s["val"]["n"] == 21
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["aa"] == "rand-m9-mstd0.5" and config["mixup"] == 0.8 and config["label_smoothing"] == 0.1
+
+
+def test_mixup_on_a_regression_split_and_a_bad_policy_are_one_line(tmp_path, capsys):
+    from stoker.tools.common.synth import make_regression_csv
+    from stoker.tools.pack import pack
+
+    pack(make_regression_csv(tmp_path / "src", n=16), tmp_path / "reg", workers=1)
+    base = ["train", str(tmp_path / "reg"), "--out", str(tmp_path / "r"), "--batch-size", "4", "--crop", "32"]
+    msg = _one_line_error(capsys, [*base, "--mixup", "0.8"], 2)
+    assert "--mixup/--cutmix mix class targets; this run's task is regress" in msg
+    msg = _one_line_error(capsys, [*base, "--aa", "rand-m9-nope"], 2)
+    assert "aa='rand-m9-nope'" in msg

@@ -28,7 +28,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
-from stoker.pipeline.augment import ops, policies
+from stoker.pipeline.augment import erasing, jitter, ops, policies
 from stoker.pipeline.augment.mixing import Mixing
 
 NEAREST = InterpolationMode.NEAREST
@@ -74,8 +74,8 @@ def _cases(batch: int, size: int):
         ("RandAugment(2, 9)", policies.RandAugment(), v2.RandAugment()),
         ("TrivialAugmentWide()", policies.TrivialAugmentWide(), v2.TrivialAugmentWide()),
         ("AutoAugment(imagenet)", policies.AutoAugment(), v2.AutoAugment()),
-        ("ColorJitter(.4, .4, .4, .1)", policies.ColorJitter(0.4, 0.4, 0.4, 0.1), v2.ColorJitter(0.4, 0.4, 0.4, 0.1)),
-        ("RandomErasing(p=1, const)", policies.RandomErasing(1.0), v2.RandomErasing(1.0)),
+        ("ColorJitter(.4, .4, .4, .1)", jitter.ColorJitter(0.4, 0.4, 0.4, 0.1), v2.ColorJitter(0.4, 0.4, 0.4, 0.1)),
+        ("RandomErasing(p=1, const)", erasing.RandomErasing(1.0), v2.RandomErasing(1.0)),
     ):
         out.append((label, lambda x, t=ours: t(x, ids[: len(x)], **seeded), theirs))
     mix = Mixing(mixup_alpha=0.8, cutmix_alpha=1.0, mode="elem", num_classes=1000)
