@@ -21,6 +21,7 @@ import torchvision
 from accelerate import Accelerator
 from torch import nn
 
+from stoker import StokerError
 from stoker.model import with_normalize
 from stoker.pipeline import Loader
 
@@ -81,4 +82,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except StokerError as e:  # a user's mistake (no val/ split, a bad path): one line, no traceback
+        raise SystemExit(f"accelerate_recipe.py: {e}") from None

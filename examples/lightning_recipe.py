@@ -20,6 +20,7 @@ import torch
 import torchvision
 from torch import nn
 
+from stoker import StokerError
 from stoker.model import with_normalize
 from stoker.pipeline.lightning import StokerDataModule
 
@@ -79,4 +80,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except StokerError as e:  # a user's mistake (no val/ split, a bad path): one line, no traceback
+        raise SystemExit(f"lightning_recipe.py: {e}") from None

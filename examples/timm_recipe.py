@@ -1,12 +1,16 @@
 """timm models on stoker batches: the model's own mean/std, normalized on the device.
 
-    stoker pack images/ data/
+    stoker pack images/ data/ --val-fraction 0.1
     python examples/timm_recipe.py data --model resnet18 --epochs 1 --device cpu
+    python examples/timm_recipe.py data --aa rand-m9-mstd0.5-inc1 --mixup 0.8 --cutmix 1.0 --reprob 0.25
 
 timm models are trained on inputs normalized with *their* statistics (``pretrained_cfg``:
 ImageNet's for most CNNs, 0.5/0.5 for many ViTs), so ``with_normalize`` takes them from the
 model instead of the ImageNet defaults. ``pretrained=False`` here (no download); with
-``pretrained=True`` the same lines apply.
+``pretrained=True`` the same lines apply. timm's training recipe, with its own flag names
+(``--aa``, ``--mixup``, ``--cutmix``, ``--reprob``, ``--smoothing``), runs per sample on the
+device through the Loader (:mod:`stoker.pipeline.augment`); the val crop is the model's
+``crop_pct``.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import timm.data
 import torch
 from torch import nn
 
+from stoker import StokerError
 from stoker.model import with_normalize
 from stoker.pipeline import Loader, Manifest
+from stoker.pipeline.augment import build_augment, build_mixing
 
 
 def timm_model(name: str, *, num_classes: int, pretrained: bool = False, **kwargs) -> tuple[nn.Module, dict]:
@@ -40,6 +46,11 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--steps", type=int, default=None, help="stop each epoch after this many steps")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--aa", default=None, help="timm's RandAugment/AutoAugment string, e.g. rand-m9-mstd0.5-inc1")
+    p.add_argument("--reprob", type=float, default=0.0, help="random erasing probability")
+    p.add_argument("--mixup", type=float, default=0.0, help="MixUp alpha (timm: 0.8)")
+    p.add_argument("--cutmix", type=float, default=0.0, help="CutMix alpha (timm: 1.0)")
+    p.add_argument("--smoothing", type=float, default=0.1, help="label smoothing (timm's default 0.1)")
     return p
 
 
@@ -50,7 +61,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
     model, cfg = timm_model(args.model, num_classes=len(classes))
     crop = args.crop or cfg["input_size"][-1]  # the side the model was built for
     kw = {"batch_size": args.batch_size, "crop": crop, "device": device}
-    with Loader(f"{args.data}/train", train=True, **kw) as train, Loader(f"{args.data}/val", train=False, **kw) as val:
+    augment = (
+        build_augment(args.aa, reprob=args.reprob, mean=cfg["mean"], std=cfg["std"]) if args.aa or args.reprob else None
+    )
+    mixing = build_mixing(args.mixup, args.cutmix, label_smoothing=args.smoothing, num_classes=len(classes))
+    smoothing = 0.0 if mixing is not None else args.smoothing  # with mixing the targets arrive smoothed
+    train_kw = {**kw, "augment": augment, "mixing": mixing}
+    val_kw = {**kw, "crop_pct": cfg.get("crop_pct", 0.875)}
+    with (
+        Loader(f"{args.data}/train", train=True, **train_kw) as train,
+        Loader(f"{args.data}/val", train=False, **val_kw) as val,
+    ):
         model = model.to(device).to(memory_format=torch.channels_last)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         steps, accuracy = 0, 0.0
@@ -59,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             for step, (images, labels) in enumerate(train):  # uint8 NCHW on `device`
                 if args.steps is not None and step == args.steps:
                     break
-                loss = nn.functional.cross_entropy(model(images), labels)
+                # labels: class indices, or soft targets [N, classes] with mixing (as timm's SoftTargetCrossEntropy)
+                loss = nn.functional.cross_entropy(model(images), labels, label_smoothing=smoothing)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -83,4 +105,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except StokerError as e:  # a user's mistake (no val/ split, a bad path): one line, no traceback
+        raise SystemExit(f"timm_recipe.py: {e}") from None

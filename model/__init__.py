@@ -26,6 +26,8 @@ _EXPORTS = {
     "CheckpointError": "checkpoint",
     "save_checkpoint": "checkpoint",
     "load_checkpoint": "checkpoint",
+    "Predictor": "inference",
+    "bare_state_dict": "inference",
 }
 
 __all__ = [
@@ -40,6 +42,8 @@ __all__ = [
     "CheckpointError",
     "save_checkpoint",
     "load_checkpoint",
+    "Predictor",
+    "bare_state_dict",
 ]
 
 if TYPE_CHECKING:

@@ -85,15 +85,21 @@ def save_checkpoint(path: PathLike, state: Mapping[str, Any]) -> Path:
     return path
 
 
-def _to_cpu(obj: Any) -> Any:
+def _to_cpu(obj: Any, seen: dict | None = None) -> Any:
+    """``obj`` with its tensors on the CPU; a tensor met twice (the model's and the bare network's
+    state_dict share their tensors) is copied once, so torch.save stores it once."""
+    seen = {} if seen is None else seen
     if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
+        key = (obj.device, obj.data_ptr(), obj.dtype, tuple(obj.shape), obj.stride())
+        if key not in seen:
+            seen[key] = obj.detach().cpu()
+        return seen[key]
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        return {k: _to_cpu(v, seen) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
+        return [_to_cpu(v, seen) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_to_cpu(v) for v in obj)
+        return tuple(_to_cpu(v, seen) for v in obj)
     if isinstance(obj, str) and type(obj) is not str:
         return str(obj)  # e.g. torch.__version__ (TorchVersion): weights_only refuses the subclass
     return obj

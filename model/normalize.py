@@ -26,8 +26,10 @@ class Normalize(nn.Module):
     so they follow the module across ``.to(device)`` and into the state_dict. The
     arithmetic runs in float32; the result is float32, or the autocast dtype when
     autocast is active on the input's device (the first conv would cast it anyway).
-    The input's memory format (e.g. channels_last) is kept. Float input is accepted
-    and taken to be in the 0..255 scale too.
+    The input's memory format (e.g. channels_last) is kept.
+
+    The input must be uint8: a float batch (``ToTensor()``'s 0..1, or one already normalized)
+    is refused in one line instead of coming out around -2 without a word (normalized twice).
 
     Args:
         mean: Per-channel mean, 0..1 scale.
@@ -46,6 +48,12 @@ class Normalize(nn.Module):
         self.register_buffer("std", (std_t * 255).view(1, -1, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.uint8:
+            raise ValueError(
+                f"Normalize takes uint8 batches (0..255, what stoker's Loader yields), got {x.dtype}: a float batch "
+                "(ToTensor's 0..1, or already normalized) would be normalized twice; feed the uint8 batch, or call "
+                "the network without Normalize (model.net)"
+            )
         if x.dim() != 4 or x.shape[1] != self.mean.shape[1]:
             raise ValueError(f"Normalize expects an N x {self.mean.shape[1]} x H x W batch, got shape {tuple(x.shape)}")
         # .float() and the broadcast arithmetic keep x's memory format (channels_last stays).
@@ -68,7 +76,16 @@ def with_normalize(
 
     Returns ``nn.Sequential(normalize=Normalize(mean, std), net=net)``; state_dict keys of
     ``net`` gain the prefix ``net.``.
+
+    Raises:
+        ValueError: ``net`` already holds a :class:`Normalize` (wrapping it again would normalize
+            twice).
     """
+    if has_normalize(net):
+        raise ValueError(
+            f"{type(net).__name__} already normalizes its input (it holds a stoker Normalize): wrapping it "
+            "again would normalize twice; use it as it is"
+        )
     return nn.Sequential(OrderedDict(normalize=Normalize(mean, std), net=net))
 
 

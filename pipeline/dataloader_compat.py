@@ -37,6 +37,23 @@ class LoaderDataset:
     def root(self) -> Path:
         return self._loader.path
 
+    @property
+    def targets(self) -> list:
+        """Every loadable sample's target in stored order (ImageFolder's ``targets``): class
+        indices, or the float values / multi-hot rows (read from the shards; a mask split's
+        targets are images, see the Loader's batches)."""
+        index = self._loader.index
+        if index.target.kind == "mask":
+            raise TypeError("loader.dataset.targets: a mask split's targets are images; iterate the Loader")
+        return index.targets(index.valid).tolist()
+
+    @property
+    def samples(self) -> list:
+        """``(sample key, target)`` per loadable sample in stored order (ImageFolder's ``samples``
+        holds paths; a shard sample's name is its key)."""
+        index = self._loader.index
+        return [(index.key(int(i)), t) for i, t in zip(index.valid.tolist(), self.targets, strict=True)]
+
     def __getitem__(self, i: int):
         raise TypeError(
             f"loader.dataset[{i!r}]: stoker's Loader decodes whole batches, there is no per-sample "
@@ -92,8 +109,15 @@ class LoaderBatchSampler(LoaderSampler):
         return (idx[s : min(s + size, stop)].tolist() for s in range(0, stop, size))
 
 
-#: torch DataLoader arguments people pass out of habit -> what the Loader takes instead
+#: torch DataLoader (and Dataset) arguments people pass out of habit -> what the Loader takes instead
 _DATALOADER_HABITS = {
+    "transform": "augment= (per-sample augmentation on the device: a policy like 'rand-m9-mstd0.5' or a "
+    "stoker.pipeline.augment transform) and crop=/scale=/ratio= for the crop; normalize in the model "
+    "(stoker.model.with_normalize), not in the loader",
+    "target_transform": "nothing (targets arrive as tensors on the device: transform them there)",
+    "pin_memory_device": "device='cuda:N' (batches arrive on the device already)",
+    "in_order": "nothing (the order is always the Loader's, exact and resumable)",
+    "dataset": "the split's path as the first argument (a folder stoker pack wrote)",
     "num_workers": "threads=N (decode threads; default: all usable cores)",
     "shuffle": "train=True (a fresh global permutation every epoch) or train=False (stored order); "
     "shuffle='block' (shards permuted, samples within windows of shards) for a bounded cache",
@@ -114,7 +138,10 @@ def habit_message(kwargs: dict) -> str:
     """What to pass instead of each DataLoader argument in ``kwargs``; TypeError for any other."""
     unknown = sorted(set(kwargs) - set(_DATALOADER_HABITS))
     if unknown:
-        raise TypeError(f"Loader() got an unexpected keyword argument {unknown[0]!r}")
+        raise TypeError(
+            f"Loader() got an unexpected keyword argument {unknown[0]!r} (see help(stoker.pipeline.Loader) "
+            "for its arguments)"
+        )
     return "; ".join(
         f"{name}= is a torch DataLoader argument: stoker's Loader takes {_DATALOADER_HABITS[name]}" for name in kwargs
     )

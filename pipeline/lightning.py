@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import MissingExtraError
+from stoker.errors import MissingExtraError, UsageError
 
 from .fsutil import PathLike
 
@@ -58,6 +58,9 @@ class StokerDataModule(pl.LightningDataModule):
         train_split, val_split: split folder names under ``root`` (``val_split=None``: no val).
         device: where batches land; default: the trainer's device when it is CPU or CUDA,
             else ``"cpu"`` (Lightning then moves the batch).
+        augment, mixing: the train Loader's per-sample augmentation and MixUp/CutMix
+            (:mod:`stoker.pipeline.augment`: ``augment="rand-m9-mstd0.5-inc1"``,
+            ``mixing=build_mixing(0.8, 1.0, num_classes=...)``); val batches are not augmented.
         **loader_kwargs: passed to both Loaders (``backend``, ``threads``, ``channels_last``, ...).
 
     Batches are uint8 ``[N, C, H, W]`` images and the split's targets (int64 classes, float32
@@ -76,6 +79,8 @@ class StokerDataModule(pl.LightningDataModule):
         train_split: str = "train",
         val_split: str | None = "val",
         device: str | Any | None = None,
+        augment: Any = None,
+        mixing: Any = None,
         **loader_kwargs: Any,
     ):
         super().__init__()
@@ -90,7 +95,13 @@ class StokerDataModule(pl.LightningDataModule):
         self.crop, self.seed, self.device = crop, seed, device
         self.train_split, self.val_split = train_split, val_split
         self.loader_kwargs = loader_kwargs
+        self.augment, self.mixing = augment, mixing
         self._loaders: dict = {}
+        if val_split is not None and not (self.root / val_split / "stoker.json").exists() and "://" not in str(root):
+            raise UsageError(
+                f"{self.root} has no {val_split}/ split (no {self.root / val_split / 'stoker.json'}): pass "
+                "val_split=None to train without validation, or pack with --val-fraction 0.1"
+            )
 
     # ---- what the trainer tells us --------------------------------------------------------
     def _placement(self) -> tuple[int, int, Any]:
@@ -103,7 +114,7 @@ class StokerDataModule(pl.LightningDataModule):
             device = root if root.type in ("cpu", "cuda") else "cpu"
         return trainer.global_rank, trainer.world_size, device
 
-    def _loader(self, split: str, *, train: bool, batch_size: int):
+    def _loader(self, split: str, *, train: bool, batch_size: int, **recipe: Any):
         from .loader import Loader
 
         rank, world, device = self._placement()
@@ -121,13 +132,15 @@ class StokerDataModule(pl.LightningDataModule):
                 world_size=world,
                 device=device,
                 **self.loader_kwargs,
+                **recipe,
             )
             self._loaders[key] = loader
         return loader
 
     # ---- LightningDataModule --------------------------------------------------------------
     def train_dataloader(self):
-        return self._loader(self.train_split, train=True, batch_size=self.batch_size)
+        recipe = {k: v for k, v in (("augment", self.augment), ("mixing", self.mixing)) if v is not None}
+        return self._loader(self.train_split, train=True, batch_size=self.batch_size, **recipe)
 
     def val_dataloader(self):
         if self.val_split is None:

@@ -291,6 +291,7 @@ class Loader:
             raise ValueError(f"{self.path} has no loadable samples")
         self._check_every_rank_has_a_batch()
         self.augment, self.mixing = self._recipe(augment, mixing)
+        self._check_stored_size()
         if self.cache is not None:
             self._check_cache_limit()
         #: samples excluded up front (``pack["skip"]`` or missing image/cls component)
@@ -563,6 +564,26 @@ class Loader:
         finally:
             fetched.close()  # a window download in flight ends before the iteration does
 
+    def _check_stored_size(self) -> None:
+        """Say once when the pack stored the images smaller than this Loader needs them: every
+        crop (train) or val image would be upsampled, which is almost always a mistake."""
+        pack = self.index.manifest.pack
+        short = int(pack.get("short_side") or 0)
+        if not short:
+            return
+        crops = self.crops
+        need = crops.val_resize or min(crops.size) / crops.crop_pct if not self.train else min(crops.size)
+        if need <= short:
+            return
+        what = "every val image is resized up" if not self.train else "every crop is upsampled"
+        warnings.warn(
+            f"stoker Loader {self.path}: crop={self.crop} needs a shorter side of {need:.0f}px, but the split was "
+            f"packed with --short-side {short} (no stored image is larger): {what}; repack with --short-side "
+            f"{int(-(-need // 1))} or more (0 keeps the original sizes)",
+            UserWarning,
+            stacklevel=3,
+        )
+
     def _recipe(self, augment: Any, mixing: Any) -> tuple:
         """The augmentation and mixing of train batches, checked against the split's targets."""
         if (augment is not None or mixing is not None) and not self.train:
@@ -654,6 +675,21 @@ class Loader:
     def batch_sampler(self) -> LoaderBatchSampler:
         """This rank's batches of sample positions; ``set_epoch`` as on :attr:`sampler`."""
         return LoaderBatchSampler(self)
+
+    @property
+    def num_workers(self) -> int:
+        """The decode threads / pillow worker processes (``threads``; a DataLoader's name for it)."""
+        return self.threads
+
+    @property
+    def prefetch_factor(self):
+        """Not a Loader's (it prepares ``prefetch`` batches itself). Read by code that rebuilds a torch
+        DataLoader from this one, e.g. ``accelerator.skip_first_batches``: refused in one line."""
+        raise LoaderError(
+            "stoker's Loader cannot be rebuilt as a torch DataLoader (accelerator.skip_first_batches does that): "
+            "it resumes mid-epoch with its own state, loader.load_state_dict(state) with state from "
+            "loader.state_dict() (accelerator.register_for_checkpointing(loader) saves and loads it)"
+        )
 
     def close(self) -> None:
         """Stop any iteration and release the decode pipeline and the shard maps. The Loader

@@ -66,8 +66,8 @@ def test_every_error_is_a_stoker_error_named_error():
         assert issubclass(c, errors.StokerError), c
         assert c.__name__.endswith("Error"), c
     # and no module of the package defines an exception of its own elsewhere
-    for path in ROOT.rglob("*.py"):
-        if SKIP_DIRS & set(path.relative_to(ROOT).parts) or path.name == "errors.py":
+    for path in _sources():
+        if path.name == "errors.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
@@ -75,6 +75,16 @@ def test_every_error_is_a_stoker_error_named_error():
                 assert not bases & {"Exception", "StokerError", "ValueError", "RuntimeError"} or node.name == "Skip", (
                     f"{path}: class {node.name} belongs in stoker/errors.py"
                 )
+
+
+def _sources() -> list[Path]:
+    """The package's .py files (the walk never enters .venv, build, tests, ...)."""
+    out = []
+    for folder, dirs, files in os.walk(ROOT):
+        rel = Path(folder).relative_to(ROOT)
+        dirs[:] = [d for d in dirs if not (rel == Path(".") and d in SKIP_DIRS) and not d.startswith((".", "__"))]
+        out += [Path(folder) / f for f in files if f.endswith(".py")]
+    return out
 
 
 def _module_name(path: Path) -> str:
@@ -118,11 +128,7 @@ def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
 
 
 def test_no_import_cycles():
-    paths = {
-        _module_name(p): p
-        for p in ROOT.rglob("*.py")
-        if not SKIP_DIRS & set(p.relative_to(ROOT).parts) and p.name != "__main__.py"
-    }
+    paths = {_module_name(p): p for p in _sources() if p.name != "__main__.py"}
     graph = {m: _imports(p, m, set(paths)) for m, p in paths.items()}
     # a package's __init__ re-exporting its own modules is not a cycle of the house
     for m in graph:

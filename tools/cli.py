@@ -27,17 +27,29 @@ COMMANDS = {
 }
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The commands' help: the description as written, and every option's default shown (unless
+    its help already says it, or it has none worth saying)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        quiet = action.default in (None, False, argparse.SUPPRESS) or isinstance(action, argparse._VersionAction)
+        if "default" in text or quiet or action.option_strings == [] and action.nargs in ("?", "*"):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stoker", description="Keep the GPU fed: pack, load, train, measure.")
-    parser.add_argument("--version", action="version", version=f"stoker {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("-V", "--version", action="version", version=f"stoker {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, modname in COMMANDS.items():
         mod = importlib.import_module(f"stoker.tools.{modname}")
         p = sub.add_parser(
             name,
             help=mod.HELP,
             description=(mod.__doc__ or mod.HELP).strip(),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=HelpFormatter,
         )
         mod.add_arguments(p)
         p.set_defaults(_main=mod.main)
@@ -47,6 +59,9 @@ def get_args_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = get_args_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # bare `stoker`: what it can do, and exit 0 (not argparse's usage error)
+        parser.print_help()
+        return 0
     try:
         return int(args._main(args) or 0)
     except StokerError as e:

@@ -75,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="normalization mean per channel, 0..1 scale (default: ImageNet's; their average for 1 channel)",
     )
     p.add_argument("--std", type=_floats, default=None, metavar="S[,S,S]", help="normalization std, as --mean")
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=5, help="epochs to train")
     p.add_argument("--batch-size", type=int, default=64, help="per process (default: %(default)s)")
     p.add_argument(
         "--crop",
@@ -134,7 +134,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PX",
         help="val: the shorter side before the center crop, instead of --crop-pct (torchvision's Resize)",
     )
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="SGD (Nesterov) or AdamW")
     p.add_argument(
         "--lr", type=float, default=None, help="peak learning rate (default: sgd 0.1 x global batch/256, adamw 1e-3)"
     )
@@ -164,7 +164,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--torch-threads", type=int, default=None, help="torch intra-op threads (CPU training; default: torch's choice)"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the order, the augmentation and the initial weights")
     p.add_argument(
         "--deterministic",
         action="store_true",
@@ -189,6 +189,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "processes (torchrun --nproc_per_node): the epoch goes on with the samples not yet seen, each once. "
         "The run keeps its global batch (--batch-size x processes), so its steps per epoch and its "
         "learning-rate schedule (per step) are unchanged: with 2 -> 1 processes pass twice the --batch-size",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run RUN holds (its config, metrics and checkpoints are removed first); without it "
+        "and without --resume an existing run is refused",
     )
     p.add_argument("--plot", action="store_true", help="write RUN/curves.png (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -285,13 +291,18 @@ def format_summary(s: dict) -> str:
         return "-" if v is None else f"{100 * v:.1f}%"
 
     ips = "-" if s["images_per_s"] is None else f"{s['images_per_s']:.0f}"
-    lines = [
-        f"run        {s['run_dir']}  ({s['arch']}, {s['device']}, amp {s['amp']}, {s['world_size']} process(es))",
-        f"steps      {s['steps']}/{s['total_steps']} in {s['seconds']:.1f} s"
-        + (f"  (stopped by {s['interrupted']}; continue with --resume)" if s["interrupted"] else ""),
-        f"speed      {ips} images/s, data wait {pct(s['data_wait'])} of train time",
-        f"loss       train {s['train_loss']:.4f}" + (f", val {s['val_loss']:.4f}" if s["val_loss"] is not None else ""),
-    ]
+    run = f"run        {s['run_dir']}  ({s['arch']}, {s['device']}, amp {s['amp']}, {s['world_size']} process(es))"
+    if s.get("complete") and s["images_per_s"] is None:  # resumed at its last step: nothing ran
+        lines = [run, f"steps      {s['steps']}/{s['total_steps']}: the run is complete (nothing was left to train)"]
+    else:
+        lines = [
+            run,
+            f"steps      {s['steps']}/{s['total_steps']} in {s['seconds']:.1f} s"
+            + (f"  (stopped by {s['interrupted']}; continue with --resume)" if s["interrupted"] else ""),
+            f"speed      {ips} images/s, data wait {pct(s['data_wait'])} of train time",
+        ]
+    val_loss = f", val {s['val_loss']:.4f}" if s["val_loss"] is not None else ""
+    lines.append(f"loss       train {s['train_loss']:.4f}{val_loss}")
     if s.get("val"):
         from stoker.model.train.loop import format_val
 

@@ -35,6 +35,8 @@ BEST = "best.pt"
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
 PLOT = "curves.png"
+#: what a run writes into its directory (``--overwrite`` removes them, nothing else)
+RUN_FILES = (CONFIG, METRICS, LAST, BEST, PLOT)
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -52,7 +54,8 @@ class TrainConfig:
     ``weight_decay=None`` picks 5e-5 for SGD, 0.05 for AdamW (never on norms and biases).
     ``threads`` goes to the Loader; ``torch_threads`` sets ``torch.set_num_threads`` (CPU
     training: leave cores to the loader). ``ckpt_every=0`` checkpoints at epoch ends only.
-    ``resume``: ``"auto"`` (RUN/last.pt) or a checkpoint path. ``num_classes=None`` reads the
+    ``resume``: ``"auto"`` (RUN/last.pt) or a checkpoint path; without it a RUN that holds a run
+    is refused unless ``overwrite`` (its run files are removed first). ``num_classes=None`` reads the
     class list from the train manifest. ``task="auto"`` trains what the split's targets are.
     ``channels=None`` is 3 (RGB); 1 trains on grayscale, the network's first layer built for it.
     ``mean``/``std`` (0..1 scale) default to ImageNet's (their average for one channel).
@@ -107,6 +110,7 @@ class TrainConfig:
     log_every: int = 20
     ckpt_every: int = 0
     resume: str | None = None
+    overwrite: bool = False
     plot: bool = False
     progress: bool = True
     num_classes: int | None = None

@@ -82,12 +82,17 @@ class _Loop:
 
         run, cfg = self.run, self.run.cfg
         t_start = time.perf_counter()
+        if run.complete:  # resumed from its last step: say so, and report what the run reached
+            run.log(f"{run.out} is complete ({run.step}/{run.total_steps} steps): nothing to resume")
+            self._from_metrics()
+            return self._summary(time.perf_counter() - t_start)
         bar = tqdm(
             total=run.total_steps,
             initial=run.step,
             unit="step",
             dynamic_ncols=True,
-            disable=not (run.dist.main and cfg.progress),
+            # progress bars only on a terminal: in a log file they are kilobytes of carriage returns
+            disable=None if run.dist.main and cfg.progress else True,
             file=sys.stderr,
         )
         with StopSignals() as signals:
@@ -193,6 +198,19 @@ class _Loop:
             run.best_score = score
             run.checkpoint(epoch=epoch, epoch_complete=True, path=run.out / BEST)
 
+    def _from_metrics(self) -> None:
+        """The last train loss and val figures a finished run wrote (``RUN/metrics.jsonl``)."""
+        import json
+
+        path = self.run.out / METRICS
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        train = [r for r in rows if r.get("kind") == "train"]
+        val = [r for r in rows if r.get("kind") == "val"]
+        if train:
+            self.last_loss = train[-1]["loss"]
+        if val:
+            self.val = {k: v for k, v in val[-1].items() if k not in ("kind", "epoch", "step", "time")}
+
     def _summary(self, seconds: float) -> dict[str, Any]:
         run = self.run
         timed = self.windows[1:] if len(self.windows) > 1 else self.windows  # the first holds warm-up/compile
@@ -219,6 +237,7 @@ class _Loop:
             "val_loss": val.get("loss"),
             "val_samples": val.get("n"),
             "interrupted": signal.Signals(self.stopped).name if self.stopped else None,
+            "complete": run.step >= run.total_steps,
             "weights_sha256": weights_digest(run.raw),
         }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -24,9 +25,10 @@ from stoker.pipeline.fsutil import atomic_write
 from stoker.pipeline.storage import redact_options
 
 from ..checkpoint import load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
+from ..inference import bare_state_dict
 from ..nets import build_model, count_parameters
 from ..normalize import default_stats, with_normalize
-from .config import CONFIG, DEFAULT_ARCH, LAST, METRICS, TrainConfig
+from .config import CONFIG, DEFAULT_ARCH, LAST, METRICS, RUN_FILES, TrainConfig
 from .runtime import (
     Dist,
     init_distributed,
@@ -58,6 +60,7 @@ class Run:
         self.start_epoch, self.step, self.epoch_step = 0, 0, 0
         self.best_score = float("-inf")
         self.loader_state: dict | None = None  # the train loader's position to resume from, once
+        self.complete = False  # resumed from the run's last step
 
     # rank-0 outputs ------------------------------------------------------------
     def log(self, msg: str) -> None:
@@ -81,6 +84,8 @@ class Run:
                 path or self.out / LAST,
                 {
                     "model": self.raw.state_dict(),
+                    # the bare network's (what a stock model of the arch loads); shares the storages
+                    "net": bare_state_dict(self.raw),
                     "optimizer": self.optimizer.state_dict(),
                     "scaler": self.scaler.state_dict(),
                     "scheduler": self.scheduler.state_dict(),
@@ -106,6 +111,7 @@ class Run:
         """Build everything (a bad setting fails before any I/O it can), resume when asked, and
         write the resolved config (rank 0)."""
         cfg = self.cfg
+        self._check_run_dir()
         self._start_runtime()
         train_dir, val_dir = self._split_dirs()
         classes, num_classes = self._task(train_dir)
@@ -156,6 +162,23 @@ class Run:
             with atomic_write(self.out / CONFIG, "w") as f:
                 json.dump(self.resolved, f, indent=1, default=str)
                 f.write("\n")
+
+    def _check_run_dir(self) -> None:
+        """A run directory that already holds a run is continued (``--resume``) or replaced
+        (``--overwrite``, its run files removed), never silently written over."""
+        cfg = self.cfg
+        files = [self.out / name for name in RUN_FILES]
+        held = [f.name for f in files if f.exists()]
+        if not held or cfg.resume:
+            return
+        if not cfg.overwrite:
+            raise ValueError(
+                f"{self.out} already holds a run ({', '.join(held)}): continue it with --resume, replace it "
+                "with --overwrite, or give another --out"
+            )
+        for f in files:  # rank 0 alone writes the run directory; the others wait for it in setup
+            if f.exists() and int(os.environ.get("RANK", "0")) == 0:
+                f.unlink()
 
     def _start_runtime(self) -> None:
         cfg = self.cfg
@@ -260,6 +283,11 @@ class Run:
             if self._has_split(val_dir)
             else None
         )
+        if self.val_loader is None:
+            self.log(
+                f"no val split in {cfg.data} ({val_dir} is missing): training without validation, so no best.pt; "
+                "pack with --val-fraction 0.1 (or a val/ folder) to get one"
+            )
         self.train_loader.set_epoch(0)
         self.steps_per_epoch = len(self.train_loader)
         if self.steps_per_epoch < 1:
@@ -376,6 +404,8 @@ class Run:
             self.start_epoch, self.epoch_step = int(state["epoch"]), int(state["epoch_step"])
             self.loader_state = state["loader"]
         self.resolved["resumed_from"] = {"path": str(path), "step": self.step, "world_size": old_world}
+        #: the checkpoint is the run's last step: nothing is left to train
+        self.complete = self.step >= self.total_steps
         self.log(
             f"resumed from {path} at step {self.step} (epoch {self.start_epoch + 1}, "
             f"step {self.epoch_step} of {self.steps_per_epoch})"

@@ -186,7 +186,7 @@ def test_checkpoint_of_another_arch_is_refused(data, full_run, tmp_path, capsys)
             *ARGS,
             "--arch",
             "resnet18",
-            "--resume",
+            "--resume-from",
             str(full / "last.pt"),
         ],
         1,

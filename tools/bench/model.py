@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
     p.add_argument("--batch-size", type=int, default=None, help="default: 256 on GPU, 16 on CPU")
     p.add_argument("--image-size", type=int, default=None, help="default: 224 on GPU, 64 on CPU")
-    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--num-classes", type=int, default=1000, help="outputs of the networks measured")
     p.add_argument(
         "--amp", default=None, help="comma-separated fp32,bf16,fp16 (default: all three on GPU, fp32,bf16 on CPU)"
     )
@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps-min", type=int, default=5, help="timed steps per setting at least (default: %(default)s)")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
 @dataclasses.dataclass

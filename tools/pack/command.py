@@ -50,6 +50,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -188,6 +189,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--json", action="store_true", help="print the result as JSON (PackResult.to_dict())")
     g = p.add_argument_group("object storage (OUT is a URL)")
     g.add_argument(
         "--storage-option",
@@ -245,13 +247,13 @@ def main(args: argparse.Namespace) -> int:
                 progress=not args.quiet,
             )
     except InputsRejectedError as e:  # the pack is done: its summary, then the error
-        _print(e.result)
+        _print(e.result, args.json)
         raise
-    _print(result)
+    _print(result, args.json)
     return 0
 
 
-def _print(result: PackResult) -> None:
+def _print(result: PackResult, as_json: bool = False) -> None:
     for line in result.notes():
         print(line, file=sys.stderr)
-    print(result.summary())
+    print(json.dumps(result.to_dict(), indent=1) if as_json else result.summary())

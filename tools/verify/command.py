@@ -21,6 +21,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -252,6 +253,7 @@ def _run(job):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the result as JSON (VerifyResult.to_dict())")
     p.add_argument(
         "dir",
         metavar="DIR",
@@ -428,6 +430,11 @@ def main(args: argparse.Namespace) -> int:
         storage_options=parse_storage_options(args.storage_option),
         progress=not args.quiet,
     )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1, default=str))
+        if not result.ok:
+            raise CheckFailedError(result.failure())
+        return 0
     print(result.table())
     if not result.ok:
         for line in result.problem_lines():

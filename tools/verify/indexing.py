@@ -35,6 +35,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -47,6 +48,7 @@ from stoker.pipeline.shards.idx import MAX_CLASSES, image_component, read_label,
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
 from stoker.pipeline.shards.targets import IGNORE_INDEX, MEMBERS, TARGET_KINDS, Target
 
+from ..common.results import Result
 from .command import ImageChecker, fork_method
 
 HELP = "write .idx files and a stoker.json for foreign WebDataset shards"
@@ -80,6 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-check", action="store_true", help="do not decode the images (faster; nothing is skipped)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes indexing shards in parallel")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (IndexResult.to_dict())")
 
 
 def _tars(shards: Sequence[str | Path]) -> list[Path]:
@@ -296,7 +299,7 @@ def _previous(folder: Path, tars: list[Path], notes: list[str]) -> Manifest | No
 
 
 @dataclasses.dataclass
-class IndexResult:
+class IndexResult(Result):
     """What :func:`index` wrote.
 
     Attributes:
@@ -503,11 +506,11 @@ def main(args: argparse.Namespace) -> int:
             ignore_index=args.ignore_index,
         )
     except MostSkippedError as e:  # written: its summary, then the error
-        print(e.result.summary())
+        print(json.dumps(e.result.to_dict(), indent=1, default=str) if args.json else e.result.summary())
         raise
     for line in result.notes:
         print(line, file=sys.stderr)
-    print(result.summary())
+    print(json.dumps(result.to_dict(), indent=1, default=str) if args.json else result.summary())
     return 0
 
 

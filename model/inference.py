@@ -1,0 +1,115 @@
+"""A trained run's network for inference: the same resize, crop and normalization as validation.
+
+>>> from stoker.model import Predictor
+>>> predict = Predictor.from_checkpoint("runs/r50/best.pt", device="cuda")   # doctest: +SKIP
+>>> logits = predict(["cat.jpg", "dog.png"])       # the val transform, then the network
+>>> batch = predict.preprocess(["cat.jpg"])        # uint8 [1, 3, 224, 224], as the Loader's val batch
+
+A checkpoint also carries the bare network's ``state_dict`` (key ``"net"``: no Normalize in front,
+no wrapper), what ``torchvision.models.resnet50().load_state_dict(...)`` takes:
+``torch.load("best.pt", weights_only=True)["net"]``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .checkpoint import load_checkpoint, load_model_state
+from .nets import SegmentationOutput, build_model
+from .normalize import Normalize, with_normalize
+
+
+def bare_state_dict(model: nn.Module) -> dict:
+    """The state_dict of the network inside ``with_normalize(...)`` (and inside the segmentation
+    wrapper): the keys a stock model of its architecture loads."""
+    net = (
+        model.net
+        if isinstance(model, nn.Sequential) and isinstance(getattr(model, "normalize", None), Normalize)
+        else model
+    )
+    if isinstance(net, SegmentationOutput):
+        net = net.net
+    return net.state_dict()
+
+
+class Predictor:
+    """A run's network with its validation transform: ``predictor(images) -> outputs``.
+
+    Args:
+        model: the network with :class:`~.normalize.Normalize` in front (takes uint8 batches).
+        config: the run's resolved config (``RUN/config.json``; a checkpoint's ``"config"``).
+        device: where the network runs.
+    """
+
+    def __init__(self, model: nn.Module, config: dict, *, device: str | torch.device = "cpu"):
+        from stoker.pipeline.augment import CropSpec
+
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.config = dict(config)
+        crop = config.get("crop", 224)
+        self.crops = CropSpec.of(
+            tuple(crop) if isinstance(crop, list) else crop,
+            crop_pct=config.get("crop_pct"),
+            val_resize=config.get("val_resize"),
+        )
+        self.channels = int(config.get("channels") or 3)
+        self.classes = config.get("classes")
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, *, device: str | torch.device = "cpu") -> Predictor:
+        """The network of the checkpoint at ``path`` (``RUN/best.pt`` or ``last.pt``), built as its
+        run built it."""
+        state = load_checkpoint(path)
+        cfg = state["config"]
+        crop = cfg.get("crop", 224)
+        side = crop if isinstance(crop, int) else min(crop)
+        net = build_model(
+            cfg["arch"],
+            cfg["num_outputs"],
+            image_size=side,
+            in_channels=int(cfg.get("channels") or 3),
+            task=cfg.get("task", "classify"),
+        )
+        model = with_normalize(net, cfg.get("mean") or (0.485, 0.456, 0.406), cfg.get("std") or (0.229, 0.224, 0.225))
+        load_model_state(model, state["model"], source=str(path))
+        return cls(model, cfg, device=device)
+
+    def preprocess(self, images: Sequence[Any]) -> torch.Tensor:
+        """The val transform of the Loader: each image (a path, bytes, or a PIL image) resized so
+        its shorter side is ``min(crop) / crop_pct`` (or ``val_resize``), center-cropped to
+        ``crop``, antialiased bilinear; a uint8 ``[N, C, H, W]`` batch on the device."""
+        from PIL import Image
+
+        from stoker.pipeline.augment import center_crop
+        from stoker.pipeline.backends.resize import MODES, decode_region, resize_into
+
+        h, w = self.crops.size
+        out = np.empty((len(images), self.channels, h, w), np.uint8)
+        for k, image in enumerate(images):
+            if isinstance(image, (str, Path)):
+                image = Path(image).read_bytes()
+            data = bytes(image) if isinstance(image, (bytes, bytearray)) else None
+            size = Image.open(io.BytesIO(data)).size if data is not None else image.size
+            box = center_crop(np.array([size]), self.crops.size, self.crops.crop_pct, resize=self.crops.val_resize)[0]
+            if data is not None:  # decoded as the Loader's pil backend decodes (DCT scaling included)
+                image, box = decode_region(data, box, (h, w), self.channels)
+            else:
+                image = image.convert(MODES[self.channels])
+            resize_into(out, k, image, (h, w), False, box=tuple(box))
+        return torch.from_numpy(out).to(self.device)
+
+    @torch.no_grad()
+    def __call__(self, images: Sequence[Any]) -> torch.Tensor:
+        """The network's outputs for ``images`` (logits, values, or per-pixel logits)."""
+        return self.model(self.preprocess(images))
+
+
+__all__ = ["Predictor", "bare_state_dict"]
