@@ -35,7 +35,7 @@ from .errors import (
     UsageError,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {
     "Loader": "stoker.pipeline.loader",
