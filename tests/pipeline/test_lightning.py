@@ -228,3 +228,17 @@ def test_ddp_two_processes_exact_epochs(tmp_path):
         assert sorted(val[0] + val[1]) == list(range(17))  # every val sample exactly once
     assert sorted(len(r["val"]["0"]) for r in ranks) == [8, 9]
     assert all(len(r["sanity"]) == 2 for r in ranks)
+
+
+def test_the_datamodule_serves_a_mask_split_with_its_target(tmp_path):
+    from stoker.tools.common.synth import make_segmentation_tree
+    from stoker.tools.pack import pack
+
+    images, masks = make_segmentation_tree(tmp_path / "src", n=10, seed=2, min_side=40, max_side=60)
+    pack(images, tmp_path / "data", masks=masks, num_classes=4, val_fraction=0.2, workers=1)
+    dm = StokerDataModule(tmp_path / "data", batch_size=4, crop=32, backend="pil", threads=0, augment="ta_wide")
+    assert dm.target.kind == "mask" and dm.num_classes == 4
+    x, m = next(iter(dm.train_dataloader()))
+    assert x.dtype == torch.uint8 and m.shape == (4, 32, 32) and m.dtype == torch.uint8
+    vx, vm = next(iter(dm.val_dataloader()))
+    assert vm.shape[1:] == (32, 32)

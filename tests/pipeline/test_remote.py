@@ -445,3 +445,20 @@ def test_bench_and_diagnose_take_a_url(remote, tmp_path, monkeypatch):
     assert all((local / p.name).read_bytes() == p.read_bytes() for p in split.glob("*.tar"))
     result = bench(url, only=["stoker-pil"], batch_size=8, crop=24, seconds=2, epochs=1, warmup=1, workers=1)
     assert result.data == str(local) and result.rows and result.rows[0].get("img_s", 0) > 0, result.rows
+
+
+def test_a_mask_split_from_s3_in_block_mode_reads_like_the_local_copy(tmp_path, s3env):
+    from stoker.tools.common.synth import make_segmentation_tree
+    from stoker.tools.pack import pack
+
+    images, masks = make_segmentation_tree(tmp_path / "src", n=12, seed=1, min_side=40, max_side=60)
+    pack(images, tmp_path / "local", masks=masks, num_classes=4, samples_per_shard=3, workers=1)
+    url = upload(s3env, tmp_path / "local" / "train", s3env.bucket(), "seg/train")
+    kw = dict(KW, shuffle="block", block_shards=2, seed=3)
+    local = Loader(tmp_path / "local" / "train", **kw)
+    remote = Loader(url, cache_dir=tmp_path / "cache", cache_limit=10**8, **kw)
+    for e in (0, 1):
+        local.set_epoch(e)
+        remote.set_epoch(e)
+        for (a, ma), (b, mb) in zip(local, remote, strict=True):
+            assert torch.equal(a, b) and torch.equal(ma, mb) and ma.shape == (len(a), 24, 24)
