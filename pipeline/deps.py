@@ -6,6 +6,9 @@ import functools
 import importlib.util
 import os
 
+# stdlib-only at its top and importing nothing of stoker's but .resize: no cycle, nothing heavy
+from .backends import decoders
+
 
 def _importable(name: str) -> bool:
     try:
@@ -58,15 +61,14 @@ def pillow_info() -> dict:
     }
 
 
-#: a 16x8 baseline RGB JPEG (287 bytes) for the GPU decode probe
-_PROBE_JPEG = (
-    "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAgGBgcGBQgHBwcJCQgKDBQNDAsLDBkSEw8UHRofHh0aHBwgJC4nICIsIxwcKDcpLDAxNDQ0Hyc5"
-    "PTgyPC4zNDL/2wBDAQkJCQwLDBgNDRgyIRwhMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjL/wAAR"
-    "CAAIABADASIAAhEBAxEB/8QAFQABAQAAAAAAAAAAAAAAAAAAAAb/xAAUEAEAAAAAAAAAAAAAAAAAAAAA/8QAFQEBAQAAAAAAAAAAAAAAAAAA"
-    "BAf/xAAUEQEAAAAAAAAAAAAAAAAAAAAA/9oADAMBAAIRAxEAPwCTADUp/9k="
-)
+#: the probe JPEG (a 16x8 red baseline JPEG), base64: :data:`.backends.decoders.PROBE_JPEG`
+_PROBE_JPEG = decoders.PROBE_JPEG
 
 BACKEND_NAMES = ("auto", "dali", "nvjpeg", "pil")
+
+
+#: the nvjpeg backend's decoders (:mod:`.backends.decoders`), ``"auto"`` first
+DECODER_NAMES = ("auto", *decoders.NAMES)
 
 
 @functools.cache
@@ -76,34 +78,58 @@ def gpu_jpeg_decode(device: str = "cuda") -> tuple[bool, str]:
     tiny embedded JPEG there; never raises."""
     if not has_cuda():
         return False, "torch sees no CUDA device"
-    try:
-        import base64
-
-        import torch
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        data = torch.frombuffer(bytearray(base64.b64decode(_PROBE_JPEG)), dtype=torch.uint8)
-        (img,) = decode_jpeg([data], mode=ImageReadMode.RGB, device=device)
-        if tuple(img.shape) != (3, 8, 16) or img.device.type != "cuda":
-            return False, f"torchvision decoded the probe JPEG to {tuple(img.shape)} on {img.device}"
-        # the probe is red: a decoder that runs but returns garbage does not count
-        if not 170 <= int(img[0].float().mean()) <= 230:
-            return False, "torchvision's GPU decode returned wrong pixels for the probe JPEG"
-    except Exception as e:  # noqa: BLE001 - any failure means: not usable, say why
-        return False, " ".join(f"{type(e).__name__}: {e}".split())[:200]
-    import torchvision
-
-    return True, f"torchvision {torchvision.__version__} decodes JPEGs on the GPU (nvJPEG)"
+    return decoders.probe("torchvision", device)
 
 
-def resolve_backend(requested: str, device_type: str) -> tuple[str, str]:
+def _probe(name: str, device: str) -> tuple[bool, str]:
+    """Decoder ``name``'s probe on ``device``; torchvision's on CUDA is :func:`gpu_jpeg_decode`."""
+    if name == "torchvision" and device.startswith("cuda"):
+        return gpu_jpeg_decode(device)
+    return decoders.probe(name, device)
+
+
+def resolve_decoder(requested: str, device) -> tuple[str, str]:
+    """The nvjpeg backend's decoder for ``requested`` on ``device`` (``"cpu"``, ``"cuda"``,
+    ``"cuda:N"`` or a ``torch.device``), and why: ``(name, reason)``.
+
+    ``"auto"`` on a CUDA device picks the first of nvImageCodec (hardware decoder, region
+    decode), TorchCodec and torchvision whose probe decode works there (each probed once per
+    process); on the CPU, torchvision's CPU decode (libjpeg-turbo), probing nothing.
+
+    Raises:
+        ValueError: an unknown name, or an explicit decoder that cannot decode on ``device``
+            (the message says why).
+    """
+    if requested not in DECODER_NAMES:
+        raise ValueError(f"decoder={requested!r} must be one of {DECODER_NAMES}")
+    device = str(device)
+    if requested != "auto":
+        works, why = _probe(requested, device)
+        if not works:
+            raise ValueError(f"decoder={requested!r} cannot decode JPEGs on {device} ({why}); use decoder='auto'")
+        return requested, "requested"
+    if device.split(":", 1)[0] != "cuda":
+        return "torchvision", "the device is the CPU: torchvision's CPU decode (libjpeg-turbo)"
+    failed = []
+    for name in decoders.NAMES:
+        works, why = _probe(name, device)
+        if works:
+            return name, why + (f" (not {'; '.join(failed)})" if failed else "")
+        failed.append(f"{name}: {why}")
+    return "torchvision", f"no decoder's probe worked on {device} ({'; '.join(failed)})"
+
+
+def resolve_backend(requested: str, device_type: str, decoder: str | None = None) -> tuple[str, str]:
     """The Loader backend for ``requested`` on a ``device_type`` device (``"cpu"``,
     ``"cuda"``, or ``"cuda:N"`` to probe that GPU rather than the current one), and why:
     ``("dali" | "nvjpeg" | "pil", reason)``.
 
     ``"auto"`` picks DALI when it is installed (GPU decode on CUDA; on the CPU its decode
     is the fastest CPU path here), else torchvision's nvJPEG decode when the device is
-    CUDA and a probe decode works, else pillow.
+    CUDA and a probe decode works, else pillow. With ``decoder`` (the nvjpeg backend's,
+    :func:`resolve_decoder`), the nvjpeg backend also counts as working where that decoder
+    does, and the reason of an nvjpeg pick ends with the decoder's (``"requested"`` stays
+    ``"requested"``).
 
     Raises:
         ValueError: an unknown name, or an explicit backend that cannot run here (the
@@ -124,6 +150,8 @@ def resolve_backend(requested: str, device_type: str) -> tuple[str, str]:
         return "dali", "requested"
     if requested == "pil":
         return "pil", "requested"
+    if decoder is not None and decoder not in DECODER_NAMES:
+        raise ValueError(f"decoder={decoder!r} must be one of {DECODER_NAMES}")
     if requested == "nvjpeg":
         if device_type != "cuda":
             raise ValueError(
@@ -131,18 +159,33 @@ def resolve_backend(requested: str, device_type: str) -> tuple[str, str]:
             )
         if not has_cuda():
             raise ValueError("backend='nvjpeg' but torch sees no CUDA device (use backend='pil' and device='cpu')")
-        works, why = gpu_jpeg_decode(device)
+        works, why = _gpu_decode(device, decoder)
         if not works:
-            raise ValueError(
-                f"backend='nvjpeg' but torchvision cannot decode JPEGs on this GPU ({why}); use backend='pil'"
-            )
+            which = "torchvision" if decoder is None else f"decoder={decoder!r}"
+            raise ValueError(f"backend='nvjpeg' but {which} cannot decode JPEGs on this GPU ({why}); use backend='pil'")
         return "nvjpeg", "requested"
     if HAS_DALI:
         where = "it decodes on the GPU" if device_type == "cuda" else "its CPU decode is the fastest CPU path"
         return "dali", f"nvidia-dali is installed; {where}"
     if device_type == "cuda":
-        works, why = gpu_jpeg_decode(device)
+        works, why = _gpu_decode(device, decoder)
         if works:
             return "nvjpeg", f"nvidia-dali is not installed; {why}"
-        return "pil", f"nvidia-dali is not installed and torchvision's GPU decode does not work here ({why})"
+        which = "torchvision's GPU decode does not" if decoder is None else "no GPU JPEG decoder does"
+        return "pil", f"nvidia-dali is not installed and {which} work here ({why})"
     return "pil", "nvidia-dali is not installed and the device is the CPU"
+
+
+def _gpu_decode(device: str, decoder: str | None) -> tuple[bool, str]:
+    """``(works, why)`` of the nvjpeg backend on ``device``: torchvision's probe, or (``decoder``
+    given) that decoder's choice there, reason included."""
+    if decoder is None:
+        return gpu_jpeg_decode(device)
+    try:
+        name, why = resolve_decoder(decoder, device)
+    except ValueError as e:
+        return False, str(e)
+    works, probe = _probe(name, device)  # "auto" may have ended on a failing torchvision
+    if not works:
+        return False, probe
+    return True, probe if why == "requested" else why

@@ -38,19 +38,27 @@ from stoker.errors import LoaderError, NoBatchError
 
 from . import order
 from .augment import RATIO, SCALE, CropSpec
+from .augment.apply import TrainRecipe
 from .backends import runner_class
 from .backends.base import DecodeSettings, Runner
 from .cache import ShardCache, is_url
 from .dataloader_compat import LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
-from .deps import BACKEND_NAMES, has_cuda, resolve_backend, usable_cores
+from .deps import BACKEND_NAMES, DECODER_NAMES, resolve_backend, usable_cores
 from .fsutil import PathLike
+from .loader_checks import (
+    DECODES,
+    SHUFFLES,
+    check_arguments,
+    check_cache_limit,
+    check_every_rank_has_a_batch,
+    check_stored_size,
+    resolve_decode,
+    torch_device,
+)
 from .prefetch import fetched_windows, group_by_window
 from .shards.samples import SampleIndex, open_split
 
 BACKENDS = BACKEND_NAMES
-SHUFFLES = order.SHUFFLES
-DECODES = ("auto", "mixed", "cpu")
-CPU_RESIZES = ("pillow", "dali")
 
 
 def _dist_defaults() -> tuple[int, int]:
@@ -96,9 +104,12 @@ class Loader:
         seed: seeds the order and the augmentation.
         rank, world_size: this process's share; default from ``torch.distributed`` when
             initialized, else 0 / 1.
-        backend: ``"dali"``, ``"nvjpeg"`` (torchvision's GPU decode, no DALI needed), ``"pil"``
-            or ``"auto"``: DALI when installed, else nvjpeg on a CUDA device where torchvision's
-            GPU decode works, else pil. :attr:`backend_reason` says why.
+        backend: ``"dali"``, ``"nvjpeg"`` (batched GPU decode without DALI, by ``decoder``),
+            ``"pil"`` or ``"auto"``: DALI when installed, else nvjpeg on a CUDA device where a
+            GPU JPEG decoder works, else pil. :attr:`backend_reason` says why.
+        decoder: the nvjpeg backend's JPEG decoder: ``"nvimgcodec"`` (hardware decoder and
+            region decode), ``"torchcodec"``, ``"torchvision"``, or ``"auto"``: the first whose
+            probe decode works on the device (:func:`stoker.pipeline.deps.resolve_decoder`).
         decode: ``"mixed"`` (nvJPEG + hardware decoder, GPU resize), ``"cpu"``, or ``"auto"``
             (mixed when ``device`` is CUDA and the backend is DALI or nvjpeg, which only
             decodes on the GPU).
@@ -108,7 +119,8 @@ class Loader:
             sample is seen exactly once).
         channels_last: return images in ``torch.channels_last`` memory format (the shape stays
             NCHW); cheaper on the CPU path and what AMP convolutions want.
-        hw_decoder_load: share of JPEGs for the hardware decoder (``decode="mixed"``).
+        hw_decoder_load: share of JPEGs for the hardware decoder (DALI ``decode="mixed"``,
+            nvjpeg with nvimgcodec).
         prefetch: batches prepared ahead (DALI ``prefetch_queue_depth``, pillow
             ``prefetch_factor``).
         cpu_resize: with CPU decode in DALI, resize with ``"pillow"`` (pillow-simd, default:
@@ -165,6 +177,7 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
         backend: str = "auto",
+        decoder: str = "auto",
         decode: str = "auto",
         threads: int | None = None,
         drop_last: bool | None = None,
@@ -187,72 +200,35 @@ class Loader:
         mixing: Any = None,
         **dataloader_kwargs: Any,
     ):
-        import torch
 
         if dataloader_kwargs:
             raise ValueError(habit_message(dataloader_kwargs))
 
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
         #: the crop recipe: size (height, width), scale, ratio, the val resize
         self.crops = CropSpec.of(crop, scale=scale, ratio=ratio, crop_pct=crop_pct, val_resize=val_resize)
-        if channels not in (1, 3):
-            raise ValueError(f"channels={channels!r} must be 3 (RGB) or 1 (grayscale)")
-        if decode not in DECODES:
-            raise ValueError(f"decode={decode!r} must be one of {DECODES}")
-        if cpu_resize not in CPU_RESIZES:
-            raise ValueError(f"cpu_resize={cpu_resize!r} must be one of {CPU_RESIZES}")
-        if threads is not None and (not isinstance(threads, int) or threads < 0):
-            raise ValueError(f"threads={threads!r} must be a non-negative integer")
-        if not isinstance(prefetch, int) or prefetch < 1:
-            raise ValueError(f"prefetch={prefetch!r} must be a positive integer")
-        if isinstance(shuffle, bool):  # a DataLoader habit: the order is ours, not a flag
-            raise ValueError(habit_message({"shuffle": shuffle}))
-        if shuffle not in SHUFFLES:
-            raise ValueError(f"shuffle={shuffle!r} must be one of {SHUFFLES}")
-        if not isinstance(block_shards, int) or block_shards < 1:
-            raise ValueError(f"block_shards={block_shards!r} must be a positive integer")
-        if cache_limit is not None and (not isinstance(cache_limit, int) or cache_limit < 1):
-            raise ValueError(f"cache_limit={cache_limit!r} must be a positive number of bytes")
         remote = is_url(path)
-        if not remote:
-            given = [
-                k
-                for k, v in (
-                    ("storage_options", storage_options),
-                    ("cache_dir", cache_dir),
-                    ("cache_limit", cache_limit),
-                )
-                if v is not None
-            ]
-            if given:
-                raise ValueError(f"{given[0]}= is for a URL (s3://, gs://, https://, file://); {path} is a local path")
-        if not 0.0 <= float(hw_decoder_load) <= 1.0:
-            raise ValueError(f"hw_decoder_load={hw_decoder_load!r} must be in [0, 1]")
-        try:
-            self.device = torch.device(device)
-        except (RuntimeError, TypeError):
-            raise ValueError(f"device={device!r} is not a torch device") from None
-        if self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device={device!r}: only 'cpu' and 'cuda' are supported")
-        if self.device.type == "cuda" and not has_cuda():
-            raise ValueError(f"device={device!r} but torch sees no CUDA device (use device='cpu')")
+        check_arguments(
+            path=path,
+            remote=remote,
+            batch_size=batch_size,
+            channels=channels,
+            decode=decode,
+            cpu_resize=cpu_resize,
+            threads=threads,
+            prefetch=prefetch,
+            shuffle=shuffle,
+            block_shards=block_shards,
+            cache_limit=cache_limit,
+            storage_options=storage_options,
+            cache_dir=cache_dir,
+            hw_decoder_load=hw_decoder_load,
+        )
+        if decoder not in DECODER_NAMES:
+            raise ValueError(f"decoder={decoder!r} must be one of {DECODER_NAMES}")
+        self.device = torch_device(device)
         # which backend, and why (also what `stoker diagnose` reports)
-        backend, self.backend_reason = resolve_backend(backend, str(self.device))
-        if decode == "auto":  # nvjpeg always decodes on the GPU: say so
-            decode = "mixed" if backend in ("dali", "nvjpeg") and self.device.type == "cuda" else "cpu"
-        if backend == "nvjpeg" and decode != "mixed":
-            raise ValueError(
-                "backend='nvjpeg' decodes on the GPU: use decode='auto' (or 'mixed'), "
-                "or backend='dali'/'pil' for CPU decode"
-            )
-        if decode == "mixed":
-            if backend == "pil":
-                raise ValueError("decode='mixed' needs backend='dali' or 'nvjpeg'")
-            if self.device.type != "cuda":
-                raise ValueError(
-                    f"decode='mixed' decodes on the GPU but device={device!r}: use device='cuda' or decode='cpu'"
-                )
+        backend, self.backend_reason = resolve_backend(backend, str(self.device), decoder=decoder)
+        decode = resolve_decode(backend, decode, self.device, device)
         default_rank, default_world = _dist_defaults()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
@@ -267,7 +243,7 @@ class Loader:
         self.batch_size, self.train, self.seed = batch_size, bool(train), int(seed)
         #: output side, or ``(height, width)``, as given; :attr:`crops` holds the recipe
         self.crop, self.channels = crop, channels
-        self.backend, self.decode = backend, decode
+        self.backend, self.decode, self.decoder = backend, decode, decoder
         self.threads = usable_cores() if threads is None else threads
         self.drop_last = self.train if drop_last is None else bool(drop_last)
         self.channels_last = bool(channels_last)
@@ -289,11 +265,20 @@ class Loader:
         self.num_samples = len(self.index.valid)
         if self.num_samples == 0:
             raise ValueError(f"{self.path} has no loadable samples")
-        self._check_every_rank_has_a_batch()
-        self.augment, self.mixing = self._recipe(augment, mixing)
-        self._check_stored_size()
+        check_every_rank_has_a_batch(self)
+        #: the train batches' per-sample augmentation and mixing (:mod:`.augment.apply`)
+        self.recipe = TrainRecipe.of(
+            augment,
+            mixing,
+            train=self.train,
+            target=self.index.target,
+            num_classes=len(self.index.manifest.classes),
+            path=self.path,
+        )
+        self.augment, self.mixing = self.recipe.augment, self.recipe.mixing
+        check_stored_size(self)
         if self.cache is not None:
-            self._check_cache_limit()
+            check_cache_limit(self)
         #: samples excluded up front (``pack["skip"]`` or missing image/cls component)
         self.skipped_in_manifest = self.index.num_skipped
         #: samples dropped at run time this epoch (failed the header guard or decoding)
@@ -308,55 +293,6 @@ class Loader:
         self._runner: Runner | None = None
         self._order = np.zeros(0, np.int64)
         self._usable: set | None = None  # shards a stand-in may come from (block mode, URL)
-
-    def _check_every_rank_has_a_batch(self) -> None:
-        """A rank with no batch would train or evaluate on nothing without a word (and leave
-        DDP's collectives unmatched): refuse such settings on every rank alike."""
-        last = self.world_size - 1  # the rank with the smallest share
-        share = self._share(last)
-        if order.num_batches(share, self.batch_size, drop_last=self.drop_last) > 0:
-            return
-        if share == 0:
-            raise ValueError(
-                f"world_size={self.world_size} is larger than the {self.num_samples} "
-                f"loadable samples of {self.path}: rank {last} would get none "
-                f"(use fewer processes or a larger split)"
-            )
-        raise NoBatchError(
-            share,
-            f"batch_size={self.batch_size} with drop_last=True leaves rank {last} no batch: "
-            f"its share is {share} samples ({self.num_samples} over world_size="
-            f"{self.world_size}); use batch_size<={share} or drop_last=False",
-        )
-
-    def _check_cache_limit(self) -> None:
-        """``cache_limit`` must hold what the loader pins at once: the whole split in global
-        mode, the largest current + next window pair of this rank's first epoch in block mode."""
-        limit, sizes = self.cache.cache_limit, [s.bytes for s in self.index.manifest.shards]
-        if limit is None:
-            return
-        if self.shuffle == "global":
-            if sum(sizes) > limit:
-                raise ValueError(
-                    f"cache_limit={limit:,} is smaller than {self.path} ({sum(sizes):,} bytes), "
-                    "which shuffle='global' keeps cached whole: use shuffle='block' or a larger "
-                    "cache_limit"
-                )
-            return
-        chunks = self._chunks(self._batches(0, self._epoch_stop(), self.indices(0)), 0)
-        need = max(
-            (
-                sum(sizes[s] for s in set(a) | set(b))
-                for (_, a), (_, b) in zip(chunks, chunks[1:] + [([], [])], strict=True)
-            ),
-            default=0,
-        )
-        if need > limit:
-            raise ValueError(
-                f"cache_limit={limit:,} is smaller than two windows of block_shards="
-                f"{self.block_shards} ({need:,} bytes of {self.path}): raise cache_limit "
-                "or lower block_shards"
-            )
 
     # ---- order ---------------------------------------------------------------------------
     def _share(self, rank: int, offset: int = 0) -> int:
@@ -558,63 +494,11 @@ class Loader:
                             # asks for one more: loops bounded by len(loader) (Lightning, islice, zip
                             # with a range) never ask, and must still get a fresh epoch next time.
                             self._finish_epoch(stop)
-                        yield self._augmented(batch)
+                        yield self.recipe(batch, seed=self.seed, epoch=self.epoch)
                 finally:
                     inner.close()  # now, not whenever the GC gets to it: stops the producer in order
         finally:
             fetched.close()  # a window download in flight ends before the iteration does
-
-    def _check_stored_size(self) -> None:
-        """Say once when the pack stored the images smaller than this Loader needs them: every
-        crop (train) or val image would be upsampled, which is almost always a mistake."""
-        pack = self.index.manifest.pack
-        short = int(pack.get("short_side") or 0)
-        if not short:
-            return
-        crops = self.crops
-        need = crops.val_resize or min(crops.size) / crops.crop_pct if not self.train else min(crops.size)
-        if need <= short:
-            return
-        what = "every val image is resized up" if not self.train else "every crop is upsampled"
-        warnings.warn(
-            f"stoker Loader {self.path}: crop={self.crop} needs a shorter side of {need:.0f}px, but the split was "
-            f"packed with --short-side {short} (no stored image is larger): {what}; repack with --short-side "
-            f"{int(-(-need // 1))} or more (0 keeps the original sizes)",
-            UserWarning,
-            stacklevel=3,
-        )
-
-    def _recipe(self, augment: Any, mixing: Any) -> tuple:
-        """The augmentation and mixing of train batches, checked against the split's targets."""
-        if (augment is not None or mixing is not None) and not self.train:
-            raise ValueError("augment= and mixing= are for train Loaders (val batches are not augmented)")
-        if isinstance(augment, str):
-            from .augment import build_augment
-
-            augment = build_augment(augment, ignore_index=self.index.target.ignore_index or 255)
-        if augment is not None and not callable(augment):
-            raise ValueError(f"augment={augment!r} must be a transform of stoker.pipeline.augment or a policy name")
-        if mixing is not None:
-            kind = self.index.target.describe()
-            if self.index.target.kind != "class":
-                raise ValueError(f"mixing= (MixUp/CutMix) mixes class targets; the targets of {self.path} are {kind}")
-            if getattr(mixing, "num_classes", len(self.index.manifest.classes)) != len(self.index.manifest.classes):
-                raise ValueError(
-                    f"mixing has num_classes={mixing.num_classes}, {self.path} has {len(self.index.manifest.classes)}"
-                )
-        return augment, mixing
-
-    def _augmented(self, batch) -> tuple:
-        """A batch as handed out: augmented and mixed on its device (train), each row by its id."""
-        images, targets = batch.images, batch.targets
-        if self.augment is not None and len(images):
-            if self.index.target.spatial:  # the masks move with the geometric ops
-                images, targets = self.augment(images, batch.ids, seed=self.seed, epoch=self.epoch, masks=targets)
-            else:
-                images = self.augment(images, batch.ids, seed=self.seed, epoch=self.epoch)
-        if self.mixing is not None and len(images):
-            images, targets = _mix(self.mixing, images, targets, batch.ids, seed=self.seed, epoch=self.epoch)
-        return images, targets
 
     def _batches(self, start: int, stop: int, idx: np.ndarray) -> list:
         return [idx[s : min(s + self.batch_size, stop)] for s in range(start, stop, self.batch_size)]
@@ -753,6 +637,7 @@ class Loader:
             decode=self.decode,
             cpu_resize=self.cpu_resize,
             hw_decoder_load=self.hw_decoder_load,
+            decoder=self.decoder,
             stand_in=self._stand_in,
             channels=self.channels,
             scale=self.crops.scale,
@@ -799,24 +684,6 @@ class LoaderIterator:
     def _supersede(self) -> None:
         self._superseded = True
         self._gen.close()
-
-
-def _mix(mixing, images, targets, ids, *, seed: int, epoch: int) -> tuple:
-    """``mixing`` over the batch's first even number of rows (timm mixes pairs); an odd last row
-    keeps its own image and gets its label smoothed as mixing smooths them."""
-    import torch
-
-    n = len(images) - len(images) % 2
-    if n == len(images):
-        return mixing(images, targets, ids, seed=seed, epoch=epoch)
-    soft = torch.full(
-        (len(images), mixing.num_classes), mixing.label_smoothing / mixing.num_classes, device=images.device
-    )
-    soft[-1, targets[-1]] += 1.0 - mixing.label_smoothing
-    if n:
-        head, soft[:n] = mixing(images[:n], targets[:n], ids[:n], seed=seed, epoch=epoch)
-        images = torch.cat([head, images[n:]])
-    return images, soft
 
 
 def _non_negative(value: Any, name: str) -> int:

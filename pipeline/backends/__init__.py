@@ -6,10 +6,15 @@
                    every backend follows (:func:`~.base.plan_batch`: header guard,
                    stand-ins, crop boxes)
 ``dali``           NVIDIA DALI on the CPU or the GPU (its graph: ``dali_graph``)
-``nvjpeg``         torchvision's batched GPU JPEG decode, no DALI needed
+``nvjpeg``         batched GPU JPEG decode without DALI: read + decode of the next batch
+                   overlapping this one's crop + resize
+``decoders``       the JPEG decoders ``nvjpeg`` can use (nvImageCodec, TorchCodec,
+                   torchvision), each probed, and the pillow fallback for what they reject
+``gpu_resize``     ``nvjpeg``'s batched crop + antialiased resize on the device
 ``pil``            pillow(-simd) in worker processes
 ``resize``         the pillow decode-and-resize stage (``pil``, and ``dali`` on the CPU)
-``producer``       the producer thread ``dali`` and ``nvjpeg`` prepare batches ahead in
+``producer``       the producer thread ``dali`` and ``nvjpeg`` prepare batches ahead in, and
+                   a stage running ahead in a thread of its own
 =================  ======================================================================
 
 A backend is chosen by name (:func:`runner_class`); its module is imported only then, so an

@@ -38,6 +38,11 @@ class DecodeSettings:
         decode: ``"cpu"`` or ``"mixed"`` (GPU decode).
         cpu_resize: with CPU decode in DALI, ``"pillow"`` or ``"dali"``.
         hw_decoder_load: share of JPEGs for the hardware decoder (``decode="mixed"``).
+        decoder: the nvjpeg backend's JPEG decoder: ``"nvimgcodec"``, ``"torchcodec"``,
+            ``"torchvision"`` or ``"auto"`` (:func:`stoker.pipeline.deps.resolve_decoder`).
+        overlap: nvjpeg reads and decodes the next batch in a thread of its own while this one
+            is resized.
+        region_decode: nvjpeg decodes only the crop boxes' regions where the decoder can.
         stand_in: for a train batch none of whose samples is loadable, the samples to decode
             instead (the Loader's rule: the next loadable ones of this rank's epoch order).
         channels: 3 (RGB) or 1 (grayscale).
@@ -63,6 +68,9 @@ class DecodeSettings:
     ratio: tuple[float, float] = augment.RATIO
     crop_pct: float = augment.VAL_CROP_FRACTION
     val_resize: float | None = None
+    decoder: str = "auto"
+    overlap: bool = True
+    region_decode: bool = True
 
     @property
     def masks(self) -> bool:

@@ -1,34 +1,41 @@
-"""The nvjpeg backend: torchvision's batched JPEG decode on the GPU, without DALI.
+"""The nvjpeg backend: batched JPEG decode on the GPU, without DALI.
 
 Bytes come from the memory-mapped shards (:mod:`.samples`) exactly as for the other
-backends; one ``torchvision.io.decode_jpeg(list, device="cuda")`` call decodes a batch
-(nvJPEG); the crop boxes and flips are :mod:`.augment`'s, so a sample gets the same crop
-as with ``dali`` and ``pil``; the crops are resized together on the device with pillow's
-antialiased bilinear weights (:func:`crop_resize`) into one uint8 batch.
+backends; one batched call of a :mod:`.decoders` decoder (nvImageCodec, TorchCodec or
+torchvision, picked by :func:`stoker.pipeline.deps.resolve_decoder`) decodes a batch, only
+the crop boxes' regions where the decoder can; the crop boxes and flips are :mod:`.augment`'s,
+so a sample gets the same crop as with ``dali`` and ``pil``; the crops are resized together on
+the device with pillow's antialiased bilinear weights (:func:`.gpu_resize.crop_resize`) into one
+uint8 batch.
 
-A producer thread prepares batches ahead (``prefetch``) on its own CUDA stream,
-so decoding overlaps the training step; the consumer's stream waits on an event per
-batch (no host sync). A JPEG the GPU rejects (nvJPEG refuses some files libjpeg reads:
-CMYK, lossless, some progressive) and a PNG are decoded on the CPU with pillow instead,
-counted in :attr:`NvjpegRunner.gpu_fallbacks` and never dropped; only a sample neither
-decoder reads is dropped and counted like the other backends do.
+Two stages overlap (``overlap=True``): a thread reads and decodes batch k+1 while the producer
+thread crops and resizes batch k, a bounded queue between them; each stage has a CUDA stream
+of its own at the lowest priority, the resize stream waits on the decode's event and the
+consumer's stream on the resize's (no host sync on the consumer's thread). A JPEG the GPU
+rejects (nvJPEG refuses some files libjpeg reads: CMYK, lossless, some progressive) and a PNG
+are decoded on the CPU with pillow instead, counted in :attr:`NvjpegRunner.gpu_fallbacks` and
+never dropped; only a sample neither decoder reads is dropped and counted like the other
+backends do. :attr:`NvjpegRunner.stage_seconds` says where an epoch's time went.
 
-With ``device="cpu"`` the same code runs with torchvision's CPU decode: the batched crop
-and resize are tested without a GPU.
+With ``device="cpu"`` the same code runs with a decoder's CPU decode: the stages, the batched
+crop and resize and the region bookkeeping are tested without a GPU.
 """
 
 from __future__ import annotations
 
-import io
+import collections
+import contextlib
 import queue
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import producer
+from .. import deps
+from . import decoders, producer
 from .base import (
     Batch,
     DecodeSettings,
@@ -40,113 +47,27 @@ from .base import (
     plan_batch,
     targets_of,
 )
-from .producer import END, Failure, ProducerThread, stop_at_exit
-from .resize import MODES
+from .decoders import decode_cpu, decode_jpegs
+from .gpu_resize import crop_resize, filter_regions
+from .producer import END, Failure, ProducerThread, StageClock, stop_at_exit
+
+#: the stages timed in :attr:`NvjpegRunner.stage_seconds`
+STAGES = ("read", "decode", "crop_resize")
+
+#: CUDA's lowest stream priority, the one the default stream has (priorities run from 0 down to
+#: negative numbers, higher): the decode and resize streams take it, so any stream the training
+#: step runs on with a higher priority (``torch.cuda.Stream(priority=-1)``) goes first
+STREAM_PRIORITY = 0
 
 
-def decode_jpegs(datas: list, device, channels: int = 3) -> list:
-    """Decode encoded JPEGs (1-D uint8 CPU tensors) to ``[channels, H, W]`` uint8 tensors (RGB,
-    or the decoder's luma for 1) on ``device`` in one batched call (nvJPEG on CUDA). Raises when
-    any of them fails."""
-    from torchvision.io import ImageReadMode, decode_jpeg
+class _Decoded(NamedTuple):
+    """A batch as the decode stage hands it to the resize stage."""
 
-    mode = ImageReadMode.RGB if channels == 3 else ImageReadMode.GRAY
-    out = decode_jpeg(datas, mode=mode, device=device)
-    return list(out)
-
-
-def decode_cpu(data, channels: int = 3) -> Any:
-    """Pillow decode of one encoded image (JPEG or PNG, any mode) to a ``[channels, H, W]``
-    uint8 CPU tensor: the fallback for what the GPU decoder rejects."""
-    import torch
-    from PIL import Image
-
-    mode = MODES[channels]
-    im = Image.open(io.BytesIO(data.numpy().tobytes() if hasattr(data, "numpy") else bytes(data)))
-    if im.format == "JPEG" and mode == "L":
-        im.draft("L", im.size)  # the decoder's luma, as nvJPEG's grayscale output
-    if im.mode != mode:
-        im = im.convert(mode)
-    return torch.from_numpy(np.asarray(im).reshape(im.size[1], im.size[0], -1).copy()).permute(2, 0, 1)
-
-
-#: float32 bytes of one chunk's padded regions in :func:`crop_resize` (bounds its memory)
-CHUNK_BYTES = 512 << 20
-
-
-def _weights(start, scale, length, size: int, crop: int):
-    """Pillow's antialiased bilinear weights along one axis, as dense ``[N, crop, size]``
-    matrices: output pixel ``o`` of image ``n`` is centred at ``start + (o + 0.5) * scale``
-    (region pixels), its triangle filter is ``max(1, scale)`` wide on each side, taps past
-    ``length`` (the region's end) weigh nothing, and each row sums to 1."""
-    import torch
-
-    dev = start.device
-    support = scale.clamp(min=1.0)[:, None, None]
-    centre = start[:, None, None] + (torch.arange(crop, device=dev)[None, :, None] + 0.5) * scale[:, None, None]
-    pixel = torch.arange(size, device=dev)[None, None, :] + 0.5
-    w = (1 - ((pixel - centre) / support).abs()).clamp_(min=0)
-    w *= pixel < length[:, None, None]
-    return w / w.sum(-1, keepdim=True)
-
-
-def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None:
-    """Crop ``boxes`` (``[N, 4]`` ``(x, y, w, h)``) out of ``images`` (``[C, H, W]`` uint8
-    tensors), resize each to ``out``'s size with antialiased bilinear, flip where ``flips``,
-    and write them into ``out`` (``[N, C, crop_h, crop_w]`` uint8, any memory format, on the
-    images' device).
-
-    The resize is pillow's ``resize(BILINEAR, box=...)`` written as two matrix products,
-    ``Wy @ region @ Wx.T``, batched over the images: each image's region (its box plus the
-    filter's reach, which pillow also reads) is copied into one padded float32 tensor, the
-    per-image weight matrices are built on the device, and a flip is the reversed order of
-    ``Wx``'s rows. So a batch costs one small copy per image and a dozen batched kernels,
-    where resizing crop by crop cost about six kernel launches per image: on an H200, batch
-    256 at crop 224, 20,300-20,900 img/s against 12,300-12,600 (docs/benchmarks.md). On a
-    CPU the dense products cost more than a per-crop resize; the backend decodes on the GPU.
-    Images are taken in chunks of similar size (at most :data:`CHUNK_BYTES` of padded floats).
-    """
-    import torch
-
-    channels, crop_h, crop_w = out.shape[-3:]
-    n = len(images)
-    if not n:
-        return
-    hw = np.array([img.shape[-2:] for img in images], np.int64)  # (H, W)
-    box = boxes.astype(np.float64)
-    box[:, 0] = np.clip(box[:, 0], 0, hw[:, 1] - 1)  # a box past the edge: clamped
-    box[:, 1] = np.clip(box[:, 1], 0, hw[:, 0] - 1)
-    box[:, 2] = np.clip(box[:, 2], 1, hw[:, 1] - box[:, 0])
-    box[:, 3] = np.clip(box[:, 3], 1, hw[:, 0] - box[:, 1])
-    scale = box[:, 2:] / np.array([crop_w, crop_h], np.float64)  # (x, y) input pixels per output pixel
-    reach = np.ceil(np.maximum(scale, 1.0)) + 1  # how far past the box the filter reads
-    lo = np.maximum(0, np.floor(box[:, :2] - reach)).astype(np.int64)  # region (x0, y0)
-    hi = np.minimum(hw[:, ::-1], np.ceil(box[:, :2] + box[:, 2:] + reach)).astype(np.int64)  # (x1, y1)
-    size = hi - lo  # region (w, h)
-    order = np.argsort(size[:, 0] * size[:, 1], kind="stable")
-    dev = out.device
-    start = 0
-    while start < n:  # chunks of similar-size regions, the padded floats within CHUNK_BYTES
-        stop, mw, mh = start, 0, 0
-        while stop < n:
-            w, h = size[order[stop]]
-            if stop > start and (stop - start + 1) * channels * 4 * max(mw, w) * max(mh, h) > CHUNK_BYTES:  # float32
-                break
-            mw, mh, stop = max(mw, w), max(mh, h), stop + 1
-        ks = order[start:stop]
-        region = torch.zeros((len(ks), channels, mh, mw), dtype=torch.float32, device=dev)  # 0 * padding, not NaN
-        for j, k in enumerate(ks.tolist()):
-            (x0, y0), (x1, y1) = lo[k], hi[k]
-            region[j, :, : y1 - y0, : x1 - x0].copy_(images[k][:, y0:y1, x0:x1])
-        per = torch.from_numpy(np.concatenate([box[ks, :2] - lo[ks], scale[ks], size[ks]], 1)).to(dev, torch.float32)
-        wx = _weights(per[:, 0], per[:, 2], per[:, 4], mw, crop_w)
-        wy = _weights(per[:, 1], per[:, 3], per[:, 5], mh, crop_h)
-        flip = torch.from_numpy(flips[ks].astype(bool)).to(dev)
-        wx = torch.where(flip[:, None, None], wx.flip(1), wx)  # a mirrored output: Wx's rows reversed
-        res = wy[:, None] @ region @ wx[:, None].transpose(-1, -2)  # [n, C, crop_h, crop_w]
-        res.add_(0.5).clamp_(0, 255)  # float -> uint8 truncates: +0.5 rounds
-        out[torch.from_numpy(ks).to(dev)] = res.to(torch.uint8)
-        start = stop
+    plan: Plan
+    images: list  # [C, H, W] on the device: whole images, or the regions ``boxes`` are relative to
+    boxes: np.ndarray  # [N, 4] crop boxes in the decoded images' pixels
+    masks: list | None
+    event: Any  # recorded on the decode stream after the decode (None on the CPU)
 
 
 class NvjpegRunner(ProducerThread):
@@ -154,124 +75,261 @@ class NvjpegRunner(ProducerThread):
     ``iterate(batches, epoch, seed)`` yields one :class:`.base.Batch` per batch of global sample
     ids, in order.
 
+    Args:
+        settings: the Loader's :class:`.base.DecodeSettings`.
+        decoder: a name of :data:`.decoders.NAMES`, ``"auto"``, or a :class:`.decoders.Decoder`;
+            default ``settings.decoder`` where it has one, else ``"auto"``.
+        overlap: read + decode in a thread of their own, overlapping the crop + resize; default
+            ``settings.overlap`` where it has one, else True.
+        region: decode only the crop boxes' regions where the decoder can; default
+            ``settings.region_decode`` where it has one, else True.
+        hw_decoder_load: nvImageCodec's hardware decoder share (default ``settings``').
+        stage_sync: synchronize each stage's stream at its end (on the producer's threads, never
+            the consumer's), so :attr:`stage_seconds` includes the device's time: for measuring.
+
     Attributes:
         gpu_fallbacks: samples decoded with pillow on the CPU instead of on the device
-            (JPEGs nvJPEG rejected, PNGs), since this runner was made.
-        decode_jpegs: the batched decoder (``(list of tensors, device) -> list``);
-            :func:`decode_jpegs` (tests replace it with one that fails).
+            (JPEGs the decoder rejected, PNGs), since this runner was made.
+        decoder: the :class:`.decoders.Decoder`; ``decoder_reason``: why it was picked.
+        decode_jpegs: the batched decode (``(datas, device, channels) -> list``), the
+            decoder's (tests replace it with one that fails; then whole images are decoded).
+        crop_resize: the batched crop + resize (:func:`.gpu_resize.crop_resize`; tests slow it down).
+        stage_seconds: the last iteration's busy seconds per stage (``read``: the bytes off the
+            shards; ``decode``; ``crop_resize``: with the targets), its ``wall`` seconds,
+            ``batches``, ``images`` and ``overlap``; :attr:`overlap_ratio` is the stages' sum
+            over the wall time. ``stage_totals``: the same summed over every iteration.
     """
 
-    def __init__(self, settings: DecodeSettings):
+    def __init__(
+        self,
+        settings: DecodeSettings,
+        *,
+        decoder: str | decoders.Decoder | None = None,
+        overlap: bool | None = None,
+        region: bool | None = None,
+        hw_decoder_load: float | None = None,
+        stage_sync: bool = False,
+    ):
         import torch
 
         self.settings = settings
         self.device = settings.device
         self.cuda = self.device.type == "cuda"
+        self.overlap = bool(getattr(settings, "overlap", True) if overlap is None else overlap)
+        self.region = bool(getattr(settings, "region_decode", True) if region is None else region)
+        self.stage_sync = bool(stage_sync)
+        hw = settings.hw_decoder_load if hw_decoder_load is None else hw_decoder_load
+        if decoder is None or isinstance(decoder, str):
+            name, self.decoder_reason = deps.resolve_decoder(
+                decoder or getattr(settings, "decoder", "auto"), self.device
+            )
+            self.decoder = decoders.make(name, hw_decoder_load=hw, threads=settings.threads)
+        else:
+            self.decoder, self.decoder_reason = decoder, "given"
         self.gpu_fallbacks = 0
-        self.decode_jpegs: Callable[..., list] = decode_jpegs
+        self.decode_jpegs: Callable[..., list] = self.decoder.decode
+        self.crop_resize: Callable[..., None] = crop_resize
+        self.clock = StageClock(STAGES, sync=self._sync if stage_sync else None)
         self._epoch_fallbacks = 0
         self._fallback_examples: list = []
-        self._stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self._pending: collections.deque = collections.deque()  # (event, foreign buffers) in use
+        # lowest priority: the training step's kernels are not queued behind the loader's
+        self._decode_stream = torch.cuda.Stream(self.device, priority=STREAM_PRIORITY) if self.cuda else None
+        self._resize_stream = torch.cuda.Stream(self.device, priority=STREAM_PRIORITY) if self.cuda else None
         self._stop: threading.Event | None = None
         self._worker: threading.Thread | None = None
         stop_at_exit(self)
 
-    # ---- one batch ---------------------------------------------------------------------
-    def _decode(self, ids: np.ndarray, enc: list) -> list:
-        """Decoded ``[C, H, W]`` tensors on the device for ``enc`` (``None`` where neither
-        the GPU nor pillow reads the sample)."""
+    @property
+    def stage_seconds(self) -> dict:
+        """The last iteration's busy seconds per stage, ``wall``, ``batches``, ``images``, ``overlap``."""
+        return self.clock.last
+
+    @property
+    def stage_totals(self) -> dict:
+        """:attr:`stage_seconds` summed over every iteration of this runner."""
+        return self.clock.totals
+
+    @property
+    def overlap_ratio(self) -> float | None:
+        """The last iteration's busy seconds of all stages over its wall seconds (about 1 when the
+        stages ran one after another, up to 3 when all overlapped); None before any."""
+        return self.clock.ratio()
+
+    # ---- streams -----------------------------------------------------------------------
+    def _sync(self) -> None:
+        """Wait for the current stream (``stage_sync``: measuring only, on a producer thread)."""
         import torch
 
-        blob = np.concatenate(enc) if enc else np.zeros(0, np.uint8)  # one copy, writable
-        flat = torch.from_numpy(blob)
-        offs = np.concatenate([[0], np.cumsum([len(e) for e in enc])]).tolist()
-        datas = [flat[offs[k] : offs[k + 1]] for k in range(len(enc))]
-        jpeg = [k for k, e in enumerate(enc) if len(e) > 2 and e[0] == 0xFF and e[1] == 0xD8]
-        out: list = [None] * len(enc)
-        failed = dict.fromkeys(sorted(set(range(len(enc))) - set(jpeg)), "not a JPEG")
+        if self.cuda:
+            torch.cuda.current_stream(self.device).synchronize()
 
-        def decode(ks: list) -> None:
-            """One batched call; when it fails (one bad JPEG fails all), halve and retry: a
-            rejected sample costs ~2 log2(batch) extra calls, not one call per sample."""
-            try:
-                images = self.decode_jpegs([datas[k] for k in ks], self.device, self.settings.channels)
-                for k, img in zip(ks, images, strict=True):
-                    out[k] = img
-            except Exception as e:  # noqa: BLE001 - nvJPEG said no: find which; pillow decodes it
-                if len(ks) == 1:
-                    failed[ks[0]] = " ".join(str(e).split())[:120] or type(e).__name__
-                else:
-                    decode(ks[: len(ks) // 2])
-                    decode(ks[len(ks) // 2 :])
+    def _on(self, stream) -> contextlib.AbstractContextManager:
+        """This runner's device and ``stream`` current in the calling thread (nothing on the CPU)."""
+        stack = contextlib.ExitStack()
+        if self.cuda:
+            import torch
 
-        if jpeg:
-            decode(jpeg)
-        for k, why in failed.items():
-            try:
-                out[k] = decode_cpu(datas[k], self.settings.channels).to(self.device)
-            except Exception:  # noqa: BLE001 - undecodable for pillow too: dropped, counted
-                continue
-            self.gpu_fallbacks += 1
-            self._epoch_fallbacks += 1
-            if len(self._fallback_examples) < 3:
-                self._fallback_examples.append(f"{self.settings.index.describe(int(ids[k]))} ({why})")
-        return out
+            stack.enter_context(torch.cuda.device(self.device))
+            stack.enter_context(torch.cuda.stream(stream))
+        return stack
 
-    def _load(self, plan: Plan) -> tuple[list, list | None, Plan]:
-        """``(images, masks, plan)``: the samples of ``plan`` that decode (images on either
-        decoder; a mask split's masks with pillow, first: they are cheap and may drop a sample)."""
+    def _record(self):
+        """An event on the current stream (None on the CPU): what the next stream waits on."""
+        if not self.cuda:
+            return None
+        import torch
+
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    # ---- the decode stage --------------------------------------------------------------
+    def _region_mode(self) -> bool:
+        # only the decoder's own decode takes boxes (a test may swap in a plain callable)
+        return self.region and self.decoder.regions and getattr(self.decode_jpegs, "__self__", None) is self.decoder
+
+    def _decode(self, ids: np.ndarray, datas: list, wh: np.ndarray, regions, is_jpeg) -> tuple[list, np.ndarray]:
+        """:func:`.decoders.decode_batch` with this runner's decode, counting pillow's fallbacks."""
+        name = self.decoder.name or "the decoder"
+        out, is_region, fallbacks = decoders.decode_batch(
+            self.decode_jpegs,
+            datas,
+            device=self.device,
+            channels=self.settings.channels,
+            regions=regions,
+            wh=wh,
+            name=name,
+            is_jpeg=is_jpeg,
+        )
+        self.gpu_fallbacks += len(fallbacks)
+        self._epoch_fallbacks += len(fallbacks)
+        for k, why in fallbacks[: max(0, 3 - len(self._fallback_examples))]:
+            self._fallback_examples.append(f"{self.settings.index.describe(int(ids[k]))} ({why})")
+        return out, is_region
+
+    def _load(self, plan: Plan) -> tuple[list, np.ndarray, list | None, Plan]:
+        """``(images, boxes, masks, plan)``: the samples of ``plan`` that decode (images on either
+        decoder, with the crop boxes in their pixels; a mask split's masks with pillow, first:
+        they are cheap and may drop a sample)."""
+        import torch
+
         masks = None
         if self.settings.masks:
-            masks = decode_masks(plan)
+            with self.clock.time("decode"):
+                masks = decode_masks(plan)
             ok = np.array([m is not None for m in masks], bool)
             plan, masks = plan.keep(ok), [m for m in masks if m is not None]
-        decoded = self._decode(plan.ids, plan.enc)
+        with self.clock.time("read"):  # one copy, writable: the shard maps' page faults are paid here
+            blob = np.concatenate(plan.enc) if plan.enc else np.zeros(0, np.uint8)
+            flat = torch.from_numpy(blob)
+            offs = np.concatenate([[0], np.cumsum([len(e) for e in plan.enc])]).astype(np.int64)
+            datas = [flat[a:b] for a, b in zip(offs[:-1].tolist(), offs[1:].tolist(), strict=True)]
+            # a JPEG starts with its SOI marker, FF D8 (vectorized: a check per sample costs ~1 ms a batch)
+            head = np.minimum(offs[:-1], max(len(blob) - 2, 0))
+            is_jpeg = (np.diff(offs) > 2) & (blob[head] == 0xFF) & (blob[head + 1] == 0xD8) if len(blob) > 2 else None
+        regions = shifted = None
+        if self._region_mode() and len(plan.ids):
+            clamped, _, lo, hi = filter_regions(plan.boxes, plan.wh[:, ::-1], self.settings.crop)
+            regions = np.concatenate([lo, hi - lo], axis=1)  # (x, y, w, h): box + the filter's reach
+            shifted = clamped.copy()
+            shifted[:, :2] -= lo  # the crop box in its region's pixels
+        with self.clock.time("decode"):
+            decoded, is_region = self._decode(plan.ids, datas, plan.wh, regions, is_jpeg)
+        boxes = plan.boxes if shifted is None else np.where(is_region[:, None], shifted, plan.boxes)
         keep = np.array([d is not None for d in decoded], bool)
         if masks is not None:
             masks = [m for m, k in zip(masks, keep, strict=True) if k]
-        return [d for d in decoded if d is not None], masks, plan.keep(keep)
+        return [d for d in decoded if d is not None], boxes[keep], masks, plan.keep(keep)
 
-    def _batch(self, ids: np.ndarray, epoch: int, seed: int) -> Batch:
-        """One batch, on the device."""
+    def _front(self, ids: np.ndarray, epoch: int, seed: int) -> _Decoded:
+        """Read and decode one batch (stand-ins for a train batch none of whose samples decodes)."""
         s = self.settings
         # stand-ins are this runner's to pick: a sample can also fail the decoder, after the guard
-        decoded, masks, plan = self._load(plan_batch(s, ids, epoch=epoch, seed=seed, stand_ins=False))
-        if not len(plan.ids):
-            if not s.train:
-                return empty_batch(s, plan.consumed, plan.skipped)
+        with self.clock.time("read"):
+            plan = plan_batch(s, ids, epoch=epoch, seed=seed, stand_ins=False)
+        decoded, boxes, masks, plan = self._load(plan)
+        if not len(plan.ids) and s.train:
             # stand-ins keep every rank's step count (the Loader's rule, as in the other backends)
-            stand_in = plan_batch(s, s.stand_in(ids), epoch=epoch, seed=seed, stand_ins=False)
-            decoded, masks, stand_in = self._load(stand_in)
+            with self.clock.time("read"):
+                stand_in = plan_batch(s, s.stand_in(ids), epoch=epoch, seed=seed, stand_ins=False)
+            decoded, boxes, masks, stand_in = self._load(stand_in)
             plan = stand_in._replace(consumed=plan.consumed, skipped=plan.skipped)
+        return _Decoded(plan, decoded, boxes, masks, self._record())
+
+    # ---- the resize stage --------------------------------------------------------------
+    def _back(self, d: _Decoded) -> Batch:
+        """Crop, resize and flip one decoded batch into a uint8 batch on the device, with its targets."""
+        s, plan = self.settings, d.plan
+        if not len(plan.ids) and not s.train:
+            return empty_batch(s, plan.consumed, plan.skipped)  # a val batch with nothing loadable
+        if d.event is not None and self.overlap:
+            import torch
+
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(d.event)  # the decode's work first (no host sync)
+            for img in d.images:  # the decode stream's blocks are not reused before this stream read them
+                img.record_stream(current)
         images = empty_images(s, len(plan.ids))
-        crop_resize(decoded, plan.boxes, plan.flips, images)
-        targets = targets_of(s, plan.ids) if masks is None else crop_masks(s, masks, plan)
+        self.crop_resize(d.images, d.boxes, plan.flips, images)
+        targets = targets_of(s, plan.ids) if d.masks is None else crop_masks(s, d.masks, plan)
         return Batch(images, targets.to(self.device, non_blocking=True), plan.consumed, plan.skipped, plan.ids)
+
+    def _release(self, wait: bool = False) -> None:
+        """Let go of a foreign decoder's buffers the device has finished reading (``wait``: all,
+        waiting for them on this producer thread)."""
+        while self._pending and (wait or self._pending[0][0].query()):
+            event, _ = self._pending.popleft()
+            if wait:
+                event.synchronize()
 
     # ---- the producer thread -----------------------------------------------------------
     def _produce(self, batches: list, epoch: int, seed: int, out_q: queue.Queue, stop: threading.Event) -> None:
-        import contextlib
-
-        import torch
-
         def put(item) -> None:  # never blocks past a consumer that has gone
             producer.put(out_q, stop, item)
 
-        ctx = torch.cuda.stream(self._stream) if self.cuda else contextlib.nullcontext()
-        dev = torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext()
+        def serial() -> Iterator[tuple]:
+            for ids in batches:
+                if stop.is_set():
+                    return
+                try:
+                    decoded = self._front(ids, epoch, seed)
+                except Exception as e:
+                    raise producer.StageFailure(ids, e) from e
+                yield ids, decoded
+
         ids = None
         try:
-            with dev, ctx:
-                for ids in batches:
-                    if stop.is_set():
-                        return
-                    item = self._batch(ids, epoch, seed)
-                    event = None
-                    if self.cuda:
-                        event = torch.cuda.Event()
-                        event.record(self._stream)
-                    put((item, event))
+            with self._on(self._resize_stream):
+                if self.overlap:  # read + decode of batch k+1 in a thread of its own, on its own stream
+                    stages = producer.ahead(
+                        lambda b: self._front(b, epoch, seed),
+                        batches,
+                        stop,
+                        depth=1,
+                        name="stoker-nvjpeg-decode",
+                        context=lambda: self._on(self._decode_stream),
+                    )
+                else:
+                    stages = serial()
+                try:
+                    for ids, decoded in stages:  # noqa: B007 - ids names the batch a failure is on
+                        if stop.is_set():
+                            return
+                        self._release()
+                        with self.clock.time("crop_resize"):
+                            item = self._back(decoded)
+                        event = self._record()
+                        if event is not None and self.decoder.foreign_memory:
+                            self._pending.append((event, decoded.images))
+                        put((item, event))
+                finally:
+                    stages.close()
+                    self._release(wait=True)
             put(END)
+        except producer.StageFailure as e:  # the decode stage's, on its batch
+            if not stop.is_set():
+                put(Failure(RuntimeError(self._describe_failure(e.item, e.error))))
         except Exception as e:  # noqa: BLE001 - handed to the consumer, naming the shards
             if not stop.is_set():
                 put(Failure(RuntimeError(self._describe_failure(ids, e))))
@@ -295,6 +353,8 @@ class NvjpegRunner(ProducerThread):
         import torch
 
         self._epoch_fallbacks, self._fallback_examples = 0, []
+        self.clock.start()
+        t0, count, images = time.perf_counter(), 0, 0
         items = self._run_producer(
             self._produce, (batches, epoch, seed), prefetch=self.settings.prefetch, name="stoker-nvjpeg"
         )
@@ -308,9 +368,11 @@ class NvjpegRunner(ProducerThread):
                     current.wait_event(event)
                     batch.images.record_stream(current)
                     batch.targets.record_stream(current)
+                count, images = count + 1, images + len(batch.images)
                 yield batch
         finally:
             items.close()  # stops the producer thread now, not whenever the GC gets to it
+            self.clock.finish(time.perf_counter() - t0, count, images, overlap=self.overlap)
         if self._epoch_fallbacks:
             shown = "; ".join(self._fallback_examples)
             warnings.warn(
@@ -325,4 +387,4 @@ class NvjpegRunner(ProducerThread):
         self.shutdown()
 
 
-__all__ = ["NvjpegRunner", "crop_resize", "decode_jpegs", "decode_cpu"]
+__all__ = ["STAGES", "NvjpegRunner", "crop_resize", "decode_cpu", "decode_jpegs", "filter_regions"]

@@ -86,8 +86,7 @@ def test_augmentation_is_per_sample_and_identical_across_backends_and_batch_size
         runner = runner_class(backend)(loader.decode_settings())
         ids = loader.indices(1)[:8]
         batches = list(runner.iterate([ids[k : k + batch_size] for k in range(0, 8, batch_size)], 1, loader.seed))
-        loader.epoch = 1
-        got[batch_size] = torch.cat([loader._augmented(b)[0] for b in batches])
+        got[batch_size] = torch.cat([loader.recipe(b, seed=loader.seed, epoch=1)[0] for b in batches])
         plain = torch.cat([b.images for b in batches])
         runner.close()
         loader.close()
@@ -124,10 +123,10 @@ def test_mixing_gives_soft_targets_and_refuses_other_targets(split, tmp_path):
 
 
 def test_an_odd_batch_mixes_its_pairs_and_smooths_the_last(split):
-    from stoker.pipeline.loader import _mix
+    from stoker.pipeline.augment.apply import mix
 
-    mix = build_mixing(1.0, 0.0, label_smoothing=0.2, num_classes=4)
+    mixing = build_mixing(1.0, 0.0, label_smoothing=0.2, num_classes=4)
     images = torch.randint(0, 255, (5, 3, 8, 8), dtype=torch.uint8)
-    out, soft = _mix(mix, images, torch.tensor([0, 1, 2, 3, 1]), np.arange(5), seed=0, epoch=0)
+    out, soft = mix(mixing, images, torch.tensor([0, 1, 2, 3, 1]), np.arange(5), seed=0, epoch=0)
     assert out.shape == images.shape and torch.equal(out[4], images[4])
     assert torch.allclose(soft[4], torch.tensor([0.05, 0.85, 0.05, 0.05]))

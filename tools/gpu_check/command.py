@@ -3,17 +3,21 @@
 Runs, each part in its own process with its own time box (a part that fails or runs out
 of time is recorded, and the next one still runs):
 
-  environment   versions, GPU, which Loader backend ``auto`` picks here and why
+  environment   versions, GPU, which Loader backend and nvjpeg decoder ``auto`` picks
+                here and why, which decoders work
   pytest        ``pytest -m gpu`` over stoker's tests
   data          DATA packed with the default settings, --repeat times (a packed dataset is
                 unpacked and repacked so; used as is with --repeat 1; without --data,
                 generated images)
   loader        the Loader's nvjpeg vs pil backends, images/s at --batch-size, --crop
-                (train augmentation, batches delivered to the GPU)
+                (train augmentation, batches delivered to the GPU); then the nvjpeg
+                backend's variants: each decoder, overlap off, nvImageCodec's hardware
+                share 0 / 1, region decode off (stage seconds and their overlap each)
   bench-model   ResNet-50 and the inception net alone: fp32 / bf16 / fp16 (GradScaler) x
                 channels_last x torch.compile (``stoker bench-model``'s measurement)
-  train         a short ``stoker train --arch resnet50 --amp bf16 --channels-last`` with
-                the fraction of step time spent waiting for data
+  train         a short ``stoker train --arch resnet50 --amp bf16 --channels-last``, then
+                the same with --compile, each with the fraction of step time spent
+                waiting for data
 
 and writes OUT/gpu_check.json and OUT/gpu_check.md (plus each part's log in OUT/logs/).
 Without CUDA the GPU parts are skipped with the reason; --cpu-smoke runs them at
@@ -21,7 +25,7 @@ miniature size on the CPU instead (to test this script, not to measure anything)
 Exit status 0 when every part ran or was skipped, 1 when one failed or ran out of time.
 
 examples:
-  python -m stoker.tools.gpu_check --data ../shared/data/imagenet-sample --out gpu-out
+  python -m stoker.tools.gpu_check --data ~/data/imagenet-sample --out gpu-out
   python -m stoker.tools.gpu_check --data out/train --out gpu-out --parts environment,loader
 """
 
@@ -43,10 +47,11 @@ from .steps import PARTS
 
 __all__ = ["gpu_check", "GpuCheckResult", "PARTS", "LIMITS"]
 
-HELP = "measure stoker on a GPU (nvjpeg vs pil loader, bench-model, a short train): JSON + markdown"
+HELP = "measure stoker on a GPU (nvjpeg variants vs pil loader, bench-model, train eager + compiled): JSON + markdown"
 
-#: default time box of each part, seconds (all of them together stay within ``budget``)
-LIMITS = {"environment": 60, "pytest": 150, "data": 120, "loader": 90, "bench-model": 200, "train": 150}
+#: default time box of each part, seconds: together the default ``budget`` (480 s, one
+#: command of 8 minutes), the loader's and train's the largest (variants; a compile)
+LIMITS = {"environment": 30, "pytest": 90, "data": 50, "loader": 120, "bench-model": 50, "train": 140}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -110,7 +115,8 @@ class GpuCheckResult(Result):
         parts: One record per part run, in order: ``status`` (``ok``, ``skipped``, ``failed``,
             ``timeout``), ``seconds``, ``result`` (what a failed or timed-out part finished),
             ``why`` (skipped), ``error`` (one line), ``log`` (the part's output).
-        targets: ``nvjpeg_vs_pil`` and ``train_data_wait``: ``target``, ``measured``, ``met``.
+        targets: ``nvjpeg_vs_pil``, ``nvjpeg_img_s``, ``train_data_wait`` and
+            ``train_data_wait_compiled``: ``target``, ``measured``, ``met``.
     """
 
     tool: str

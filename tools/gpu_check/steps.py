@@ -6,9 +6,7 @@ see :mod:`.proc`). A part gets ``ctx``, the check's settings as a JSON-ready dic
 ``model_seconds``, ``train_epochs``, ``cuda``, ``smoke``, ``split``, ``root``, plus its
 ``record``, ``limit`` and ``started``), and ``save(result)`` to record what it finished so
 far; it returns its result, or raises :class:`~.proc.Skip` (does not apply here),
-TimeoutError (its time box) or anything else (failed).
-
-One module past 400 lines: one function per part, each a few dozen lines, sharing helpers.
+TimeoutError (its time box) or anything else (failed). The loader part is :mod:`.loader_part`'s.
 """
 
 from __future__ import annotations
@@ -24,7 +22,8 @@ from typing import Any
 
 from stoker.errors import UsageError
 
-from .proc import PartFunc, Skip, one_line, run_child, run_group, time_left
+from .loader_part import part_loader
+from .proc import PartFunc, Skip, run_child, run_group, time_left
 
 
 def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
@@ -32,13 +31,23 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
 
     import torch
 
-    from stoker.pipeline.deps import HAS_DALI, gpu_jpeg_decode, pillow_info, resolve_backend, usable_cores
+    from stoker.pipeline.backends import decoders
+    from stoker.pipeline.deps import (
+        HAS_DALI,
+        gpu_jpeg_decode,
+        pillow_info,
+        resolve_backend,
+        resolve_decoder,
+        usable_cores,
+    )
 
     from ..diagnose.measure import dist_version
 
     cuda = torch.cuda.is_available()
-    backend, why = resolve_backend("auto", "cuda" if cuda else "cpu")
+    device = "cuda" if cuda else "cpu"
+    backend, why = resolve_backend("auto", device)
     works, probe = gpu_jpeg_decode()
+    decoder, decoder_why = resolve_decoder("auto", device)
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "python": sys.version.split()[0],
@@ -57,10 +66,24 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
         "auto_backend_why": why,
         "gpu_jpeg_decode": works,
         "gpu_jpeg_decode_why": probe,
+        # the nvjpeg backend's decoders on this device: [works, why], and the one `auto` picks
+        "decoders": {n: list(decoders.probe(n, device)) for n in decoders.NAMES},
+        "auto_decoder": decoder,
+        "auto_decoder_why": decoder_why,
+        # CUDA's (least, greatest) stream priority: the loader's streams take the least
+        "stream_priorities": list(torch.cuda.Stream.priority_range()) if cuda else None,
         # what the other parts need besides torch (a missing one explains a failed part)
         "modules": {
             names[0]: dist_version(*names)
-            for names in (("numpy",), ("pillow", "pillow-simd"), ("tqdm",), ("pytest",), ("webdataset",))
+            for names in (
+                ("numpy",),
+                ("pillow", "pillow-simd"),
+                ("tqdm",),
+                ("pytest",),
+                ("webdataset",),
+                ("nvidia-nvimgcodec-cu13", "nvidia-nvimgcodec-cu12"),
+                ("torchcodec",),
+            )
         },
     }
 
@@ -212,92 +235,6 @@ def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
     }
 
 
-def _measure_loader(ctx: dict, backend: str, device: str) -> dict:
-    from stoker.pipeline import Loader
-
-    from ..bench.peers.timing import epochs, timed
-
-    loader = Loader(
-        ctx["split"], batch_size=ctx["batch_size"], crop=ctx["crop"], backend=backend, device=device, train=True
-    )
-
-    def epoch(e):
-        loader.set_epoch(e)
-        return iter(loader)
-
-    r = timed(epochs(epoch, 10**6), {"warmup": 3 if not ctx["smoke"] else 1, "seconds": ctx["loader_seconds"]})
-    r.update(
-        {"backend": loader.backend, "device": device, "gpu_fallbacks": getattr(loader._runner, "gpu_fallbacks", None)}
-    )
-    return r
-
-
-def _nvjpeg_stages(ctx: dict, device: str, batches: int = 8) -> dict:
-    """Where the nvjpeg backend's time goes, one synchronized stage at a time on one thread
-    (no overlap, first batch not counted): reading bytes, decoding, cropping + resizing."""
-    import torch
-
-    from stoker.model.throughput import synchronize
-    from stoker.pipeline import augment
-    from stoker.pipeline.backends.nvjpeg import crop_resize, decode_jpegs
-    from stoker.pipeline.shards.samples import open_split
-
-    idx = open_split(ctx["split"])
-    dev, B, c = torch.device(device), ctx["batch_size"], ctx["crop"]
-    took = {"read": 0.0, "decode": 0.0, "crop_resize": 0.0}
-    n = 0
-    starts = range(0, len(idx.valid) - B + 1, B)
-    for j, s in enumerate(list(starts)[: batches + 1]):
-        ids = idx.valid[s : s + B]
-        t0 = time.perf_counter()
-        enc, wh = idx.images(ids)
-        datas = [torch.from_numpy(e.copy()) for e in enc]
-        t1 = time.perf_counter()
-        decoded = decode_jpegs(datas, dev)
-        synchronize(dev)
-        t2 = time.perf_counter()
-        boxes, flips = augment.random_resized_crop(wh, ids, seed=0, epoch=0)
-        out = torch.empty(B, 3, c, c, dtype=torch.uint8, device=dev)
-        crop_resize(decoded, boxes, flips, out)
-        synchronize(dev)
-        t3 = time.perf_counter()
-        if j:  # the first batch warms up nvJPEG and the kernels
-            n += B
-            for key, dt in (("read", t1 - t0), ("decode", t2 - t1), ("crop_resize", t3 - t2)):
-                took[key] += dt
-    idx.close()
-    if not n:
-        raise RuntimeError(f"fewer than 2 batches of {B} to time the stages")
-    return {"batches": n // B, "device": device, **{f"{k}_img_s": n / v for k, v in took.items()}}
-
-
-def part_loader(ctx: dict, save: Callable[[dict], None]) -> dict:
-    if not ctx.get("split"):
-        raise Skip("no packed data (the data part did not finish)")
-    device = "cuda" if ctx["cuda"] else "cpu"
-    result: dict[str, Any] = {"batch_size": ctx["batch_size"], "crop": ctx["crop"], "device": device, "rows": {}}
-    if not ctx["cuda"]:
-        result["rows"]["nvjpeg"] = {"skipped": "no CUDA device (nvjpeg decodes on the GPU)"}
-    for backend in ("nvjpeg", "pil") if ctx["cuda"] else ("pil",):
-        try:
-            result["rows"][backend] = _measure_loader(ctx, backend, device)
-        except Exception as e:  # noqa: BLE001 - one backend failing must not lose the other
-            result["rows"][backend] = {"error": one_line(e)}
-        save(result)
-        print(f"loader: {backend} done {time.time() - ctx['started']:.1f} s into the box", flush=True)
-    if ctx["cuda"] or ctx["smoke"]:
-        try:
-            result["nvjpeg_stages"] = _nvjpeg_stages(ctx, device)
-        except Exception as e:  # noqa: BLE001 - a diagnostic: its failure is recorded, not fatal
-            result["nvjpeg_stages"] = {"error": one_line(e)}
-        save(result)
-    nv, pil = (result["rows"][b].get("img_s") for b in ("nvjpeg", "pil"))
-    result["nvjpeg_vs_pil"] = nv / pil if nv and pil else None
-    if all("error" in r for r in result["rows"].values() if "skipped" not in r):
-        raise RuntimeError("; ".join(f"{b}: {r['error']}" for b, r in result["rows"].items() if "error" in r))
-    return result
-
-
 def _model_plan(ctx: dict) -> tuple[dict, list]:
     """bench-model settings, the most telling first (the time box may cut the tail)."""
     if not ctx["cuda"]:
@@ -312,12 +249,15 @@ def _model_plan(ctx: dict) -> tuple[dict, list]:
         "steps_min": 5,
         "warmup_steps": 3,
     }
-    combos = []
+    # the train part's setting and the fp32 baseline its speedups need first: the time box cuts the tail
+    first = [("resnet50", "bf16", True, False), ("resnet50", "fp32", False, False)]
+    combos = list(first)
     for compiled in (False, True):
         for m in ("resnet50", "inception"):
             for a in ("bf16", "fp16", "fp32"):
                 for cl in (True, False):
-                    combos.append((m, a, cl, compiled))
+                    if (m, a, cl, compiled) not in first:
+                        combos.append((m, a, cl, compiled))
     return settings, combos
 
 
@@ -356,12 +296,36 @@ def part_bench_model(ctx: dict, save: Callable[[dict], None]) -> dict:
     return result
 
 
+def _train_run(ctx: dict, run: Path, args: list, timeout: float) -> dict:
+    """One ``stoker train`` run: its summary's telling keys."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "stoker.tools.cli",
+        "train",
+        ctx["root"],
+        "--out",
+        str(run),
+        *args,
+        "--json",
+        "--no-progress",
+    ]
+    proc = run_group(cmd, timeout=timeout)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"stoker train exited {proc.returncode}: {tail[:250]}")
+    s = json.loads(proc.stdout[proc.stdout.index("{") :])
+    keep = ("arch", "device", "amp", "epochs", "steps", "seconds", "images_per_s", "data_wait", "train_loss")
+    return {"command": "stoker " + " ".join(cmd[3:]), **{k: s.get(k) for k in keep}}
+
+
 def part_train(ctx: dict, save: Callable[[dict], None]) -> dict:
+    """A short ``stoker train``, then (CUDA) the same with ``--compile``: images/s and data wait."""
     if not ctx.get("root"):
         raise Skip("no packed data (the data part did not finish)")
     if not ctx["cuda"] and not ctx["smoke"]:
         raise Skip("no CUDA device")
-    run = Path(ctx["out"]) / "train-run"
+    out = Path(ctx["out"])
     if ctx["cuda"]:
         args = [
             "--arch",
@@ -399,25 +363,18 @@ def part_train(ctx: dict, save: Callable[[dict], None]) -> dict:
             "--threads",
             "1",
         ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "stoker.tools.cli",
-        "train",
-        ctx["root"],
-        "--out",
-        str(run),
-        *args,
-        "--json",
-        "--no-progress",
-    ]
-    proc = run_group(cmd, timeout=time_left(ctx))
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"stoker train exited {proc.returncode}: {tail[:250]}")
-    s = json.loads(proc.stdout[proc.stdout.index("{") :])
-    keep = ("arch", "device", "amp", "epochs", "steps", "seconds", "images_per_s", "data_wait", "train_loss")
-    return {"command": "stoker " + " ".join(cmd[3:]), **{k: s.get(k) for k in keep}}
+    result = _train_run(ctx, out / "train-run", args, time_left(ctx))
+    save(result)
+    if not ctx["cuda"]:  # inductor's C++ compile of a model takes minutes on a CPU: a smoke run skips it
+        result["compiled"] = {"skipped": "torch.compile: CUDA only in this check"}
+        return result
+    try:  # its first steps compile (about a minute): what is left of the box, or a timeout recorded
+        result["compiled"] = _train_run(ctx, out / "train-run-compiled", [*args, "--compile"], time_left(ctx))
+    except TimeoutError as e:
+        result["compiled"] = {"error": f"timed out: {e}"}
+    except RuntimeError as e:
+        result["compiled"] = {"error": str(e)}
+    return result
 
 
 #: the parts, in the order they run

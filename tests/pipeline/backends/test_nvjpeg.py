@@ -3,6 +3,8 @@ torchvision's CPU decode, against the pil backend on the same crop boxes."""
 
 import io
 import random
+import threading
+import time
 import warnings
 
 import numpy as np
@@ -11,6 +13,8 @@ import torch
 
 from helpers import run_epoch, write_split
 from stoker.pipeline import Loader, deps
+from stoker.pipeline.backends import decoders
+from stoker.pipeline.backends.decoders import Decoder
 from stoker.pipeline.backends.nvjpeg import NvjpegRunner, crop_resize, decode_jpegs
 from stoker.pipeline.backends.resize import resize_into
 from stoker.pipeline.shards.manifest import Manifest
@@ -382,20 +386,146 @@ def test_iteration_abandoned_at_exit_ends_cleanly(split, tmp_path):
     assert "Traceback" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr
 
 
+# ---- the overlapped stages ----------------------------------------------------------------
+
+
+class SlowDecoder(Decoder):
+    """torchvision's CPU decode, ``seconds`` slower per call: a decode stage worth overlapping."""
+
+    name = "slow"
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def decode(self, datas, device, channels=3, boxes=None):
+        time.sleep(self.seconds)
+        return decode_jpegs(datas, device, channels)
+
+
+def slow_resize(seconds):
+    def resize(images, boxes, flips, out):
+        time.sleep(seconds)
+        crop_resize(images, boxes, flips, out)
+
+    return resize
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_overlapped_stages_run_together_and_give_the_same_batches(split, train):
+    delay = 0.06  # 7-8 batches: ~0.9 s of stages one after another, ~0.5 s overlapped
+    runs = {}
+    for overlap in (False, True):
+        loader = nvjpeg_loader(split, train=train, seed=7)
+        runner = loader._runner = NvjpegRunner(loader.decode_settings(), decoder=SlowDecoder(delay), overlap=overlap)
+        runner.crop_resize = slow_resize(delay)
+        runs[overlap] = run(loader, 2)
+        st = runner.stage_seconds
+        n = len(loader)  # 7 train batches (the last dropped), 8 val
+        assert st["batches"] == n and st["images"] == sum(len(y) for y in runs[overlap][1])
+        assert st["decode"] >= n * delay and st["crop_resize"] >= n * delay and st["read"] > 0
+        assert st["overlap"] is overlap and runner.stage_totals["batches"] == n
+        busy = st["read"] + st["decode"] + st["crop_resize"]
+        if overlap:  # the wall time is clearly below the serial sum: decode k+1 ran while k was resized
+            assert st["wall"] < 0.8 * busy and runner.overlap_ratio > 1.25, st
+        else:  # one after another: the wall time holds the whole sum
+            assert st["wall"] >= 0.98 * busy and runner.overlap_ratio <= 1.02, st
+    (a_img, a_lab), (b_img, b_lab) = runs[False], runs[True]
+    assert [y.tolist() for y in a_lab] == [y.tolist() for y in b_lab]
+    assert all(torch.equal(a, b) for a, b in zip(a_img, b_img, strict=True))
+
+
+def test_overlapped_and_serial_agree_on_stand_ins_empty_batches_and_fallbacks(split, tmp_path):
+    _mixed_shard(tmp_path / "mixed")
+    for path, train in ((tmp_path / "mixed", False), (split, True), (split, False)):
+        if path == split:
+            _garble(split, range(8, 16))  # val batch 1 empty, train stand-ins
+        out = {}
+        for overlap in (False, True):
+            loader = nvjpeg_loader(path, batch_size=4 if path != split else 8, train=train, seed=3)
+            loader._runner = NvjpegRunner(loader.decode_settings(), overlap=overlap)
+            loader._runner.decode_jpegs = GpuLikeDecoder()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                out[overlap] = (*run(loader, 1), loader._runner.gpu_fallbacks, loader.skipped, loader.position)
+        (a_img, a_lab, *a_rest), (b_img, b_lab, *b_rest) = out[False], out[True]
+        assert [y.tolist() for y in a_lab] == [y.tolist() for y in b_lab] and a_rest == b_rest
+        assert all(torch.equal(a, b) for a, b in zip(a_img, b_img, strict=True))
+
+
+def test_a_failure_in_the_decode_stage_names_its_batch(split, monkeypatch):
+    loader = nvjpeg_loader(split, train=False)
+    real = loader.index.images
+
+    def images(ids):
+        if 20 in ids.tolist():  # batch 2 (val order: positions 16-23)
+            raise OSError("disk gone")
+        return real(ids)
+
+    monkeypatch.setattr(loader.index, "images", images)
+    with pytest.raises(
+        RuntimeError, match=r"batch of .*train \(shards shard-000001.tar; keys 000000016, .*: OSError: disk gone"
+    ):
+        run(loader)
+    assert not [t for t in threading.enumerate() if t.name.startswith("stoker-nvjpeg")]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the SystemExit, on purpose
+def test_ahead_keeps_order_names_the_failing_item_and_never_ends_short():
+    from stoker.pipeline.backends import producer
+
+    stop = threading.Event()
+    assert list(producer.ahead(lambda x: x * x, range(6), stop, depth=2)) == [(k, k * k) for k in range(6)]
+
+    def fail_at_3(x):
+        if x == 3:
+            raise OSError("disk gone")
+        return x
+
+    got = []
+    with pytest.raises(producer.StageFailure) as info:
+        for item in producer.ahead(fail_at_3, range(6), stop):
+            got.append(item)
+    assert got == [(0, 0), (1, 1), (2, 2)] and info.value.item == 3 and isinstance(info.value.error, OSError)
+
+    def exits(x):  # not an Exception: the thread dies without handing anything over
+        raise SystemExit(1)
+
+    with pytest.raises(producer.StageFailure, match="thread ended before its last item"):
+        list(producer.ahead(exits, range(3), stop, name="stoker-test"))
+
+
+def test_abandoned_overlapped_iteration_stops_both_threads(split):
+    loader = nvjpeg_loader(split, prefetch=3)
+    loader._runner.decode_jpegs = SlowDecoder(0.02).decode
+    it = iter(loader)
+    next(it)
+    assert {t.name for t in threading.enumerate()} >= {"stoker-nvjpeg", "stoker-nvjpeg-decode"}
+    it.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("stoker-nvjpeg")]
+    assert loader._runner.stage_seconds["batches"] == 1 and loader._runner.stage_seconds["wall"] > 0
+
+
 # ---- on a GPU ------------------------------------------------------------------------------
 
 
 @pytest.mark.gpu
-def test_gpu_path_matches_the_cpu_path(split):
+@pytest.mark.parametrize("name", decoders.NAMES)
+def test_gpu_path_matches_the_cpu_path(split, name):
     deps.gpu_jpeg_decode.cache_clear()
     works, why = deps.gpu_jpeg_decode()
     assert works, why
+    decoders.probe.cache_clear()
+    works, why = decoders.probe(name, "cuda")
+    if not works:
+        pytest.skip(f"{name}: {why}")
     gpu = Loader(split, batch_size=8, crop=CROP, seed=2, backend="pil", threads=0, device="cuda")
-    gpu._runner = NvjpegRunner(gpu.decode_settings())
-    # nvJPEG's own pixels, cropped and resized on the CPU: boxes, flips and resize must agree exactly
+    # whole images, CUDA decoder only: the same pixels as the decoder gives below
+    gpu._runner = NvjpegRunner(gpu.decode_settings(), decoder=name, region=False, hw_decoder_load=0.0)
+    # the decoder's own pixels, cropped and resized on the CPU: boxes, flips and resize must agree exactly
     same_pixels = nvjpeg_loader(split, seed=2)
+    decoder = decoders.make(name, hw_decoder_load=0.0)
     same_pixels._runner.decode_jpegs = lambda datas, device, channels=3: [
-        x.cpu() for x in decode_jpegs(datas, "cuda", channels)
+        x.cpu() for x in decoder.decode(datas, "cuda", channels)
     ]
     cpu = nvjpeg_loader(split, seed=2)  # libjpeg-turbo's pixels
     g_img, g_lab = run(gpu, 0)
@@ -405,7 +535,7 @@ def test_gpu_path_matches_the_cpu_path(split):
     assert [y.cpu().tolist() for y in g_lab] == [y.tolist() for y in s_lab] == [y.tolist() for y in c_lab]
     assert max((g.cpu().int() - s.int()).abs().max() for g, s in zip(g_img, s_img, strict=True)) <= MAX_DIFF
     mad = torch.cat([per_image_mad(c, g.cpu()) for c, g in zip(c_img, g_img, strict=True)])
-    print(f"nvJPEG vs CPU decode, per-image MAD: mean {mad.mean():.3f}, worst {mad.max():.3f}")
+    print(f"{name} (GPU) vs CPU decode, per-image MAD: mean {mad.mean():.3f}, worst {mad.max():.3f}")
     assert mad.mean() < MAD_GPU_MEAN and mad.max() < MAD_GPU_WORST, mad
     assert gpu._runner.gpu_fallbacks == 0
 

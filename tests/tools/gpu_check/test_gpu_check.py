@@ -29,6 +29,14 @@ def _result(**parts):
             "auto_backend": "nvjpeg",
             "auto_backend_why": "nvidia-dali is not installed; torchvision 0.26.0 decodes JPEGs on the GPU (nvJPEG)",
             "modules": {"numpy": "2.1", "pillow": "11.0", "tqdm": "4.67", "pytest": None, "webdataset": None},
+            "decoders": {
+                "nvimgcodec": [True, "nvimgcodec 0.9.0 decodes JPEGs on the GPU (nvImageCodec)"],
+                "torchcodec": [False, "torchcodec is not installed"],
+                "torchvision": [True, "torchvision 0.26.0 decodes JPEGs on the GPU (nvJPEG)"],
+            },
+            "auto_decoder": "nvimgcodec",
+            "auto_decoder_why": "nvimgcodec 0.9.0 decodes JPEGs on the GPU (nvImageCodec)",
+            "stream_priorities": [0, -5],
         },
     }
     result = {"settings": {"smoke": False}, "parts": {"environment": env, **parts}}
@@ -46,9 +54,41 @@ def test_markdown_reports_rows_failures_and_targets():
             "device": "cuda",
             "nvjpeg_vs_pil": 3.5,
             "rows": {
-                "nvjpeg": {"img_s": 7000.0, "cpu_pct": 120.0, "gpu_fallbacks": 2},
+                "nvjpeg": {
+                    "img_s": 7000.0,
+                    "cpu_pct": 120.0,
+                    "gpu_fallbacks": 2,
+                    "decoder": "nvimgcodec",
+                    "decoder_why": "nvimgcodec 0.9.0 decodes JPEGs on the GPU (nvImageCodec)",
+                    "stages": {"read_s": 2.0, "decode_s": 10.0, "crop_resize_s": 8.0, "wall_s": 12.5},
+                    "overlap_ratio": 1.6,
+                },
                 "pil": {"img_s": 2000.0, "cpu_pct": 1550.0, "gpu_fallbacks": None},
             },
+            "variants": [
+                {
+                    "label": "decoder torchvision",
+                    "decoder": "torchvision",
+                    "img_s": 3500.0,
+                    "overlap_ratio": 1.41,
+                    "gpu_fallbacks": 0,
+                },
+                {
+                    "label": "overlap off",
+                    "overlap": False,
+                    "decoder": "nvimgcodec",
+                    "img_s": 5000.0,
+                    "overlap_ratio": 0.99,
+                    "gpu_fallbacks": 0,
+                },
+                {"label": "hw share 1", "decoder": "nvimgcodec", "hw_decoder_load": 1.0, "error": "RuntimeError: x|y"},
+                {
+                    "label": "region decode off",
+                    "decoder": "nvimgcodec",
+                    "region": False,
+                    "skipped": "not run: time box",
+                },
+            ],
             "nvjpeg_stages": {
                 "batches": 8,
                 "device": "cuda",
@@ -95,6 +135,13 @@ def test_markdown_reports_rows_failures_and_targets():
             "seconds": 60.0,
             "images_per_s": 2500.0,
             "data_wait": 0.125,
+            "compiled": {
+                "command": "stoker train x --arch resnet50 --compile",
+                "steps": 45,
+                "seconds": 80.0,
+                "images_per_s": 3000.0,
+                "data_wait": 0.02,
+            },
         },
     }
     md = gpu_check_report.format_markdown(_result(loader=loader, **{"bench-model": model}, train=train))
@@ -112,8 +159,21 @@ def test_markdown_reports_rows_failures_and_targets():
     assert "not run (time box): 1 setting(s): inception bf16 cl compile" in md
     assert "| bench-model | timeout | 200 | ran past its 200 s time box (partial results kept) |" in md
     assert "45 steps in 60 s: 2,500 images/s, data wait 12.5% of step time" in md
+    assert "`stoker train x --arch resnet50 --compile`\n\n45 steps in 80 s: 3,000 images/s, data wait 2.0%" in md
+    assert "nvjpeg decoders here: nvimgcodec yes, torchcodec no, torchvision yes; `auto` picks **nvimgcodec**" in md
+    assert "stream priorities (least, greatest): [0, -5]" in md
+    assert (
+        "nvjpeg row: decoder nvimgcodec (nvimgcodec 0.9.0 decodes JPEGs on the GPU (nvImageCodec)); stages read "
+        "2.0 s, decode 10.0 s, crop + resize 8.0 s over 12.5 s wall (overlap 1.60)"
+    ) in md
+    assert "| decoder torchvision | torchvision | 3,500 | 0.50x | 1.41 | 0 |  |" in md
+    assert "| overlap off | nvimgcodec | 5,000 | 0.71x | 0.99 | 0 |  |" in md
+    assert "| hw share 1 | nvimgcodec | - | - | - | - | RuntimeError: x/y |" in md
+    assert "| region decode off | nvimgcodec | - | - | - | - | not run: time box |" in md
     assert "- nvjpeg vs pil images/s: target >= 3x, measured 3.50x: met" in md
-    assert "- ResNet-50 bf16 data wait: target < 10%, measured 12.5%: NOT met" in md
+    assert "- nvjpeg loader alone: target >= 20,000 img/s, measured 7,000 img/s: NOT met" in md
+    assert "- ResNet-50 bf16 data wait: target < 3%, measured 12.5%: NOT met" in md
+    assert "- ResNet-50 bf16 compiled data wait: target < 3%, measured 2.0%: met" in md
 
 
 def test_markdown_of_a_run_where_parts_were_skipped():
@@ -122,6 +182,27 @@ def test_markdown_of_a_run_where_parts_were_skipped():
     )
     assert "| pytest | skipped | 0 | no CUDA device: every gpu test would skip |" in md
     assert "- nvjpeg vs pil images/s: target >= 3x, measured -: not measured" in md
+    assert "- ResNet-50 bf16 compiled data wait: target < 3%, measured -: not measured" in md
+
+
+def test_variant_plan_rows_follow_what_works_here():
+    from stoker.tools.gpu_check.loader_part import variant_plan
+
+    works = {"nvimgcodec": True, "torchcodec": False, "torchvision": True}
+    labels = [v["label"] for v in variant_plan(True, works, "nvimgcodec")]
+    assert labels == [
+        "decoder torchvision",
+        "overlap off",
+        "hw share 0",
+        "hw share 1",
+        "region decode off",
+        "stages synchronized",
+    ]
+    cpu = variant_plan(False, works, "torchvision")  # no hardware decoder on a CPU
+    assert [v["label"] for v in cpu] == ["decoder nvimgcodec", "overlap off", "region decode off"]
+    assert cpu[2] == {"label": "region decode off", "decoder": "nvimgcodec", "region": False}
+    only = variant_plan(True, {"nvimgcodec": False, "torchcodec": False, "torchvision": True}, "torchvision")
+    assert only == [{"label": "overlap off", "overlap": False}, {"label": "stages synchronized", "stage_sync": True}]
 
 
 @pytest.mark.parametrize(
@@ -207,13 +288,24 @@ def test_cpu_smoke_runs_every_part_and_writes_json_and_markdown(tiny_shards, tmp
     assert (
         stages["batches"] == 5
         and stages["device"] == "cpu"
+        and stages["decoder"] == "torchvision"
         and min(stages[k] for k in ("read_img_s", "decode_img_s", "crop_resize_img_s")) > 0
     )
+    variants = {v["label"]: v for v in parts["loader"]["variants"]}  # the nvjpeg runner on the CPU
+    assert variants["overlap off"]["img_s"] > 0 and variants["overlap off"]["decoder"] == "torchvision"
+    assert 0 < variants["overlap off"]["overlap_ratio"] <= 1.05 and variants["overlap off"]["gpu_fallbacks"] == 0
+    assert set(variants["overlap off"]["stages"]) == {"read_s", "decode_s", "crop_resize_s", "wall_s"}
+    env = parts["environment"]
+    assert env["auto_decoder"] == "torchvision" and set(env["decoders"]) == {"nvimgcodec", "torchcodec", "torchvision"}
+    if env["decoders"]["nvimgcodec"][0]:  # its CPU backend: a row, and region decode off, but no hardware share
+        assert variants["decoder nvimgcodec"]["img_s"] > 0 and variants["region decode off"]["img_s"] > 0
+        assert not [v for v in variants if v.startswith("hw share")]
     assert [(r["model"], r["channels_last"]) for r in parts["bench-model"]["rows"]] == [
         ("resnet18", False),
         ("resnet18", True),
     ]
     assert parts["train"]["steps"] == 6 and 0 <= parts["train"]["data_wait"] < 1  # 24 samples, batch 4
+    assert parts["train"]["compiled"] == {"skipped": "torch.compile: CUDA only in this check"}
     md = (out / "gpu_check.md").read_text()
     assert "CPU smoke run" in md and "| pytest | skipped |" in md and md == capsys.readouterr().out.rstrip("\n") + "\n"
     assert result["targets"]["train_data_wait"]["met"] is None  # a smoke run judges nothing
