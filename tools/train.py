@@ -154,7 +154,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--amp",
         choices=AMP_CHOICES,
         default="auto",
-        help="auto: bf16 on GPUs that have it, else fp16 + GradScaler; off on CPU (default: auto)",
+        help="auto: bf16 on GPUs that have it, else fp16 + GradScaler; on a CPU bf16 where it has native bf16 "
+        "(AMX/AVX512-BF16), else off (default: auto)",
     )
     p.add_argument("--channels-last", action="store_true", help="model and batches in channels_last memory format")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")

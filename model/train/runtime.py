@@ -65,13 +65,15 @@ class AmpSpec:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
 
 
-def resolve_amp(amp: str, device: str | torch.device, *, native_cpu_bf16: bool = False) -> AmpSpec:
+def resolve_amp(amp: str, device: str | torch.device, *, native_cpu_bf16: bool = True) -> AmpSpec:
     """The autocast to use for ``amp`` (one of :data:`~stoker.model.train.config.AMP_CHOICES`) on ``device``.
 
-    ``auto``: bf16 where the GPU supports it, fp16 (+ GradScaler) otherwise; on the CPU off
-    (bf16 autocast there is many times slower without bf16 units), or, with
-    ``native_cpu_bf16=True`` (what ``stoker diagnose`` measures), bf16 when the CPU has
-    native bf16 math. bf16 and fp16 may also be asked for on the CPU (autocast supports both).
+    ``auto``: bf16 where the GPU supports it, fp16 (+ GradScaler) otherwise; on the CPU bf16
+    when it has native bf16 math (AMX or AVX512-BF16, :func:`cpu_bf16`), else off (bf16
+    autocast there is many times slower without bf16 units). ``stoker train``, ``stoker
+    bench-model`` and ``stoker diagnose`` all resolve ``auto`` here, so what diagnose measures
+    for ``auto`` is what training then does. ``native_cpu_bf16=False`` keeps ``auto`` off on
+    every CPU. bf16 and fp16 may also be asked for on the CPU (autocast supports both).
     """
     check_choice("amp", amp, AMP_CHOICES)
     dev = torch.device(device)
@@ -79,12 +81,12 @@ def resolve_amp(amp: str, device: str | torch.device, *, native_cpu_bf16: bool =
         name, why = amp, f"--amp {amp}"
     elif dev.type == "cuda":
         name, why = ("bf16", "GPU supports bf16") if torch.cuda.is_bf16_supported() else ("fp16", "GPU lacks bf16")
-    elif native_cpu_bf16 and dev.type == "cpu" and cpu_bf16():
-        name, why = "bf16", "CPU has native bf16"
-    elif native_cpu_bf16:
-        name, why = "off", "skipped: no native bf16 on this CPU (AVX512-BF16/AMX); --amp bf16 measures it anyway"
+    elif dev.type == "cpu" and native_cpu_bf16 and cpu_bf16():
+        name, why = "bf16", "auto: the CPU has native bf16 (AMX/AVX512-BF16)"
+    elif dev.type == "cpu" and native_cpu_bf16:
+        name, why = "off", "auto: off on a CPU without native bf16 (AVX512-BF16/AMX), where bf16 runs many times slower"
     else:
-        name, why = "off", "auto is off on the CPU"
+        name, why = "off", f"auto: off on {dev.type}"
     return AmpSpec(name, _DTYPES[name], name != "off", dev.type, why)
 
 

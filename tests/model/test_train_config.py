@@ -47,16 +47,22 @@ def test_default_lr_and_weight_decay_follow_the_optimizer():
 @pytest.mark.parametrize(
     "native, name, why",
     [
-        (True, "bf16", "CPU has native bf16"),
-        (False, "off", "skipped: no native bf16 on this CPU (AVX512-BF16/AMX); --amp bf16 measures it anyway"),
+        (True, "bf16", "auto: the CPU has native bf16 (AMX/AVX512-BF16)"),
+        (False, "off", "auto: off on a CPU without native bf16 (AVX512-BF16/AMX), where bf16 runs many times slower"),
     ],
 )
 def test_auto_amp_on_cpu_train_vs_diagnose_policy(monkeypatch, native, name, why):
+    # One rule: `stoker train --amp auto` does on this CPU what `stoker diagnose` measures and advises.
+    from stoker.tools.diagnose.engine import resolve_amp as diagnose_amp
+
     monkeypatch.setattr(runtime, "cpu_bf16", lambda: native)
     train_spec = resolve_amp("auto", torch.device("cpu"))
-    assert (train_spec.name, train_spec.enabled, train_spec.dtype) == ("off", False, torch.float32)
-    spec = resolve_amp("auto", torch.device("cpu"), native_cpu_bf16=True)
-    assert (spec.name, spec.enabled, spec.why) == (name, name != "off", why)
+    assert (train_spec.name, train_spec.enabled, train_spec.why) == (name, name != "off", why)
+    assert train_spec.dtype == (torch.bfloat16 if native else torch.float32)
+    measured, _ = diagnose_amp("auto", torch.device("cpu"))
+    assert measured == (name if native else None)
+    # The opt-out keeps auto off on any CPU.
+    assert resolve_amp("auto", "cpu", native_cpu_bf16=False).name == "off"
 
 
 def test_explicit_amp_is_taken_as_asked():

@@ -58,7 +58,8 @@ def test_train_writes_run_and_learns(data, tmp_path):
     s = train(_cfg(data, out, epochs=3, plot=True), loader_factory=factory())
     assert s["steps"] == s["total_steps"] == 3 * 6 and s["interrupted"] is None
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["amp"] == "off" and cfg["device"] == "cpu" and cfg["steps_per_epoch"] == 6 and cfg["lr"] > 0
+    auto = resolve_amp("auto", "cpu").name  # bf16 on a CPU with native bf16, else off
+    assert cfg["amp"] == auto and cfg["device"] == "cpu" and cfg["steps_per_epoch"] == 6 and cfg["lr"] > 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     tr = [r for r in rows if r["kind"] == "train"]
     va = [r for r in rows if r["kind"] == "val"]
@@ -93,8 +94,15 @@ def test_fp16_uses_grad_scaler(data, tmp_path):
     assert load_checkpoint(tmp_path / "run" / "last.pt")["scaler"]["scale"] > 0
 
 
-def test_amp_auto_is_off_on_cpu_and_bad_values_named():
+def test_amp_auto_on_cpu_follows_native_bf16_and_bad_values_named(monkeypatch):
+    from stoker.model.train import runtime
+
+    monkeypatch.setattr(runtime, "cpu_bf16", lambda: False)
     assert resolve_amp("auto", torch.device("cpu")).name == "off"
+    monkeypatch.setattr(runtime, "cpu_bf16", lambda: True)
+    spec = resolve_amp("auto", torch.device("cpu"))
+    assert spec.name == "bf16" and spec.dtype == torch.bfloat16 and "native bf16" in spec.why
+    assert resolve_amp("auto", torch.device("cpu"), native_cpu_bf16=False).name == "off"
     with pytest.raises(ValueError, match="amp='fp8'"):
         resolve_amp("fp8", torch.device("cpu"))
 

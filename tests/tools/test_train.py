@@ -13,6 +13,7 @@ import torch
 
 from helpers import write_split
 from stoker.model import load_checkpoint
+from stoker.model.train.runtime import resolve_amp
 from stoker.tools.cli import main as cli
 
 ARGS = [
@@ -77,7 +78,8 @@ def test_end_to_end_writes_config_metrics_checkpoints(data, full_run):
     assert s["steps"] == 12 and s["interrupted"] is None and s["val_samples"] == 21
     assert s["images_per_s"] > 0 and 0 <= s["data_wait"] <= 1
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["arch"] == "inception" and cfg["num_classes"] == 6 and cfg["amp"] == "off"
+    auto = resolve_amp("auto", "cpu").name  # bf16 on a CPU with native bf16, else off
+    assert cfg["arch"] == "inception" and cfg["num_classes"] == 6 and cfg["amp"] == auto
     assert cfg["classes"][0] == "circles" and cfg["steps_per_epoch"] == 6 and cfg["deterministic"] is True
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert {r["kind"] for r in rows} == {"train", "val"}

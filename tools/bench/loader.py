@@ -18,6 +18,11 @@ Columns: images/s, ratio to (1) (or to (2) without --images), CPU % (all process
 the pipeline; 200% = two cores busy), peak RSS (sum over the pipeline's processes; shared
 pages count once per process), bytes per batch handed to the device.
 
+The summary line puts the best stoker Loader against the others; when (1) and (2) both
+ran it splits the gain over (1) in two factors whose product it is: pack-time resize,
+(2) on the shards (already resized by `stoker pack`) over (1) on the originals, and the
+Loader itself, the best stoker over (2) on the same shards.
+
 examples:
   stoker bench /data/packed/train --images /data/imagenet/train
   stoker bench out/train --json --seconds 10
@@ -44,7 +49,7 @@ from ..common.results import Result
 from .peers import ffcv_bench
 from .runners import torchvision_loader
 
-__all__ = ["bench", "BenchResult", "torchvision_loader", "ALL", "LABELS"]
+__all__ = ["bench", "BenchResult", "summarize", "torchvision_loader", "ALL", "LABELS"]
 
 HELP = "side-by-side loader throughput: torchvision, webdataset, DALI reader, FFCV, stoker"
 
@@ -176,7 +181,9 @@ class BenchResult(Result):
         rows: One dict per pipeline run: ``pipeline``, ``label``, then ``images``, ``seconds``,
             ``img_s``, ``cpu_pct``, ``peak_rss``, ``bytes_per_batch`` and ``ratio``, or ``error``.
         summary: The best stoker Loader against the others: ``vs_torchvision``,
-            ``vs_dali_reader``, ``vs_ffcv``, ``of_ceiling`` (those measured).
+            ``vs_dali_reader``, ``vs_ffcv``, ``of_ceiling`` (those measured); with (1) and (2)
+            both measured, ``vs_torchvision`` split in two factors (:func:`summarize`):
+            ``from_pack_resize`` and ``from_loader``.
         notes: Why a pipeline was skipped, one line each.
     """
 
@@ -219,6 +226,14 @@ class BenchResult(Result):
             if "of_ceiling" in s:
                 text.append(f"{100 * s['of_ceiling']:.0f}% of the decode-only ceiling")
             lines.append("best stoker Loader: " + ", ".join(text))
+            if "from_pack_resize" in s:
+                # The headline vs torchvision is the product of these two: say how much each brings.
+                lines += [
+                    f"  {s['vs_torchvision']:.2f}x = pack-time resize: {s['from_pack_resize']:.2f}x "
+                    "((2) webdataset on the shards / (1) torchvision on the originals)",
+                    f"  {'':>{len(format(s['vs_torchvision'], '.2f'))}}  x Loader: {s['from_loader']:.2f}x "
+                    "(best stoker / (2) webdataset on the same shards)",
+                ]
         lines += self.notes
         return "\n".join(lines)
 
@@ -246,6 +261,34 @@ class BenchResult(Result):
         ax.set_title(f"batch {self.batch_size}, crop {self.crop}, {self.workers} cores, cpu")
         fig.tight_layout()
         fig.savefig(path, dpi=120)
+
+
+def summarize(rows: list) -> dict:
+    """The best stoker Loader against the other rows (those that ran): see :attr:`BenchResult.summary`.
+
+    ``vs_torchvision`` mixes two gains: the shards were resized at pack time, and then the
+    Loader reads them. With torchvision (1) and webdataset (2) both measured it is split into
+    ``from_pack_resize`` = (2) / (1) and ``from_loader`` = best stoker / (2), whose product it is.
+    """
+    rate = {r["pipeline"]: r["img_s"] for r in rows if "img_s" in r}
+    best = max((rate[k] for k in STOKER if k in rate), default=None)
+    summary = {}
+    if not best:
+        return summary
+    for k, name in (
+        ("torchvision", "vs_torchvision"),
+        ("torchvision-seg", "vs_torchvision"),
+        ("torchvision-csv", "vs_torchvision"),
+        ("dali-reader", "vs_dali_reader"),
+        ("ceiling", "of_ceiling"),
+        ("ffcv", "vs_ffcv"),
+    ):
+        if k in rate:
+            summary[name] = best / rate[k]
+    if "torchvision" in rate and "wds" in rate:
+        summary["from_pack_resize"] = rate["wds"] / rate["torchvision"]
+        summary["from_loader"] = best / rate["wds"]
+    return summary
 
 
 def _split(data: str | Path, storage_options: dict | None = None) -> Path:
@@ -410,19 +453,6 @@ def bench(
         if base and "img_s" in r:
             row["ratio"] = r["img_s"] / base
         out_rows.append(row)
-    summary = {}
-    best_stoker = max((rows[k]["img_s"] for k in STOKER if "img_s" in rows.get(k, {})), default=None)
-    if best_stoker:
-        for k, name in (
-            ("torchvision", "vs_torchvision"),
-            ("torchvision-seg", "vs_torchvision"),
-            ("torchvision-csv", "vs_torchvision"),
-            ("dali-reader", "vs_dali_reader"),
-            ("ceiling", "of_ceiling"),
-            ("ffcv", "vs_ffcv"),
-        ):
-            if "img_s" in rows.get(k, {}):
-                summary[name] = best_stoker / rows[k]["img_s"]
     return BenchResult(
         data=str(split),
         images=images,
@@ -433,7 +463,7 @@ def bench(
         seconds_limit=seconds,
         baseline=base_kind,
         rows=out_rows,
-        summary=summary,
+        summary=summarize(out_rows),
         notes=notes,
     )
 

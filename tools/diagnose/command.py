@@ -1,17 +1,31 @@
 """Tell why training is slow, with numbers: loader-bound, model-bound or transfer-bound.
 
-Measures, in one run and each for --seconds: the loader alone; the model alone
-(forward+backward+step on a synthetic batch already on the device) in fp32, with AMP
-and with channels_last where they apply; the two together end to end, with the
-fraction of time spent waiting for data; the bytes each batch sends to the device
-(uint8 vs float32); and a parameter/FLOP audit of the model that flags a layer holding
-most of the parameters. Then a verdict with the ratio behind it, and the next steps
-ranked by the speed-up they would bring, each with the command or code change.
+Measures, in one run: the loader alone; the model alone (forward+backward+step on a
+synthetic batch already on the device) in fp32, with AMP and with channels_last where
+they apply; the two together end to end, with the fraction of time spent waiting for
+data; the bytes each batch sends to the device (uint8 vs float32); and a parameter/FLOP
+audit of the model that flags a layer holding most of the parameters. Then a verdict
+with the ratio behind it, and the next steps ranked by the speed-up they would bring,
+each with the command or code change.
+
+How long: each figure takes at least --seconds and 5 steps (batches), at most 3x
+--seconds, and is timed in windows whose spread it reports (±). A figure that got fewer
+than 5 steps, or whose windows spread more than ±25%, is too few or too noisy to advise
+on: the report says so and ranks no speed-up that rests on it. The loader, fp32 and
+end-to-end figures are always measured; the model's variants (AMP, channels_last, 2x
+batch) only while the run stays within 12x --seconds. With the defaults a run takes
+about a minute (60 s for the default inception at batch 64 on 2 CPU cores; the budget
+bounds it on any device), plus packing a sample for an ImageFolder; a model whose step
+takes seconds gets its figures flagged instead: raise --seconds or lower --batch-size.
+
+--amp auto measures what `stoker train --amp auto` trains with: bf16 on GPUs that have
+it, fp16 on the others, bf16 on CPUs with native bf16 (AMX/AVX512-BF16), nothing on
+other CPUs (--amp bf16 measures it there anyway).
 
 DATA is stoker shards (a split folder with stoker.json, or a `stoker pack` OUT with
-train/) or an ImageFolder; for an ImageFolder it measures the torchvision pipeline you
-have now, and what `stoker pack` would give (a small subset is packed into a temporary
-folder and measured).
+train/) or an ImageFolder (or a tree with train/ and val/ ImageFolders); for an
+ImageFolder it measures the torchvision pipeline you have now, and what `stoker pack`
+would give (a small subset is packed into a temporary folder and measured).
 
 examples:
   stoker diagnose out/ --arch resnet50 --batch-size 128
@@ -40,11 +54,12 @@ from .inputs import (
     describe_loader,
     loader_hints,
     pack_sample,
+    pack_source,
     resolve_data,
     resolve_device,
     stoker_loader,
 )
-from .report import format_report
+from .text import format_report
 
 __all__ = ["diagnose", "Diagnosis", "run_diagnosis", "format_report", "DiagnoseError"]
 
@@ -80,13 +95,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
     p.add_argument("--crop", type=int, default=224, help="image side the loader produces (default 224)")
     p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
-    p.add_argument("--seconds", type=float, default=5.0, help="time budget of each measurement (default 5)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=5.0,
+        help="least time of each measurement; each also takes at least 5 steps, at most 3x this; "
+        "the whole run about 12x this (default 5: about a minute)",
+    )
     p.add_argument(
         "--amp",
         choices=("auto", "bf16", "fp16", "off"),
         default="auto",
-        help="autocast to measure (auto: bf16 where native, fp16 on GPUs without bf16; "
-        "skipped on CPUs without native bf16)",
+        help="autocast to measure (auto: what `stoker train --amp auto` uses: bf16 where native, fp16 on "
+        "GPUs without bf16; skipped on CPUs without native bf16)",
     )
     p.add_argument(
         "--channels-last",
@@ -187,7 +208,8 @@ def diagnose(
 
     Args:
         data: stoker shards (a split folder, or a `stoker pack` OUT with train/) or an ImageFolder
-            (then the torchvision pipeline is measured, and stoker on a packed sample of it). Shards
+            or a tree of train/ and val/ ImageFolders (then the torchvision pipeline is measured
+            on the train images, and stoker on a packed sample of them). Shards
             may be at a URL: fetched whole into the shard cache first.
         storage_options: fsspec options for a URL ``data`` (credentials, ``endpoint_url``).
         arch: stoker network (``"inception"``, ``"report"``) or a torchvision model name.
@@ -196,8 +218,10 @@ def diagnose(
         batch_size: Batch size of the loader and the model.
         crop: Image side the loader produces.
         device: ``"cuda"``, ``"cuda:1"`` or ``"cpu"`` (None: cuda when available).
-        seconds: Time budget of each measurement.
-        amp: Autocast to measure: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"off"``.
+        seconds: Least time of each measurement (each also takes at least 5 steps, at most 3x
+            ``seconds``; the model's variants are measured while the run stays within 12x).
+        amp: Autocast to measure: ``"auto"`` (what ``stoker train --amp auto`` uses), ``"bf16"``,
+            ``"fp16"`` or ``"off"``.
         channels_last: ``"auto"`` (when the model has convolutions), ``"on"`` or ``"off"``.
         backend: stoker Loader backend (``"auto"``, ``"dali"``, ``"nvjpeg"``, ``"pil"``).
         decode: stoker Loader decode (``"auto"``, ``"mixed"``, ``"cpu"``).
@@ -300,7 +324,8 @@ def diagnose(
                         "id": "pack",
                         "label": "after stoker pack",
                         "title": "Pack with stoker pack, load with stoker's Loader",
-                        "action": f"stoker pack {path} OUT; then Loader('OUT/train', batch_size={batch_size}, "
+                        "action": f"stoker pack {pack_source(data, path)} OUT; then Loader('OUT/train', "
+                        f"batch_size={batch_size}, "
                         f"crop={crop}, device={device!r})",
                         "loader": stoker_loader(split, **{**loader_kw, "batch_size": packed_batch}),
                         "basis_note": f"on {n} of the images, packed with defaults",

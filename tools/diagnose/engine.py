@@ -2,7 +2,13 @@
 
 :func:`run_diagnosis` takes any loader and any ``nn.Module`` (no paths, no flags), runs the
 measurements of :mod:`stoker.tools.diagnose.measure` and hands the figures to
-:mod:`stoker.tools.diagnose.report` for the verdict and the ranked next steps.
+:mod:`stoker.tools.diagnose.report` for the verdict and the ranked next steps
+(:mod:`stoker.tools.diagnose.text` writes them out).
+
+The figures the verdict needs (the loader, its alternatives, the model in fp32, end to end)
+are always measured; the model's variants (AMP, channels_last, twice the batch, AMP with
+channels_last) follow, best first, each only while the run stays within its time budget
+(:data:`BUDGET` x ``seconds``), so the defaults take about a minute whatever the model.
 """
 
 from __future__ import annotations
@@ -11,13 +17,21 @@ from collections.abc import Callable, Iterable
 
 from stoker.errors import DiagnoseError
 
+#: The run's time budget, in multiples of ``seconds``: the model's variants are measured while they fit in it.
+BUDGET = 12
+
 
 def resolve_amp(amp: str, device) -> tuple[str | None, str]:
     """``(dtype or None, why)`` for the AMP measurement on ``device``: the training runtime's
-    policy (:func:`stoker.model.train.runtime.resolve_amp`), plus bf16 on CPUs with native bf16."""
+    policy (:func:`stoker.model.train.runtime.resolve_amp`), so ``auto`` measures what
+    ``stoker train --amp auto`` would train with."""
+    import torch
+
     from stoker.model.train.runtime import resolve_amp as policy
 
-    spec = policy(amp, device, native_cpu_bf16=True)
+    spec = policy(amp, device)
+    if amp == "auto" and not spec.enabled and torch.device(device).type == "cpu":
+        return None, f"skipped: {spec.why}; --amp bf16 measures it anyway"
     return (spec.name if spec.enabled else None), spec.why
 
 
@@ -41,6 +55,7 @@ def run_diagnosis(
     warmup_batches: int = 2,
     data: dict | None = None,
     alternatives: list | None = None,
+    budget_s: float | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Measure ``loader`` and ``model`` separately and together; return the report dict.
@@ -53,28 +68,39 @@ def run_diagnosis(
         batch_size: The loader's batch size (the synthetic model batch uses the same).
         crop: Image side of the batches.
         device: Where the model runs.
-        seconds: Time budget of each measurement.
-        amp: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"off"``: which autocast to measure.
+        seconds: Least time of each measurement; each also takes at least
+            :data:`~stoker.tools.diagnose.measure.MIN_STEPS` steps, up to
+            :data:`~stoker.tools.diagnose.measure.CAP` x ``seconds``.
+        amp: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"off"``: which autocast to measure
+            (``auto``: what ``stoker train --amp auto`` would use on ``device``).
         channels_last: ``"auto"`` (measure when the model has convolutions), ``"on"``, ``"off"``.
-        warmup_batches: Batches/steps excluded from every timing.
+        warmup_batches: Batches/steps excluded from every timing (fewer once they took ``seconds``).
         data: Facts about DATA shown in the report (kind, path, loader settings); a
             ``"loader_hints"`` list of dicts (id, title, action, est_loader_speedup, basis)
             adds estimated loader-side steps.
         alternatives: Other loaders to measure as loader-side next steps: dicts with ``id``,
             ``title``, ``action`` and ``loader`` (e.g. stoker's Loader on a packed subset).
+        budget_s: Time the run may take before the model's variants are skipped
+            (None: :data:`BUDGET` x ``seconds``); the verdict's figures are always measured.
         progress: Called with a line before each measurement.
 
     Returns:
         A JSON-ready dict: ``environment``, ``settings``, ``data``, ``loader``, ``model``,
         ``end_to_end``, ``transfer``, ``audit``, ``verdict``, ``next_steps``, ``not_helping``.
+        Every measured figure carries ``trust`` (``ok``, ``few``, ``noisy``) and its spread;
+        advice rests only on trusted figures (see :func:`~stoker.tools.diagnose.report.next_steps`).
     """
+    import time
+
     import torch
 
     from stoker import __version__
     from stoker.model.audit import audit_model
+    from stoker.model.train.runtime import resolve_amp as train_amp
 
     from .measure import environment, measure_end_to_end, measure_loader, measure_model_alone, measure_transfer
-    from .report import judge, next_steps
+    from .report import caveats_of, judge, next_steps
+    from .timing import CAP, MIN_STEPS
 
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
@@ -88,18 +114,20 @@ def run_diagnosis(
         raise ValueError(f"channels_last={channels_last!r} must be 'auto', 'on' or 'off'")
     say = progress or (lambda line: None)
     device = torch.device(device)
+    budget = BUDGET * seconds if budget_s is None else budget_s
+    deadline = time.perf_counter() + budget
     env = environment()
 
     say("auditing the model's parameters and FLOPs")
     audit = audit_model(model, input_size=(3, crop, crop))
 
-    say(f"loader alone ({seconds:g} s)")
+    say(f"loader alone (at least {seconds:g} s and {MIN_STEPS} batches)")
     loader_r = measure_loader(loader, seconds=seconds, warmup_batches=warmup_batches)
 
     # Alternatives right after, so the loader figures compare side by side in time.
     alt_r = []
     for alt in alternatives or []:
-        say(f"loader: {alt['title']} ({seconds:g} s)")
+        say(f"loader: {alt['title']}")
         r = measure_loader(alt["loader"], seconds=seconds, warmup_batches=warmup_batches)
         alt_r.append({k: v for k, v in alt.items() if k != "loader"} | {"result": r})
 
@@ -108,34 +136,25 @@ def run_diagnosis(
     cl_why = {"on": "--channels-last on", "off": "--channels-last off"}.get(
         channels_last, "model has convolutions" if cl else "not measured: no convolutions in the model"
     )
-    configs = [("fp32", None, False)]
-    if amp_dtype:
-        configs.append(("amp", amp_dtype, False))
-    if cl:
-        configs.append(("channels_last", None, True))
-    if amp_dtype and cl:
-        configs.append(("amp_channels_last", amp_dtype, True))
     model_r: dict = {}
-    warm = warmup_batches
-    for key, a, c in configs:
-        say(f"model alone, {a or 'fp32'}{' channels_last' if c else ''} ({seconds:g} s)")
-        model_r[key] = measure_model_alone(
-            model, batch_size=batch_size, crop=crop, device=device, amp=a, channels_last=c, seconds=seconds, warmup=warm
-        )
-        if (model_r[key].get("step_ms") or 0) > 1000 * seconds:
-            warm = 1  # a step outlasts the budget: one warm-up step is plenty, and saves minutes
-    if model_r["fp32"].get("images_per_s") is None:
-        raise DiagnoseError(
-            f"the model does not train at batch {batch_size} on {device}: "
-            f"{model_r['fp32'].get('error')}; try a smaller batch size"
-        )
-    model_r.setdefault("amp", {"applies": False, "why": amp_why})
-    model_r["amp"].setdefault("why", amp_why)
-    model_r.setdefault("channels_last", {"applies": False, "why": cl_why})
-    model_r["channels_last"].setdefault("why", cl_why)
 
-    say(f"end to end, loader + model ({seconds:g} s)")
-    e2e = measure_end_to_end(loader, model, device=device, seconds=seconds, warmup_batches=min(warm, warmup_batches))
+    def model_alone(key, a=None, c=False, batch=batch_size, warm=warmup_batches):
+        say(f"model alone, {a or 'fp32'}{' channels_last' if c else ''}, batch {batch}")
+        model_r[key] = measure_model_alone(
+            model, batch_size=batch, crop=crop, device=device, amp=a, channels_last=c, seconds=seconds, warmup=warm
+        )
+
+    model_alone("fp32")
+    fp32 = model_r["fp32"]
+    if fp32.get("images_per_s") is None:
+        raise DiagnoseError(
+            f"the model does not train at batch {batch_size} on {device}: {fp32.get('error')}; try a smaller batch size"
+        )
+    # One step that outlasts the budget: one warm-up step is plenty, and saves minutes.
+    warm = 1 if fp32["step_ms"] > 1000 * seconds else warmup_batches
+
+    say("end to end, loader + model")
+    e2e = measure_end_to_end(loader, model, device=device, seconds=seconds, warmup_batches=warm)
 
     batch_dev = torch.device(loader_r["device"])
     transfer = measure_transfer(loader_r["batch_shape"], device=device, seconds=min(seconds, 2.0))
@@ -144,21 +163,58 @@ def run_diagnosis(
     transfer["loader_dtype"] = loader_r["dtype"]
     transfer["loader_device"] = loader_r["device"]
 
-    stages = {"loader": loader_r["images_per_s"], "model": model_r["fp32"]["images_per_s"]}
+    stages = {"loader": loader_r["images_per_s"], "model": fp32["images_per_s"]}
     if transfer["applies"]:
         key = "uint8_images_per_s" if loader_r["dtype"] == "uint8" else "float32_images_per_s"
         stages["transfer"] = transfer[key]
-    verdict = judge(stages, e2e)
+    caveats = caveats_of(loader_r, fp32, transfer)
+    verdict = judge(stages, e2e, caveats=caveats)
 
+    # The model's variants, most telling first, while the run's budget lasts. Each costs its
+    # warm-up and its timed steps; estimated from the fp32 step (a variant may well be faster).
+    variants = []
+    if amp_dtype:
+        variants.append(("amp", amp_dtype, False, batch_size))
+    if cl:
+        variants.append(("channels_last", None, True, batch_size))
     # A bigger batch is worth measuring only when the model is what bounds training.
-    if verdict["bound"] == "model" and model_r["fp32"].get("images_per_s"):
-        say(f"model alone, fp32, batch {2 * batch_size} ({seconds:g} s)")
-        model_r["fp32_batch_x2"] = measure_model_alone(
-            model, batch_size=2 * batch_size, crop=crop, device=device, seconds=seconds, warmup=warm
-        )
+    if verdict["bound"] == "model":
+        variants.append(("fp32_batch_x2", None, False, 2 * batch_size))
+    if amp_dtype and cl:
+        variants.append(("amp_channels_last", amp_dtype, True, batch_size))
+    step_s = fp32["step_ms"] / 1000
+    for key, a, c, batch in variants:
+        s = step_s * batch / batch_size
+        timed = max(seconds, s * MIN_STEPS) if s * MIN_STEPS <= CAP * seconds else max(seconds, s)
+        cost = warm * s + timed
+        left = deadline - time.perf_counter()
+        if cost > left:
+            of = f", {BUDGET}x --seconds" if budget_s is None else ""
+            model_r[key] = {
+                "applies": False,
+                "why": f"not measured: about {cost:.{0 if cost >= 10 else 1}f} s more would pass the run's "
+                f"time budget ({budget:g} s{of}); a longer --seconds measures it",
+            }
+            continue
+        model_alone(key, a, c, batch, warm)
+
+    model_r.setdefault("amp", {"applies": False, "why": amp_why})
+    model_r["amp"].setdefault("why", amp_why)
+    model_r.setdefault("channels_last", {"applies": False, "why": cl_why})
+    model_r["channels_last"].setdefault("why", cl_why)
 
     steps, not_helping = next_steps(
-        stages, model_r, transfer, audit, batch_size, device, amp_dtype, alt_r, (data or {}).get("loader_hints", [])
+        stages,
+        model_r,
+        transfer,
+        audit,
+        batch_size,
+        device,
+        amp_dtype,
+        alt_r,
+        (data or {}).get("loader_hints", []),
+        caveats=caveats,
+        auto_amp=train_amp("auto", device).name,
     )
     data_out = {k: v for k, v in (data or {}).items() if k != "loader_hints"}
     return {
@@ -169,6 +225,9 @@ def run_diagnosis(
             "crop": crop,
             "device": str(device),
             "seconds": seconds,
+            "min_steps": MIN_STEPS,
+            "max_seconds": CAP * seconds,
+            "budget_s": budget,
             "amp": amp,
             "amp_measured": amp_dtype,
             "channels_last": channels_last,

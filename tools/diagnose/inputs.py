@@ -118,6 +118,14 @@ def resolve_data(path: str, storage_options: dict | None = None) -> tuple[str, P
     )
 
 
+def pack_source(data: str | Path, path: Path) -> Path:
+    """What to give ``stoker pack`` for ImageFolder ``path`` that :func:`resolve_data` found in
+    DATA: the tree itself when DATA holds ``train/`` (and ``val/``), which pack splits into train
+    and val, else the ImageFolder."""
+    root = Path(data).expanduser()
+    return root if path == root / "train" else path
+
+
 def resolve_device(arg: str | None) -> str:
     """``--device`` (None: cuda when available) as a device string; UsageError when it cannot be had."""
     from stoker.model.train import resolve_device as resolve

@@ -1,25 +1,43 @@
-"""The measurements behind ``stoker diagnose``, each bounded in time.
+"""The measurements behind ``stoker diagnose``, each bounded in time, each with its spread.
 
 Every function takes plain objects (any iterable loader yielding ``(images, labels)``,
 any ``nn.Module``) so tests can hand in a deliberately slow loader or heavy model.
 Throughputs are images per second; warm-up (graph building, oneDNN/cuDNN autotuning)
-is excluded. A measurement stops at the first batch or step that ends after its time
-budget, so a model whose single step outlasts the budget costs one timed step.
+is excluded. A measurement runs at least ``seconds`` and at least :data:`MIN_STEPS`
+timed batches or steps; past ``seconds`` it goes on only while the minimum can still be
+reached within :data:`CAP` x ``seconds``. It is timed in windows of ``seconds`` /
+:data:`WINDOWS`, and every figure says how far the windows spread and whether it can be
+trusted (``trust``: ``"ok"``, ``"few"`` steps, or ``"noisy"``; ``caveat`` says why).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
-from stoker.model.throughput import synchronize
-from stoker.model.train.runtime import cpu_bf16
+from stoker.model.train import runtime
+
+from .timing import CAP, MIN_STEPS, NOISY, WINDOWS, Clock, warm_up
+
+__all__ = [
+    "CAP",
+    "MIN_STEPS",
+    "NOISY",
+    "WINDOWS",
+    "measure_loader",
+    "measure_model_alone",
+    "measure_end_to_end",
+    "measure_transfer",
+    "environment",
+    "dist_version",
+]
 
 
 def _images_of(batch):
@@ -59,13 +77,13 @@ def measure_loader(loader: Iterable, *, seconds: float = 5.0, warmup_batches: in
 
     Args:
         loader: Yields ``(images, labels)`` (or just images); iterated again, epoch after
-            epoch, until ``seconds`` have passed after the warm-up.
-        seconds: Time budget of the timed part.
+            epoch, for at least ``seconds`` and :data:`MIN_STEPS` batches after the warm-up.
+        seconds: Least time of the timed part (at most :data:`CAP` times it).
         warmup_batches: Batches excluded from the timing (pipeline start-up).
 
     Returns:
-        ``images_per_s``, ``batches``, ``images``, ``seconds``, and the last batch's
-        ``batch_shape``, ``dtype`` and ``device``.
+        ``images_per_s``, ``batches``, ``images``, ``seconds``, the stability figures of
+        :func:`stability`, and the last batch's ``batch_shape``, ``dtype`` and ``device``.
     """
     if seconds <= 0:
         raise ValueError(f"seconds={seconds} must be > 0")
@@ -75,24 +93,18 @@ def measure_loader(loader: Iterable, *, seconds: float = 5.0, warmup_batches: in
     x = None
     for _ in range(warmup_batches):
         x = _images_of(next(it))
-    images = batches = 0
-    t0 = time.perf_counter()
+    clock = Clock(seconds=seconds, device=x.device if isinstance(x, torch.Tensor) else None)
     while True:
         x = _images_of(next(it))
-        images += int(x.shape[0])
-        batches += 1
-        elapsed = time.perf_counter() - t0
-        if elapsed >= seconds:
+        clock.device = x.device if isinstance(x, torch.Tensor) else None
+        if clock.tick(int(x.shape[0])):
             break
-    if isinstance(x, torch.Tensor):
-        synchronize(x.device)
-    elapsed = time.perf_counter() - t0
+    r = clock.result()
     it.close()
     return {
-        "images_per_s": images / elapsed,
-        "batches": batches,
-        "images": images,
-        "seconds": elapsed,
+        "images_per_s": r.pop("images_per_s"),
+        "batches": r.pop("steps"),
+        **r,
         "batch_shape": list(x.shape),
         "dtype": str(x.dtype).replace("torch.", ""),
         "device": str(x.device),
@@ -159,24 +171,6 @@ class _EndToEndStep:
             self.model.to(memory_format=torch.contiguous_format)
 
 
-def _timed_steps(
-    step: Callable[[], object], *, seconds: float, warmup: int, device: torch.device, per_step: int
-) -> dict:
-    for _ in range(warmup):
-        step()
-    synchronize(device)
-    steps = 0
-    t0 = time.perf_counter()
-    while True:
-        step()
-        steps += 1
-        if time.perf_counter() - t0 >= seconds:
-            break
-    synchronize(device)
-    elapsed = time.perf_counter() - t0
-    return {"images_per_s": steps * per_step / elapsed, "steps": steps, "seconds": elapsed}
-
-
 def measure_model_alone(
     model: nn.Module,
     *,
@@ -190,38 +184,44 @@ def measure_model_alone(
 ) -> dict:
     """Training images/s of ``model`` on a synthetic uint8 batch already on ``device``.
 
-    :func:`stoker.model.throughput.measure_model` (the same figure as ``stoker bench-model``)
-    on a copy of ``model``, timed for ``seconds`` and at least one step after ``warmup``
-    untimed steps. An out-of-memory error is returned as ``{"images_per_s": None, "error": ...}``.
-    """
-    from stoker.model.throughput import measure_model
+    A copy of ``model`` (the caller's is left as it is) trained by the very step
+    :func:`measure_end_to_end` times (:class:`_EndToEndStep`: normalize on the device,
+    forward, loss, backward, SGD), on one batch made on the device once; timed like every
+    figure here (at least ``seconds`` and :data:`MIN_STEPS` steps, see :class:`Clock`) after
+    up to ``warmup`` untimed steps. An out-of-memory error is returned as
+    ``{"images_per_s": None, "error": ...}``.
 
+    Returns:
+        ``images_per_s``, ``step_ms``, ``steps``, ``images``, ``seconds``, ``first_step_s``,
+        the stability figures of :func:`stability`, ``batch_size``, ``image_size``,
+        ``device``, ``amp``, ``channels_last``.
+    """
     device = torch.device(device)
+    facts = {
+        "batch_size": batch_size,
+        "image_size": crop,
+        "device": str(device),
+        "amp": amp or "off",
+        "channels_last": channels_last,
+    }
     try:
-        r = measure_model(
-            model,
-            batch_size=batch_size,
-            image_size=crop,
-            device=device,
-            amp=amp or "off",
-            channels_last=channels_last,
-            compile=False,
-            seconds=seconds,
-            steps_min=1,
-            warmup_steps=max(1, warmup),
-        )
+        step = _EndToEndStep(copy.deepcopy(model), device=device, amp=amp, channels_last=channels_last)
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randint(0, 256, (batch_size, 3, crop, crop), dtype=torch.uint8, generator=gen).to(device)
+        y = torch.randint(0, 1000, (batch_size,), generator=gen).to(device)
+        first = warm_up(lambda: step(x, y), warmup, seconds, device)
+        clock = Clock(seconds=seconds, device=device)
+        while True:
+            step(x, y)
+            if clock.tick(batch_size):
+                break
+        r = clock.result()
     except torch.OutOfMemoryError as e:
-        r = {
-            "images_per_s": None,
-            "error": f"out of memory: {str(e).splitlines()[0]}",
-            "batch_size": batch_size,
-            "amp": amp or "off",
-            "channels_last": channels_last,
-        }
+        return {"images_per_s": None, "error": f"out of memory: {str(e).splitlines()[0]}", **facts}
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return r
+    return {**r, "step_ms": 1000 * r["seconds"] / r["steps"], "first_step_s": first, **facts}
 
 
 def measure_end_to_end(
@@ -239,40 +239,34 @@ def measure_end_to_end(
     The data-wait fraction is the time blocked in ``next(loader)`` over the total: near 1
     means the model idles waiting for data (loader-bound), near 0 means the loader keeps up.
     On CUDA the step is asynchronous, so the GPU's work overlaps the next ``next()``
-    exactly as in a training loop.
+    exactly as in a training loop. Timed like every figure here (:class:`Clock`).
     """
     device = torch.device(device)
     it = _batches(loader)
     step = _EndToEndStep(model, device=device, amp=amp, channels_last=channels_last)
     try:
-        for _ in range(warmup_batches):
-            images, labels = next(it)[:2]
-            step(images, labels)
-        synchronize(device)
+
+        def warm():
+            step(*next(it)[:2])
+
+        warm_up(warm, warmup_batches, seconds, device)
         wait = 0.0
-        steps = images_n = 0
-        t0 = time.perf_counter()
+        clock = Clock(seconds=seconds, device=device)
         while True:
             tw = time.perf_counter()
             images, labels = next(it)[:2]
             wait += time.perf_counter() - tw
             step(images, labels)
-            steps += 1
-            images_n += int(images.shape[0])
-            if time.perf_counter() - t0 >= seconds:
+            if clock.tick(int(images.shape[0])):
                 break
-        synchronize(device)
-        elapsed = time.perf_counter() - t0
+        r = clock.result()
     finally:
         it.close()
         step.restore()
     return {
-        "images_per_s": images_n / elapsed,
-        "steps": steps,
-        "images": images_n,
-        "seconds": elapsed,
+        **r,
         "data_wait_s": wait,
-        "data_wait_fraction": wait / elapsed,
+        "data_wait_fraction": min(1.0, wait / r["seconds"]),
         "amp": amp or "off",
         "channels_last": channels_last,
     }
@@ -281,7 +275,9 @@ def measure_end_to_end(
 def measure_transfer(batch_shape, *, device, seconds: float = 1.0) -> dict:
     """Host→device bytes per batch for uint8 vs float32, and (on CUDA) the copy rate of each.
 
-    On a CPU device nothing crosses a bus: only the byte counts are given.
+    On a CPU device nothing crosses a bus: only the byte counts are given. On CUDA each copy
+    rate is timed like every figure here (``seconds / 2`` each); ``trust`` and ``caveat`` are
+    the less trusted of the two.
     """
     n = 1
     for s in batch_shape:
@@ -299,16 +295,22 @@ def measure_transfer(batch_shape, *, device, seconds: float = 1.0) -> dict:
         return out
     out["applies"] = True
     per_batch = int(batch_shape[0])
+    rank = {"ok": 0, "noisy": 1, "few": 2}
     for dtype, key in ((torch.uint8, "uint8_images_per_s"), (torch.float32, "float32_images_per_s")):
         host = torch.empty(tuple(batch_shape), dtype=dtype).pin_memory()
         dev = torch.empty(tuple(batch_shape), dtype=dtype, device=device)
-        out[key] = _timed_steps(
-            lambda dev=dev, host=host: dev.copy_(host, non_blocking=True),
-            seconds=seconds / 2,
-            warmup=2,
-            device=device,
-            per_step=per_batch,
-        )["images_per_s"]
+        warm_up(lambda dev=dev, host=host: dev.copy_(host, non_blocking=True), 2, seconds / 2, device)
+        clock = Clock(seconds=seconds / 2, device=device)
+        while True:
+            dev.copy_(host, non_blocking=True)
+            if clock.tick(per_batch):
+                break
+        r = clock.result()
+        out[key] = r["images_per_s"]
+        out[key.replace("images_per_s", "spread")] = r["spread"]
+        if rank[r["trust"]] > rank[out.get("trust", "ok")]:
+            out |= {"trust": r["trust"], "caveat": r["caveat"]}
+    out.setdefault("trust", "ok")
     return out
 
 
@@ -343,7 +345,7 @@ def environment() -> dict:
         "usable_cores": cores,
         "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_bf16": cpu_bf16(),
+        "cpu_bf16": runtime.cpu_bf16(),
         "gpu": gpu,
         "cuda": torch.version.cuda if gpu else None,
         "gpu_bf16": bool(gpu and torch.cuda.is_bf16_supported()),

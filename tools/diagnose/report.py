@@ -2,10 +2,9 @@
 
 Pure functions of the measured figures (no timing here), so they are tested on made-up
 figures: :func:`judge` names the stage that bounds training, :func:`next_steps` ranks the
-candidate changes by the end-to-end speed-up each implies, :func:`format_report` renders
-the report dict for humans.
-
-One module past 400 lines: the verdict, the ranking and the text read the same report dict.
+candidate changes by the end-to-end speed-up each implies (:mod:`.text` renders the report
+dict for humans). A figure with too few steps or too noisy (its ``trust``) gets no speed-up
+claim: the verdict says it is not settled and the changes that rest on it are listed unranked.
 """
 
 from __future__ import annotations
@@ -18,23 +17,42 @@ def _rate(r: dict | None) -> float | None:
     return r.get("images_per_s") if r else None
 
 
-def judge(stages: dict, e2e: dict) -> dict:
+def untrusted(r: dict | None) -> str | None:
+    """The caveat of a measurement that advice may not rest on, else None (no ``trust``: made-up, trusted)."""
+    return r.get("caveat", r["trust"]) if r and r.get("trust", "ok") != "ok" else None
+
+
+def caveats_of(loader: dict, model: dict, transfer: dict | None = None) -> dict:
+    """``{stage: "what: caveat"}`` for the stage figures that are too few or too noisy to advise on."""
+    out = {}
+    for stage, what, r in (("loader", "loader alone", loader), ("model", "model alone, fp32", model)):
+        if untrusted(r):
+            out[stage] = f"{what}: {untrusted(r)}"
+    if transfer and transfer.get("applies") and untrusted(transfer):
+        out["transfer"] = f"host→device copy: {untrusted(transfer)}"
+    return out
+
+
+def judge(stages: dict, e2e: dict, *, caveats: dict | None = None) -> dict:
     """The verdict: the slowest stage bounds training; the ratio is how far ahead the next one is.
 
     Args:
         stages: Images/s of each stage measured alone (``loader``, ``model``, maybe ``transfer``).
-        e2e: The end-to-end measurement (``images_per_s``, ``data_wait_fraction``).
+        e2e: The end-to-end measurement (``images_per_s``, ``data_wait_fraction``, maybe ``trust``).
+        caveats: ``{stage: why}`` for stage figures too few or too noisy to advise on
+            (:func:`caveats_of`): the verdict is then not settled (``reliable`` False).
 
     Returns:
-        ``bound``, ``label``, ``ratio``, ``next``, ``stages``, ``balanced``,
-        ``end_to_end_images_per_s``, ``data_wait_fraction``, ``consistent`` and ``text``.
+        ``bound``, ``label``, ``ratio``, ``next``, ``stages``, ``balanced``, ``reliable``,
+        ``caveats``, ``end_to_end_images_per_s``, ``data_wait_fraction``, ``consistent`` and ``text``.
     """
+    caveats = caveats or {}
     order = sorted(stages, key=lambda k: stages[k])
     bound = order[0]
     slow = stages[bound]
     nxt = order[1]
     ratio = stages[nxt] / slow if slow else float("inf")
-    figures = ", ".join(f"{k} {_f(stages[k])} img/s" for k in ("loader", "transfer", "model") if k in stages)
+    figures = ", ".join(f"{k} {figure(stages[k])} img/s" for k in ("loader", "transfer", "model") if k in stages)
     text = f"{bound}-bound: {figures}; {nxt} is {ratio:.1f}x faster than {bound}"
     if ratio < BALANCED:
         text += (
@@ -44,20 +62,28 @@ def judge(stages: dict, e2e: dict) -> dict:
     wait = e2e.get("data_wait_fraction")
     consistent = None
     if wait is not None:
-        text += f". End to end {_f(e2e['images_per_s'])} img/s, {wait:.0%} of the time waiting for data"
+        text += f". End to end {figure(e2e['images_per_s'])} img/s, {wait:.0%} of the time waiting for data"
         if e2e["images_per_s"] < 0.8 * slow:
             text += (
                 f" ({e2e['images_per_s'] / slow:.0%} of the {bound}'s own rate: loader and model do not "
                 "overlap — no prefetch, or both share the same CPU cores)"
             )
-        # The data-wait fraction is the end-to-end view of the same question.
-        consistent = not ((bound == "loader" and wait < 0.2) or (bound == "model" and wait > 0.5))
-        if not consistent:
+        # The data-wait fraction is the end-to-end view of the same question (when it can be trusted).
+        if untrusted(e2e):
+            text += f" (end to end: {untrusted(e2e)})"
+        else:
+            consistent = not ((bound == "loader" and wait < 0.2) or (bound == "model" and wait > 0.5))
+        if consistent is False:
             text += (
                 f". Caution: end to end the data wait ({wait:.0%}) points the other way — the stages slow "
                 "each other down when run together (on a CPU they share the cores), so judge changes by the "
                 "end-to-end figure"
             )
+    if caveats:
+        text += (
+            ". Not settled: " + "; ".join(caveats.values()) + ". No speed-up figures rest on that: measure longer "
+            "(--seconds) or with a smaller --batch-size"
+        )
     return {
         "bound": bound,
         "label": f"{bound}-bound",
@@ -65,6 +91,8 @@ def judge(stages: dict, e2e: dict) -> dict:
         "next": nxt,
         "stages": stages,
         "balanced": ratio < BALANCED,
+        "reliable": not caveats,
+        "caveats": list(caveats.values()),
         "end_to_end_images_per_s": e2e.get("images_per_s"),
         "data_wait_fraction": wait,
         "consistent": consistent,
@@ -82,23 +110,32 @@ def next_steps(
     amp_dtype: str | None,
     alt_r: list,
     hints: list,
+    *,
+    caveats: dict | None = None,
+    auto_amp: str | None = None,
 ) -> tuple[list, list]:
     """Candidate changes with the end-to-end speed-up each implies; ranked, best first.
 
     Each change moves one stage's rate; the pipelined rate is the slowest stage, so
     ``speedup = min(stages after) / min(stages now)``. Measured when we measured the
-    changed stage, an estimate otherwise (``measured: False`` and the basis).
+    changed stage, an estimate otherwise (``measured: False`` and the basis). A change whose
+    own figure, or any stage figure (``caveats``, :func:`caveats_of`), is too few or too noisy
+    gets no speed-up (``est_speedup`` and ``stage_speedup`` None, ``unranked`` says why).
+    ``auto_amp`` is what ``stoker train --amp auto`` uses on ``device``, so the AMP advice
+    says whether the default already does it.
     """
     import torch
 
     now = min(stages.values())
     cands = []
+    unsettled = "" if not caveats else "not ranked: the stage figures it is weighed against are not settled"
 
-    def add(id_, stage, rate, title, action, basis, measured=True, note=None, drops=()):
+    def add(id_, stage, rate, title, action, basis, measured=True, note=None, drops=(), src=None):
         if rate is None:
             return
         after = {k: v for k, v in stages.items() if k not in drops}
         after[stage] = rate
+        why = unsettled or (f"not ranked: {untrusted(src)}" if untrusted(src) else "")
         cands.append(
             {
                 "id": id_,
@@ -106,10 +143,11 @@ def next_steps(
                 "title": title,
                 "action": action,
                 f"{stage}_images_per_s_after": rate,
-                "est_speedup": min(after.values()) / now,
-                "stage_speedup": rate / stages[stage],
+                "est_speedup": None if why else min(after.values()) / now,
+                "stage_speedup": None if why else rate / stages[stage],
                 "measured": measured,
                 "basis": basis,
+                **({"unranked": why} if why else {}),
                 **({"note": note} if note else {}),
             }
         )
@@ -119,6 +157,16 @@ def next_steps(
     amp_flag = amp_dtype or "bf16"
     torch_dtype = {"bf16": "bfloat16", "fp16": "float16"}[amp_flag]
     autocast = f"torch.autocast(device_type={dev!r}, dtype=torch.{torch_dtype})"
+    # Say whether `stoker train`'s default already does it: advice and training must agree.
+    default = (
+        ""
+        if auto_amp is None
+        else f" (the default, --amp auto, picks {amp_flag} on this device)"
+        if auto_amp == amp_flag
+        else " (the default, --amp auto, leaves it off on this device)"
+        if auto_amp == "off"
+        else f" (the default, --amp auto, picks {auto_amp} on this device)"
+    )
     r = model_r.get("amp", {})
     add(
         "amp",
@@ -127,8 +175,9 @@ def next_steps(
         f"Train with AMP ({amp_flag})",
         f"with {autocast}: loss = loss_fn(model(x), y)"
         + (" + torch.amp.GradScaler" if amp_flag == "fp16" else "")
-        + f"   |   stoker train --amp {amp_flag}",
-        f"model alone {_f(_rate(r) or 0)} vs {_f(m0)} img/s fp32",
+        + f"   |   stoker train --amp {amp_flag}{default}",
+        f"model alone {figure(_rate(r) or 0)} vs {figure(m0)} img/s fp32",
+        src=r,
     )
     r = model_r.get("channels_last", {})
     add(
@@ -138,7 +187,8 @@ def next_steps(
         "Use channels_last memory format",
         "model = model.to(memory_format=torch.channels_last); Loader(..., channels_last=True)"
         "   |   stoker train --channels-last",
-        f"model alone {_f(_rate(r) or 0)} vs {_f(m0)} img/s",
+        f"model alone {figure(_rate(r) or 0)} vs {figure(m0)} img/s",
+        src=r,
     )
     r = model_r.get("amp_channels_last", {})
     if _rate(r) and _rate(r) > 1.05 * max(_rate(model_r.get("amp")) or 0, _rate(model_r.get("channels_last")) or 0):
@@ -147,8 +197,9 @@ def next_steps(
             "model",
             _rate(r),
             f"AMP ({amp_flag}) and channels_last together",
-            f"both changes above   |   stoker train --amp {amp_flag} --channels-last",
-            f"model alone {_f(_rate(r))} vs {_f(m0)} img/s",
+            f"both changes above   |   stoker train --amp {amp_flag} --channels-last{default}",
+            f"model alone {figure(_rate(r))} vs {figure(m0)} img/s",
+            src=r,
         )
     r = model_r.get("fp32_batch_x2", {})
     if r.get("error"):
@@ -171,7 +222,8 @@ def next_steps(
             f"Batch size {2 * batch_size} (from {batch_size})",
             f"Loader(..., batch_size={2 * batch_size}) and scale the learning rate by 2"
             f"   |   stoker train --batch-size {2 * batch_size}",
-            f"model alone {_f(_rate(r) or 0)} vs {_f(m0)} img/s at batch {batch_size}",
+            f"model alone {figure(_rate(r) or 0)} vs {figure(m0)} img/s at batch {batch_size}",
+            src=r,
         )
     if audit.flatten_head and audit.dominant is not None:
         d = audit.dominant
@@ -213,7 +265,7 @@ def next_steps(
 
     # Loader side: measured alternatives, then estimates handed in by the caller.
     for alt in alt_r:
-        basis = f"loader alone {_f(alt['result']['images_per_s'])} vs {_f(stages['loader'])} img/s"
+        basis = f"loader alone {figure(alt['result']['images_per_s'])} vs {figure(stages['loader'])} img/s"
         if alt.get("basis_note"):
             basis += f"; {alt['basis_note']}"
         # A loader that yields on the model's device takes the bus out of the pipeline.
@@ -226,6 +278,7 @@ def next_steps(
             alt["action"],
             basis,
             drops=("transfer",) if on_device else (),
+            src=alt["result"],
         )
     for h in hints:
         add(
@@ -246,8 +299,9 @@ def next_steps(
             "Send uint8 batches and normalize on the GPU (4x fewer bytes)",
             "model = stoker.model.with_normalize(model); stop ToTensor()/Normalize() in the loader "
             "(stoker's Loader yields uint8 on the device)",
-            f"host→device copy {_f(transfer['uint8_images_per_s'])} img/s uint8 vs "
-            f"{_f(transfer['float32_images_per_s'])} img/s float32",
+            f"host→device copy {figure(transfer['uint8_images_per_s'])} img/s uint8 vs "
+            f"{figure(transfer['float32_images_per_s'])} img/s float32",
+            src=transfer,
         )
 
     helping = [c for c in cands if c["est_speedup"] is not None and c["est_speedup"] >= 1.02]
@@ -261,148 +315,10 @@ def next_steps(
     return helping, others
 
 
-def _f(x, fmt=None):
+def figure(x, fmt=None):
     """A figure for humans: images/s get 3 significant digits below 100, none above."""
     if x is None:
         return "-"
     if fmt is None:
         fmt = "{:,.0f}" if abs(x) >= 100 else "{:.1f}" if abs(x) >= 10 else "{:.2f}" if abs(x) >= 1 else "{:.3f}"
     return fmt.format(x)
-
-
-def _header_lines(rep: dict) -> list[str]:
-    s, env = rep["settings"], rep["environment"]
-    pil = env["pillow"]
-    simd = "pillow-simd active" if pil["simd"] else "plain Pillow, not pillow-simd"
-    lines = [
-        f"stoker diagnose — batch {s['batch_size']}, crop {s['crop']}, device {s['device']}, "
-        f"{s['seconds']:g} s per measurement",
-        "",
-        "environment",
-        f"  torch {env['torch']}, torchvision {env['torchvision']}, DALI {env['dali'] or 'not installed'}, "
-        f"Pillow {pil['version']} ({simd})",
-        f"  {env['usable_cores']} usable CPU cores of {env['cpu_count']} ({env['cpu_capability']}"
-        f"{', native bf16' if env['cpu_bf16'] else ''}), GPU: {env['gpu'] or 'none'}",
-    ]
-    d = rep.get("data") or {}
-    if d:
-        lines += ["", "data"]
-        for k, val in d.items():
-            if k == "backend" and isinstance(val, dict):
-                k, val = "stoker backend", f"{val['name']} ({val['why']})"
-            elif k == "pack" and isinstance(val, dict):
-                val = ", ".join(f"{x}={val[x]}" for x in ("short_side", "max_side", "quality", "source") if x in val)
-            elif isinstance(val, dict):
-                val = ", ".join(f"{x}={y}" for x, y in val.items())
-            lines.append(f"  {k}: {val}")
-    return lines
-
-
-def _measured_lines(rep: dict) -> list[str]:
-    s, ld, mr, e2e, tr = (rep[k] for k in ("settings", "loader", "model", "end_to_end", "transfer"))
-    lines = [
-        "",
-        "measured (images/s)",
-        f"  {'loader alone':<30}{_f(ld['images_per_s']):>9}   ({ld['batches']} batches, "
-        f"{ld['dtype']} {'x'.join(map(str, ld['batch_shape']))} on {ld['device']})",
-    ]
-    for alt in rep.get("loader_alternatives", []):
-        lines.append(
-            f"  {'loader: ' + alt.get('label', alt['id']):<30}{_f(alt['result']['images_per_s']):>9}   "
-            f"({alt['result']['batches']} batches)"
-        )
-    names = {
-        "fp32": "model alone, fp32",
-        "amp": f"model alone, AMP {s.get('amp_measured') or ''}",
-        "channels_last": "model alone, channels_last",
-        "amp_channels_last": "model alone, AMP + ch_last",
-        "fp32_batch_x2": "model alone, fp32, 2x batch",
-    }
-    for key, label in names.items():
-        r = mr.get(key)
-        if r is None:
-            continue
-        if r.get("images_per_s") is not None:
-            steps = f"{r['steps']} step{'s' if r['steps'] != 1 else ''}"
-            lines.append(f"  {label:<30}{_f(r['images_per_s']):>9}   ({steps})")
-        else:
-            lines.append(f"  {label:<30}{'-':>9}   {r['error'] if r.get('error') else r.get('why', '')}")
-    lines.append(
-        f"  {'end to end, loader + model':<30}{_f(e2e['images_per_s']):>9}   "
-        f"data wait {e2e['data_wait_fraction']:.0%} of {e2e['seconds']:.1f} s"
-    )
-    lines.append(
-        f"  host→device per batch: {tr['bytes_uint8'] / 1e6:,.1f} MB as uint8, "
-        f"{tr['bytes_float32'] / 1e6:,.1f} MB as float32"
-        + (
-            f"; copies {_f(tr['uint8_images_per_s'])} vs {_f(tr['float32_images_per_s'])} img/s"
-            if tr["uint8_images_per_s"]
-            else " (model runs where the batches are made: no bus crossed)"
-            if not tr["applies"]
-            else ""
-        )
-    )
-    return lines
-
-
-def _audit_lines(au: dict) -> list[str]:
-    lines = [
-        "",
-        f"model: {au['model']}, {au['total_params']:,} parameters, "
-        f"{_f(au['flops_per_image'] and au['flops_per_image'] / 1e9, '{:.2f}')} GFLOPs forward per image",
-        f"  {'largest layers':<34} {'kind':<14} {'params':>11} {'share':>6} {'GFLOPs':>7}",
-    ]
-    for la in au["layers"][:5]:
-        mark = "  <-- holds most parameters" if au["dominant"] and la["name"] == au["dominant"]["name"] else ""
-        lines.append(
-            f"  {(la['name'] or '(root)')[:34]:<34} {la['kind'][:14]:<14} {la['params']:>11,} "
-            f"{la['param_share']:>6.1%} {_f(la['flops'] and la['flops'] / 1e9, '{:7.3f}'):>7}{mark}"
-        )
-    if au["heaviest"]:
-        h = au["heaviest"][0]
-        lines.append(f"  most FLOPs: {h['name']} ({h['kind']}), {h['flop_share']:.0%} of the forward pass")
-    if au["dominant"]:
-        dm = au["dominant"]
-        lines.append(
-            f"  FLAG: {dm['name']} ({dm['kind']}) holds {dm['params']:,} of {au['total_params']:,} "
-            f"parameters ({dm['param_share']:.0%})"
-            + (
-                ": a flatten head (see next steps)"
-                if au["flatten_head"]
-                else ": a classifier over many classes on a small network, which is expected"
-                if dm["kind"] == "Linear"
-                else ""
-            )
-        )
-    return lines
-
-
-def _steps_lines(rep: dict) -> list[str]:
-    v = rep["verdict"]
-    lines = ["", f"verdict: {v['label'].upper()} ({v['ratio']:.1f}x)", f"  {v['text']}", ""]
-    if rep["next_steps"]:
-        lines.append("next steps, by estimated end-to-end speed-up")
-        for c in rep["next_steps"]:
-            how = "measured" if c["measured"] else "estimate"
-            lines.append(f"  {c['rank']}. {c['title']}: {c['est_speedup']:.2f}x ({how}: {c['basis']})")
-            if c.get("action"):
-                lines.append(f"       {c['action']}")
-            if c.get("note"):
-                lines.append(f"       note: {c['note']}")
-    else:
-        lines.append("next steps: nothing measured here would speed this run up")
-    if rep["not_helping"]:
-        lines += ["", f"no gain now (the {v['bound']} bounds training, or the change is slower)"]
-        for c in rep["not_helping"]:
-            sp = c.get("stage_speedup")
-            how = "measured" if c["measured"] else "estimate"
-            lines.append(
-                f"  - {c['title']}: {c['stage']} stage {format(sp, '.2f') + 'x' if sp else '?'} "
-                f"({how}: {c['basis']})" + (f"; {c['note']}" if c.get("note") else "")
-            )
-    return lines
-
-
-def format_report(rep: dict) -> str:
-    """The human report of a :func:`stoker.tools.diagnose.engine.run_diagnosis` dict."""
-    return "\n".join(_header_lines(rep) + _measured_lines(rep) + _audit_lines(rep["audit"]) + _steps_lines(rep))

@@ -107,3 +107,67 @@ def test_ffcv_peer_runs_by_file_path():
         },
     )
     assert res == {"error": "ModuleNotFoundError: No module named 'ffcv'"}
+
+
+def _row(pipeline, img_s):
+    from stoker.tools.bench.loader import LABELS
+
+    return {
+        "pipeline": pipeline,
+        "label": LABELS[pipeline],
+        "img_s": img_s,
+        "images": 640,
+        "seconds": 640 / img_s,
+        "cpu_pct": 190.0,
+        "peak_rss": 2**28,
+        "bytes_per_batch": 8 * 3 * 32 * 32,
+        "ratio": img_s / 100.0,
+    }
+
+
+def _result(rows):
+    from stoker.tools.bench.loader import BenchResult, summarize
+
+    return BenchResult(
+        data="out/train",
+        images="src",
+        batch_size=8,
+        crop=32,
+        workers=2,
+        epochs=1,
+        seconds_limit=2.0,
+        baseline="torchvision",
+        rows=rows,
+        summary=summarize(rows),
+        notes=[],
+    )
+
+
+def test_summary_splits_the_gain_into_pack_time_resize_and_the_loader():
+    # As in the run that found it: the shards through webdataset+PIL are already 2x torchvision on the originals.
+    rows = [
+        _row("torchvision", 100.0),
+        _row("wds", 200.0),
+        _row("stoker-pil", 300.0),
+        _row("stoker-dali", 500.0),
+        _row("ceiling", 1000.0),
+    ]
+    result = _result(rows)
+    s = result.to_dict()["summary"]
+    assert s["vs_torchvision"] == pytest.approx(5.0)
+    assert s["from_pack_resize"] == pytest.approx(2.0) and s["from_loader"] == pytest.approx(2.5)
+    assert s["from_pack_resize"] * s["from_loader"] == pytest.approx(s["vs_torchvision"])
+    table = result.format_table()
+    assert "best stoker Loader: 5.00x torchvision" in table
+    assert "pack-time resize: 2.00x ((2) webdataset on the shards / (1) torchvision on the originals)" in table
+    assert "Loader: 2.50x (best stoker / (2) webdataset on the same shards)" in table
+
+
+@pytest.mark.parametrize("missing", ["torchvision", "wds"])
+def test_summary_split_only_when_both_rows_ran(missing):
+    rows = [_row("torchvision", 100.0), _row("wds", 200.0), _row("stoker-pil", 300.0)]
+    rows = [r for r in rows if r["pipeline"] != missing]
+    rows.append({"pipeline": missing, "label": missing, "error": "boom"})  # it ran and failed
+    result = _result(rows)
+    assert "from_pack_resize" not in result.summary and "from_loader" not in result.summary
+    assert "pack-time resize" not in result.format_table()

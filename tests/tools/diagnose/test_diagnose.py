@@ -11,7 +11,8 @@ from stoker.model.audit import audit_model
 from stoker.tools import cli
 from stoker.tools.diagnose.engine import run_diagnosis
 from stoker.tools.diagnose.measure import measure_loader, measure_transfer
-from stoker.tools.diagnose.report import format_report, judge, next_steps
+from stoker.tools.diagnose.report import judge, next_steps
+from stoker.tools.diagnose.text import format_report
 
 
 class SlowLoader:
@@ -59,7 +60,8 @@ FIGURES = ("images_per_s",)
 
 
 def _run(loader, model, **kw):
-    kw = {"batch_size": 4, "crop": 16, "device": "cpu", "seconds": 0.3, "warmup_batches": 1, **kw}
+    # A budget large enough for every figure (the default, 12x seconds, may skip some on a busy machine).
+    kw = {"batch_size": 4, "crop": 16, "device": "cpu", "seconds": 0.3, "warmup_batches": 1, "budget_s": 60, **kw}
     return run_diagnosis(loader, model, **kw)
 
 
@@ -489,3 +491,146 @@ def test_loader_hints_from_pack_settings():
     assert hint["est_loader_speedup"] == pytest.approx(4.0**0.65)
     assert loader_hints(SimpleNamespace(pack={"short_side": 256}), crop=224) == []
     assert loader_hints(SimpleNamespace(pack={"fixture": True}), crop=224) == []
+
+
+# ----------------------------------------------------------------- issue 23: the figures tell the truth
+
+
+class SleepyModel(nn.Module):
+    """A model whose step costs ``sleep`` seconds whatever the batch: 2x the batch is 2x the images/s."""
+
+    def __init__(self, sleep):
+        super().__init__()
+        self.sleep = sleep
+        self.lin = nn.Linear(3 * 16 * 16, 10)
+
+    def forward(self, x):
+        time.sleep(self.sleep)
+        return self.lin(x.flatten(1))
+
+
+class JitteryLoader(SlowLoader):
+    """Fast for 0.2 s, then 25x slower for 0.2 s, over and over: the rate swings on the scale of a window
+    (measured for 0.4 s, windows are 0.1 s: some fall in a fast phase, some in a slow one)."""
+
+    def __iter__(self):
+        for _ in range(self.batches):
+            time.sleep(0.002 if int(time.perf_counter() / 0.2) % 2 == 0 else 0.05)
+            yield self.images, self.labels
+
+
+def _claims(rep):
+    """Every speed-up number the report gives."""
+    return [c for c in rep["next_steps"] + rep["not_helping"] if c.get("est_speedup") is not None]
+
+
+def test_each_figure_gets_the_minimum_steps_and_a_spread():
+    from stoker.tools.diagnose.measure import MIN_STEPS
+
+    # 0.03 s holds three 0.01 s batches: the measurement goes on to the minimum number of batches.
+    r = measure_loader(SlowLoader(sleep=0.01, batches=50), seconds=0.03, warmup_batches=1)
+    assert r["batches"] >= MIN_STEPS and r["trust"] != "few"  # (a busy machine may make it noisy)
+    assert len(r["windows_images_per_s"]) >= 2 and r["spread"] is not None and r["spread"] >= 0
+
+
+@pytest.mark.parametrize("case", ["slow_model", "slow_loader"])
+def test_one_or_two_steps_give_no_speed_up_claim(case):
+    if case == "slow_model":
+        # 0.25 s a step, 0.1 s a measurement: one timed step each; batch x2 would claim 2x on that.
+        rep = _run(SlowLoader(batches=50), SleepyModel(0.25), seconds=0.1, amp="off")
+        assert rep["verdict"]["bound"] == "model"
+        assert rep["model"]["fp32"]["steps"] <= 2 and rep["model"]["fp32"]["trust"] == "few"
+    else:
+        # 0.3 s a batch, against a fast alternative loader (as after stoker pack) that would claim ~100x.
+        alt = {"id": "pack", "title": "stoker pack", "action": "stoker pack SRC OUT", "loader": SlowLoader(batches=50)}
+        rep = _run(SlowLoader(sleep=0.3, batches=50), light_model(), seconds=0.1, amp="off", alternatives=[alt])
+        assert rep["verdict"]["bound"] == "loader" and rep["loader"]["trust"] == "few"
+    assert rep["verdict"]["reliable"] is False
+    assert rep["next_steps"] == [] and _claims(rep) == []
+    text = format_report(rep)
+    assert "too few steps" in text and "not settled" in text
+    assert "next steps, by estimated" not in text
+
+
+def test_jittery_loader_is_flagged_noisy():
+    # A loader that sleeps the same before every batch is steady (sleeping needs no CPU: a busy machine agrees).
+    steady = measure_loader(SlowLoader(sleep=0.02, batches=500), seconds=0.4, warmup_batches=1)
+    assert steady["trust"] == "ok", steady
+    r = measure_loader(JitteryLoader(batches=500), seconds=0.4, warmup_batches=1)
+    assert r["trust"] == "noisy" and r["spread"] > 0.25 and "±" in r["caveat"]
+    rep = _run(JitteryLoader(batches=500), light_model(), seconds=0.4, amp="off", channels_last="off")
+    assert rep["loader"]["trust"] == "noisy" and rep["verdict"]["reliable"] is False
+    assert rep["next_steps"] == [] and _claims(rep) == []
+    text = format_report(rep)
+    assert "noisy" in text and "loader alone" in text
+
+
+def test_run_budget_skips_extra_figures_and_says_so():
+    # A budget the two figures the verdict needs already spend: the extra model variants are skipped, with why.
+    rep = _run(SlowLoader(batches=50), SleepyModel(0.05), seconds=0.2, amp="bf16", budget_s=0.1)
+    assert rep["model"]["fp32"]["images_per_s"] > 0 and rep["end_to_end"]["images_per_s"] > 0
+    assert rep["model"]["amp"].get("images_per_s") is None
+    assert "time budget" in rep["model"]["amp"]["why"]
+    assert "time budget" in format_report(rep)
+
+
+def test_help_says_how_long_the_defaults_take(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["diagnose", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "about a minute" in out and "5 steps" in out
+
+
+def test_train_val_tree_suggests_packing_the_tree(tmp_path, monkeypatch):
+    import tempfile
+
+    from stoker.tools.common.synth import make_image_folder
+    from stoker.tools.diagnose import command
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    tree = tmp_path / "tree"
+    for split in ("train", "val"):
+        make_image_folder(tree / split, classes=("circles", "squares"), per_class=3, min_side=20, max_side=40)
+    seen = []
+
+    def fake_run(loader, net, *, alternatives, **kw):
+        seen.append(alternatives)
+        return {"settings": {}}
+
+    monkeypatch.setattr(command, "run_diagnosis", fake_run)
+    kw = dict(batch_size=2, crop=16, device="cpu", workers=0, pack_sample_size=4, backend="pil", arch="report")
+    command.diagnose(tree, **kw)
+    command.diagnose(tree / "train", **kw)
+    (pack_tree,), (pack_folder,) = seen
+    # The tree itself (pack splits it into train and val), not its train/ alone.
+    assert pack_tree["action"].startswith(f"stoker pack {tree} OUT;")
+    assert f"stoker pack {tree}/train" not in pack_tree["action"]
+    # Given an ImageFolder (here the tree's train/), that folder is what to pack.
+    assert pack_folder["action"].startswith(f"stoker pack {tree / 'train'} OUT;")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_amp_auto_advice_agrees_with_training(monkeypatch, native):
+    from stoker.model.train import resolve_amp, runtime
+
+    monkeypatch.setattr(runtime, "cpu_bf16", lambda: native)
+    train_amp = resolve_amp("auto", torch.device("cpu"))  # what `stoker train --amp auto` does
+    assert train_amp.name == ("bf16" if native else "off")
+
+    def amp_steps(rep):
+        return [c for c in rep["next_steps"] + rep["not_helping"] if c["id"].startswith("amp")]
+
+    rep = _run(SlowLoader(batches=50), light_model(), seconds=0.1, amp="auto", channels_last="off")
+    assert rep["settings"]["amp_measured"] == (train_amp.name if train_amp.enabled else None)
+    if native:
+        (step,) = amp_steps(rep)
+        assert "stoker train --amp bf16 (the default, --amp auto, picks bf16 on this device)" in step["action"]
+    else:
+        assert amp_steps(rep) == [] and "Train with AMP" not in format_report(rep)
+        assert "--amp bf16 measures it" in rep["model"]["amp"]["why"]
+        # Asked for explicitly, bf16 is measured and advised as --amp bf16, never as what auto does.
+        rep = _run(SlowLoader(batches=50), light_model(), seconds=0.1, amp="bf16", channels_last="off")
+        (step,) = amp_steps(rep)
+        assert "stoker train --amp bf16 (the default, --amp auto, leaves it off on this device)" in step["action"]
+        assert "picks bf16" not in format_report(rep)
