@@ -59,6 +59,9 @@ class RandomErasing(BatchTransform):
         self.max_count = _int("max_count", max_count or min_count, self.min_count)
         self.area, self.log_aspect = (min_area, max_area), (math.log(min_aspect), math.log(max_aspect))
         self.mode, self.stream = mode, stream
+        #: how const/rand boxes are filled: "auto" (slices on the CPU, one batched where on a
+        #: GPU, where a launch per box costs more), "slices" or "where"; the pixels are the same
+        self.fill = "auto"
         self.mean, self.std = np.asarray(mean, np.float64), np.asarray(std, np.float64)
 
     def plan(self, ids, *, seed: int, epoch: int, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -93,6 +96,9 @@ class RandomErasing(BatchTransform):
         live = np.flatnonzero((boxes[..., 2] > 0).any(axis=1))  # only the rows that erase something
         if len(live) == 0:
             return out, masks
+        slices = self.fill == "slices" or (self.fill == "auto" and images.device.type == "cpu")
+        if self.mode != "pixel" and slices:
+            return _fill_slices(out, boxes, self._colours(z, mean, std, c)), masks
         dev, n = images.device, len(live)
         idx = torch.as_tensor(live).to(dev)
         sub = out.index_select(0, idx)
@@ -109,10 +115,25 @@ class RandomErasing(BatchTransform):
                 vals = (noise * std_t[region] + mean_t[region]) * 255.0
                 sub.masked_scatter_(region, vals.round_().clamp_(0, 255).to(torch.uint8))
             else:
-                zk = z[live, k, :c] if self.mode == "rand" else np.zeros((n, c))
-                colour = np.clip(np.rint((mean + std * zk) * 255.0), 0, 255)
+                colour = self._colours(z[live, k : k + 1], mean, std, c)[:, 0]
                 sub = torch.where(region, torch.as_tensor(colour, dtype=torch.uint8).to(dev).view(n, c, 1, 1), sub)
         return out.index_copy_(0, idx, sub), masks
+
+    def _colours(self, z: np.ndarray, mean: np.ndarray, std: np.ndarray, c: int) -> np.ndarray:
+        """``[N, K, c]`` uint8-valued fill colours: the mean colour (``const``) or ``z``'s (``rand``)."""
+        zk = z[..., :c] if self.mode == "rand" else np.zeros(z.shape[:-1] + (c,))
+        return np.clip(np.rint((mean + std * zk) * 255.0), 0, 255)
+
+
+def _fill_slices(out: torch.Tensor, boxes: np.ndarray, colours: np.ndarray) -> torch.Tensor:
+    """Each live box filled with its colour in place, one slice at a time: on the CPU this
+    touches only the boxes' pixels, where the batched ``where`` reads and writes the whole batch
+    (measured 3x slower than torchvision's per-image erase at batch 256, 224^2)."""
+    fill = torch.as_tensor(colours, dtype=torch.uint8)
+    for i, k in zip(*np.nonzero(boxes[..., 2] > 0), strict=True):
+        top, left, h, w = (int(v) for v in boxes[i, k])
+        out[i, :, top : top + h, left : left + w] = fill[i, k].view(-1, 1, 1)
+    return out
 
 
 def _batch_generator(ids: np.ndarray, seed: int, epoch: int, stream: str, device) -> torch.Generator:

@@ -310,6 +310,18 @@ def test_erasing_pixel_mode_is_deterministic_for_a_batch_and_boxes_follow_timm()
     assert (const.permute(1, 0, 2, 3)[:, changed] == mean_colour).all()
 
 
+@pytest.mark.parametrize("mode", ["const", "rand"])
+def test_erasing_fills_the_same_pixels_by_slices_and_by_one_batched_where(mode):
+    x, ids = _images(24, seed=5), np.arange(24)
+    er = erasing.RandomErasing(0.8, mode=mode, max_count=3, min_area=0.05, max_area=0.5)
+    er.fill = "slices"
+    by_slices = er(x, ids, seed=3, epoch=1)
+    er.fill = "where"
+    by_where = er(x, ids, seed=3, epoch=1)
+    assert torch.equal(by_slices, by_where) and not torch.equal(by_slices, x)
+    assert torch.equal(x, _images(24, seed=5))  # the input is left as it was
+
+
 def test_colorjitter_replays_torchvisions_ops_in_each_samples_order():
     cj = jitter.ColorJitter(0.5, (0.6, 1.4), 0.5, 0.2)
     x, ids = _images(16), np.arange(16)
