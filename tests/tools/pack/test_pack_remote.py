@@ -96,6 +96,7 @@ from stoker.pipeline.storage import Store
 real = Store.put_file
 def put_file(self, local, rel):
     if rel.endswith(sys.argv[1]):
+        open(sys.argv[1] + ".blocked", "w").close()  # tells the test where this packer is
         time.sleep(3600)
     return real(self, local, rel)
 Store.put_file = put_file
@@ -112,15 +113,17 @@ def test_kill_9_mid_upload_then_rerun_uploads_only_the_rest(tmp_path, s3, src_an
     script = tmp_path / "blocking_upload.py"
     script.write_text(_BLOCKING_UPLOAD)
     proc = subprocess.Popen(
-        [sys.executable, str(script), "train-000002.tar", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, str(script), "train-000002.tar", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
     )
-    journal = stage / ".stoker-pack" / "train-p0of1.jsonl"
+    blocked = tmp_path / "train-000002.tar.blocked"
     deadline = time.monotonic() + 60
-    while not (journal.exists() and journal.read_text().count("\n") == 3):
+    while not blocked.exists():  # the packer is inside the upload of shard 2, its index already up
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "packer did not reach the blocking upload"
         time.sleep(0.02)
-    time.sleep(0.3)  # blocked in the upload of shard 2
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     names = set(remote_tree(s3, bucket))
