@@ -18,8 +18,8 @@ SRC is an ImageFolder tree, a train/+val/ tree, or a flat folder of images (then
 taken as one class). Everything is written under a temporary folder and removed.
 
 example:
-  stoker bench-pack /work/shared/data/imagenet-sample --json
-  stoker bench-pack /work/shared/data/imagenet-sample --plain-python /tmp/plain-venv/bin/python
+  stoker bench-pack ~/data/imagenet-sample --json
+  stoker bench-pack ~/data/imagenet-sample --plain-python /tmp/plain-venv/bin/python
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ Walking folders:
   ``rejects.jsonl``) their name is written with each undecodable byte as ``\\xNN``
   (:func:`display_path`), so every file stoker writes is valid UTF-8.
 
-CSV/TSV lists are :mod:`.csvlist`'s rules, mask trees :mod:`.masktree`'s.
+CSV/TSV lists are :mod:`.csvlist`'s rules, mask trees :mod:`.masks`'s.
 
 """
 
