@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.stoker-installed
 # not bounds in pyproject.toml.
 PIP    := $(PY) -m pip install -q -c constraints.txt
 
-.PHONY: demo test lint wheel-check install clean
+.PHONY: demo test lint docs wheel-check install clean
 
 install: $(STAMP)
 
@@ -27,7 +27,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+# The site (mkdocs.yml) into build/site; a broken link or a stale `:::` reference fails it.
+# `python -m mkdocs`, not .venv/bin/mkdocs: the script's folder would come first on sys.path, and
+# griffe would take the `stoker` console script there for the package.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict -q
+
+test: lint docs
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory wheel-check
 
