@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     packs = {
         "class": pack(classes_csv, out / "class", targets="class"),
         "float": pack(floats_csv, out / "float", targets="float"),
-        "mask": pack(images, out / "mask", masks=masks),
+        "mask": pack(images, out / "mask", masks=masks, num_classes=3),
     }
     ours = "stoker-dali" if HAS_DALI else "stoker-pil"
     common = dict(batch_size=args.batch_size, seconds=args.seconds, epochs=100, warmup=3)

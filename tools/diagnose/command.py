@@ -245,10 +245,10 @@ def diagnose(
     say = progress or (lambda line: None)
     cores = usable_cores()
     # Cheap facts first, then the user's model (a bad --model fails before any loader starts).
-    num_classes, num_samples = count_data(kind, path)
+    num_classes, num_samples, task = count_data(kind, path)
     if num_samples < batch_size:
         raise UsageError(f"--batch-size {batch_size} is larger than the {num_samples} samples in {path}")
-    net = build_net(arch, model, num_classes, crop)
+    net = build_net(arch, model, num_classes, crop, task)
     loader_kw = dict(
         batch_size=batch_size,
         train=True,
@@ -264,6 +264,7 @@ def diagnose(
         "path": str(path),
         "samples": num_samples,
         "classes": num_classes,
+        "task": task.name if task is not None else "classify",
     }
     tmp = None
     alternatives = []
@@ -344,6 +345,7 @@ def diagnose(
                 data=facts,
                 alternatives=alternatives,
                 progress=say,
+                task=task,
             )
         except DiagnoseError as e:
             raise UsageError(str(e)) from None

@@ -57,6 +57,7 @@ def run_diagnosis(
     alternatives: list | None = None,
     budget_s: float | None = None,
     progress: Callable[[str], None] | None = None,
+    task=None,
 ) -> dict:
     """Measure ``loader`` and ``model`` separately and together; return the report dict.
 
@@ -83,6 +84,8 @@ def run_diagnosis(
         budget_s: Time the run may take before the model's variants are skipped
             (None: :data:`BUDGET` x ``seconds``); the verdict's figures are always measured.
         progress: Called with a line before each measurement.
+        task: What the model learns (:class:`stoker.model.train.tasks.Task`: its loss and the
+            synthetic targets of the model-alone figures); ``None``: class labels.
 
     Returns:
         A JSON-ready dict: ``environment``, ``settings``, ``data``, ``loader``, ``model``,
@@ -141,7 +144,15 @@ def run_diagnosis(
     def model_alone(key, a=None, c=False, batch=batch_size, warm=warmup_batches):
         say(f"model alone, {a or 'fp32'}{' channels_last' if c else ''}, batch {batch}")
         model_r[key] = measure_model_alone(
-            model, batch_size=batch, crop=crop, device=device, amp=a, channels_last=c, seconds=seconds, warmup=warm
+            model,
+            batch_size=batch,
+            crop=crop,
+            device=device,
+            amp=a,
+            channels_last=c,
+            seconds=seconds,
+            warmup=warm,
+            task=task,
         )
 
     model_alone("fp32")
@@ -154,7 +165,7 @@ def run_diagnosis(
     warm = 1 if fp32["step_ms"] > 1000 * seconds else warmup_batches
 
     say("end to end, loader + model")
-    e2e = measure_end_to_end(loader, model, device=device, seconds=seconds, warmup_batches=warm)
+    e2e = measure_end_to_end(loader, model, device=device, seconds=seconds, warmup_batches=warm, task=task)
 
     batch_dev = torch.device(loader_r["device"])
     transfer = measure_transfer(loader_r["batch_shape"], device=device, seconds=min(seconds, 2.0))

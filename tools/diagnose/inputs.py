@@ -14,6 +14,7 @@ import inspect
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from stoker.errors import UsageError
 
@@ -163,19 +164,32 @@ def pack_sample(root: Path, n: int, tmp: Path) -> Path:
     return tmp / "out" / "train"
 
 
-def count_data(kind: str, path: Path) -> tuple[int, int]:
-    """``(classes, samples)`` of shards (from the manifest) or an ImageFolder (by listing it)."""
+def count_data(kind: str, path: Path) -> tuple[int, int, Any]:
+    """``(classes, samples, task)`` of shards (from the manifest) or an ImageFolder (by listing
+    it). ``task`` (:class:`stoker.model.train.tasks.Task`) is what ``stoker train --task auto``
+    trains on the split's targets (a float, multi-label or mask split); ``None`` for classes.
+
+    Raises:
+        UsageError: a split whose targets no task can train as they are (masks without a class count).
+    """
     if kind == "shards":
+        from stoker.model.train.tasks import resolve_task
         from stoker.pipeline.shards.manifest import Manifest
 
         manifest = Manifest.load(path)
-        return len(manifest.classes), manifest.num_samples
+        task = None
+        if manifest.target.kind != "class":
+            try:
+                task = resolve_task("auto", manifest.target, manifest.classes)
+            except ValueError as e:  # masks without a class count: only a repack can say it
+                raise UsageError(f"{path}: {str(e).split(': pass')[0]}; repack with --num-classes N") from None
+        outputs = task.num_outputs if task is not None else len(manifest.classes)
+        return outputs, manifest.num_samples, task
     from torchvision.datasets.folder import find_classes
 
     num_classes = len(find_classes(str(path))[0])
-    return num_classes, sum(
-        1 for c in path.iterdir() if c.is_dir() for f in c.iterdir() if f.suffix.lower() in IMAGE_EXTS
-    )
+    count = sum(1 for c in path.iterdir() if c.is_dir() for f in c.iterdir() if f.suffix.lower() in IMAGE_EXTS)
+    return num_classes, count, None
 
 
 def loader_hints(manifest, crop: int) -> list:
@@ -206,9 +220,10 @@ def loader_hints(manifest, crop: int) -> list:
     ]
 
 
-def build_net(arch: str, model, num_classes: int, crop: int):
+def build_net(arch: str, model, num_classes: int, crop: int, task=None):
     """The network to measure: ``model`` (an ``nn.Module``, or a ``MODULE:FACTORY`` spec), else
-    stoker's or torchvision's ``arch`` (``"report"``: the report's network, one regressed output)."""
+    stoker's or torchvision's ``arch`` (``"report"``: the report's network, one regressed output),
+    with ``num_classes`` outputs, per pixel when ``task`` segments."""
     if model is not None and not isinstance(model, str):
         return model
     if model:
@@ -218,7 +233,7 @@ def build_net(arch: str, model, num_classes: int, crop: int):
     try:
         if arch == "report":  # as in the report: one regressed output, Linear sized by the crop
             return build_model("report", 1, image_size=crop)
-        return build_model(arch, num_classes)
+        return build_model(arch, num_classes, image_size=crop, task=task.name if task is not None else "classify")
     except ValueError as e:
         raise UsageError(f"--arch: {e}") from None
 

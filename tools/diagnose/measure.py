@@ -111,6 +111,22 @@ def measure_loader(loader: Iterable, *, seconds: float = 5.0, warmup_batches: in
     }
 
 
+def synthetic_targets(task, batch_size: int, crop: int, generator: torch.Generator) -> torch.Tensor:
+    """A batch of random targets of ``task``'s kind (:class:`stoker.model.train.tasks.Task`; ``None``:
+    class labels in ``[0, 1000)``, what :func:`_loss` folds onto any head)."""
+    n = batch_size
+    if task is None or task.case_study:
+        return torch.randint(0, 1000, (n,), generator=generator)
+    k = task.num_outputs
+    if task.name == "classify":
+        return torch.randint(0, k, (n,), generator=generator)
+    if task.name == "regress":
+        return torch.rand((n, k) if k > 1 else (n,), generator=generator)
+    if task.name == "multilabel":
+        return (torch.rand((n, k), generator=generator) < 0.3).float()
+    return torch.randint(0, k, (n, crop, crop), generator=generator).to(torch.uint8)  # segment: masks
+
+
 def _loss(out, labels: torch.Tensor) -> torch.Tensor:
     if isinstance(out, (tuple, list)):  # e.g. torchvision's InceptionOutputs
         out = out[0]
@@ -137,7 +153,14 @@ class _EndToEndStep:
     """
 
     def __init__(
-        self, model: nn.Module, *, device, amp: str | None = None, channels_last: bool = False, lr: float = 0.01
+        self,
+        model: nn.Module,
+        *,
+        device,
+        amp: str | None = None,
+        channels_last: bool = False,
+        lr: float = 0.01,
+        task=None,
     ) -> None:
         from stoker.model.normalize import Normalize, has_normalize
         from stoker.model.train.runtime import make_scaler, resolve_amp
@@ -152,7 +175,9 @@ class _EndToEndStep:
         spec = resolve_amp(amp or "off", self.device)
         scaler = make_scaler(spec) if spec.name == "fp16" and self.device.type == "cuda" else None
         opt = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.9)
-        self.step = TrainStep(self._forward, opt, _loss, amp=spec, scaler=scaler)
+        # the task's own loss (a float, multi-label or mask split), else the class-label heuristic
+        loss = _loss if task is None or task.case_study else task.loss()
+        self.step = TrainStep(self._forward, opt, loss, amp=spec, scaler=scaler)
 
     def _forward(self, images: torch.Tensor):
         normalize = self.normalize is not None and images.dtype == torch.uint8
@@ -181,6 +206,7 @@ def measure_model_alone(
     channels_last: bool = False,
     seconds: float = 5.0,
     warmup: int = 2,
+    task=None,
 ) -> dict:
     """Training images/s of ``model`` on a synthetic uint8 batch already on ``device``.
 
@@ -205,10 +231,10 @@ def measure_model_alone(
         "channels_last": channels_last,
     }
     try:
-        step = _EndToEndStep(copy.deepcopy(model), device=device, amp=amp, channels_last=channels_last)
+        step = _EndToEndStep(copy.deepcopy(model), device=device, amp=amp, channels_last=channels_last, task=task)
         gen = torch.Generator().manual_seed(0)
         x = torch.randint(0, 256, (batch_size, 3, crop, crop), dtype=torch.uint8, generator=gen).to(device)
-        y = torch.randint(0, 1000, (batch_size,), generator=gen).to(device)
+        y = synthetic_targets(task, batch_size, crop, gen).to(device)
         first = warm_up(lambda: step(x, y), warmup, seconds, device)
         clock = Clock(seconds=seconds, device=device)
         while True:
@@ -233,6 +259,7 @@ def measure_end_to_end(
     channels_last: bool = False,
     seconds: float = 5.0,
     warmup_batches: int = 2,
+    task=None,
 ) -> dict:
     """Training images/s with batches from ``loader``, and the data-wait fraction.
 
@@ -243,7 +270,7 @@ def measure_end_to_end(
     """
     device = torch.device(device)
     it = _batches(loader)
-    step = _EndToEndStep(model, device=device, amp=amp, channels_last=channels_last)
+    step = _EndToEndStep(model, device=device, amp=amp, channels_last=channels_last, task=task)
     try:
 
         def warm():

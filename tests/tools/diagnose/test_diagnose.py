@@ -634,3 +634,49 @@ def test_amp_auto_advice_agrees_with_training(monkeypatch, native):
         (step,) = amp_steps(rep)
         assert "stoker train --amp bf16 (the default, --amp auto, leaves it off on this device)" in step["action"]
         assert "picks bf16" not in format_report(rep)
+
+
+@needs_loader
+@pytest.mark.parametrize("kind", ["float", "mask"])
+def test_float_and_mask_splits_train_their_own_task(capsys, tmp_path, kind):
+    # the task stoker train would pick: its head (per pixel for masks), its loss, its targets
+    from stoker.tools.common.synth import make_regression_csv, make_segmentation_tree
+    from stoker.tools.pack import pack
+
+    if kind == "float":
+        pack(make_regression_csv(tmp_path / "src", n=24, seed=1), tmp_path / "data", workers=1)
+        task, outputs = "regress", 1
+    else:
+        images, masks = make_segmentation_tree(tmp_path / "src", n=12, seed=2, min_side=40, max_side=64)
+        pack(images, tmp_path / "data", masks=masks, num_classes=4, workers=1)
+        task, outputs = "segment", 4
+    args = ("--batch-size", 4, "--crop", 32, "--seconds", 0.2, "--device", "cpu", "--amp", "off", "--json")
+    rc, out, err = _cli(capsys, tmp_path / "data", *args)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["data"]["task"] == task and d["data"]["classes"] == outputs
+    assert math.isfinite(d["end_to_end"]["images_per_s"]) and d["model"]["fp32"]["images_per_s"] > 0
+
+
+def test_a_mask_split_without_a_class_count_is_one_line(capsys, tmp_path):
+    from stoker.tools.common.synth import make_segmentation_tree
+    from stoker.tools.pack import pack
+
+    images, masks = make_segmentation_tree(tmp_path / "src", n=8, seed=2, min_side=40, max_side=64)
+    pack(images, tmp_path / "data", masks=masks, workers=1)
+    rc, _, err = _cli(capsys, tmp_path / "data", "--batch-size", 4)
+    assert rc == 2 and err.count("\n") == 1 and "repack with --num-classes N" in err
+
+
+def test_synthetic_targets_have_each_tasks_kind():
+    from stoker.model.train.tasks import Task
+    from stoker.tools.diagnose.measure import synthetic_targets
+
+    gen = torch.Generator().manual_seed(0)
+    seg = synthetic_targets(Task("segment", 5, "miou", ignore_index=255), 3, 8, gen)
+    assert seg.shape == (3, 8, 8) and seg.dtype == torch.uint8 and int(seg.max()) < 5
+    reg = synthetic_targets(Task("regress", 2, "r2"), 3, 8, gen)
+    assert reg.shape == (3, 2) and reg.dtype == torch.float32
+    ml = synthetic_targets(Task("multilabel", 6, "map"), 3, 8, gen)
+    assert ml.shape == (3, 6) and set(ml.unique().tolist()) <= {0.0, 1.0}
+    assert synthetic_targets(None, 3, 8, gen).dtype == torch.int64
