@@ -132,10 +132,8 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-@pytest.mark.slow
-def test_kill9_mid_epoch_then_resume_reaches_the_same_weights(data, full_run):
-    full, s = full_run
-    run = data.parent / "killed"
+def _killed_mid_epoch(data, run):
+    """`stoker train` killed (-9) at step 8, mid-epoch 2; returns its last.pt."""
     p = subprocess.run(
         [sys.executable, "-c", KILL_SCRIPT, "train", str(data), "--out", str(run), *ARGS],
         env=_env(),
@@ -144,7 +142,14 @@ def test_kill9_mid_epoch_then_resume_reaches_the_same_weights(data, full_run):
         timeout=300,
     )
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
-    ck = load_checkpoint(run / "last.pt")
+    return load_checkpoint(run / "last.pt")
+
+
+@pytest.mark.slow
+def test_kill9_mid_epoch_then_resume_reaches_the_same_weights(data, full_run):
+    full, s = full_run
+    run = data.parent / "killed"
+    ck = _killed_mid_epoch(data, run)
     assert ck["step"] == 8 and not ck["epoch_complete"] and ck["loader"]["position"] == 16
     assert not list(run.glob("*.tmp"))
     r = _in_process(["train", str(data), "--out", str(run), *ARGS, "--resume"])  # a fresh process is not needed
@@ -234,15 +239,7 @@ def test_resume_on_another_process_count_keeps_the_global_batch(data, tmp_path, 
 
     # one process, batch 8, killed mid-epoch 2 (last.pt at step 8: epoch 2, batch 2 of 6)
     run = tmp_path / "elastic"
-    p = subprocess.run(
-        [sys.executable, "-c", KILL_SCRIPT, "train", str(data), "--out", str(run), *ARGS],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
-    ck = load_checkpoint(run / "last.pt")
+    ck = _killed_mid_epoch(data, run)
     assert ck["step"] == 8 and not ck["epoch_complete"]
     args = [a if a != "8" else "4" for a in ARGS]  # --batch-size 4 on 2 processes: the global batch of 8
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
