@@ -130,6 +130,23 @@ def test_vector_targets_nan_and_empty_cells_are_listed_rejects(tmp_path):
     )
 
 
+def test_a_path_listed_twice_is_packed_once_or_not_at_all_when_its_targets_differ(tmp_path):
+    paths = _images(tmp_path / "im", 4)
+    rows = [f"{paths[0]},1.5", f"{paths[1]},2.5", f"{paths[0]},1.5", f"{paths[2]},3.25", f"{paths[3]},0.5"]
+    rows += [f"{paths[2]},9.75"]  # the same image, another target: neither can be trusted
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
+    result = pack(tmp_path / "d.csv", tmp_path / "out", workers=1)
+    assert result.packed == 3 and result.rejected == 2
+    rejects = {r["reason"] for r in map(json.loads, (tmp_path / "out" / "rejects.jsonl").read_text().splitlines())}
+    assert rejects == {
+        "listed again on line 3 (first on line 1)",
+        "listed on lines 4 (3.25) and 6 (9.75) with different targets",
+    }
+    with _loader(tmp_path / "out" / "train", batch_size=3, crop=16, train=False, backend="pil") as ld:
+        ((_, y),) = list(ld)
+    assert sorted(y.tolist()) == [0.5, 1.5, 2.5]
+
+
 def test_targets_flag_forces_floats_and_refuses_classes_of_fractions(tmp_path, capsys):
     from stoker.tools.cli import main as cli
 

@@ -26,8 +26,10 @@ the file is ``.tsv`` or its first line holds a tab. Paths are relative to the CS
   Labels that mix both kinds are a one-line error naming an example of each.
 * Rejects, each listed with a reason: an empty path or target cell (``"empty path"``,
   ``"empty label"``, ``"target 'y' is empty"``), a float cell that is not a finite number
-  (``"target 'y' is not finite: nan"``, ``"target 'x' is not a number: 'abc'"``). A row with
-  fewer cells than the first is a one-line error naming the row.
+  (``"target 'y' is not finite: nan"``, ``"target 'x' is not a number: 'abc'"``), a path listed
+  again (``"listed again on line 9 (first on line 3)"``: packed once) or listed again with another
+  target (``"listed on lines 3 (1.5) and 9 (2.5) with different targets"``: neither is packed). A
+  row with fewer cells than the first is a one-line error naming the row.
 """
 
 from __future__ import annotations
@@ -123,14 +125,27 @@ def scan_csv(path: Path, rejects: list[tuple[str, str]], targets: str = "auto") 
     if ncols > MAX_COLUMNS:
         raise UsageError(f"{path} has {ncols:,} target columns, more than {MAX_COLUMNS:,}: is it a list of images?")
     good: list[tuple[str, list[str]]] = []
+    first: dict[str, tuple[int, list[str]]] = {}  # a path's first row: (line, cells)
+    conflicting: set[str] = set()
     for lineno, r in rows:
         rel, cells = r[0].strip(), [c.strip() for c in r[1:width]]
+        key = os.path.normpath(rel)
         if not rel:
             rejects.append((f"{path.name}:{lineno}", "empty path"))
         elif ncols == 1 and not cells[0]:
             rejects.append((rel, "empty label"))
-        else:
+        elif key not in first:
+            first[key] = (lineno, cells)
             good.append((rel, cells))
+        elif first[key][1] == cells:  # the same row again: packed once
+            rejects.append((rel, f"listed again on line {lineno} (first on line {first[key][0]})"))
+        else:  # which target is right cannot be told: neither is packed
+            conflicting.add(key)
+            line, was = first[key][0], delim.join(first[key][1])
+            why = f"listed on lines {line} ({was}) and {lineno} ({delim.join(cells)}) with different targets"
+            rejects.append((rel, why))
+    if conflicting:
+        good = [(rel, cells) for rel, cells in good if os.path.normpath(rel) not in conflicting]
     kind = _kind(path, targets, ncols, [c[0] for _, c in good])
     if kind == "float":
         names = header[1:width] if header else (["y"] if ncols == 1 else [f"y{k}" for k in range(ncols)])
