@@ -29,7 +29,8 @@ the file is ``.tsv`` or its first line holds a tab. Paths are relative to the CS
   (``"target 'y' is not finite: nan"``, ``"target 'x' is not a number: 'abc'"``), a path listed
   again (``"listed again on line 9 (first on line 3)"``: packed once) or listed again with another
   target (``"listed on lines 3 (1.5) and 9 (2.5) with different targets"``: neither is packed). A
-  row with fewer cells than the first is a one-line error naming the row.
+  row with fewer cells than the widest (or the header), or with more than the header names, is a
+  one-line error naming the row.
 """
 
 from __future__ import annotations
@@ -120,7 +121,13 @@ def scan_csv(path: Path, rejects: list[tuple[str, str]], targets: str = "auto") 
         if len(r) < 2:
             raise UsageError(f"{path}: line {lineno} should be 'path{delim}label', got {delim.join(r)!r}")
         if len(r) < width:
-            raise UsageError(f"{path}: line {lineno} has {len(r)} cells, the first row {width}")
+            which = "the header" if header is not None else "the widest row"
+            raise UsageError(f"{path}: line {lineno} has {len(r)} cells, {which} {width}")
+        if header is not None and any(c.strip() for c in r[width:]):  # never a target column dropped
+            raise UsageError(
+                f"{path}: line {lineno} has {len(r)} cells but the header names {width} "
+                f"({delim.join(header)}); name every column in the header"
+            )
     ncols = width - 1
     if ncols > MAX_COLUMNS:
         raise UsageError(f"{path} has {ncols:,} target columns, more than {MAX_COLUMNS:,}: is it a list of images?")

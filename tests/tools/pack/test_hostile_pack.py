@@ -436,6 +436,15 @@ def test_csv_errors_are_one_line(tmp_path, capsys):
     assert "labels mix integers and names (e.g. '1' and '²')" in one_line_error(capsys)
     assert pack(tmp_path / "short.csv", tmp_path / "o3") == 2
     assert "line 2 should be 'path,label'" in one_line_error(capsys)
+    # a header naming fewer columns than the rows hold: never a target column silently dropped
+    (tmp_path / "narrow.csv").write_text(f"path,target\n{paths[0]},0.1,0.2\n{paths[1]},0.3,0.4\n")
+    assert pack(tmp_path / "narrow.csv", tmp_path / "o4") == 2
+    assert "line 2 has 3 cells but the header names 2 (path,target)" in one_line_error(capsys)
+    (tmp_path / "trailing.csv").write_text(f"path,target\n{paths[0]},0.1,\n{paths[1]},0.3,\n")  # trailing commas
+    assert pack(tmp_path / "trailing.csv", tmp_path / "o5") == 0
+    (tmp_path / "ragged.csv").write_text(f"{paths[0]},0.1,0.2\n{paths[1]},0.3\n")
+    assert pack(tmp_path / "ragged.csv", tmp_path / "o6") == 2
+    assert "line 2 has 2 cells, the widest row 3" in one_line_error(capsys)
 
 
 # --- splits ------------------------------------------------------------------------------------
