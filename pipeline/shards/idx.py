@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import tarfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -86,16 +86,22 @@ def image_component(sample: Sample) -> Component | None:
     return next((c for c in sample if c.ext.lower() in IMAGE_EXTS), None)
 
 
-def parse_label(raw: bytes, num_classes: int | None = None) -> int | str:
+def parse_label(raw: bytes, num_classes: int | None = None, names: Mapping[str, int] | None = None) -> int | str:
     """A ``cls`` component's bytes → its class index, or why it is not one (``"what: detail"``).
 
     A label is a non-negative decimal integer (surrounding whitespace allowed) below
-    :data:`MAX_CLASSES` and, when ``num_classes`` is given, below it.
+    :data:`MAX_CLASSES` and, when ``num_classes`` is given, below it; or, with ``names`` (class
+    name → index: the manifest's classes, ``stoker index --classes``), one of those names, as the
+    Loader reads it.
     """
     if len(raw) > MAX_CLS_BYTES:
         return f"cls is not an integer: {len(raw):,} bytes"
     m = _LABEL.fullmatch(raw)
     if m is None:
+        if names:
+            name = raw.strip().decode("utf-8", "surrogateescape")
+            found = names.get(name)
+            return found if found is not None else f"cls {name!r} is not one of the class names"
         text = raw.strip().decode("utf-8", "replace")[:MAX_CLS_BYTES]
         if re.fullmatch(r"-[0-9]+", text):
             return f"cls is negative: {text}"
@@ -108,13 +114,15 @@ def parse_label(raw: bytes, num_classes: int | None = None) -> int | str:
     return value
 
 
-def read_label(f: BinaryIO, cls: Component, num_classes: int | None = None) -> int | str:
+def read_label(
+    f: BinaryIO, cls: Component, num_classes: int | None = None, names: Mapping[str, int] | None = None
+) -> int | str:
     """:func:`parse_label` of the ``cls`` component ``cls`` of the open tar ``f`` (reads at
     most :data:`MAX_CLS_BYTES`: a huge member is rejected by its size)."""
     if cls.size > MAX_CLS_BYTES:
         return f"cls is not an integer: {cls.size:,} bytes"
     f.seek(cls.offset)
-    return parse_label(f.read(cls.size), num_classes)
+    return parse_label(f.read(cls.size), num_classes, names)
 
 
 def escape_name(name: str) -> str:

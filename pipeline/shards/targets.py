@@ -214,17 +214,22 @@ __all__ = [
 
 
 def check_target(
-    target: Target, raw: bytes, *, num_classes: int, image_wh: tuple[int, int] | None = None
+    target: Target,
+    raw: bytes,
+    *,
+    num_classes: int,
+    image_wh: tuple[int, int] | None = None,
+    names: dict[str, int] | None = None,
 ) -> str | None:
     """Why the member ``raw`` is not a usable target of ``target``'s kind, or None: what ``stoker
-    verify`` and ``stoker index`` hold every sample to (``num_classes``: the manifest's class list,
-    or a mask's declared classes; ``image_wh``: the image's stored size, which a mask must have)."""
-    from .idx import MAX_CLS_BYTES, parse_label
+    verify`` and ``stoker index`` hold every sample to (``num_classes``: the manifest's class
+    count, for class and multi-label targets; a mask is held to its own declared classes;
+    ``image_wh``: the image's stored size, which a mask must have; ``names``: class names a
+    ``cls`` may hold, :func:`~.idx.parse_label`)."""
+    from .idx import parse_label
 
     if target.kind == "class":
-        if len(raw) > MAX_CLS_BYTES:
-            return f"cls is not an integer: {len(raw):,} bytes"
-        value = parse_label(raw, num_classes or None)
+        value = parse_label(raw, num_classes or None, names)
         return value if isinstance(value, str) else None
     if target.kind == "float":
         value = parse_float(raw, target.member, target.width)

@@ -147,12 +147,16 @@ def verify_shard(
     skip: list[int],
     require_rgb: bool = True,
     target: dict | None = None,
+    classes: list[str] | None = None,
 ) -> ShardReport:
     """Check one shard; ``check`` lists the sample indices to decode (None: all),
     ``skip`` the ones the manifest marks as known-bad; ``target`` is the manifest's target
-    (:class:`~stoker.pipeline.shards.targets.Target` as JSON; None: a class). Packed shards must
-    hold RGB or grayscale JPEGs; foreign (indexed) ones only need to decode."""
+    (:class:`~stoker.pipeline.shards.targets.Target` as JSON; None: a class); ``classes`` the
+    manifest's class names, which a ``cls`` may hold as the Loader reads it (a split made by
+    ``stoker index --classes``). Packed shards must hold RGB or grayscale JPEGs; foreign
+    (indexed) ones only need to decode."""
     target_kind = Target.from_json(target) if target else Target()
+    names = {c: i for i, c in enumerate(classes or ())}
     tar = Path(split_dir) / info.name
     rep = ShardReport(split, info.name, skipped=len(skip))
     where = f"{split}/{info.name}"
@@ -224,7 +228,7 @@ def verify_shard(
             f.seek(member.offset)
             raw = f.read(member.size if member.size <= MAX_TARGET_BYTES else 0) if target_kind.kind != "class" else b""
             if target_kind.kind == "class":
-                why = read_label(f, member, num_classes or None)
+                why = read_label(f, member, num_classes or None, names=names)
                 why = why if isinstance(why, str) else None
             else:
                 f.seek(img.offset)
@@ -397,11 +401,12 @@ def _check(split_dirs: list[Path], *, sample: int, seed: int, workers: int, prog
                     str(split_dir),
                     split_dir.name,
                     s,
-                    m.target.num_classes or len(m.classes) if m.target.kind == "mask" else len(m.classes),
+                    len(m.classes),  # a mask is held to its own declared classes
                     check,
                     skips.get(s.name, []),
                     "indexed_by" not in m.pack,
                     m.target.to_json() if m.target.kind != "class" else None,
+                    m.classes if m.target.kind == "class" else None,
                 )
             )
     reports: list[ShardReport] = []

@@ -247,12 +247,7 @@ def _target_value(f, comp, img, spec: Target, num_classes, index_of: dict, width
     from stoker.pipeline.shards.targets import check_target, parse_float, parse_labels
 
     if spec.kind == "class":
-        value = read_label(f, comp, num_classes)
-        if isinstance(value, str) and index_of and value.startswith("cls is not an integer"):
-            f.seek(comp.offset)  # a class name: what --classes (or the split's manifest) names
-            name = f.read(min(comp.size, 4096)).decode("utf-8", "replace").strip()
-            return index_of.get(name, f"cls {name!r} is not one of the class names")
-        return value
+        return read_label(f, comp, num_classes, names=index_of)  # a name: what --classes names
     if comp.size > 64 << 20:
         return f"{spec.member} is {comp.size:,} bytes: not a target"
     f.seek(comp.offset)

@@ -39,6 +39,9 @@ def test_text_labels_are_mapped_by_the_names_classes_gives(tmp_path):
     with Loader(tmp_path / "s", batch_size=6, train=False, crop=16, backend="pil", threads=0) as ld:
         ((_, y),) = list(ld)
     assert y.tolist() == [0, 1, 0, 1, 0, 1]
+    # verify holds the split to what the Loader reads: the names --classes gave are labels
+    report = verify(tmp_path / "s", workers=1)
+    assert report.ok and sum(r.decoded for r in report.shards) == 6, report.problems
 
 
 def test_most_samples_dropped_is_exit_1_with_the_manifest_written(tmp_path, capsys):
