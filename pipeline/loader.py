@@ -40,7 +40,7 @@ from . import order
 from .augment import RATIO, SCALE, CropSpec
 from .augment.apply import TrainRecipe
 from .backends import runner_class
-from .backends.base import DecodeSettings, Runner
+from .backends.base import DecodeSettings, Runner, loadable
 from .cache import ShardCache, is_url
 from .dataloader_compat import LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
 from .deps import BACKEND_NAMES, DECODER_NAMES, resolve_backend, usable_cores
@@ -605,8 +605,7 @@ class Loader:
         picked: list = []
         for s in range(0, len(order), 64):
             chunk = order[s : s + 64]
-            _, wh = self.index.images(chunk)
-            picked.extend(chunk[wh[:, 0] > 0][: len(planned) - len(picked)].tolist())
+            picked.extend(chunk[loadable(self.index, chunk)][: len(planned) - len(picked)].tolist())
             if len(picked) == len(planned):
                 break
         if not picked:

@@ -188,12 +188,21 @@ def plan_batch(settings: DecodeSettings, ids: np.ndarray, *, epoch: int, seed: i
 def _read(settings: DecodeSettings, ids: np.ndarray) -> tuple:
     """``(encoded images, their sizes, encoded masks or None, which pass the header guard)``."""
     enc, wh = settings.index.images(ids)
+    masks, mask_wh = settings.index.masks(ids) if settings.masks else (None, None)
+    return enc, wh, masks, _header_ok(wh, mask_wh)
+
+
+def _header_ok(wh: np.ndarray, mask_wh: np.ndarray | None) -> np.ndarray:
+    """The header guard: an image whose header gives its size, and its mask (a mask split) a
+    complete PNG of that size."""
     ok = wh[:, 0] > 0
-    masks = None
-    if settings.masks:
-        masks, mwh = settings.index.masks(ids)
-        ok &= (mwh == wh).all(axis=1)
-    return enc, wh, masks, ok
+    return ok if mask_wh is None else ok & (mask_wh == wh).all(axis=1)
+
+
+def loadable(index: SampleIndex, ids: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` pass the header guard every plan applies (what a stand-in must pass)."""
+    _, wh = index.images(ids)
+    return _header_ok(wh, index.masks(ids)[1] if index.target.spatial else None)
 
 
 def plan_with_masks(settings: DecodeSettings, ids: np.ndarray, *, epoch: int, seed: int) -> tuple[Plan, list | None]:
@@ -296,6 +305,7 @@ __all__ = [
     "empty_batch",
     "empty_images",
     "empty_targets",
+    "loadable",
     "plan_batch",
     "plan_with_masks",
     "targets_of",

@@ -339,3 +339,33 @@ def test_grayscale_inputs_are_stored_as_one_channel_jpegs(gray_split):
     import io
 
     assert {Image.open(io.BytesIO(e.tobytes())).mode for e in enc} == {"L"}
+
+
+def test_a_stand_in_passes_the_mask_header_guard_like_a_planned_sample(tmp_path):
+    # samples whose mask is not their image's size are dropped when planned; a train batch that
+    # lost every sample must not get them back as stand-ins (their masks would be misaligned)
+    import io as _io
+
+    from stoker.pipeline.backends.base import loadable
+    from stoker.pipeline.shards.targets import Target
+    from stoker.pipeline.shards.writer import ShardWriter
+
+    def encoded(a, fmt):
+        buf = _io.BytesIO()
+        Image.fromarray(a).save(buf, fmt)
+        return buf.getvalue()
+
+    split = tmp_path / "train"
+    split.mkdir()
+    bad = {0, 1, 2, 3, 5}  # masks 8 pixels too wide
+    with ShardWriter(split / "shard-000000.tar") as w:
+        for i in range(8):
+            picture = np.full((24, 32, 3), 30 * i, np.uint8)
+            mask = np.zeros((24, 40 if i in bad else 32), np.uint8)
+            w.write(f"{i:09d}", {"jpg": encoded(picture, "JPEG"), "mask.png": encoded(mask, "PNG")})
+    Manifest(num_samples=8, classes=["0", "1"], shards=[w.info], target=Target.of("mask", num_classes=2)).save(split)
+    with _loader(split, batch_size=4, crop=16, train=True, backend="pil") as ld:
+        assert loadable(ld.index, np.arange(8)).tolist() == [i not in bad for i in range(8)]
+        ld._order = np.arange(8, dtype=np.int64)  # the epoch order a stand-in is drawn from
+        picked = ld._stand_in(np.array([0, 1, 2, 3]))
+        assert set(picked.tolist()) <= {4, 6, 7} and len(picked) == 3
