@@ -349,9 +349,8 @@ class Loader:
         return self.index.valid[pick]
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration reads. A different epoch starts at its first
-        batch; the current one continues where it stopped (after :meth:`load_state_dict`, or
-        a train iteration abandoned mid-epoch) or, if it was finished, starts over."""
+        """Select the epoch the next iteration reads. The next iteration starts it at its first
+        batch, except right after :meth:`load_state_dict` (it continues where the state says)."""
         epoch = _non_negative(epoch, "epoch")
         if epoch != self.epoch or self._finished:
             self._start_epoch(epoch)
@@ -363,10 +362,11 @@ class Loader:
 
     # ---- resume --------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """``{seed, epoch, position, world_size, num_samples, batch_size}``: where the next
-        iteration starts. ``position`` counts the samples of ``epoch`` this rank has consumed
-        (batches handed out so far); once an epoch's last batch is handed out the state already
-        names the next epoch at position 0. Ranks step in lockstep, so rank 0's state (what
+        """``{seed, epoch, position, world_size, num_samples, batch_size}``: where the current (or
+        last) iteration stands, so that ``load_state_dict`` of it continues there. ``position``
+        counts the samples of ``epoch`` this rank has consumed (batches handed out so far); once an
+        epoch's last batch is handed out the state already names the next epoch at position 0. (A
+        new ``iter()`` without ``load_state_dict`` starts the epoch over, as a DataLoader does.) Ranks step in lockstep, so rank 0's state (what
         ``stoker train`` and every framework save) says where every rank is. After a resume on
         another number of ranks, ``offset`` is where that rank count's split of the epoch began
         (:mod:`.order`)."""
@@ -449,7 +449,7 @@ class Loader:
 
     # ---- iteration -----------------------------------------------------------------------
     def __iter__(self) -> LoaderIterator:
-        self._close_active()  # an abandoned iteration: drain it (train keeps its position)
+        self._close_active()  # an abandoned iteration: drain it (the next one starts the epoch over)
         if self._closed:
             raise ValueError(f"this Loader of {self.path} was closed; create a new one")
         it = LoaderIterator(self)
@@ -465,9 +465,10 @@ class Loader:
     def _iterate(self):
         if self._finished:  # iterated again without set_epoch: the next epoch
             self._start_epoch(self.epoch + 1)
-        elif self.position and not self.train and not self._resumed:
-            # an evaluation abandoned part way (a sanity check, a limit on batches, an
-            # exception) is never continued: every evaluation sees every sample once
+        elif self.position and not self._resumed:
+            # As a torch DataLoader does, every new iteration starts its epoch over: a peek at one
+            # batch, a sanity check or a loop cut short never shortens the next full pass. Only a
+            # state loaded by load_state_dict continues mid-epoch (once).
             self._start_epoch(self.epoch)
         self._resumed = False
         idx = self._order = self.indices()

@@ -80,16 +80,32 @@ def test_state_from_an_older_run_at_the_end_of_an_epoch_starts_the_next(split):
     assert loader.epoch == 4 and got == loader.indices(4)[:24].tolist()
 
 
-def test_abandoned_train_iteration_continues_abandoned_val_restarts(split):
+def test_a_new_iteration_starts_the_epoch_over_train_and_val(split):
     train = make(split, backend="pil")
-    it = iter(train)
-    first = labels_of([next(it)])
-    rest = labels_of(list(train))  # a new iteration continues the train epoch
-    assert first + rest == train.indices(0)[:24].tolist() and train.epoch == 0
+    for _ in train:  # a peek at one batch
+        break
+    train.set_epoch(0)
+    whole = labels_of(list(train))  # the full epoch, not the rest of the peeked one
+    assert whole == train.indices(0)[:24].tolist() and len(whole) == 8 * len(train)
+    it = iter(train)  # (finished epoch: the next one) cut short after one batch ...
+    next(it)
+    assert train.state_dict()["position"] == 8  # ... the state still says where it stopped
+    assert labels_of(list(train)) == train.indices(1)[:24].tolist() and train.epoch == 1
     val = make(split, backend="pil", train=False)
     sanity = labels_of(list(itertools.islice(val, 2)))  # e.g. Lightning's sanity check
     assert sanity == list(range(16))
     assert labels_of(list(val)) == list(range(30))  # a real evaluation sees every sample
+
+
+def test_a_state_saved_after_a_loop_was_cut_short_resumes_there(split):
+    train = make(split, backend="pil")
+    it = iter(train)
+    first = labels_of([next(it)])
+    del it  # `break`, then save
+    state = train.state_dict()
+    train.load_state_dict(state)
+    rest = labels_of(list(train))
+    assert first + rest == train.indices(0)[:24].tolist()
 
 
 def test_val_resumed_from_a_state_continues_once(split):
@@ -106,7 +122,7 @@ def test_a_replaced_iterator_raises_instead_of_ending_quietly(split):
     second = iter(loader)
     with pytest.raises(LoaderError, match="replaced by a newer iter"):
         next(first)
-    assert len(list(second)) == 2  # the epoch goes on in the newer iterator
+    assert len(list(second)) == 3  # the newer iterator starts the epoch over
 
 
 @pytest.mark.parametrize(
