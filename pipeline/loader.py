@@ -57,6 +57,7 @@ from .loader_checks import (
 )
 from .prefetch import fetched_windows, group_by_window
 from .shards.samples import SampleIndex, open_split
+from .shards.targets import StatsAccumulator, TargetStats
 
 BACKENDS = BACKEND_NAMES
 
@@ -293,6 +294,7 @@ class Loader:
         self._runner: Runner | None = None
         self._order = np.zeros(0, np.int64)
         self._usable: set | None = None  # shards a stand-in may come from (block mode, URL)
+        self._target_stats: TargetStats | None = None  # computed once for a split whose manifest has none
 
     # ---- order ---------------------------------------------------------------------------
     def _share(self, rank: int, offset: int = 0) -> int:
@@ -365,9 +367,10 @@ class Loader:
         """``{seed, epoch, position, world_size, num_samples, batch_size}``: where the current (or
         last) iteration stands, so that ``load_state_dict`` of it continues there. ``position``
         counts the samples of ``epoch`` this rank has consumed (batches handed out so far); once an
-        epoch's last batch is handed out the state already names the next epoch at position 0. (A
-        new ``iter()`` without ``load_state_dict`` starts the epoch over, as a DataLoader does.) Ranks step in lockstep, so rank 0's state (what
-        ``stoker train`` and every framework save) says where every rank is. After a resume on
+        epoch's last batch is handed out the state already names the next epoch at position 0.
+        (A new ``iter()`` without ``load_state_dict`` starts the epoch over, as a DataLoader
+        does.) Ranks step in lockstep, so rank 0's state (what ``stoker train`` and every
+        framework save) says where every rank is. After a resume on
         another number of ranks, ``offset`` is where that rank count's split of the epoch began
         (:mod:`.order`)."""
         epoch, position = (self.epoch + 1, 0) if self._finished else (self.epoch, self.position)
@@ -560,6 +563,23 @@ class Loader:
     def batch_sampler(self) -> LoaderBatchSampler:
         """This rank's batches of sample positions; ``set_epoch`` as on :attr:`sampler`."""
         return LoaderBatchSampler(self)
+
+    @property
+    def target_stats(self) -> TargetStats | None:
+        """Float targets: their count, mean, std, min and max per column over this split
+        (:class:`~.shards.targets.TargetStats`), as ``stoker pack`` recorded them (read from the
+        targets once when the manifest has none). A mask split: the classes its masks hold. Else
+        ``None``. Standardize with them so targets in natural units learn:
+        ``loss = mse(model(x), stats.standardize(y))``, and ``stats.restore(model(x))`` predicts."""
+        target = self.index.target
+        if target.stats is not None or target.kind != "float":
+            return target.stats
+        if self._target_stats is None:
+            acc = StatsAccumulator("float", target.width)
+            for s in range(0, self.num_samples, 65536):
+                acc.add_many(self.index.targets(self.index.valid[s : s + 65536]))
+            self._target_stats = acc.result()
+        return self._target_stats
 
     @property
     def num_workers(self) -> int:

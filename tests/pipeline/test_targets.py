@@ -369,3 +369,46 @@ def test_a_stand_in_passes_the_mask_header_guard_like_a_planned_sample(tmp_path)
         ld._order = np.arange(8, dtype=np.int64)  # the epoch order a stand-in is drawn from
         picked = ld._stand_in(np.array([0, 1, 2, 3]))
         assert set(picked.tolist()) <= {4, 6, 7} and len(picked) == 3
+
+
+def test_target_statistics_merge_exactly_and_survive_the_manifest(tmp_path):
+    from stoker.pipeline.shards.targets import StatsAccumulator, Target
+
+    rng = np.random.default_rng(0)
+    values = rng.normal([40.0, -3.0], [12.0, 0.5], size=(101, 2))
+    parts = [StatsAccumulator("float", 2) for _ in range(3)]
+    for k, v in enumerate(values):  # three packers, one resumed from its journal's JSON state
+        parts[k % 3].add(v)
+    parts[2] = StatsAccumulator.from_state(json.loads(json.dumps(parts[2].state())))
+    total = parts[0].merge(parts[1]).merge(parts[2])
+    stats = total.result()
+    assert stats.count == 101
+    np.testing.assert_allclose(stats.mean, values.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(stats.std, values.std(0), rtol=1e-12)
+    assert stats.min == tuple(values.min(0)) and stats.max == tuple(values.max(0))
+    target = Target.of("float", columns=("age", "x"), stats=stats)
+    assert Target.from_json(json.loads(json.dumps(target.to_json()))).stats == stats
+
+
+def test_mask_statistics_name_the_classes_found_without_the_ignored_value():
+    from stoker.pipeline.shards.targets import StatsAccumulator
+
+    acc = StatsAccumulator("mask")
+    acc.add(np.array([[0, 0, 2, 255]], np.uint8))
+    acc.add(np.array([[2, 2, 255, 255]], np.uint8))
+    stats = acc.result(ignore_index=255)
+    assert stats.count == 2 and stats.class_share == (2 / 5, 0.0, 3 / 5)
+
+
+def test_standardize_and_restore_are_inverse_per_column_for_torch_and_numpy():
+    import torch
+
+    from stoker.pipeline.shards.targets import TargetStats
+
+    stats = TargetStats(10, mean=(50.0, 2.0), std=(10.0, 0.0), min=(0, 2), max=(90, 2))
+    y = torch.tensor([[60.0, 2.0], [30.0, 2.0]])
+    z = stats.standardize(y)
+    assert torch.allclose(z, torch.tensor([[1.0, 0.0], [-2.0, 0.0]]))  # a constant column: std 1
+    assert torch.allclose(stats.restore(z), y)
+    one = TargetStats(3, mean=(18.0,), std=(4.0,), min=(10.0,), max=(30.0,))
+    np.testing.assert_allclose(one.restore(one.standardize(np.array([22.0, 10.0], np.float32))), [22.0, 10.0])
