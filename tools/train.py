@@ -154,7 +154,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--amp",
         choices=AMP_CHOICES,
         default="auto",
-        help="auto: bf16 on GPUs that have it, else fp16 + GradScaler; on a CPU bf16 where it has native bf16 "
+        help="auto: bf16 on GPUs that compute it natively (compute capability 8.0+: Ampere and newer), else fp16 + GradScaler (an RTX 20xx/V100/T4 only emulates bf16); on a CPU bf16 where it has native bf16 "
         "(AMX/AVX512-BF16), else off (default: auto)",
     )
     p.add_argument("--channels-last", action="store_true", help="model and batches in channels_last memory format")

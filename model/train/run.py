@@ -189,6 +189,7 @@ class Run:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.amp = resolve_amp(cfg.amp, self.device)
+        self.log(f"amp {self.amp.name} ({self.amp.why})")
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         seed_everything(cfg.seed, deterministic=cfg.deterministic)

@@ -65,10 +65,23 @@ class AmpSpec:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
 
 
+def gpu_bf16(device: str | torch.device = "cuda") -> tuple[bool, str]:
+    """``(native, what)``: does the GPU ``device`` compute bf16 natively (compute capability 8.0
+    or newer: Ampere, Ada, Hopper, Blackwell)? ``torch.cuda.is_bf16_supported()`` also answers True
+    on older cards (Turing's RTX 2070 is 7.5) where bf16 is only emulated, slower than their fp16
+    tensor cores; this asks the capability itself."""
+    dev = torch.device(device)
+    props = torch.cuda.get_device_properties(dev.index if dev.index is not None else torch.cuda.current_device())
+    what = f"{props.name}, compute capability {props.major}.{props.minor}"
+    return props.major >= 8, what
+
+
 def resolve_amp(amp: str, device: str | torch.device, *, native_cpu_bf16: bool = True) -> AmpSpec:
     """The autocast to use for ``amp`` (one of :data:`~stoker.model.train.config.AMP_CHOICES`) on ``device``.
 
-    ``auto``: bf16 where the GPU supports it, fp16 (+ GradScaler) otherwise; on the CPU bf16
+    ``auto``: bf16 where the GPU computes it natively (:func:`gpu_bf16`: compute capability 8.0
+    or newer), fp16 with a GradScaler otherwise (a Turing card such as the RTX 2070 only emulates
+    bf16, and its tensor cores run fp16); on the CPU bf16
     when it has native bf16 math (AMX or AVX512-BF16, :func:`cpu_bf16`), else off (bf16
     autocast there is many times slower without bf16 units). ``stoker train``, ``stoker
     bench-model`` and ``stoker diagnose`` all resolve ``auto`` here, so what diagnose measures
@@ -80,7 +93,12 @@ def resolve_amp(amp: str, device: str | torch.device, *, native_cpu_bf16: bool =
     if amp != "auto":
         name, why = amp, f"--amp {amp}"
     elif dev.type == "cuda":
-        name, why = ("bf16", "GPU supports bf16") if torch.cuda.is_bf16_supported() else ("fp16", "GPU lacks bf16")
+        native, what = gpu_bf16(dev)
+        name, why = (
+            ("bf16", f"auto: native bf16 on {what}")
+            if native
+            else ("fp16", f"auto: fp16 with a GradScaler on {what} (bf16 would be emulated, not native, before 8.0)")
+        )
     elif dev.type == "cpu" and native_cpu_bf16 and cpu_bf16():
         name, why = "bf16", "auto: the CPU has native bf16 (AMX/AVX512-BF16)"
     elif dev.type == "cpu" and native_cpu_bf16:

@@ -80,3 +80,20 @@ def test_every_public_name_resolves_and_nothing_else(package):
     assert all(getattr(mod, name) is not None for name in mod.__all__)
     for internal in ("run_training", "ReportNet", "weights_digest", "_Run"):
         assert not hasattr(mod, internal), internal
+
+
+@pytest.mark.parametrize(
+    "major, minor, expected",
+    [(7, 5, "fp16"), (7, 0, "fp16"), (8, 0, "bf16"), (8, 6, "bf16"), (9, 0, "bf16")],
+)
+def test_auto_amp_is_bf16_only_where_the_gpu_computes_it_natively(monkeypatch, major, minor, expected):
+    # torch.cuda.is_bf16_supported() says True on a Turing card (emulation): auto must not trust it
+    from types import SimpleNamespace
+
+    card = SimpleNamespace(name="NVIDIA GeForce RTX 2070" if major < 8 else "NVIDIA A100", major=major, minor=minor)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: card)
+    spec = resolve_amp("auto", torch.device("cuda", 0))
+    assert spec.name == expected and spec.device_type == "cuda"
+    assert f"compute capability {major}.{minor}" in spec.why
+    assert ("GradScaler" in spec.why) == (expected == "fp16")  # make_scaler enables it for fp16

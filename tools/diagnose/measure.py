@@ -375,7 +375,7 @@ def environment() -> dict:
         "cpu_bf16": runtime.cpu_bf16(),
         "gpu": gpu,
         "cuda": torch.version.cuda if gpu else None,
-        "gpu_bf16": bool(gpu and torch.cuda.is_bf16_supported()),
+        "gpu_bf16": bool(gpu and runtime.gpu_bf16()[0]),  # native, not emulated: what --amp auto asks
         # torchvision's nvJPEG decode (the Loader's nvjpeg backend): works here, and why (or why not)
         "gpu_jpeg_decode": dict(zip(("works", "why"), gpu_jpeg_decode(), strict=True)) if gpu else None,
     }

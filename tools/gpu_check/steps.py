@@ -31,6 +31,7 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
 
     import torch
 
+    from stoker.model.train.runtime import gpu_bf16
     from stoker.pipeline.backends import decoders
     from stoker.pipeline.deps import (
         HAS_DALI,
@@ -58,7 +59,7 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
         "cuda_version": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
-        "gpu_bf16": bool(cuda and torch.cuda.is_bf16_supported()),
+        "gpu_bf16": bool(cuda and gpu_bf16()[0]),  # native (capability >= 8.0), what --amp auto asks
         "dali": HAS_DALI,
         "pillow": pillow_info(),
         "usable_cores": usable_cores(),
