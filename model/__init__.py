@@ -19,6 +19,10 @@ _EXPORTS = {
     "IMAGENET_STD": "normalize",
     "Normalize": "normalize",
     "with_normalize": "normalize",
+    "NormalizedNet": "normalize",
+    "TargetUnits": "normalize",
+    "load_bare_weights": "normalize",
+    "build_user_model": "user",
     "InceptionNet": "nets",
     "build_model": "nets",
     "count_parameters": "nets",
@@ -35,6 +39,10 @@ __all__ = [
     "IMAGENET_STD",
     "Normalize",
     "with_normalize",
+    "NormalizedNet",
+    "TargetUnits",
+    "load_bare_weights",
+    "build_user_model",
     "InceptionNet",
     "build_model",
     "count_parameters",
@@ -51,8 +59,17 @@ if TYPE_CHECKING:
 
     from .checkpoint import load_checkpoint, save_checkpoint
     from .nets import InceptionNet, build_model, count_parameters
-    from .normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize, with_normalize
+    from .normalize import (
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        Normalize,
+        NormalizedNet,
+        TargetUnits,
+        load_bare_weights,
+        with_normalize,
+    )
     from .throughput import measure_model
+    from .user import build_user_model
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -23,7 +23,7 @@ from torch import nn
 
 from .checkpoint import load_checkpoint, load_model_state
 from .nets import SegmentationOutput, build_model
-from .normalize import Normalize, with_normalize
+from .normalize import Normalize, with_normalize, with_target_units
 
 
 def bare_state_dict(model: nn.Module) -> dict:
@@ -64,21 +64,30 @@ class Predictor:
         self.classes = config.get("classes")
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, *, device: str | torch.device = "cpu") -> Predictor:
+    def from_checkpoint(
+        cls, path: str | Path, *, device: str | torch.device = "cpu", net: nn.Module | None = None
+    ) -> Predictor:
         """The network of the checkpoint at ``path`` (``RUN/best.pt`` or ``last.pt``), built as its
-        run built it."""
+        run built it: ``--arch``, or a ``--model FILE.py:FUNCTION`` imported again (``net=``: your
+        network, built as for training, when that file is not at hand). A regression trained on
+        standardized targets predicts in the targets' own units."""
         state = load_checkpoint(path)
         cfg = state["config"]
         crop = cfg.get("crop", 224)
         side = crop if isinstance(crop, int) else min(crop)
-        net = build_model(
-            cfg["arch"],
-            cfg["num_outputs"],
-            image_size=side,
-            in_channels=int(cfg.get("channels") or 3),
-            task=cfg.get("task", "classify"),
-        )
+        channels = int(cfg.get("channels") or 3)
+        if net is None and cfg.get("model"):
+            from .user import build_user_model
+
+            net = build_user_model(cfg["model"], cfg["num_outputs"], in_channels=channels)
+        if net is None:
+            net = build_model(
+                cfg["arch"], cfg["num_outputs"], image_size=side, in_channels=channels, task=cfg.get("task", "classify")
+            )
         model = with_normalize(net, cfg.get("mean") or (0.485, 0.456, 0.406), cfg.get("std") or (0.229, 0.224, 0.225))
+        units = cfg.get("target_units")
+        if units:
+            with_target_units(model, units["mean"], units["std"])
         load_model_state(model, state["model"], source=str(path))
         return cls(model, cfg, device=device)
 

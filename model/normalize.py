@@ -69,13 +69,63 @@ class Normalize(nn.Module):
         return f"mean={m}, std={s}"
 
 
+class NormalizedNet(nn.Sequential):
+    """``Normalize`` then the network (what :func:`with_normalize` returns): an ``nn.Sequential``
+    whose ``net`` is the wrapped network, and which answers for it what training libraries ask
+    a model: timm's ``no_weight_decay()`` and ``group_matcher()`` (parameter names and patterns
+    given the ``net.`` prefix of this module's parameters, so a ViT's ``pos_embed`` stays out of
+    weight decay and ``--layer-decay`` finds its blocks), and any other attribute the network has
+    (``pretrained_cfg``, ``num_classes``, ``get_classifier()``, ...)."""
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("__") or name in _OWN:
+                raise
+            modules = self.__dict__.get("_modules") or {}
+            if "net" not in modules:
+                raise
+            return getattr(modules["net"], name)  # the wrapped network's own attribute (or its AttributeError)
+
+    def no_weight_decay(self) -> set[str]:
+        """The wrapped network's ``no_weight_decay()`` names with this module's ``net.`` prefix."""
+        inner = getattr(self.net, "no_weight_decay", None)
+        return {f"net.{n}" for n in inner()} if callable(inner) else set()
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """The wrapped network's ``group_matcher(coarse)``, each pattern matching ``net.``-prefixed names."""
+        inner = getattr(self.net, "group_matcher", None)
+        if not callable(inner):
+            raise AttributeError(f"{type(self.net).__name__} has no group_matcher()")
+        return {k: _prefixed(v) for k, v in inner(coarse=coarse).items()}
+
+
+#: names NormalizedNet never forwards to the network (its own methods, found before __getattr__)
+_OWN = frozenset({"net", "normalize", "units", "_modules", "_parameters", "_buffers"})
+
+
+def _prefixed(matcher):
+    r"""A timm group pattern (a regex, or a list of ``(regex, suffix)``) anchored on ``net.``: timm
+    matches names with ``re.match``; ``^a|^b`` becomes ``^net\.(?:a|b)`` (groups kept)."""
+    import re
+
+    if isinstance(matcher, str):
+        return r"^net\.(?:" + re.sub(r"(^|\|)\^", r"\1", matcher) + ")"
+    if isinstance(matcher, (list, tuple)):
+        return type(matcher)(_prefixed(m) if isinstance(m, str) else (_prefixed(m[0]), *m[1:]) for m in matcher)
+    return matcher
+
+
 def with_normalize(
     net: nn.Module, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
-) -> nn.Sequential:
+) -> NormalizedNet:
     """``net`` with :class:`Normalize` in front, so it takes the loader's uint8 batches.
 
-    Returns ``nn.Sequential(normalize=Normalize(mean, std), net=net)``; state_dict keys of
-    ``net`` gain the prefix ``net.``.
+    Returns ``NormalizedNet(normalize=Normalize(mean, std), net=net)`` (an ``nn.Sequential``);
+    state_dict keys of ``net`` gain the prefix ``net.`` (:func:`load_bare_weights` loads a
+    checkpoint into the bare network again). timm's ``no_weight_decay()``/``group_matcher()`` and
+    the network's other attributes are answered through the wrapper (:class:`NormalizedNet`).
 
     Raises:
         ValueError: ``net`` already holds a :class:`Normalize` (wrapping it again would normalize
@@ -86,7 +136,63 @@ def with_normalize(
             f"{type(net).__name__} already normalizes its input (it holds a stoker Normalize): wrapping it "
             "again would normalize twice; use it as it is"
         )
-    return nn.Sequential(OrderedDict(normalize=Normalize(mean, std), net=net))
+    return NormalizedNet(OrderedDict(normalize=Normalize(mean, std), net=net))
+
+
+def load_bare_weights(net: nn.Module, source) -> nn.Module:
+    """Load a checkpoint of a wrapped network into the bare ``net`` (no Normalize in front): a
+    ``stoker train`` checkpoint (its ``"net"``), a timm/Lightning/plain checkpoint of a
+    :func:`with_normalize` model (``"state_dict"``/``"model"``, or the state_dict itself:
+    ``net.``-prefixed keys, ``normalize.``/``units.`` dropped), as a path or a loaded dict.
+    Returns ``net``. Raises what ``load_state_dict`` raises when the weights do not fit."""
+    state = torch.load(source, map_location="cpu", weights_only=True) if not isinstance(source, dict) else source
+    if isinstance(state.get("net"), dict):
+        state = state["net"]
+    else:
+        for key in ("state_dict", "model"):
+            if isinstance(state.get(key), dict):
+                state = state[key]
+                break
+    if any(k.startswith("net.") for k in state):
+        state = {k[4:]: v for k, v in state.items() if k.startswith("net.")}
+    net.load_state_dict(state)
+    return net
+
+
+class TargetUnits(nn.Module):
+    """``outputs * std + mean``: the last layer of a network that learns standardized float targets
+    (``(y - mean) / std`` per column), so it answers in the targets' own units (years, degrees).
+
+    The arithmetic runs in float32 whatever the autocast (a mean of 1e5 in bf16 would keep 3
+    digits); ``mean`` and ``std`` are buffers, so they travel in the state_dict and a checkpoint
+    predicts in natural units by itself.
+
+    Args:
+        mean: Per-column mean of the training targets.
+        std: Per-column standard deviation (> 0; a constant column's is 1).
+    """
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        super().__init__()
+        mean_t = torch.as_tensor(mean, dtype=torch.float32).flatten()
+        std_t = torch.as_tensor(std, dtype=torch.float32).flatten()
+        if mean_t.numel() != std_t.numel() or mean_t.numel() == 0 or not bool((std_t > 0).all()):
+            raise ValueError(f"mean={tuple(mean)} and std={tuple(std)} must have one length, std > 0")
+        self.register_buffer("mean", mean_t)
+        self.register_buffer("std", std_t)
+
+    def forward(self, out: torch.Tensor) -> torch.Tensor:
+        return out.float() * self.std + self.mean
+
+    def extra_repr(self) -> str:
+        return f"mean={[round(v, 4) for v in self.mean.tolist()]}, std={[round(v, 4) for v in self.std.tolist()]}"
+
+
+def with_target_units(model: nn.Sequential, mean: Sequence[float], std: Sequence[float]) -> nn.Sequential:
+    """``model`` (from :func:`with_normalize`) with :class:`TargetUnits` appended as ``units``:
+    its standardized outputs come out in the targets' units. Returns ``model``."""
+    model.add_module("units", TargetUnits(mean, std))
+    return model
 
 
 #: one channel: the average of ImageNet's channel statistics (what timm uses for grayscale input)

@@ -15,6 +15,7 @@ and exit; --resume continues exactly where the run stopped, mid-epoch included.
 examples:
   stoker train data/ --out runs/a --epochs 10 --batch-size 128 --crop 160
   stoker train ages/ --out runs/age                       # float targets: regression
+  stoker train ages/ --out runs/mine --model nets.py:make_net   # your own network
   stoker train seg/ --out runs/seg --channels 1 --crop 256 --arch deeplabv3_mobilenet_v3_large
   stoker train data/ --out runs/a --epochs 10 --batch-size 128 --crop 160 --resume
   torchrun --nproc_per_node 2 -m stoker train data/ --out runs/ddp
@@ -44,6 +45,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "original slow net); a torchvision classification model (resnet50, ...); for --task segment a "
         "torchvision segmentation model (fcn_resnet50, deeplabv3_resnet50, ...). No pretrained weights. "
         "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="FILE.py:FUNCTION",
+        help="your own network instead of --arch: FUNCTION in FILE.py (or package.module:FUNCTION) returns an "
+        "nn.Module taking normalized float NCHW input; it is called with num_classes=/num_outputs= and "
+        "in_channels=/in_chans= when it accepts them. Checkpoints' 'net' holds its own parameter names",
+    )
+    p.add_argument(
+        "--no-standardize-targets",
+        dest="standardize_targets",
+        action="store_false",
+        help="regression: train on the float targets as they are; by default the network learns "
+        "(y - mean) / std per column (the train split's statistics) and answers in the targets' units",
     )
     p.add_argument(
         "--task",
@@ -154,7 +170,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--amp",
         choices=AMP_CHOICES,
         default="auto",
-        help="auto: bf16 on GPUs that compute it natively (compute capability 8.0+: Ampere and newer), else fp16 + GradScaler (an RTX 20xx/V100/T4 only emulates bf16); on a CPU bf16 where it has native bf16 "
+        help="auto: bf16 on GPUs that compute it natively (compute capability 8.0+: Ampere and newer), else "
+        "fp16 + GradScaler (an RTX 20xx/V100/T4 only emulates bf16); on a CPU bf16 where it has native bf16 "
         "(AMX/AVX512-BF16), else off (default: auto)",
     )
     p.add_argument("--channels-last", action="store_true", help="model and batches in channels_last memory format")

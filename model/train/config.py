@@ -57,6 +57,10 @@ class TrainConfig:
     ``resume``: ``"auto"`` (RUN/last.pt) or a checkpoint path; without it a RUN that holds a run
     is refused unless ``overwrite`` (its run files are removed first). ``num_classes=None`` reads the
     class list from the train manifest. ``task="auto"`` trains what the split's targets are.
+    ``model`` is your own network instead of ``arch``: ``"FILE.py:FUNCTION"`` or
+    ``"package.module:FUNCTION"`` (:mod:`stoker.model.user`). ``standardize_targets``: a regression
+    learns ``(y - mean) / std`` per column (the train split's statistics) and the network answers in
+    the targets' units through a last :class:`~stoker.model.normalize.TargetUnits` layer.
     ``channels=None`` is 3 (RGB); 1 trains on grayscale, the network's first layer built for it.
     ``mean``/``std`` (0..1 scale) default to ImageNet's (their average for one channel).
     ``crop`` is a side or ``(height, width)``; ``scale``, ``ratio``, ``crop_pct`` and
@@ -69,6 +73,7 @@ class TrainConfig:
     data: str
     out: str
     arch: str = "auto"
+    model: str | None = None
     epochs: int = 5
     batch_size: int = 64
     lr: float | None = None
@@ -78,6 +83,7 @@ class TrainConfig:
     warmup_epochs: float = 1.0
     label_smoothing: float = 0.0
     task: str = "auto"
+    standardize_targets: bool = True
     crop: Any = 224
     channels: int | None = None
     mean: tuple | None = None
@@ -158,6 +164,10 @@ class TrainConfig:
             raise ValueError(f"warmup_epochs={self.warmup_epochs} must be >= 0")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch_threads={self.torch_threads} must be >= 1")
+        if self.model is not None and self.arch not in ("auto", None):
+            raise ValueError(f"give --arch {self.arch} or --model {self.model}, not both")
+        if self.model is not None and ":" not in str(self.model):
+            raise ValueError(f"model={self.model!r} must look like 'file.py:FUNCTION' or 'package.module:FUNCTION'")
         if self.num_classes is not None and self.num_classes < 1:
             raise ValueError(f"num_classes={self.num_classes} must be >= 1")
 

@@ -27,7 +27,7 @@ from stoker.pipeline.storage import redact_options
 from ..checkpoint import load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
 from ..inference import bare_state_dict
 from ..nets import build_model, count_parameters
-from ..normalize import default_stats, with_normalize
+from ..normalize import default_stats, with_normalize, with_target_units
 from .config import CONFIG, DEFAULT_ARCH, LAST, METRICS, RUN_FILES, TrainConfig
 from .runtime import (
     Dist,
@@ -41,6 +41,18 @@ from .runtime import (
 )
 from .step import TrainStep, make_optimizer, make_scheduler
 from .tasks import resolve_task
+
+#: fewer steps an epoch than this, or val samples, and the run says so at its start
+FEW_STEPS = 10
+FEW_VAL = 50
+
+
+def _samples(loader: Any) -> int:
+    """The loadable samples of a loader's split (0 when it cannot say: a user's loader)."""
+    try:
+        return len(loader.dataset)
+    except (AttributeError, TypeError):
+        return 0
 
 
 class Run:
@@ -115,12 +127,10 @@ class Run:
         self._start_runtime()
         train_dir, val_dir = self._split_dirs()
         classes, num_classes = self._task(train_dir)
-        self.arch = cfg.arch if cfg.arch != "auto" else DEFAULT_ARCH[self.task.name]
         self.channels = cfg.channels or 3
-        side = cfg.crop if isinstance(cfg.crop, int) else min(cfg.crop)
-        # a bad --arch fails before any I/O
-        net = build_model(self.arch, self.num_outputs, image_size=side, in_channels=self.channels, task=self.task.name)
+        net = self._build_net()  # a bad --arch or --model fails before any I/O
         self._make_loaders(train_dir, val_dir)
+        self._standardize()
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.warmup_steps = min(round(cfg.warmup_epochs * self.steps_per_epoch), max(0, self.total_steps - 1))
         global_batch = cfg.batch_size * self.dist.world_size
@@ -143,6 +153,9 @@ class Run:
             "task_requested": cfg.task,
             "arch": self.arch,
             "arch_requested": cfg.arch,
+            "model": self.model_spec,
+            # a regression on standardized targets: the TargetUnits layer's (mean, std) per column
+            "target_units": self.target_units,
             "channels": self.channels,
             "mean": list(self.mean),
             "std": list(self.std),
@@ -155,6 +168,7 @@ class Run:
             "torch": str(torch.__version__),
             "stoker": __version__,
         }
+        self.log(f"amp {self.amp.name} ({self.amp.why})")
         if cfg.resume:
             self._resume()
         if self.dist.main:
@@ -162,6 +176,49 @@ class Run:
             with atomic_write(self.out / CONFIG, "w") as f:
                 json.dump(self.resolved, f, indent=1, default=str)
                 f.write("\n")
+
+    def _build_net(self) -> nn.Module:
+        """The network: ``--model FILE.py:FUNCTION`` (checked on a batch of 2 against the task's
+        outputs), else stoker's or torchvision's ``--arch`` (``auto``: the task's default)."""
+        cfg = self.cfg
+        crop = tuple(cfg.crop) if isinstance(cfg.crop, (list, tuple)) else (cfg.crop, cfg.crop)
+        crop = crop * 2 if len(crop) == 1 else crop
+        self.model_spec = None
+        if cfg.model:
+            from ..user import build_user_model, check_outputs, resolve_spec
+
+            self.model_spec = self.arch = resolve_spec(cfg.model)
+            net = build_user_model(self.model_spec, self.num_outputs, in_channels=self.channels)
+            check_outputs(
+                net, cfg.model, num_outputs=self.num_outputs, in_channels=self.channels, size=crop, task=self.task.name
+            )
+            return net
+        self.arch = cfg.arch if cfg.arch != "auto" else DEFAULT_ARCH[self.task.name]
+        return build_model(
+            self.arch, self.num_outputs, image_size=min(crop), in_channels=self.channels, task=self.task.name
+        )
+
+    def _standardize(self) -> None:
+        """A regression learns standardized targets (the train split's mean and std per column, from
+        its manifest or read once from its targets) unless ``standardize_targets`` is off; then a
+        line says when the targets are far from unit scale."""
+        self.target_units = None
+        if self.task.name != "regress" or self.task.case_study:
+            return
+        stats = getattr(self.train_loader, "target_stats", None)
+        if stats is None or not stats.mean:
+            self.log("no statistics of the float targets: training on them as they are (not standardized)")
+            return
+        span = ", ".join(f"mean {m:.4g}, std {d:.4g}" for m, d in zip(stats.mean[:4], stats.std[:4], strict=True))
+        if self.cfg.standardize_targets:
+            self.target_units = {"mean": list(stats.mean), "std": list(stats.scale)}
+            self.task = dataclasses.replace(self.task, scale=stats.scale)
+            self.log(f"targets standardized ({span}); val figures in the targets' units")
+        elif any(abs(m) > 3 * d or not 0.1 <= d <= 10 for m, d in zip(stats.mean, stats.scale, strict=True)):
+            self.log(
+                f"targets are far from unit scale ({span}) and --no-standardize-targets keeps them so: "
+                "the network starts far from them and may not learn; drop the flag to standardize them"
+            )
 
     def _check_run_dir(self) -> None:
         """A run directory that already holds a run is continued (``--resume``) or replaced
@@ -189,7 +246,6 @@ class Run:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.amp = resolve_amp(cfg.amp, self.device)
-        self.log(f"amp {self.amp.name} ({self.amp.why})")
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         seed_everything(cfg.seed, deterministic=cfg.deterministic)
@@ -296,6 +352,30 @@ class Run:
                 f"{train_dir}: too few samples for one batch of {cfg.batch_size} "
                 f"x {self.dist.world_size} rank(s); lower --batch-size"
             )
+        self._say_when_small()
+
+    def _say_when_small(self) -> None:
+        """One line when an epoch is a handful of steps, or a val figure rests on a handful of
+        samples: a run that cannot learn, or a figure that means little, is said at the start."""
+        cfg, world = self.cfg, self.dist.world_size
+        if self.steps_per_epoch < FEW_STEPS:
+            n = _samples(self.train_loader)
+            share = n // world if n else cfg.batch_size * self.steps_per_epoch
+            fits = max(1, share // FEW_STEPS)
+            batch = 1 << (fits.bit_length() - 1)  # a power of two giving >= FEW_STEPS steps
+            dropped = share - self.steps_per_epoch * cfg.batch_size
+            self.log(
+                f"an epoch is only {self.steps_per_epoch} step(s) ({share} samples per process at --batch-size "
+                f"{cfg.batch_size}" + (f", {dropped} left out each epoch" if dropped > 0 else "") + "): too few "
+                f"updates to learn from; use --batch-size {batch} (>= {FEW_STEPS} steps an epoch) or more data"
+            )
+        if self.val_loader is not None:
+            n = _samples(self.val_loader)
+            if n and n < FEW_VAL:
+                self.log(
+                    f"val figures rest on {n} samples: a few samples swing them (R², mIoU, top-1); "
+                    "pack with a larger --val-fraction for figures to trust"
+                )
 
     def _augmentation(self) -> dict:
         """The train Loader's ``augment=`` and ``mixing=`` from the timm-named settings (none: {})."""
@@ -336,7 +416,10 @@ class Run:
         cfg = self.cfg
         mf = torch.channels_last if cfg.channels_last else torch.contiguous_format
         self.mean, self.std = default_stats(self.channels, cfg.mean, cfg.std)
-        self.raw = with_normalize(net, self.mean, self.std).to(self.device, memory_format=mf)
+        model = with_normalize(net, self.mean, self.std)
+        if self.target_units is not None:  # outputs in the targets' own units (float32)
+            with_target_units(model, self.target_units["mean"], self.target_units["std"])
+        self.raw = model.to(self.device, memory_format=mf)
         self.optimizer = make_optimizer(
             self.raw,
             cfg.optimizer,

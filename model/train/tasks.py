@@ -42,6 +42,9 @@ class Task:
     metric: str
     ignore_index: int | None = None
     case_study: bool = False
+    #: regress on standardized targets: each column's std; the loss is the MSE in those units (so
+    #: ~1 - R² whatever the targets' own units), the validation figures stay in the targets' units
+    scale: tuple[float, ...] | None = None
 
     def loss(self, *, label_smoothing: float = 0.0) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """``loss(outputs, targets)``, computed under autocast (the reduction in float32)."""
@@ -50,7 +53,7 @@ class Task:
         if self.case_study:
             return regress_loss
         if self.name == "regress":
-            return lambda out, y: F.mse_loss(out.float(), y.float().view(out.shape[0], -1))
+            return _regress_loss(self.scale)
         if self.name == "segment":
             ignore = -100 if self.ignore_index is None else self.ignore_index
             return lambda out, y: F.cross_entropy(out.float(), y.long(), ignore_index=ignore)
@@ -62,6 +65,23 @@ class Task:
         if self.case_study:
             return CaseStudyMetrics(self, device)
         return (cls or RegressMetrics)(self, device)
+
+
+def _regress_loss(scale: tuple[float, ...] | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """MSE over the K outputs, in units of ``scale`` (each column's std) when given."""
+    per_device: dict = {}  # the scale on each device, made once (not a host->device copy per step)
+
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = out.float().view(out.shape[0], -1)
+        y = y.float().view(out.shape[0], -1)
+        if scale is None:
+            return F.mse_loss(out, y)
+        s = per_device.get(out.device)
+        if s is None:
+            s = per_device[out.device] = torch.tensor(scale, dtype=torch.float32, device=out.device)
+        return F.mse_loss(out / s, y / s)
+
+    return loss
 
 
 def resolve_task(requested: str, target, classes: list, *, num_classes: int | None = None) -> Task:
@@ -91,7 +111,8 @@ def resolve_task(requested: str, target, classes: list, *, num_classes: int | No
         return Task("regress", target.width, "r2")
     if name == "multilabel":
         return Task("multilabel", n_classes, "map")
-    n_classes = num_classes or target.num_classes or len(classes)
+    found = len(target.stats.class_share) if target.stats is not None and target.stats.class_share else 0
+    n_classes = num_classes or target.num_classes or found or len(classes)
     if not n_classes:
         raise ValueError("the masks' class count is not in the manifest: pass --num-classes (pack with --num-classes)")
     return Task("segment", n_classes, "miou", ignore_index=target.ignore_index)
@@ -174,7 +195,10 @@ class RegressMetrics(Metrics):
         total = sy2 - sy**2 / n  # sum of squares about the mean, per column
         r2 = torch.where(total > 0, 1 - sq / total.clamp(min=1e-12), torch.zeros_like(total))
         mse = float(sq.sum() / (n * k))
-        return {"n": int(n), "mse": mse, "mae": float(ab.sum() / (n * k)), "r2": float(r2.mean()), "loss": mse}
+        # the loss as training measures it: in the standardized units when the run standardizes
+        scale = torch.tensor(self.task.scale, dtype=torch.float64) if self.task.scale else torch.ones(k)
+        loss = float((sq / scale**2).sum() / (n * k))
+        return {"n": int(n), "mse": mse, "mae": float(ab.sum() / (n * k)), "r2": float(r2.mean()), "loss": loss}
 
 
 class SegmentMetrics(Metrics):

@@ -247,10 +247,22 @@ def build_mixing(
     mode: str = "batch",
     label_smoothing: float = 0.1,
     num_classes: int = 1000,
+    *,
+    mixup_alpha: float | None = None,
+    cutmix_alpha: float | None = None,
+    correct_lam: bool = True,
 ) -> Mixing | None:
     """timm train.py's flags (``--mixup``, ``--cutmix``, ``--cutmix-minmax``, ``--mixup-prob``,
     ``--mixup-switch-prob``, ``--mixup-mode``, ``--smoothing``) as a :class:`Mixing`, or ``None`` when
-    neither is active (as timm's ``mixup_active``)."""
+    neither is active (as timm's ``mixup_active``). timm's ``Mixup`` argument names work too, so its
+    ``mixup_args`` dict passes as it is: ``build_mixing(**mixup_args)`` (``mixup_alpha``,
+    ``cutmix_alpha``, ``correct_lam``)."""
+    for alias, name, given in (("mixup_alpha", "mixup", mixup), ("cutmix_alpha", "cutmix", cutmix)):
+        value = {"mixup_alpha": mixup_alpha, "cutmix_alpha": cutmix_alpha}[alias]
+        if value is not None and given and value != given:
+            raise ValueError(f"{name}={given} and {alias}={value} name one setting: give one of them")
+    mixup = mixup if mixup_alpha is None else mixup_alpha
+    cutmix = cutmix if cutmix_alpha is None else cutmix_alpha
     if not (mixup > 0 or cutmix > 0 or cutmix_minmax is not None):
         return None
     return Mixing(
@@ -260,6 +272,7 @@ def build_mixing(
         prob=prob,
         switch_prob=switch_prob,
         mode=mode,
+        correct_lam=correct_lam,
         label_smoothing=label_smoothing,
         num_classes=num_classes,
     )

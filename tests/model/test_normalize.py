@@ -62,3 +62,34 @@ def test_bad_stats_rejected(kw):
 def test_wrong_channels_rejected():
     with pytest.raises(ValueError, match="expects an N x 3"):
         Normalize()(torch.zeros(1, 4, 2, 2, dtype=torch.uint8))
+
+
+def test_the_wrapper_keeps_timms_parameter_groups():
+    timm = pytest.importorskip("timm")
+    from timm.optim import create_optimizer_v2
+
+    from stoker.model import load_bare_weights
+
+    def vit():
+        torch.manual_seed(0)
+        return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3, img_size=32, patch_size=8)
+
+    bare, model = vit(), with_normalize(vit())
+    assert bare.no_weight_decay() and model.no_weight_decay() == {f"net.{n}" for n in bare.no_weight_decay()}
+    names = dict(model.named_parameters())
+    assert "net.pos_embed" in names and "net.cls_token" in names
+    # weight decay: pos_embed / cls_token in the no-decay group, exactly as for the bare model
+    groups = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05).param_groups
+    no_decay = {id(p) for g in groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert id(names["net.pos_embed"]) in no_decay and id(names["net.cls_token"]) in no_decay
+    # layer decay: one group per block depth (as for the bare model), not one group for all
+    layered = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.75).param_groups
+    bare_layered = create_optimizer_v2(bare, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.75).param_groups
+    assert len(layered) == len(bare_layered) > 4
+    assert sorted(g["lr_scale"] for g in layered) == sorted(g["lr_scale"] for g in bare_layered)
+    # other attributes of the network answer through the wrapper; the checkpoint loads into a bare one
+    assert model.num_classes == 3 and model.get_classifier() is model.net.head
+    again = load_bare_weights(vit(), {"state_dict": model.state_dict()})
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.net.state_dict().values()))
+    with pytest.raises(AttributeError):
+        model.no_such_attribute  # noqa: B018

@@ -41,12 +41,13 @@ def _cfg(data, out, **kw):
 def test_float_targets_are_regressed_with_r2_and_best_by_r2(reg_data, tmp_path):
     s = train(_cfg(reg_data, tmp_path / "run", lr=0.02))
     assert s["task"] == "regress" and set(s["val"]) >= {"mse", "mae", "r2", "loss", "n"} and s["val"]["n"] == 12
-    assert s["val"]["loss"] == pytest.approx(s["val"]["mse"])
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    (std,) = config["target_units"]["std"]  # standardized by default: the loss is in units of the std
+    assert s["val"]["loss"] == pytest.approx(s["val"]["mse"] / std**2)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in rows if r["kind"] == "val"]
     best = torch.load(tmp_path / "run" / "best.pt", weights_only=False)
     assert best["best_metric"] == "r2" and best["best_score"] == pytest.approx(max(r["r2"] for r in val))
-    config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["task"] == "regress" and config["num_outputs"] == 1 and config["arch"] == "inception"
 
 

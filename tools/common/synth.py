@@ -159,20 +159,29 @@ def _tint(size: tuple[int, int], t: float, rng: random.Random):
 
 
 def make_regression_csv(
-    root: str | Path, *, n: int = 200, seed: int = 0, min_side: int = 48, max_side: int = 160
+    root: str | Path,
+    *,
+    n: int = 200,
+    seed: int = 0,
+    min_side: int = 48,
+    max_side: int = 160,
+    low: float = 0.0,
+    high: float = 1.0,
+    column: str = "temperature",
 ) -> Path:
     """Images whose colour temperature is their target: ``root/images/<k>.jpg`` and
-    ``root/targets.csv`` (``path,temperature``, floats in [0, 1]). The target survives crops and
-    flips, so a small CNN learns it (the demo's regression task). Returns the CSV's path."""
+    ``root/targets.csv`` (``path,<column>``, floats in ``[low, high]``: natural units such as ages
+    18 to 80 with ``low=18, high=80``). The target survives crops and flips, so a small CNN learns
+    it (the demo's regression task). Returns the CSV's path."""
     root = Path(root)
     (root / "images").mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    rows = ["path,temperature"]
+    rows = [f"path,{column}"]
     for k in range(n):
         t = rng.random()
         size = (rng.randint(min_side, max_side), rng.randint(min_side, max_side))
         (root / "images" / f"{k:05d}.jpg").write_bytes(encode(_tint(size, t, rng), quality=90))
-        rows.append(f"images/{k:05d}.jpg,{t:.6f}")
+        rows.append(f"images/{k:05d}.jpg,{low + t * (high - low):.6f}")
     (root / "targets.csv").write_text("\n".join(rows) + "\n")
     return root / "targets.csv"
 

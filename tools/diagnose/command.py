@@ -238,6 +238,9 @@ def diagnose(
     """
     from stoker.pipeline.deps import usable_cores
 
+    from .sizing import fit_batch
+    from .timing import CAP, MIN_STEPS
+
     _check_settings(batch_size, crop, seconds, threads)
     kind, path = resolve_data(data, storage_options)
     device = resolve_device(device)
@@ -249,6 +252,11 @@ def diagnose(
     if num_samples < batch_size:
         raise UsageError(f"--batch-size {batch_size} is larger than the {num_samples} samples in {path}")
     net = build_net(arch, model, num_classes, crop, task)
+    # Never OOM-killed: the batch that fits this machine's memory (and the run's time), said in one line.
+    fit = fit_batch(net, batch_size, crop=crop, device=device, task=task, step_limit_s=CAP * seconds / MIN_STEPS)
+    if fit.why:
+        say(fit.why)
+        batch_size = fit.batch
     loader_kw = dict(
         batch_size=batch_size,
         train=True,
@@ -346,6 +354,7 @@ def diagnose(
                 alternatives=alternatives,
                 progress=say,
                 task=task,
+                fit=fit,
             )
         except DiagnoseError as e:
             raise UsageError(str(e)) from None

@@ -58,6 +58,7 @@ def run_diagnosis(
     budget_s: float | None = None,
     progress: Callable[[str], None] | None = None,
     task=None,
+    fit=None,
 ) -> dict:
     """Measure ``loader`` and ``model`` separately and together; return the report dict.
 
@@ -86,6 +87,8 @@ def run_diagnosis(
         progress: Called with a line before each measurement.
         task: What the model learns (:class:`stoker.model.train.tasks.Task`: its loss and the
             synthetic targets of the model-alone figures); ``None``: class labels.
+        fit: How ``batch_size`` was sized (:class:`~stoker.tools.diagnose.sizing.BatchFit`): the
+            2x batch variant is measured only where it fits the memory; reported in ``settings``.
 
     Returns:
         A JSON-ready dict: ``environment``, ``settings``, ``data``, ``loader``, ``model``,
@@ -189,7 +192,7 @@ def run_diagnosis(
     if cl:
         variants.append(("channels_last", None, True, batch_size))
     # A bigger batch is worth measuring only when the model is what bounds training.
-    if verdict["bound"] == "model":
+    if verdict["bound"] == "model" and (fit is None or fit.fits(2 * batch_size, device)):
         variants.append(("fp32_batch_x2", None, False, 2 * batch_size))
     if amp_dtype and cl:
         variants.append(("amp_channels_last", amp_dtype, True, batch_size))
@@ -243,6 +246,7 @@ def run_diagnosis(
             "amp_measured": amp_dtype,
             "channels_last": channels_last,
             "warmup_batches": warmup_batches,
+            "batch_fit": fit.to_dict() if fit is not None else None,
         },
         "data": data_out,
         "loader": loader_r,

@@ -8,10 +8,6 @@ ImageFolder so stoker can be measured on it.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,63 +15,6 @@ from typing import Any
 from stoker.errors import UsageError
 
 from ..pack.sanitize import IMAGE_EXTS
-
-
-def _load_factory(spec: str):
-    """``module:factory`` or ``file.py:factory`` → the callable (UsageError when it cannot be had)."""
-    modname, sep, attr = spec.rpartition(":")
-    if not sep or not modname or not attr:
-        raise UsageError(f"--model {spec!r} must look like 'package.module:factory' or 'file.py:factory'")
-    try:
-        if modname.endswith(".py") or os.sep in modname or "/" in modname:
-            path = Path(modname).expanduser().resolve()
-            if not path.is_file():
-                raise UsageError(f"--model {spec!r}: no such file {modname}")
-            name = f"_stoker_user_model_{path.stem}"
-            sys.path.insert(0, str(path.parent))  # so the file's own sibling imports work
-            try:
-                mspec = importlib.util.spec_from_file_location(name, path)
-                module = importlib.util.module_from_spec(mspec)
-                sys.modules[name] = module
-                mspec.loader.exec_module(module)
-            finally:
-                sys.path.remove(str(path.parent))
-        else:
-            if "" not in sys.path and os.getcwd() not in sys.path:
-                sys.path.insert(0, os.getcwd())  # like `python -m`: the current folder is importable
-            module = importlib.import_module(modname)
-    except UsageError:
-        raise
-    except BaseException as e:  # noqa: BLE001 - user code may raise anything, even SystemExit
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        msg = str(e).splitlines()[0] if str(e) else ""
-        raise UsageError(f"--model {spec!r}: cannot import {modname}: {type(e).__name__}: {msg}") from None
-    if not hasattr(module, attr):
-        raise UsageError(f"--model {spec!r}: {modname} has no attribute {attr!r}")
-    factory = getattr(module, attr)
-    if not callable(factory):
-        raise UsageError(f"--model {spec!r}: {attr} is a {type(factory).__name__}, not a callable")
-    return factory
-
-
-def build_user_model(spec: str, num_classes: int):
-    """Import and call the ``--model`` factory; the result must be an ``nn.Module``."""
-    from torch import nn
-
-    factory = _load_factory(spec)
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        params = {}
-    try:
-        net = factory(num_classes=num_classes) if "num_classes" in params else factory()
-    except Exception as e:  # noqa: BLE001
-        msg = str(e).splitlines()[0] if str(e) else ""
-        raise UsageError(f"--model {spec!r}: the factory raised {type(e).__name__}: {msg}") from None
-    if not isinstance(net, nn.Module):
-        raise UsageError(f"--model {spec!r}: the factory returned a {type(net).__name__}, not a torch.nn.Module")
-    return net
 
 
 def _is_image_folder(root: Path) -> bool:
@@ -227,6 +166,8 @@ def build_net(arch: str, model, num_classes: int, crop: int, task=None):
     if model is not None and not isinstance(model, str):
         return model
     if model:
+        from stoker.model.user import build_user_model
+
         return build_user_model(model, num_classes)
     from stoker.model.nets import build_model
 

@@ -14,6 +14,11 @@ def _header_lines(rep: dict) -> list[str]:
     )
     lines = [
         f"stoker diagnose — batch {s['batch_size']}, crop {s['crop']}, device {s['device']}, each measurement {per}",
+    ]
+    fit = s.get("batch_fit") or {}
+    if fit.get("why"):
+        lines.append(f"  ({fit['why']})")
+    lines += [
         "",
         "environment",
         f"  torch {env['torch']}, torchvision {env['torchvision']}, DALI {env['dali'] or 'not installed'}, "

@@ -168,3 +168,31 @@ def test_bad_arguments_raise_eagerly(make, match):
 def test_hostile_batches(call, match):
     with pytest.raises(ValueError, match=match):
         call(Mixing(mixup_alpha=1.0, num_classes=7), _images(4))
+
+
+def test_build_mixing_takes_timms_mixup_args_as_they_are():
+    # timm train.py: mixup_args = dict(mixup_alpha=..., cutmix_alpha=..., ...); Mixup(**mixup_args)
+    mixup_args = dict(
+        mixup_alpha=0.8,
+        cutmix_alpha=1.0,
+        cutmix_minmax=None,
+        prob=0.5,
+        switch_prob=0.25,
+        mode="pair",
+        label_smoothing=0.1,
+        num_classes=7,
+        correct_lam=False,
+    )
+    m = build_mixing(**mixup_args)
+    assert (m.mixup_alpha, m.cutmix_alpha, m.prob, m.switch_prob, m.mode, m.num_classes) == (
+        0.8,
+        1.0,
+        0.5,
+        0.25,
+        "pair",
+        7,
+    )
+    assert m.correct_lam is False
+    assert build_mixing(mixup_alpha=0.0, cutmix_alpha=0.0) is None
+    with pytest.raises(ValueError, match="mixup=0.2 and mixup_alpha=0.8 name one setting"):
+        build_mixing(0.2, mixup_alpha=0.8)

@@ -296,7 +296,7 @@ def test_model_file_factory_errors(capsys, shards, tmp_path):
 
 
 def test_model_file_factory_loads(tmp_path):
-    from stoker.tools.diagnose.inputs import build_user_model
+    from stoker.model.user import build_user_model
 
     f = tmp_path / "mynet.py"
     f.write_text("from torch import nn\ndef build(num_classes):\n    return nn.Linear(4, num_classes)\n")
@@ -680,3 +680,28 @@ def test_synthetic_targets_have_each_tasks_kind():
     ml = synthetic_targets(Task("multilabel", 6, "map"), 3, 8, gen)
     assert ml.shape == (3, 6) and set(ml.unique().tolist()) <= {0.0, 1.0}
     assert synthetic_targets(None, 3, 8, gen).dtype == torch.int64
+
+
+def test_a_batch_that_would_not_fit_the_memory_is_lowered_and_said(capsys, shards, monkeypatch):
+    # The report's net needs ~hundreds of MB a sample at full size: at the default batch it was
+    # OOM-killed. Here the host "has" 120 MB: the probe steps size the batch to what fits.
+    from stoker.tools.diagnose import sizing
+
+    monkeypatch.setattr(sizing, "host_available", lambda: 120_000_000)
+    rc, out, err = _cli(capsys, shards, "--arch", "report", "--crop", 32, "--batch-size", 16, "--seconds", 0.2, "--json")
+    assert rc == 0, err
+    rep = json.loads(out)
+    fit = rep["settings"]["batch_fit"]
+    assert fit["requested"] == 16 and 1 <= fit["batch_size"] < 16 == fit["requested"]
+    assert rep["settings"]["batch_size"] == fit["batch_size"] == rep["loader"]["batch_shape"][0]
+    assert fit["bytes_fixed"] + fit["bytes_per_sample"] * fit["batch_size"] <= 0.5 * 120_000_000
+    assert fit["bytes_fixed"] + fit["bytes_per_sample"] * 16 > 0.5 * 120_000_000
+    assert "batch 16 would need ~" in err and f"measuring at batch {fit['batch_size']}" in err
+    assert "fp32_batch_x2" not in rep["model"] or not rep["model"]["fp32_batch_x2"].get("images_per_s")
+
+
+def test_fit_batch_keeps_a_batch_that_fits():
+    from stoker.tools.diagnose.sizing import fit_batch
+
+    fit = fit_batch(light_model(), 8, crop=16, device="cpu", memory=8_000_000_000, step_limit_s=10)
+    assert fit.batch == 8 and fit.why is None and fit.per_sample > 0

@@ -1,0 +1,218 @@
+"""How big a batch ``stoker diagnose`` may measure: sized from the memory it has, never OOM-killed.
+
+A network's training step holds its parameters, gradients and optimizer state (fixed) plus its
+activations (per sample): the report's network, one inception block at full resolution, needs
+~380 MB a sample at 224x224, so the default batch of 64 asks 24 GB of a machine that may not have
+it. :func:`fit_batch` starts small: one warm-up step at batch 1, then a step at batch 1 and at 2,
+each with its peak memory (the process's high-water mark on the CPU, reset through
+``/proc/self/clear_refs``; the allocator's peak on a GPU) and its time. The difference is the cost
+of a sample; the batch asked for is kept when it fits in half the host's available memory (80%
+of a GPU's free memory) and its step in the time a figure may take, else the largest that does
+(confirmed by one step at that size when memory bounds it). One line says what was chosen, why.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+#: shares of the available memory a probe batch may use: the host's also holds the loader's
+#: workers and batches (what MemAvailable counts is not all free for us); a GPU's, the allocator's slack
+HOST_SHARE = 0.5
+GPU_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class BatchFit:
+    """The batch :func:`fit_batch` chose and what it rests on (bytes, seconds)."""
+
+    batch: int
+    requested: int
+    per_sample: int
+    fixed: int
+    available: int
+    step_s: float
+    why: str | None = None  # the one line when the batch was lowered
+
+    def peak(self, batch: int) -> int:
+        """The predicted peak memory of a training step at ``batch``."""
+        return self.fixed + self.per_sample * batch
+
+    def fits(self, batch: int, device) -> bool:
+        """Would a step at ``batch`` fit in the memory share this device allows?"""
+        return self.peak(batch) <= _share(device) * self.available
+
+    def to_dict(self) -> dict:
+        return {
+            "batch_size": self.batch,
+            "requested": self.requested,
+            "bytes_per_sample": self.per_sample,
+            "bytes_fixed": self.fixed,
+            "bytes_available": self.available,
+            "step_s_per_sample": self.step_s,
+            "why": self.why,
+        }
+
+
+def _share(device) -> float:
+    return GPU_SHARE if torch.device(device).type == "cuda" else HOST_SHARE
+
+
+def host_available() -> int:
+    """Bytes this process may still allocate on the host: ``MemAvailable``, capped by a cgroup
+    limit (a container's) minus what the cgroup already uses."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            avail = 1 << 62  # unknown: do not limit
+    for limit, used in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            with open(limit) as f, open(used) as g:
+                text = f.read().strip()
+                if text != "max" and int(text) < 1 << 60:
+                    avail = min(avail, int(text) - int(g.read().strip()))
+        except (OSError, ValueError):
+            continue
+    return max(avail, 0)
+
+
+def available(device) -> int:
+    """Bytes a step on ``device`` may use: the GPU's free memory, or :func:`host_available`."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return host_available()
+
+
+class _Peak:
+    """The peak memory a block adds over what was in use when it started (bytes)."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.bytes = 0
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            _reset_high_water_mark()
+            self.base = _status("VmRSS")
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.bytes = torch.cuda.max_memory_allocated(self.device) - self.base
+        else:
+            self.bytes = max(_status("VmHWM"), _status("VmRSS")) - self.base
+
+
+def _reset_high_water_mark() -> None:
+    try:  # Linux: "5" resets the peak RSS (VmHWM) to the current RSS
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # pragma: no cover - then VmHWM keeps an older peak: the estimate errs large
+        pass
+
+
+def _status(field: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return 0
+
+
+def fit_batch(
+    model: nn.Module,
+    requested: int,
+    *,
+    crop: int,
+    device,
+    task=None,
+    step_limit_s: float | None = None,
+    memory: int | None = None,
+) -> BatchFit:
+    """The largest batch up to ``requested`` whose training step of ``model`` fits the memory
+    ``device`` has (and takes at most ``step_limit_s``), measured from steps at batch 1 and 2 of a
+    copy of the model (the caller's is left as it is). ``memory``: the bytes available (default:
+    :func:`available`)."""
+    from .measure import _EndToEndStep, synthetic_targets
+
+    device = torch.device(device)
+    step = _EndToEndStep(copy.deepcopy(model), device=device, task=task)
+    gen = torch.Generator().manual_seed(0)
+
+    def measure(batch: int) -> tuple[int, float]:
+        x = torch.randint(0, 256, (batch, 3, crop, crop), dtype=torch.uint8, generator=gen).to(device)
+        y = synthetic_targets(task, batch, crop, gen).to(device)
+        with _Peak(device) as peak:
+            t0 = time.perf_counter()
+            step(x, y)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - t0
+        del x, y
+        return peak.bytes, seconds
+
+    try:
+        measure(1)  # warm-up: the optimizer's state, kernels, allocator pools
+        p1, t1 = measure(1)
+        p2, t2 = measure(2) if requested > 1 else (p1, t1)
+        per = max(p2 - p1, 1 << 16)
+        fixed = max(p1 - per, 0)
+        per_s = max(t2 - t1, t2 / 2, 1e-6) if requested > 1 else t1
+        avail = available(device) if memory is None else memory
+        fit = BatchFit(requested, requested, per, fixed, avail, per_s)
+        limit = _share(device) * avail
+        by_memory = max(1, int((limit - fixed) // per))
+        by_time = max(1, int(step_limit_s // per_s)) if step_limit_s else requested
+        batch = min(requested, by_memory, by_time)
+        if batch >= requested:
+            return fit
+        if by_memory <= by_time and batch > 2:  # memory bounds it: confirm with one step at that size
+            while batch > 2 and fixed + measure(batch)[0] > limit:
+                batch //= 2
+        gb = lambda b: f"{b / 1e9:.1f} GB" if b >= 1e8 else f"{b / 1e6:.0f} MB"  # noqa: E731
+        where = "the GPU has" if device.type == "cuda" else "the host has"
+        if by_memory <= by_time:
+            why = (
+                f"batch {requested} would need ~{gb(fit.peak(requested))} at {crop}x{crop} ({gb(per)} a sample), "
+                f"{where} {gb(avail)} available: measuring at batch {batch}"
+            )
+        else:
+            why = (
+                f"a step at batch {requested} would take ~{per_s * requested:.0f} s at {crop}x{crop}: measuring at "
+                f"batch {batch} so the run ends in time (per-image figures hold; a longer --seconds measures more)"
+            )
+        return BatchFit(batch, requested, per, fixed, avail, per_s, why)
+    finally:
+        step = None  # the model's copy goes now, before the measurements allocate theirs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+__all__ = ["BatchFit", "available", "fit_batch", "host_available"]
