@@ -42,20 +42,60 @@ def resolve_data(path: str, storage_options: dict | None = None) -> tuple[str, P
             url += "/train"
         return "shards", local_copy(url, storage_options)
     root = Path(path).expanduser()
+    if root.is_file() and root.suffix.lower() in LIST_SUFFIXES:
+        raise UsageError(
+            f"DATA {path} is a list of images and their targets, not packed shards: pack it first, "
+            f"`stoker pack {path} OUT`, then `stoker diagnose OUT`"
+        )
     if not root.is_dir():
         raise UsageError(f"DATA {path} is not a folder")
     if (root / MANIFEST_NAME).is_file():
         return "shards", root
     if (root / "train" / MANIFEST_NAME).is_file():
         return "shards", root / "train"
+    lists = sorted(p.name for p in root.iterdir() if p.is_file() and p.suffix.lower() in LIST_SUFFIXES)
+    if lists and _class_folders(root) < 2:  # photos in a folder and a CSV of their targets: pack the CSV
+        raise UsageError(
+            f"DATA {path} holds {lists[0]}, not packed shards: pack it first, "
+            f"`stoker pack {root / lists[0]} OUT`, then `stoker diagnose OUT`"
+        )
     if _is_image_folder(root):
         return "imagefolder", root
     if (root / "train").is_dir() and _is_image_folder(root / "train"):
         return "imagefolder", root / "train"
+    if _has_images(root):
+        raise UsageError(
+            f"DATA {path} holds images but no class folders or shards: pack them first with their targets, "
+            "a CSV of path,target (`stoker pack LIST.csv OUT`), then `stoker diagnose OUT`"
+        )
     raise UsageError(
         f"DATA {path} is neither stoker shards (no {MANIFEST_NAME} in it or in train/) "
         "nor an ImageFolder (class subfolders of images)"
     )
+
+
+#: files `stoker pack` reads as a list of images and targets
+LIST_SUFFIXES = (".csv", ".tsv", ".txt", ".parquet")
+
+
+def _class_folders(root: Path) -> int:
+    """Subfolders of ``root`` holding images (counted up to 2: is it a classification tree?)."""
+    n = 0
+    for sub in sorted(root.iterdir()):
+        if sub.is_dir() and _has_images(sub):
+            n += 1
+            if n == 2:
+                break
+    return n
+
+
+def _has_images(root: Path) -> bool:
+    for k, f in enumerate(root.iterdir()):
+        if k >= 2000:
+            break
+        if f.suffix.lower() in IMAGE_EXTS:
+            return True
+    return False
 
 
 def pack_source(data: str | Path, path: Path) -> Path:

@@ -1,14 +1,15 @@
 """How big a batch ``stoker diagnose`` may measure: sized from the memory it has, never OOM-killed.
 
-A network's training step holds its parameters, gradients and optimizer state (fixed) plus its
-activations (per sample): the report's network, one inception block at full resolution, needs
-~380 MB a sample at 224x224, so the default batch of 64 asks 24 GB of a machine that may not have
-it. :func:`fit_batch` starts small: one warm-up step at batch 1, then a step at batch 1 and at 2,
-each with its peak memory (the process's high-water mark on the CPU, reset through
-``/proc/self/clear_refs``; the allocator's peak on a GPU) and its time. The difference is the cost
-of a sample; the batch asked for is kept when it fits in half the host's available memory (80%
-of a GPU's free memory) and its step in the time a figure may take, else the largest that does
-(confirmed by one step at that size when memory bounds it). One line says what was chosen, why.
+A network's training step holds its parameters, their gradients and the optimizer's state
+(fixed) plus the activations autograd saves for the backward pass (per sample): the report's
+network, one inception block at full resolution, saves ~330 MB a sample at 224x224, so the
+default batch of 64 asks ~27 GB of a machine that may not have it. :func:`fit_batch` starts
+small: one warm-up step at batch 2, then a training step at batch 2 and at 4, each counting the
+bytes of the tensors saved for backward (``torch.autograd.graph.saved_tensors_hooks``: exact,
+and the same on every device, where the process's RSS is blurred by the allocator keeping freed
+memory) and timing the step. The batch asked for is kept when its step fits in half the host's
+available memory (80% of a GPU's free memory) and in the time a figure may take, else the
+largest that does. One line says what was chosen, and why.
 """
 
 from __future__ import annotations
@@ -102,48 +103,36 @@ def available(device) -> int:
     return host_available()
 
 
-class _Peak:
-    """The peak memory a block adds over what was in use when it started (bytes)."""
+#: the backward pass holds gradients of activations beside the saved ones, and kernels their
+#: workspaces: the saved bytes a sample are counted this many times
+BACKWARD_FACTOR = 1.3
 
-    def __init__(self, device):
-        self.device = torch.device(device)
-        self.bytes = 0
+
+class _SavedBytes:
+    """Counts the bytes of the distinct tensors autograd saves for backward inside the block."""
+
+    def __init__(self):
+        self.storages: dict[int, int] = {}
+
+    def _pack(self, t):
+        try:
+            storage = t.untyped_storage()
+            self.storages[storage.data_ptr()] = storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, meta)
+            pass
+        return t
 
     def __enter__(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.base = torch.cuda.memory_allocated(self.device)
-        else:
-            _reset_high_water_mark()
-            self.base = _status("VmRSS")
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.bytes = torch.cuda.max_memory_allocated(self.device) - self.base
-        else:
-            self.bytes = max(_status("VmHWM"), _status("VmRSS")) - self.base
+        self._hooks.__exit__(*exc)
 
-
-def _reset_high_water_mark() -> None:
-    try:  # Linux: "5" resets the peak RSS (VmHWM) to the current RSS
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:  # pragma: no cover - then VmHWM keeps an older peak: the estimate errs large
-        pass
-
-
-def _status(field: str) -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # pragma: no cover - not Linux
-        pass
-    return 0
+    @property
+    def bytes(self) -> int:
+        return sum(self.storages.values())
 
 
 def fit_batch(
@@ -157,7 +146,7 @@ def fit_batch(
     memory: int | None = None,
 ) -> BatchFit:
     """The largest batch up to ``requested`` whose training step of ``model`` fits the memory
-    ``device`` has (and takes at most ``step_limit_s``), measured from steps at batch 1 and 2 of a
+    ``device`` has (and takes at most ``step_limit_s``), measured from steps at batch 2 and 4 of a
     copy of the model (the caller's is left as it is). ``memory``: the bytes available (default:
     :func:`available`)."""
     from .measure import _EndToEndStep, synthetic_targets
@@ -169,22 +158,26 @@ def fit_batch(
     def measure(batch: int) -> tuple[int, float]:
         x = torch.randint(0, 256, (batch, 3, crop, crop), dtype=torch.uint8, generator=gen).to(device)
         y = synthetic_targets(task, batch, crop, gen).to(device)
-        with _Peak(device) as peak:
+        with _SavedBytes() as saved:
             t0 = time.perf_counter()
             step(x, y)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - t0
         del x, y
-        return peak.bytes, seconds
+        return saved.bytes, seconds
 
+    # two small batches (2 and 4: BatchNorm after a global pool refuses a batch of 1 in training)
+    lo, hi = min(2, requested), min(4, requested)
     try:
-        measure(1)  # warm-up: the optimizer's state, kernels, allocator pools
-        p1, t1 = measure(1)
-        p2, t2 = measure(2) if requested > 1 else (p1, t1)
-        per = max(p2 - p1, 1 << 16)
-        fixed = max(p1 - per, 0)
-        per_s = max(t2 - t1, t2 / 2, 1e-6) if requested > 1 else t1
+        measure(lo)  # warm-up: the optimizer's state, kernels, allocator pools
+        p_lo, t_lo = measure(lo)
+        p_hi, t_hi = measure(hi) if hi > lo else (p_lo, t_lo)
+        per = int(BACKWARD_FACTOR * ((p_hi - p_lo) / (hi - lo) if hi > lo else p_hi / hi))
+        # the weights, their gradients and the optimizer's momentum (the weights are among the saved tensors)
+        weights = sum(t.numel() * t.element_size() for t in model.parameters())
+        fixed = 3 * weights + sum(b.numel() * b.element_size() for b in model.buffers())
+        per_s = max((t_hi - t_lo) / max(hi - lo, 1), t_hi / hi, 1e-6)
         avail = available(device) if memory is None else memory
         fit = BatchFit(requested, requested, per, fixed, avail, per_s)
         limit = _share(device) * avail
@@ -193,9 +186,6 @@ def fit_batch(
         batch = min(requested, by_memory, by_time)
         if batch >= requested:
             return fit
-        if by_memory <= by_time and batch > 2:  # memory bounds it: confirm with one step at that size
-            while batch > 2 and fixed + measure(batch)[0] > limit:
-                batch //= 2
         gb = lambda b: f"{b / 1e9:.1f} GB" if b >= 1e8 else f"{b / 1e6:.0f} MB"  # noqa: E731
         where = "the GPU has" if device.type == "cuda" else "the host has"
         if by_memory <= by_time:

@@ -705,3 +705,15 @@ def test_fit_batch_keeps_a_batch_that_fits():
 
     fit = fit_batch(light_model(), 8, crop=16, device="cpu", memory=8_000_000_000, step_limit_s=10)
     assert fit.batch == 8 and fit.why is None and fit.per_sample > 0
+
+
+def test_a_csv_or_a_folder_of_photos_is_told_to_pack_first(capsys, tmp_path):
+    from stoker.tools.common.synth import make_regression_csv
+
+    csv = make_regression_csv(tmp_path / "ages", n=6, low=18, high=80, column="age")
+    rc, _, err = _cli(capsys, csv)
+    assert rc == 2 and f"`stoker pack {csv} OUT`, then `stoker diagnose OUT`" in err and err.count("\n") == 1
+    rc, _, err = _cli(capsys, csv.parent)  # the folder holding the CSV and images/
+    assert rc == 2 and f"`stoker pack {csv} OUT`" in err
+    rc, _, err = _cli(capsys, csv.parent / "images")  # photos without class folders or targets
+    assert rc == 2 and "pack them first with their targets" in err
