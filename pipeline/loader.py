@@ -39,11 +39,11 @@ from stoker.errors import LoaderError, NoBatchError
 from . import order
 from .augment import RATIO, SCALE, CropSpec
 from .augment.apply import TrainRecipe
-from .backends import runner_class
+from .backends import Backend, resolve_backend
 from .backends.base import DecodeSettings, Runner, loadable
 from .cache import ShardCache, is_url
 from .dataloader_compat import LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
-from .deps import BACKEND_NAMES, DECODER_NAMES, resolve_backend, usable_cores
+from .deps import DECODER_NAMES, usable_cores
 from .fsutil import PathLike
 from .loader_checks import (
     DECODES,
@@ -52,14 +52,11 @@ from .loader_checks import (
     check_cache_limit,
     check_every_rank_has_a_batch,
     check_stored_size,
-    resolve_decode,
     torch_device,
 )
 from .prefetch import fetched_windows, group_by_window
 from .shards.samples import SampleIndex, open_split
 from .shards.targets import StatsAccumulator, TargetStats
-
-BACKENDS = BACKEND_NAMES
 
 
 def _dist_defaults() -> tuple[int, int]:
@@ -106,8 +103,10 @@ class Loader:
         rank, world_size: this process's share; default from ``torch.distributed`` when
             initialized, else 0 / 1.
         backend: ``"dali"``, ``"nvjpeg"`` (batched GPU decode without DALI, by ``decoder``),
-            ``"pil"`` or ``"auto"``: DALI when installed, else nvjpeg on a CUDA device where a
-            GPU JPEG decoder works, else pil. :attr:`backend_reason` says why.
+            ``"pil"``, a backend registered by name (:func:`~.backends.register_backend`), a
+            configured one (``get_backend("nvjpeg", overlap=False)``), or ``"auto"``: DALI when
+            installed, else nvjpeg on a CUDA device where a GPU JPEG decoder works, else pil
+            (:func:`~.backends.resolve_backend`). :attr:`backend_reason` says why.
         decoder: the nvjpeg backend's JPEG decoder: ``"nvimgcodec"`` (hardware decoder and
             region decode), ``"torchcodec"``, ``"torchvision"``, or ``"auto"``: the first whose
             probe decode works on the device (:func:`stoker.pipeline.deps.resolve_decoder`).
@@ -177,7 +176,7 @@ class Loader:
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
-        backend: str = "auto",
+        backend: str | Backend = "auto",
         decoder: str = "auto",
         decode: str = "auto",
         threads: int | None = None,
@@ -228,8 +227,10 @@ class Loader:
             raise ValueError(f"decoder={decoder!r} must be one of {DECODER_NAMES}")
         self.device = torch_device(device)
         # which backend, and why (also what `stoker diagnose` reports)
-        backend, self.backend_reason = resolve_backend(backend, str(self.device), decoder=decoder)
-        decode = resolve_decode(backend, decode, self.device, device)
+        #: the configured backend (:class:`~.backends.Backend`); :attr:`backend` is its name
+        self.backend_config, self.backend_reason = resolve_backend(backend, self.device, decoder=decoder)
+        decode = self.backend_config.resolve_decode(decode, self.device)
+        backend = self.backend_config.name
         default_rank, default_world = _dist_defaults()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
@@ -582,6 +583,12 @@ class Loader:
         return self._target_stats
 
     @property
+    def runner(self) -> Runner | None:
+        """The decode backend's runner (made at the first iteration; ``None`` before): its own
+        figures, e.g. the nvjpeg runner's ``stage_totals``."""
+        return self._runner
+
+    @property
     def num_workers(self) -> int:
         """The decode threads / pillow worker processes (``threads``; a DataLoader's name for it)."""
         return self.threads
@@ -638,12 +645,12 @@ class Loader:
 
     def _get_runner(self) -> Runner:
         if self._runner is None:
-            self._runner = runner_class(self.backend)(self.decode_settings())
+            self._runner = self.backend_config.make_runner(self.decode_settings())
         return self._runner
 
     def decode_settings(self) -> DecodeSettings:
         """What this Loader's decode backend is given (a runner of another backend can be made
-        from it too: ``runner_class("nvjpeg")(loader.decode_settings())``)."""
+        from it too: ``get_backend("nvjpeg").make_runner(loader.decode_settings())``)."""
         return DecodeSettings(
             index=self.index,
             path=str(self.path),
@@ -724,7 +731,6 @@ __all__ = [
     "LoaderDataset",
     "LoaderSampler",
     "LoaderBatchSampler",
-    "BACKENDS",
     "DECODES",
     "SHUFFLES",
 ]

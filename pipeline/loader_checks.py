@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from stoker.errors import NoBatchError
 
 from . import order
+from .backends.registry import DECODES
 from .dataloader_compat import habit_message
 from .deps import has_cuda
 
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from .loader import Loader
 
 SHUFFLES = order.SHUFFLES
-DECODES = ("auto", "mixed", "cpu")
 CPU_RESIZES = ("pillow", "dali")
 
 
@@ -87,26 +87,6 @@ def torch_device(device: Any):
     if dev.type == "cuda" and not has_cuda():
         raise ValueError(f"device={device!r} but torch sees no CUDA device (use device='cpu')")
     return dev
-
-
-def resolve_decode(backend: str, decode: str, dev: Any, device: Any) -> str:
-    """``"mixed"`` or ``"cpu"`` for ``decode`` on the resolved ``backend`` and device: ``auto`` is
-    mixed where the backend decodes on the GPU; the combinations that cannot run are refused."""
-    if decode == "auto":  # nvjpeg always decodes on the GPU: say so
-        decode = "mixed" if backend in ("dali", "nvjpeg") and dev.type == "cuda" else "cpu"
-    if backend == "nvjpeg" and decode != "mixed":
-        raise ValueError(
-            "backend='nvjpeg' decodes on the GPU: use decode='auto' (or 'mixed'), "
-            "or backend='dali'/'pil' for CPU decode"
-        )
-    if decode == "mixed":
-        if backend == "pil":
-            raise ValueError("decode='mixed' needs backend='dali' or 'nvjpeg'")
-        if dev.type != "cuda":
-            raise ValueError(
-                f"decode='mixed' decodes on the GPU but device={device!r}: use device='cuda' or decode='cpu'"
-            )
-    return decode
 
 
 def check_every_rank_has_a_batch(loader: Loader) -> None:
@@ -191,6 +171,5 @@ __all__ = [
     "check_cache_limit",
     "check_every_rank_has_a_batch",
     "check_stored_size",
-    "resolve_decode",
     "torch_device",
 ]

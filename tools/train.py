@@ -31,6 +31,7 @@ import sys
 # no torch in these imports: `stoker --help` stays instant
 from stoker.errors import CheckFailedError, StokerError, UsageError
 from stoker.model.train.config import AMP_CHOICES, CHANNELS, MIXUP_MODES, OPTIMIZERS, REMODES, SHUFFLES, TASKS
+from stoker.pipeline.backends import backend_names
 
 HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)"
 
@@ -177,7 +178,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels-last", action="store_true", help="model and batches in channels_last memory format")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
-    p.add_argument("--backend", default="auto", help="Loader backend: auto, dali, nvjpeg, pil (default: auto)")
+    p.add_argument(
+        "--backend", choices=backend_names(), default="auto", help="Loader backend (default: auto: DALI, nvjpeg, pil)"
+    )
     p.add_argument("--threads", type=int, default=None, help="Loader decode threads (default: the Loader's choice)")
     p.add_argument(
         "--torch-threads", type=int, default=None, help="torch intra-op threads (CPU training; default: torch's choice)"

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stoker.errors import UsageError
+from stoker.pipeline.backends import backend_names, backends
 
 from ..common.results import Result
 from .peers import ffcv_bench
@@ -53,13 +54,14 @@ __all__ = ["bench", "BenchResult", "summarize", "torchvision_loader", "ALL", "LA
 
 HELP = "side-by-side loader throughput: torchvision, webdataset, DALI reader, FFCV, stoker"
 
-ALL = ("torchvision", "wds", "dali-reader", "ffcv", "stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling")
-STOKER = ("stoker-dali", "stoker-pil", "stoker-nvjpeg")
+#: one row per decode backend of the registry (stoker.pipeline.backends)
+STOKER = tuple(f"stoker-{name}" for name in backend_names(auto=False))
+ALL = ("torchvision", "wds", "dali-reader", "ffcv", *STOKER, "ceiling")
 #: the pipelines of a split that is not of classes: the usual Dataset of its kind, stoker, the ceiling
 OF_KIND = {
-    "mask": ("torchvision-seg", "stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling"),
-    "float": ("torchvision-csv", "stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling"),
-    "multilabel": ("stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling"),
+    "mask": ("torchvision-seg", *STOKER, "ceiling"),
+    "float": ("torchvision-csv", *STOKER, "ceiling"),
+    "multilabel": (*STOKER, "ceiling"),
 }
 #: the peers that read a class split's cls members (or an ImageFolder) only
 CLASS_ONLY = ("torchvision", "wds", "dali-reader", "ffcv")
@@ -72,9 +74,9 @@ LABELS = {
     "wds": "(2) webdataset+PIL",
     "dali-reader": "(3) DALI fn.readers.webdataset",
     "ffcv": "(4) FFCV",
-    "stoker-dali": "(5) stoker Loader (dali)",
-    "stoker-pil": "(5) stoker Loader (pil)",
-    "stoker-nvjpeg": "(5) stoker Loader (nvjpeg, GPU)",
+    **{
+        f"stoker-{b.name}": f"(5) stoker Loader ({b.name}{', GPU' if 'cpu' not in b.where else ''})" for b in backends()
+    },
     "stoker-dali-dali-resize": "(5) stoker Loader (dali, fn.resize)",
     "ceiling": "decode-only ceiling",
 }
@@ -145,6 +147,17 @@ def _measure(kind: str, cfg: dict, python: str = sys.executable) -> dict:
             return json.loads(line[7:])
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     return {"error": tail[:200]}
+
+
+def _stoker_runs(kind: str, why: bool = False):
+    """Can the Loader row ``stoker-<backend>`` run here (on the GPU when the backend decodes only
+    there)? With ``why``: the registry's reason."""
+    from stoker.pipeline.backends import get_backend
+
+    backend = get_backend(kind.removeprefix("stoker-"))
+    device = "cpu" if "cpu" in backend.where else "cuda"
+    ok, reason = backend.available(device, decoder="auto")
+    return reason if why else ok
 
 
 def _ffcv_python(ffcv_python: str | None) -> str | None:
@@ -316,7 +329,7 @@ def _plan(
     only: Sequence[str], *, images: str | None, ffcv_python: str | None, masks: str | None = None, target: str = "class"
 ) -> tuple[list, list]:
     """``([(kind, python), ...] to run, [notes on the kinds skipped])``."""
-    from stoker.pipeline.deps import HAS_DALI, has_cuda
+    from stoker.pipeline.deps import HAS_DALI
 
     notes, plan = [], []
     for kind in only:
@@ -328,10 +341,10 @@ def _plan(
             notes.append(f"{LABELS[kind]}: skipped (give --images IMAGES --masks MASKS, the original folders)")
         elif kind == "torchvision-csv" and not (images and Path(images).is_file()):
             notes.append(f"{LABELS[kind]}: skipped (give --images CSV, the original list of path,value)")
-        elif kind in ("dali-reader", "stoker-dali", "stoker-dali-dali-resize") and not HAS_DALI:
+        elif kind in ("dali-reader", "stoker-dali-dali-resize") and not HAS_DALI:
             notes.append(f"{LABELS[kind]}: skipped (nvidia-dali not installed)")
-        elif kind == "stoker-nvjpeg" and not has_cuda():
-            notes.append(f"{LABELS[kind]}: skipped (torch sees no CUDA device; it decodes on the GPU)")
+        elif kind in STOKER and not _stoker_runs(kind):
+            notes.append(f"{LABELS[kind]}: skipped ({_stoker_runs(kind, why=True)})")
         elif kind == "ffcv":
             py = _ffcv_python(ffcv_python) if images else None
             if not images:

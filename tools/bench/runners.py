@@ -325,18 +325,26 @@ RUNNERS = {
     "torchvision-csv": _run_torchvision_csv,
     "wds": _run_wds,
     "dali-reader": _run_dali_reader,
-    "stoker-dali": lambda c: _run_stoker(c, "dali"),
-    "stoker-pil": lambda c: _run_stoker(c, "pil"),
-    "stoker-nvjpeg": lambda c: _run_stoker(c, "nvjpeg", device="cuda"),
     "stoker-dali-dali-resize": lambda c: _run_stoker(c, "dali", cpu_resize="dali"),
     "ceiling": _run_ceiling,
 }
 
 
+def _runner(kind: str):
+    """The measurement of ``kind``: a row above, or ``stoker-<backend>`` for any registered backend
+    (on the GPU when it decodes only there)."""
+    if kind in RUNNERS or not kind.startswith("stoker-"):
+        return RUNNERS[kind]
+    from stoker.pipeline.backends import get_backend
+
+    backend = get_backend(kind.removeprefix("stoker-"))
+    return lambda c: _run_stoker(c, backend.name, device="cpu" if "cpu" in backend.where else "cuda")
+
+
 def main(argv: list[str]) -> int:
     """Entry point of one measurement subprocess: prints ``RESULT {json}``."""
     cfg = json.loads(argv[0])
-    print("RESULT " + json.dumps(RUNNERS[cfg["kind"]](cfg)), flush=True)
+    print("RESULT " + json.dumps(_runner(cfg["kind"])(cfg)), flush=True)
     return 0
 
 

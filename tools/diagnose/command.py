@@ -45,6 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stoker.errors import DiagnoseError, UsageError
+from stoker.pipeline.backends import DECODES, backend_names
 
 from .engine import run_diagnosis
 from .inputs import (
@@ -117,11 +118,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--backend",
-        choices=("auto", "dali", "nvjpeg", "pil"),
+        choices=backend_names(),
         default="auto",
         help="stoker Loader backend (auto: DALI when installed, else nvjpeg on a CUDA device, else pil)",
     )
-    p.add_argument("--decode", choices=("auto", "mixed", "cpu"), default="auto", help="stoker Loader decode")
+    p.add_argument("--decode", choices=DECODES, default="auto", help="stoker Loader decode")
     p.add_argument("--threads", type=int, default=None, help="stoker Loader threads (default: its own)")
     p.add_argument(
         "--workers",
@@ -223,7 +224,7 @@ def diagnose(
         amp: Autocast to measure: ``"auto"`` (what ``stoker train --amp auto`` uses), ``"bf16"``,
             ``"fp16"`` or ``"off"``.
         channels_last: ``"auto"`` (when the model has convolutions), ``"on"`` or ``"off"``.
-        backend: stoker Loader backend (``"auto"``, ``"dali"``, ``"nvjpeg"``, ``"pil"``).
+        backend: stoker Loader backend (``"auto"`` or a name of :func:`stoker.pipeline.backends.backend_names`).
         decode: stoker Loader decode (``"auto"``, ``"mixed"``, ``"cpu"``).
         threads: stoker Loader threads (None: its own default).
         workers: DataLoader workers of the torchvision pipeline (None: the usable cores).

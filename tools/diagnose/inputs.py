@@ -117,18 +117,16 @@ def resolve_device(arg: str | None) -> str:
 
 
 def backend_choice(requested: str, device: str) -> dict:
-    """Which Loader backend this setup uses for ``requested`` on ``device``, and why
-    (:func:`stoker.pipeline.deps.resolve_backend`); a backend that cannot run here is a
-    :class:`UsageError` naming the fix."""
-    import torch
-
-    from stoker.pipeline.deps import resolve_backend
+    """Which Loader backend this setup uses for ``requested`` on ``device``, and why: the
+    Loader's own choice (:func:`stoker.pipeline.backends.resolve_backend`, with its default
+    ``decoder="auto"``); a backend that cannot run here is a :class:`UsageError` naming the fix."""
+    from stoker.pipeline.backends import resolve_backend
 
     try:
-        name, why = resolve_backend(requested, torch.device(device).type)
+        backend, why = resolve_backend(requested, device, decoder="auto")
     except ValueError as e:
         raise UsageError(f"--backend: {e}") from None
-    return {"name": name, "why": why if requested == "auto" else f"--backend {requested}"}
+    return {"name": backend.name, "why": why if requested == "auto" else f"--backend {requested}"}
 
 
 def pack_sample(root: Path, n: int, tmp: Path) -> Path:

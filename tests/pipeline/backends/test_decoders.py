@@ -19,6 +19,15 @@ from stoker.pipeline.backends.decoders import Decoder, decode_cpu, decode_jpegs
 from stoker.pipeline.backends.nvjpeg import NvjpegRunner
 from stoker.tools.common.synth import CLASSES, draw, encode
 
+
+def choose(requested, device, decoder=None):
+    """The registry's choice as ``(name, why)``."""
+    from stoker.pipeline.backends import resolve_backend
+
+    backend, why = resolve_backend(requested, device, decoder=decoder)
+    return backend.name, why
+
+
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec (the backend's note)
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 
@@ -98,16 +107,16 @@ def test_the_backend_choice_names_the_decoder_when_asked(probes, monkeypatch):
     monkeypatch.setattr(deps, "HAS_DALI", False)
     monkeypatch.setattr(deps, "has_cuda", lambda: True)
     probes(nvimgcodec=True)  # torchvision's GPU decode broken, nvImageCodec fine
-    assert deps.resolve_backend("auto", "cuda")[0] == "pil"  # without decoder=: as before, torchvision's probe
-    backend, why = deps.resolve_backend("auto", "cuda", decoder="auto")
+    assert choose("auto", "cuda")[0] == "pil"  # without decoder=: as before, torchvision's probe
+    backend, why = choose("auto", "cuda", decoder="auto")
     assert backend == "nvjpeg" and why == "nvidia-dali is not installed; nvimgcodec works on cuda"
-    assert deps.resolve_backend("nvjpeg", "cuda", decoder="nvimgcodec") == ("nvjpeg", "requested")
+    assert choose("nvjpeg", "cuda", decoder="nvimgcodec") == ("nvjpeg", "requested")
     with pytest.raises(ValueError, match=r"but decoder='torchcodec' cannot decode JPEGs on this GPU"):
-        deps.resolve_backend("nvjpeg", "cuda", decoder="torchcodec")
+        choose("nvjpeg", "cuda", decoder="torchcodec")
     with pytest.raises(ValueError, match="decoder='x' must be one of"):
-        deps.resolve_backend("auto", "cuda", decoder="x")
+        choose("auto", "cuda", decoder="x")
     probes()  # nothing decodes
-    backend, why = deps.resolve_backend("auto", "cuda", decoder="auto")
+    backend, why = choose("auto", "cuda", decoder="auto")
     assert backend == "pil" and "no GPU JPEG decoder does work here" in why
 
 

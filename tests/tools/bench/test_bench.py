@@ -60,7 +60,7 @@ def test_bench_nvjpeg_column_is_skipped_without_cuda(tiny_shards, capsys, monkey
     result = json.loads(capsys.readouterr().out)
     assert [r["pipeline"] for r in result["rows"]] == ["stoker-pil"]
     assert result["notes"] == [
-        "(5) stoker Loader (nvjpeg, GPU): skipped (torch sees no CUDA device; it decodes on the GPU)"
+        "(5) stoker Loader (nvjpeg, GPU): skipped (torch sees no CUDA device)"
     ]
 
 
