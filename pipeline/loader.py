@@ -41,9 +41,10 @@ from .augment import RATIO, SCALE, CropSpec
 from .augment.apply import TrainRecipe
 from .backends import Backend, resolve_backend
 from .backends.base import DecodeSettings, Runner, loadable
+from .backends.decoders import DECODER_NAMES
 from .cache import ShardCache, is_url
 from .dataloader_compat import LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
-from .deps import DECODER_NAMES, usable_cores
+from .deps import usable_cores
 from .fsutil import PathLike
 from .loader_checks import (
     DECODES,
@@ -109,7 +110,7 @@ class Loader:
             (:func:`~.backends.resolve_backend`). :attr:`backend_reason` says why.
         decoder: the nvjpeg backend's JPEG decoder: ``"nvimgcodec"`` (hardware decoder and
             region decode), ``"torchcodec"``, ``"torchvision"``, or ``"auto"``: the first whose
-            probe decode works on the device (:func:`stoker.pipeline.deps.resolve_decoder`).
+            probe decode works on the device (:func:`stoker.pipeline.backends.decoders.resolve_decoder`).
         decode: ``"mixed"`` (nvJPEG + hardware decoder, GPU resize), ``"cpu"``, or ``"auto"``
             (mixed when ``device`` is CUDA and the backend is DALI or nvjpeg, which only
             decodes on the GPU).

@@ -39,7 +39,7 @@ class DecodeSettings:
         cpu_resize: with CPU decode in DALI, ``"pillow"`` or ``"dali"``.
         hw_decoder_load: share of JPEGs for the hardware decoder (``decode="mixed"``).
         decoder: the nvjpeg backend's JPEG decoder: ``"nvimgcodec"``, ``"torchcodec"``,
-            ``"torchvision"`` or ``"auto"`` (:func:`stoker.pipeline.deps.resolve_decoder`).
+            ``"torchvision"`` or ``"auto"`` (:func:`stoker.pipeline.backends.decoders.resolve_decoder`).
         overlap: nvjpeg reads and decodes the next batch in a thread of its own while this one
             is resized.
         region_decode: nvjpeg decodes only the crop boxes' regions where the decoder can.

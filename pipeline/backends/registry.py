@@ -104,6 +104,14 @@ class Backend:
         return f"{type(self).__name__}({opts})"
 
 
+def _decoders():
+    """The nvjpeg backend's decoder probes (:mod:`.decoders`; numpy and pillow behind it): imported
+    when a choice needs them, so listing the backends stays cheap."""
+    from . import decoders
+
+    return decoders
+
+
 class _Builtin(Backend):
     """A backend of this package: its runner imported on first use (an unused backend's
     dependencies are never loaded)."""
@@ -148,21 +156,20 @@ class NvjpegBackend(_Builtin):
             return False, "the device is the CPU"
         if not deps.has_cuda():
             return False, "torch sees no CUDA device"
-        works, why = deps._gpu_decode(device, decoder)
+        works, why = _decoders().gpu_decode(device, decoder)
         if not works:
             which = "torchvision's GPU decode does not" if decoder is None else "no GPU JPEG decoder does"
             return False, f"{which} work here ({why})"
         return True, why
 
     def refusal(self, device, why, *, decoder=None):
-        from .. import deps
 
         if why == "the device is the CPU":
             return "backend='nvjpeg' decodes on the GPU but the device is the CPU: use device='cuda', or backend='pil'"
         if why == "torch sees no CUDA device":
             return "backend='nvjpeg' but torch sees no CUDA device (use backend='pil' and device='cpu')"
         which = "torchvision" if decoder is None else f"decoder={decoder!r}"
-        probe = deps._gpu_decode(device, decoder)[1]  # cached: what the choice saw
+        probe = _decoders().gpu_decode(device, decoder)[1]  # cached: what the choice saw
         return f"backend='nvjpeg' but {which} cannot decode JPEGs on this GPU ({probe}); use backend='pil'"
 
 
@@ -245,7 +252,7 @@ def resolve_backend(requested: str | Backend, device: Any, decoder: str | None =
 
     ``"auto"`` is the first backend by priority that can run here (DALI when installed; else a GPU
     JPEG decoder on a CUDA device; else pillow); the reason says why each earlier one could not.
-    ``decoder`` is the nvjpeg backend's (:func:`stoker.pipeline.deps.resolve_decoder`; ``None``:
+    ``decoder`` is the nvjpeg backend's (:func:`stoker.pipeline.backends.decoders.resolve_decoder`; ``None``:
     torchvision's probe alone). The Loader, ``stoker diagnose`` and ``stoker gpu-check`` all
     choose here, with the Loader's ``decoder`` (``"auto"`` by default).
 
@@ -253,13 +260,12 @@ def resolve_backend(requested: str | Backend, device: Any, decoder: str | None =
         ValueError: an unknown name or decoder, or an explicit backend that cannot run here (the
             message names the fix).
     """
-    from .. import deps
 
     device = str(device)
     if device.split(":", 1)[0] not in ("cpu", "cuda"):
         raise ValueError(f"device {device!r}: only 'cpu' and 'cuda' are supported")
-    if decoder is not None and decoder not in deps.DECODER_NAMES:
-        raise ValueError(f"decoder={decoder!r} must be one of {deps.DECODER_NAMES}")
+    if decoder is not None and decoder not in _decoders().DECODER_NAMES:
+        raise ValueError(f"decoder={decoder!r} must be one of {_decoders().DECODER_NAMES}")
     if isinstance(requested, Backend) or requested != "auto":
         if not isinstance(requested, Backend) and requested not in backend_names():
             raise ValueError(f"backend={requested!r} must be one of {backend_names()}")

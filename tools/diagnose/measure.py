@@ -355,7 +355,8 @@ def dist_version(*names: str) -> str | None:
 
 def environment() -> dict:
     """Versions and hardware facts that explain the figures."""
-    from stoker.pipeline.deps import HAS_DALI, gpu_jpeg_decode, pillow_info, usable_cores
+    from stoker.pipeline.backends.decoders import gpu_jpeg_decode
+    from stoker.pipeline.deps import HAS_DALI, pillow_info, usable_cores
 
     cores = usable_cores()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

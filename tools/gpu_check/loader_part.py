@@ -75,8 +75,8 @@ def _nvjpeg_stages(ctx: dict, device: str, batches: int = 8) -> dict:
     from stoker.model.throughput import synchronize
     from stoker.pipeline import augment
     from stoker.pipeline.backends import decoders
+    from stoker.pipeline.backends.decoders import resolve_decoder
     from stoker.pipeline.backends.nvjpeg import crop_resize
-    from stoker.pipeline.deps import resolve_decoder
     from stoker.pipeline.shards.samples import open_split
 
     name, _ = resolve_decoder("auto", device)
@@ -130,7 +130,7 @@ def variant_plan(cuda: bool, available: dict[str, bool], auto: str) -> list[dict
 def _variants(ctx: dict, device: str, out: list, save: Callable[[], None]) -> None:
     """Measure each of :func:`variant_plan`'s rows into ``out`` while the part's time box allows."""
     from stoker.pipeline.backends import decoders
-    from stoker.pipeline.deps import resolve_decoder
+    from stoker.pipeline.backends.decoders import resolve_decoder
 
     auto, _ = resolve_decoder("auto", device)
     available = {n: decoders.probe(n, device)[0] for n in decoders.NAMES}

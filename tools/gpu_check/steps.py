@@ -33,7 +33,8 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
 
     from stoker.model.train.runtime import gpu_bf16
     from stoker.pipeline.backends import decoders, resolve_backend
-    from stoker.pipeline.deps import HAS_DALI, gpu_jpeg_decode, pillow_info, resolve_decoder, usable_cores
+    from stoker.pipeline.backends.decoders import gpu_jpeg_decode, resolve_decoder
+    from stoker.pipeline.deps import HAS_DALI, pillow_info, usable_cores
 
     from ..diagnose.measure import dist_version
 

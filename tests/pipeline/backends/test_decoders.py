@@ -55,7 +55,7 @@ def probes(monkeypatch):
             return ok, f"{name} {'works' if ok else 'is broken'} on {device}"
 
         monkeypatch.setattr(decoders, "probe", probe)
-        monkeypatch.setattr(deps, "gpu_jpeg_decode", lambda device="cuda": probe("torchvision", device))
+        monkeypatch.setattr(decoders, "gpu_jpeg_decode", lambda device="cuda": probe("torchvision", device))
         return calls
 
     return set_
@@ -72,7 +72,7 @@ def probes(monkeypatch):
 )
 def test_auto_picks_nvimgcodec_then_torchcodec_then_torchvision_on_cuda(probes, works, expected):
     probes(**works)
-    name, why = deps.resolve_decoder("auto", "cuda:1")
+    name, why = decoders.resolve_decoder("auto", "cuda:1")
     assert name == expected
     if works:
         assert why.startswith(f"{expected} works on cuda:1")
@@ -82,21 +82,21 @@ def test_auto_picks_nvimgcodec_then_torchcodec_then_torchvision_on_cuda(probes, 
 
 def test_auto_on_the_cpu_is_torchvision_without_probing(probes):
     calls = probes(nvimgcodec=True)
-    assert deps.resolve_decoder("auto", "cpu") == (
+    assert decoders.resolve_decoder("auto", "cpu") == (
         "torchvision",
         "the device is the CPU: torchvision's CPU decode (libjpeg-turbo)",
     )
-    assert deps.resolve_decoder("auto", torch.device("cpu"))[0] == "torchvision"
+    assert decoders.resolve_decoder("auto", torch.device("cpu"))[0] == "torchvision"
     assert calls == []
 
 
 def test_explicit_decoders_and_their_errors(probes):
     probes(nvimgcodec=True)
-    assert deps.resolve_decoder("nvimgcodec", "cuda") == ("nvimgcodec", "requested")
+    assert decoders.resolve_decoder("nvimgcodec", "cuda") == ("nvimgcodec", "requested")
     with pytest.raises(ValueError, match=r"^decoder='torchcodec' cannot decode JPEGs on cuda \(torchcodec is broken"):
-        deps.resolve_decoder("torchcodec", "cuda")
+        decoders.resolve_decoder("torchcodec", "cuda")
     with pytest.raises(ValueError, match=r"^decoder='nvdec' must be one of \('auto', 'nvimgcodec', 'torchcodec', "):
-        deps.resolve_decoder("nvdec", "cuda")
+        decoders.resolve_decoder("nvdec", "cuda")
     with pytest.raises(ValueError, match="decoder='nvdec' must be one of"):
         decoders.make("nvdec")
     with pytest.raises(ValueError, match=r"hw_decoder_load=1.5 must be in \[0, 1\]"):

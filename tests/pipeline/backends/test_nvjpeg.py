@@ -86,7 +86,7 @@ def env(monkeypatch):
         monkeypatch.setattr(deps, "HAS_DALI", dali)
         monkeypatch.setattr(deps, "has_cuda", lambda: cuda)
         monkeypatch.setattr(
-            deps, "gpu_jpeg_decode", lambda device="cuda": probe if cuda else (False, "torch sees no CUDA device")
+            decoders, "gpu_jpeg_decode", lambda device="cuda": probe if cuda else (False, "torch sees no CUDA device")
         )
 
     return set_
@@ -142,11 +142,11 @@ def test_explicit_backends_and_their_fixes(env):
 
 def test_probe_without_cuda_says_so(monkeypatch):
     monkeypatch.setattr(deps, "has_cuda", lambda: False)
-    deps.gpu_jpeg_decode.cache_clear()
+    decoders.gpu_jpeg_decode.cache_clear()
     try:
-        assert deps.gpu_jpeg_decode() == (False, "torch sees no CUDA device")
+        assert decoders.gpu_jpeg_decode() == (False, "torch sees no CUDA device")
     finally:
-        deps.gpu_jpeg_decode.cache_clear()
+        decoders.gpu_jpeg_decode.cache_clear()
 
 
 def test_probe_jpeg_is_the_red_picture_it_claims():
@@ -520,8 +520,8 @@ def test_abandoned_overlapped_iteration_stops_both_threads(split):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", decoders.NAMES)
 def test_gpu_path_matches_the_cpu_path(split, name):
-    deps.gpu_jpeg_decode.cache_clear()
-    works, why = deps.gpu_jpeg_decode()
+    decoders.gpu_jpeg_decode.cache_clear()
+    works, why = decoders.gpu_jpeg_decode()
     assert works, why
     decoders.probe.cache_clear()
     works, why = decoders.probe(name, "cuda")
@@ -564,7 +564,7 @@ def test_gpu_rejects_fall_back_on_a_gpu(tmp_path):
 @pytest.mark.gpu
 def test_loader_auto_on_cuda_without_dali_is_nvjpeg(split, monkeypatch):
     monkeypatch.setattr(deps, "HAS_DALI", False)
-    deps.gpu_jpeg_decode.cache_clear()
+    decoders.gpu_jpeg_decode.cache_clear()
     assert choose("auto", "cuda")[0] == "nvjpeg"
     loader = Loader(split, batch_size=8, crop=CROP, device="cuda", channels_last=True)  # the Loader's own choice
     assert loader.backend == "nvjpeg"
