@@ -82,7 +82,8 @@ class Loader:
         batch_size: samples per batch (the last val batch may be smaller).
         train: RandomResizedCrop + flip and a fresh permutation each epoch; else the val
             transform (shorter side to ``crop/crop_pct``, center crop) in stored order.
-        crop: output side in pixels, or ``(height, width)``.
+        crop: output side in pixels, or ``(height, width)``, or the whole crop recipe
+            (:class:`~.augment.CropSpec`, what the commands pass).
         scale, ratio: the train crop's area share and aspect ranges (torchvision's
             ``RandomResizedCrop``; default ``(0.08, 1)`` and ``(3/4, 4/3)``).
         crop_pct: val: the shorter side is resized to ``min(crop) / crop_pct`` before the
@@ -172,7 +173,7 @@ class Loader:
         *,
         batch_size: int,
         train: bool = True,
-        crop: int | tuple[int, int] = 224,
+        crop: int | tuple[int, int] | CropSpec = 224,
         device: str | Any = "cpu",
         seed: int = 0,
         rank: int | None = None,
@@ -205,8 +206,15 @@ class Loader:
         if dataloader_kwargs:
             raise ValueError(habit_message(dataloader_kwargs))
 
-        #: the crop recipe: size (height, width), scale, ratio, the val resize
-        self.crops = CropSpec.of(crop, scale=scale, ratio=ratio, crop_pct=crop_pct, val_resize=val_resize)
+        #: the crop recipe: size (height, width), scale, ratio, the val resize (given whole as ``crop=``,
+        #: or made of ``crop``, ``scale``, ``ratio``, ``crop_pct`` and ``val_resize``)
+        if isinstance(crop, CropSpec):
+            if (scale, ratio, crop_pct, val_resize) != (SCALE, RATIO, None, None):
+                raise ValueError("crop= is a whole CropSpec: give scale=, ratio=, crop_pct=, val_resize= in it")
+            self.crops = crop
+            crop = crop.size
+        else:
+            self.crops = CropSpec.of(crop, scale=scale, ratio=ratio, crop_pct=crop_pct, val_resize=val_resize)
         remote = is_url(path)
         check_arguments(
             path=path,
@@ -657,7 +665,7 @@ class Loader:
             path=str(self.path),
             device=self.device,
             batch_size=self.batch_size,
-            crop=self.crops.size,
+            crops=self.crops,
             train=self.train,
             channels_last=self.channels_last,
             threads=self.threads,
@@ -668,10 +676,6 @@ class Loader:
             decoder=self.decoder,
             stand_in=self._stand_in,
             channels=self.channels,
-            scale=self.crops.scale,
-            ratio=self.crops.ratio,
-            crop_pct=self.crops.crop_pct,
-            val_resize=self.crops.val_resize,
         )
 
     def __repr__(self) -> str:

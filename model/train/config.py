@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stoker.pipeline.order import SHUFFLES  # the Loader's sample orders, named once (numpy, no torch)
+
 #: ``--arch auto``: the network of each task (the inception block, as a per-pixel net to segment)
 DEFAULT_ARCH = {"classify": "inception", "regress": "inception", "multilabel": "inception", "segment": "inception"}
 #: ``--amp``: ``auto`` resolves per device (:func:`stoker.model.train.runtime.resolve_amp`).
@@ -26,8 +28,6 @@ CHANNELS = (1, 3)
 #: ``--remode``: random erasing's fill; ``--mixup-mode``: how MixUp/CutMix draw lambda (timm's)
 REMODES = ("const", "rand", "pixel")
 MIXUP_MODES = ("batch", "pair", "elem")
-#: the Loader's sample orders (see stoker.pipeline.Loader)
-SHUFFLES = ("global", "block")
 
 # The run directory.
 LAST = "last.pt"
@@ -111,6 +111,8 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     backend: str = "auto"
+    decoder: str = "auto"
+    decode: str = "auto"
     threads: int | None = None
     torch_threads: int | None = None
     log_every: int = 20
@@ -152,6 +154,7 @@ class TrainConfig:
         if self.ckpt_every < 0:
             raise ValueError(f"ckpt_every={self.ckpt_every} must be >= 0 (0: at epoch ends only)")
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("shuffle", self.shuffle, SHUFFLES)
         check_choice("task", self.task, TASKS)
         check_choice("amp", self.amp, AMP_CHOICES)
         if self.lr is not None and not self.lr > 0:

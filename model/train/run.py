@@ -299,22 +299,25 @@ class Run:
         return True
 
     def _make_loaders(self, train_dir: str, val_dir: str) -> None:
+        from stoker.pipeline.augment import CropSpec
         from stoker.pipeline.storage import is_url
 
         cfg = self.cfg
+        crop = tuple(cfg.crop) if isinstance(cfg.crop, (list, tuple)) else cfg.crop
+        self.crops = CropSpec.of(
+            crop, scale=tuple(cfg.scale), ratio=tuple(cfg.ratio), crop_pct=cfg.crop_pct, val_resize=cfg.val_resize
+        )
         kw = dict(
             batch_size=cfg.batch_size,
-            crop=tuple(cfg.crop) if isinstance(cfg.crop, (list, tuple)) else cfg.crop,
+            crop=self.crops,  # the recipe, whole: --crop, --scale, --ratio, --crop-pct, --val-resize
             channels=self.channels,
-            scale=tuple(cfg.scale),
-            ratio=tuple(cfg.ratio),
-            crop_pct=cfg.crop_pct,
-            val_resize=cfg.val_resize,
             device=str(self.device),
             seed=cfg.seed,
             rank=self.dist.rank,
             world_size=self.dist.world_size,
             backend=cfg.backend,
+            decoder=cfg.decoder,
+            decode=cfg.decode,
             threads=cfg.threads,
             channels_last=cfg.channels_last,
         )

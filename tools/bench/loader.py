@@ -46,6 +46,7 @@ from pathlib import Path
 from stoker.errors import UsageError
 from stoker.pipeline.backends import backend_names, backends
 
+from ..common.loader_flags import add_crop_flags
 from ..common.results import Result
 from .peers import ffcv_bench
 from .runners import torchvision_loader
@@ -100,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--masks", metavar="MASKS", help="a mask split's original mask folder, for (1)")
     p.add_argument("--channels", type=int, choices=(1, 3), default=3, help="3 (RGB, default) or 1 (grayscale)")
     p.add_argument("--batch-size", type=int, default=64, help="default 64")
-    p.add_argument("--crop", type=int, default=224, help="default 224")
+    add_crop_flags(p, recipe=False)
     p.add_argument("--epochs", type=int, default=3, help="measured epochs per pipeline (default 3)")
     p.add_argument(
         "--seconds", type=float, default=30.0, help="stop a pipeline's measurement after this long (default 30)"
@@ -186,7 +187,7 @@ class BenchResult(Result):
         data: The packed split measured.
         images: The original ImageFolder, or None.
         batch_size: Batch size of every pipeline.
-        crop: Crop side of every pipeline.
+        crop: Crop of every pipeline: a side, or ``(height, width)``.
         workers: Workers / threads per pipeline.
         epochs: Measured epochs per pipeline (at most).
         seconds_limit: Time limit per pipeline.
@@ -203,7 +204,7 @@ class BenchResult(Result):
     data: str
     images: str | None
     batch_size: int
-    crop: int
+    crop: int | tuple
     workers: int
     epochs: int
     seconds_limit: float
@@ -366,7 +367,7 @@ def bench(
     *,
     images: str | Path | None = None,
     batch_size: int = 64,
-    crop: int = 224,
+    crop: int | tuple[int, int] = 224,
     epochs: int = 3,
     seconds: float = 30.0,
     warmup: int = 3,
@@ -425,7 +426,8 @@ def bench(
     if masks and not Path(masks).is_dir():
         raise UsageError(f"--masks {masks} is not a directory")
     images, masks = (str(images) if images else None), (str(masks) if masks else None)
-    for name, value in (("batch_size", batch_size), ("crop", crop), ("epochs", epochs), ("repeat", repeat)):
+    sides = [crop] if isinstance(crop, int) else list(crop)
+    for name, value in (("batch_size", batch_size), ("crop", min(sides)), ("epochs", epochs), ("repeat", repeat)):
         if value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     only = [k for k in only or () if k] or list(OF_KIND.get(target, ALL))

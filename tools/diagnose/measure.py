@@ -111,7 +111,14 @@ def measure_loader(loader: Iterable, *, seconds: float = 5.0, warmup_batches: in
     }
 
 
-def synthetic_targets(task, batch_size: int, crop: int, generator: torch.Generator) -> torch.Tensor:
+def hw_of(crop) -> tuple[int, int]:
+    """``(height, width)`` of a crop given as a side, ``(height, width)`` or a ``CropSpec``."""
+    if hasattr(crop, "size"):
+        return tuple(crop.size)
+    return (crop, crop) if isinstance(crop, int) else (int(crop[0]), int(crop[1]))
+
+
+def synthetic_targets(task, batch_size: int, crop, generator: torch.Generator) -> torch.Tensor:
     """A batch of random targets of ``task``'s kind (:class:`stoker.model.train.tasks.Task`; ``None``:
     class labels in ``[0, 1000)``, what :func:`_loss` folds onto any head)."""
     n = batch_size
@@ -124,7 +131,7 @@ def synthetic_targets(task, batch_size: int, crop: int, generator: torch.Generat
         return torch.rand((n, k) if k > 1 else (n,), generator=generator)
     if task.name == "multilabel":
         return (torch.rand((n, k), generator=generator) < 0.3).float()
-    return torch.randint(0, k, (n, crop, crop), generator=generator).to(torch.uint8)  # segment: masks
+    return torch.randint(0, k, (n, *hw_of(crop)), generator=generator).to(torch.uint8)  # segment: masks
 
 
 def _loss(out, labels: torch.Tensor) -> torch.Tensor:
@@ -233,7 +240,7 @@ def measure_model_alone(
     try:
         step = _EndToEndStep(copy.deepcopy(model), device=device, amp=amp, channels_last=channels_last, task=task)
         gen = torch.Generator().manual_seed(0)
-        x = torch.randint(0, 256, (batch_size, 3, crop, crop), dtype=torch.uint8, generator=gen).to(device)
+        x = torch.randint(0, 256, (batch_size, 3, *hw_of(crop)), dtype=torch.uint8, generator=gen).to(device)
         y = synthetic_targets(task, batch_size, crop, gen).to(device)
         first = warm_up(lambda: step(x, y), warmup, seconds, device)
         clock = Clock(seconds=seconds, device=device)

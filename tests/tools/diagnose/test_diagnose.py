@@ -690,6 +690,9 @@ def test_a_batch_that_would_not_fit_the_memory_is_lowered_and_said(capsys, shard
     from stoker.tools.diagnose import sizing
 
     monkeypatch.setattr(sizing, "host_available", lambda: 120_000_000)
+    # the memory rule alone (the time rule would bind first on a busy machine at --seconds 0.2)
+    fit_batch = sizing.fit_batch
+    monkeypatch.setattr(sizing, "fit_batch", lambda *a, **k: fit_batch(*a, **{**k, "step_limit_s": None}))
     rc, out, err = _cli(
         capsys, shards, "--arch", "report", "--crop", 32, "--batch-size", 16, "--seconds", 0.2, "--json"
     )
