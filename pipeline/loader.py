@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker.errors import LoaderError, NoBatchError
+from stoker.errors import ArgumentError, LoaderError, NoBatchError
 
 from . import order
 from .augment import RATIO, SCALE, CropSpec
@@ -204,13 +204,13 @@ class Loader:
     ):
 
         if dataloader_kwargs:
-            raise ValueError(habit_message(dataloader_kwargs))
+            raise ArgumentError(habit_message(dataloader_kwargs))
 
         #: the crop recipe: size (height, width), scale, ratio, the val resize (given whole as ``crop=``,
         #: or made of ``crop``, ``scale``, ``ratio``, ``crop_pct`` and ``val_resize``)
         if isinstance(crop, CropSpec):
             if (scale, ratio, crop_pct, val_resize) != (SCALE, RATIO, None, None):
-                raise ValueError("crop= is a whole CropSpec: give scale=, ratio=, crop_pct=, val_resize= in it")
+                raise ArgumentError("crop= is a whole CropSpec: give scale=, ratio=, crop_pct=, val_resize= in it")
             self.crops = crop
             crop = crop.size
         else:
@@ -233,7 +233,7 @@ class Loader:
             hw_decoder_load=hw_decoder_load,
         )
         if decoder not in DECODER_NAMES:
-            raise ValueError(f"decoder={decoder!r} must be one of {DECODER_NAMES}")
+            raise ArgumentError(f"decoder={decoder!r} must be one of {DECODER_NAMES}")
         self.device = torch_device(device)
         # which backend, and why (also what `stoker diagnose` reports)
         #: the configured backend (:class:`~.backends.Backend`); :attr:`backend` is its name
@@ -244,9 +244,9 @@ class Loader:
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
         if not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ValueError(f"world_size={self.world_size!r} must be a positive integer")
+            raise ArgumentError(f"world_size={self.world_size!r} must be a positive integer")
         if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank={self.rank!r} must be in [0, world_size={self.world_size})")
+            raise ArgumentError(f"rank={self.rank!r} must be in [0, world_size={self.world_size})")
 
         self.path: Path | str = str(path).rstrip("/") if remote else Path(path)
         self.shuffle, self.block_shards = shuffle, block_shards
@@ -275,7 +275,7 @@ class Loader:
         #: samples the loader draws from (manifest skips and samples without image/cls removed)
         self.num_samples = len(self.index.valid)
         if self.num_samples == 0:
-            raise ValueError(f"{self.path} has no loadable samples")
+            raise ArgumentError(f"{self.path} has no loadable samples")
         check_every_rank_has_a_batch(self)
         #: the train batches' per-sample augmentation and mixing (:mod:`.augment.apply`)
         self.recipe = TrainRecipe.of(
@@ -410,16 +410,16 @@ class Loader:
         on the same number of ranks only.
         """
         if not isinstance(state, dict):
-            raise ValueError(f"state must be the dict Loader.state_dict() returned, not {type(state).__name__}")
+            raise ArgumentError(f"state must be the dict Loader.state_dict() returned, not {type(state).__name__}")
         missing = {"seed", "epoch", "position"} - set(state)
         if missing:
-            raise ValueError(f"state is missing {sorted(missing)}")
+            raise ArgumentError(f"state is missing {sorted(missing)}")
         saved_world = state.get("world_size", self.world_size)
         if not isinstance(saved_world, int) or saved_world < 1:
-            raise ValueError(f"state['world_size']={saved_world!r} must be a positive integer")
+            raise ArgumentError(f"state['world_size']={saved_world!r} must be a positive integer")
         elastic = saved_world != self.world_size
         if elastic and self.shuffle == "block":
-            raise ValueError(
+            raise ArgumentError(
                 f"state was saved with world_size={saved_world}, this loader has world_size={self.world_size}: "
                 "shuffle='block' resumes on the same number of ranks only (shuffle='global' resumes on any)"
             )
@@ -429,9 +429,9 @@ class Loader:
             mine = f"shuffle={self.shuffle!r}" + (
                 f", block_shards={self.block_shards}" if self.shuffle == "block" else ""
             )
-            raise ValueError(f"state was saved with {saved}, this loader has {mine} (another sample order)")
+            raise ArgumentError(f"state was saved with {saved}, this loader has {mine} (another sample order)")
         if state.get("num_samples", self.num_samples) != self.num_samples:
-            raise ValueError(
+            raise ArgumentError(
                 f"state was saved for num_samples={state['num_samples']}, {self.path} has {self.num_samples}"
             )
         seed = _non_negative(state["seed"], "state['seed']")
@@ -441,10 +441,10 @@ class Loader:
         if elastic:  # the saved ranks handed out offset .. offset + W * position of the epoch
             offset, position = (offset + saved_world * position, 0) if self.train else (0, 0)
         if self.train and offset > self.num_samples:
-            raise ValueError(f"state['offset']={offset} is past the {self.num_samples} samples of {self.path}")
+            raise ArgumentError(f"state['offset']={offset} is past the {self.num_samples} samples of {self.path}")
         stop = self._epoch_stop(offset)
         if position > stop:
-            raise ValueError(
+            raise ArgumentError(
                 f"state['position']={position} is past the end of rank {self.rank}'s epoch "
                 f"({stop} samples): the state is from another split or batch size"
             )
@@ -464,7 +464,7 @@ class Loader:
     def __iter__(self) -> LoaderIterator:
         self._close_active()  # an abandoned iteration: drain it (the next one starts the epoch over)
         if self._closed:
-            raise ValueError(f"this Loader of {self.path} was closed; create a new one")
+            raise ArgumentError(f"this Loader of {self.path} was closed; create a new one")
         it = LoaderIterator(self)
         self._active = weakref.ref(it)
         return it
@@ -722,9 +722,9 @@ def _non_negative(value: Any, name: str) -> int:
     try:
         value = operator.index(value)
     except TypeError:
-        raise ValueError(f"{name}={value!r} must be a non-negative integer") from None
+        raise ArgumentError(f"{name}={value!r} must be a non-negative integer") from None
     if value < 0:
-        raise ValueError(f"{name}={value!r} must be a non-negative integer")
+        raise ArgumentError(f"{name}={value!r} must be a non-negative integer")
     return value
 
 
