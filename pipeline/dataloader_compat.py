@@ -43,8 +43,10 @@ class LoaderDataset:
         indices, or the float values / multi-hot rows (read from the shards; a mask split's
         targets are images, see the Loader's batches)."""
         index = self._loader.index
-        if index.target.kind == "mask":
-            raise TypeError("loader.dataset.targets: a mask split's targets are images; iterate the Loader")
+        if index.target.spatial:
+            raise TypeError(
+                f"loader.dataset.targets: a {index.target.kind} split's targets are images; iterate the Loader"
+            )
         return index.targets(index.valid).tolist()
 
     @property

@@ -57,7 +57,7 @@ from .loader_checks import (
 )
 from .prefetch import fetched_windows, group_by_window
 from .shards.samples import SampleIndex, open_split
-from .shards.targets import StatsAccumulator, TargetStats
+from .shards.stats import TargetStats
 
 
 def _dist_defaults() -> tuple[int, int]:
@@ -582,10 +582,10 @@ class Loader:
         ``None``. Standardize with them so targets in natural units learn:
         ``loss = mse(model(x), stats.standardize(y))``, and ``stats.restore(model(x))`` predicts."""
         target = self.index.target
-        if target.stats is not None or target.kind != "float":
+        acc = target.spec.accumulator(target)
+        if target.stats is not None or acc is None or target.spatial:  # a mask's need every mask decoded
             return target.stats
         if self._target_stats is None:
-            acc = StatsAccumulator("float", target.width)
             for s in range(0, self.num_samples, 65536):
                 acc.add_many(self.index.targets(self.index.valid[s : s + 65536]))
             self._target_stats = acc.result()

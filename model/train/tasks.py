@@ -17,6 +17,7 @@ exact: the scores of every val sample are gathered (``C`` floats a sample).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,9 +29,6 @@ from stoker.errors import ArgumentError
 from ..case_study import regress_loss, regress_stats
 from .config import TASKS
 from .runtime import Dist, all_reduce_sum
-
-#: the task each target kind trains
-TASK_OF_KIND = {"class": "classify", "float": "regress", "mask": "segment", "multilabel": "multilabel"}
 
 
 @dataclass(frozen=True)
@@ -93,28 +91,28 @@ def resolve_task(requested: str, target, classes: list, *, num_classes: int | No
     Raises:
         ValueError: a task the split's targets cannot train, in one line naming both and the fix.
     """
-    kind = target.kind
-    name = TASK_OF_KIND[kind] if requested == "auto" else requested
+    spec = target.spec  # the split's target kind: it names the task it trains (stoker.pipeline.shards.kinds)
+    name = spec.task if requested == "auto" else requested
     if name not in TASKS[1:]:
         raise ArgumentError(f"task={requested!r} is not one of {', '.join(TASKS)}")
     n_classes = num_classes or len(classes)
-    if name == "regress" and kind == "class":  # the case study: one output onto the label value
+    if name == "regress" and spec.task == "classify":  # the case study: one output onto the label value
         return Task("regress", 1, "top1", case_study=True)
-    if TASK_OF_KIND[kind] != name:
+    if spec.task != name:
         raise ArgumentError(
             f"--task {name} needs {_kind_of(name)} targets, but the split's are {target.describe()} "
-            f"(use --task {TASK_OF_KIND[kind]} or --task auto)"
+            f"(use --task {spec.task} or --task auto)"
         )
     if name == "classify":
         if n_classes < 2:
             raise ArgumentError(f"{n_classes} class(es); classification needs at least 2")
         return Task("classify", n_classes, "top1")
-    if name == "regress":
-        return Task("regress", target.width, "r2")
+    if name == "regress":  # one output per value a sample's target holds
+        values = math.prod(spec.batch_shape(target, 1, (1, 1), n_classes)[1:])
+        return Task("regress", values, "r2")
     if name == "multilabel":
         return Task("multilabel", n_classes, "map")
-    found = len(target.stats.class_share) if target.stats is not None and target.stats.class_share else 0
-    n_classes = num_classes or target.num_classes or found or len(classes)
+    n_classes = num_classes or spec.num_classes(target, classes)
     if not n_classes:
         raise ArgumentError(
             "the masks' class count is not in the manifest: pass --num-classes (pack with --num-classes)"
@@ -123,7 +121,9 @@ def resolve_task(requested: str, target, classes: list, *, num_classes: int | No
 
 
 def _kind_of(task: str) -> str:
-    return next(k for k, t in TASK_OF_KIND.items() if t == task)
+    from stoker.pipeline.shards.kinds import kinds
+
+    return " or ".join(k.name for k in kinds() if k.task == task)
 
 
 # ---- validation figures -------------------------------------------------------------------------
@@ -286,4 +286,4 @@ def _div(a, b) -> float:
     return a / b if b else float("nan")
 
 
-__all__ = ["TASKS", "TASK_OF_KIND", "Metrics", "Task", "average_precision", "resolve_task"]
+__all__ = ["TASKS", "Metrics", "Task", "average_precision", "resolve_task"]

@@ -297,15 +297,10 @@ def empty_targets(settings: DecodeSettings, n: int = 0):
     """An empty target batch of the split's kind on the device (an empty val batch's)."""
     import torch
 
-    kind, dev = settings.index.target.kind, settings.device
-    if kind == "class":
-        return torch.empty(n, dtype=torch.int64, device=dev)
-    if kind == "mask":
-        return torch.empty((n, *settings.crop), dtype=torch.uint8, device=dev)
-    if kind == "float":
-        width = settings.index.target.width
-        return torch.empty((n,) if width == 1 else (n, width), dtype=torch.float32, device=dev)
-    return torch.empty((n, len(settings.index.manifest.classes)), dtype=torch.float32, device=dev)
+    target = settings.index.target
+    spec, classes = target.spec, settings.index.manifest.classes
+    shape = spec.batch_shape(target, n, settings.crop, spec.num_classes(target, classes))
+    return torch.empty(shape, dtype=getattr(torch, spec.dtype), device=settings.device)
 
 
 def empty_batch(settings: DecodeSettings, consumed: int, skipped: int) -> Batch:

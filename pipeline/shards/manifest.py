@@ -45,8 +45,9 @@ class Manifest:
 
     @property
     def format(self) -> int:
-        """1 for a class split (what every stoker reads), 2 for the other target kinds."""
-        return 1 if self.target.kind == "class" else 2
+        """The format its target kind is recorded in: 1 for a class split (what every stoker reads),
+        2 for the other kinds (:attr:`.kinds.TargetKind.format`)."""
+        return self.target.spec.format
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -23,9 +23,10 @@ import numpy as np
 from stoker.errors import ArgumentError, IdxFormatError
 
 from ..fsutil import PathLike
-from .idx import IMAGE_EXTS, MAX_CLS_BYTES, bad_idx, idx_fields, idx_lines, read_idx, sample_key
+from .idx import IMAGE_EXTS, bad_idx, idx_fields, idx_lines, read_idx, sample_key
+from .kinds import ensure_kind, get_kind
 from .manifest import Manifest, check_shards, idx_path
-from .targets import Target, bad_target, fast_float_reader, parse_float, parse_labels
+from .targets import Target
 
 KIND_NONE, KIND_JPEG, KIND_PNG = 0, 1, 2
 _KIND = {ext.encode(): KIND_PNG if ext == "png" else KIND_JPEG for ext in IMAGE_EXTS}
@@ -174,10 +175,6 @@ class SampleIndex:
         #: the split's target kind and member
         self.target: Target = self.manifest.target
         member = self.target.member.lower().encode()
-        #: a ``cls`` that is a class name (foreign tars indexed with their names) -> its index
-        self._class_index = {c.encode("utf-8", "surrogateescape"): i for i, c in enumerate(self.manifest.classes)}
-        # (size, header) of the float32 .npy pack writes: read with one frombuffer, no parse
-        self._fast_float = fast_float_reader(self.target.width) if self.target.kind == "float" else None
         parts = [_parse_idx(idx_path(self.split_dir / name), with_json, member) for name in self.shard_names]
         for name, part, info in zip(self.shard_names, parts, self.manifest.shards, strict=True):
             if len(part[0]) != info.num_samples:
@@ -240,7 +237,12 @@ class SampleIndex:
         d = self.__dict__.copy()
         d["_maps"] = {}
         d["_keys"] = {}
+        d["_kind"] = type(self.target.spec)  # a worker process knows a kind registered in this one
         return d
+
+    def __setstate__(self, d):
+        ensure_kind(d.pop("_kind"))
+        self.__dict__.update(d)
 
     def shard_of(self, i: int) -> int:
         return int(np.searchsorted(self.shard_start, i, side="right") - 1)
@@ -301,66 +303,31 @@ class SampleIndex:
                 an integer in ``0 .. len(classes) - 1`` (``stoker index`` marks such samples
                 to skip).
         """
-        shards = np.searchsorted(self.shard_start, idx, side="right") - 1
-        out = np.empty(len(idx), np.int64)
-        for k, (i, s) in enumerate(zip(idx.tolist(), shards.tolist(), strict=True)):
-            m = self._maps.get(s) or self._map(s)
-            off, size = int(self.tgt_off[i]), int(self.tgt_size[i])
-            raw = m[off : off + size] if size <= MAX_CLS_BYTES else b"x"
-            try:
-                out[k] = int(raw) if raw.strip().isdigit() else self._class_index.get(bytes(raw).strip(), -1)
-            except ValueError:  # digits Python will not convert (e.g. too long)
-                out[k] = -1
-        bad = (out < 0) | (out >= len(self.manifest.classes))
-        if bad.any():
-            i = int(idx[int(np.argmax(bad))])
-            m = self._map(self.shard_of(i))
-            raw = bytes(m[int(self.tgt_off[i]) : int(self.tgt_off[i]) + min(int(self.tgt_size[i]), MAX_CLS_BYTES)])
-            raise bad_target(
-                self.describe(i),
-                f"cls {raw.decode('utf-8', 'replace')!r} is not a class index below {len(self.manifest.classes)}",
-                self.split_dir,
-            )
-        return out
+        return self._decode(get_kind("class"), idx)
 
     def targets(self, idx: np.ndarray) -> np.ndarray:
-        """The targets of the samples at ``idx``, as the Loader yields them (on the CPU): class
-        indices int64 ``[N]``; float32 ``[N]`` (one column) or ``[N, K]``; multi-hot float32
-        ``[N, C]``. Masks are images: :meth:`masks`.
+        """The targets of the samples at ``idx``, as the Loader yields them (on the CPU), read by
+        the split's kind (:meth:`.kinds.TargetKind.decode`): class indices int64 ``[N]``; float32
+        ``[N]`` (one column) or ``[N, K]``; multi-hot float32 ``[N, C]``. A spatial kind's
+        targets (masks) are images: :meth:`masks`.
 
         Raises:
             TargetError: one line naming the shard and key of a sample whose target does not
                 parse, has the wrong width, is not finite, or names a class past the split's.
         """
-        kind = self.target.kind
-        if kind == "class":
-            return self.labels(idx)
-        if kind == "mask":
-            raise ArgumentError("a mask split's targets are images: use masks()")
-        raws = self._members(idx)
-        member = self.target.member
-        if kind == "float":
-            width = self.target.width
-            out = np.empty((len(idx), width), np.float32)
-            size, header = self._fast_float
-            for k, raw in enumerate(raws):
-                if len(raw) == size and raw[: len(header)].tobytes() == header:  # what pack wrote
-                    out[k] = np.frombuffer(raw, "<f4", width, len(header))
-                    if np.isfinite(out[k]).all():
-                        continue
-                value = parse_float(raw.tobytes(), member, width)
-                if isinstance(value, str):
-                    raise bad_target(self.describe(int(idx[k])), value, self.split_dir)
-                out[k] = value
-            return out[:, 0] if width == 1 else out
-        num_classes = len(self.manifest.classes)
-        out = np.zeros((len(idx), num_classes), np.float32)
-        for k, raw in enumerate(raws):
-            labels = parse_labels(raw.tobytes(), member, num_classes)
-            if isinstance(labels, str):
-                raise bad_target(self.describe(int(idx[k])), labels, self.split_dir)
-            out[k, labels] = 1.0
-        return out
+        spec = self.target.spec
+        if spec.spatial:
+            raise ArgumentError(f"a {spec.name} split's targets are images: use masks()")
+        return self._decode(spec, idx)
+
+    def _decode(self, spec, idx: np.ndarray) -> np.ndarray:
+        return spec.decode(
+            self.target,
+            self._members(idx),
+            classes=self.manifest.classes,
+            where=lambda k: self.describe(int(idx[k])),
+            split=self.split_dir,
+        )
 
     def masks(self, idx: np.ndarray) -> tuple[list, np.ndarray]:
         """A mask split: the encoded masks (zero-copy views) of the samples at ``idx`` and their

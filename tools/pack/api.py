@@ -276,7 +276,7 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
 
 def describe_targets(target: Target, settings: dict) -> str:
     """The summary's ``targets:`` line: the kind, and the classes of a class or multi-label pack."""
-    if target.kind in ("class", "multilabel"):
+    if target.spec.named_classes:
         n = len(settings.get("classes") or [])
         return f"{target.kind}, {n:,} class{'es' if n != 1 else ''}"
     return target.describe()
@@ -318,7 +318,7 @@ def _settings_identity(
 ) -> dict:
     """Everything that determines the bytes of the pack: equal dicts -> equal output."""
     extra = {}
-    if source.target.kind != "class":  # a class pack's identity is as it always was
+    if source.target.spec.format > 1:  # a class pack's identity is as it always was
         extra["target"] = source.target.to_json()
     if source.mask_base is not None:
         extra.update(masks=str(source.mask_base.resolve()), mask_classes=settings.mask_classes)

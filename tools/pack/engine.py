@@ -13,7 +13,6 @@ from pathlib import Path
 
 from stoker.errors import CheckFailedError, UsageError
 from stoker.pipeline.shards.manifest import idx_path
-from stoker.pipeline.shards.targets import MEMBERS, encode_float, encode_labels
 from stoker.pipeline.shards.writer import ShardWriter, shard_name
 
 from .items import Item, Source, display_path
@@ -97,20 +96,13 @@ def _components(it: Item, res: Sanitized, source: Source) -> dict[str, bytes]:
     """The tar members of one packed sample (:mod:`stoker.pipeline.shards.targets`; file names
     stored as valid UTF-8)."""
     meta = {"path": display_path(it.rel), "width": res.width, "height": res.height}
-    kind, classes = source.target.kind, source.classes
-    if kind == "class":
-        meta["class"] = classes[it.label]
-        return {"cls": str(it.label).encode(), "jpg": res.jpg, "json": json.dumps(meta).encode()}
-    if kind == "float":
-        meta["target"] = dict(zip(source.target.columns, it.target, strict=True))
-        target = {MEMBERS["float"]: encode_float(it.target)}
-    elif kind == "multilabel":
-        meta["classes"] = [classes[k] for k in it.target]
-        target = {MEMBERS["multilabel"]: encode_labels(it.target)}
+    target, spec = source.target, source.target.spec
+    if spec.spatial:  # the sanitizer checked and wrote the mask beside its image
+        value, meta["mask"] = res.mask, display_path(it.mask)
     else:
-        meta["mask"] = display_path(it.mask)
-        target = {MEMBERS["mask"]: res.mask}
-    return {**target, "jpg": res.jpg, "json": json.dumps(meta).encode()}
+        value = it.label if it.target is None else it.target
+        meta.update(spec.meta(target, value, source.classes))
+    return {target.member: spec.encode(target, value), "jpg": res.jpg, "json": json.dumps(meta).encode()}
 
 
 def _sample_bytes(components: dict[str, bytes]) -> int:

@@ -45,8 +45,9 @@ from stoker import __version__
 from stoker.errors import CheckFailedError, ManifestError, MostSkippedError, TarFormatError, UsageError
 from stoker.pipeline.fsutil import sha256_file
 from stoker.pipeline.shards.idx import MAX_CLASSES, image_component, read_label, scan_tar, write_idx
+from stoker.pipeline.shards.kinds import get_kind, kind_names
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
-from stoker.pipeline.shards.targets import IGNORE_INDEX, MEMBERS, TARGET_KINDS, Target
+from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
 
 from ..common.results import Result
 from .command import ImageChecker, fork_method
@@ -65,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--targets",
-        choices=TARGET_KINDS,
+        choices=kind_names(),
         default="class",
         help="what the samples' target member holds: class (cls members, default), float, multilabel, mask",
     )
@@ -399,8 +400,8 @@ def index(
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
-    if targets is not None and targets not in TARGET_KINDS:
-        raise UsageError(f"--targets {targets!r} must be one of {', '.join(TARGET_KINDS)}")
+    if targets is not None and targets not in kind_names():
+        raise UsageError(f"--targets {targets!r} must be one of {', '.join(kind_names())}")
     folder = tars[0].parent
     notes: list[str] = []
     previous = _previous(folder, tars, notes)
@@ -483,7 +484,7 @@ def _target_spec(previous, targets, member, num_classes, ignore_index) -> tuple[
     if kind == "mask":
         kw.update(num_classes=num_classes, ignore_index=ignore_index)
     if kind == "float":  # columns: found in the data
-        return Target(kind="float", member=member or MEMBERS["float"], columns=("y",)), True
+        return Target(kind="float", member=member or get_kind("float").member, columns=("y",)), True
     return Target.of(kind, **kw), False
 
 

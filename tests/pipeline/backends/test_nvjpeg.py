@@ -354,7 +354,7 @@ def test_header_guard_empty_val_batch_and_train_stand_ins(split):
 
 def test_an_error_outside_decoding_is_one_line_naming_shards_and_keys(split, monkeypatch):
     loader = nvjpeg_loader(split, train=False)
-    monkeypatch.setattr(loader.index, "labels", lambda ids: (_ for _ in ()).throw(OSError("disk gone")))
+    monkeypatch.setattr(loader.index, "targets", lambda ids: (_ for _ in ()).throw(OSError("disk gone")))
     with pytest.raises(
         RuntimeError,
         match=r"nvjpeg backend failed on a batch of .*train \(shards shard-000000.tar; "
