@@ -16,6 +16,7 @@ from . import order
 from .backends.registry import DECODES
 from .dataloader_compat import habit_message
 from .deps import has_cuda
+from .prefetch import group_by_window
 
 if TYPE_CHECKING:
     from .loader import Loader
@@ -93,7 +94,7 @@ def check_every_rank_has_a_batch(loader: Loader) -> None:
     """A rank with no batch would train or evaluate on nothing without a word (and leave
     DDP's collectives unmatched): refuse such settings on every rank alike."""
     last = loader.world_size - 1  # the rank with the smallest share
-    share = loader._share(last)
+    share = loader.order.share(last)
     if order.num_batches(share, loader.batch_size, drop_last=loader.drop_last) > 0:
         return
     if share == 0:
@@ -116,7 +117,8 @@ def check_cache_limit(loader: Loader) -> None:
     limit, sizes = loader.cache.cache_limit, [s.bytes for s in loader.index.manifest.shards]
     if limit is None:
         return
-    if loader.shuffle == "global":
+    windows = loader.order.windows(loader.seed, 0)
+    if windows is None:
         if sum(sizes) > limit:
             raise ValueError(
                 f"cache_limit={limit:,} is smaller than {loader.path} ({sum(sizes):,} bytes), "
@@ -124,7 +126,8 @@ def check_cache_limit(loader: Loader) -> None:
                 "cache_limit"
             )
         return
-    chunks = loader._chunks(loader._batches(0, loader._epoch_stop(), loader.indices(0)), 0)
+    first = loader.index.valid[loader.order.positions(loader.seed, 0)]  # epoch 0, from its start
+    chunks = group_by_window(loader.order.batches(first, 0, loader.order.stop()), windows, loader.index)
     need = max(
         (
             sum(sizes[s] for s in set(a) | set(b))

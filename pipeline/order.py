@@ -14,6 +14,9 @@ last fewer than ``W'`` left out as an epoch leaves ``n % W`` out.
 
 from __future__ import annotations
 
+import operator
+from typing import Any, NamedTuple
+
 import numpy as np
 
 
@@ -57,7 +60,6 @@ def num_batches(n: int, batch_size: int, *, drop_last: bool) -> int:
 
 
 # ---- block mode: shards permuted and split across ranks, samples permuted within a window ----
-SHUFFLES = ("global", "block")
 
 
 def _shard_bounds(shard_counts) -> np.ndarray:
@@ -139,3 +141,222 @@ def block_samples_per_rank(num_samples: int, *, rank: int, world_size: int, trai
     """``len(block_plan(...)[0])`` without building it (train: equal for every rank)."""
     lo, hi = block_rank_range(num_samples, rank=rank, world_size=world_size, train=train)
     return hi - lo
+
+
+# ---- the strategy a Loader holds: one order object, no branches ----
+class Cursor(NamedTuple):
+    """Where a Loader's iteration stands: ``position`` samples into this rank's part of
+    ``epoch``, split over the ranks from ``offset`` (:meth:`SampleOrder.restore`)."""
+
+    seed: int
+    epoch: int
+    position: int
+    offset: int
+
+
+def non_negative(value: Any, name: str) -> int:
+    """``value`` as an int, or a ``ValueError`` naming it."""
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}={value!r} must be a non-negative integer") from None
+    if value < 0:
+        raise ValueError(f"{name}={value!r} must be a non-negative integer")
+    return value
+
+
+class SampleOrder:
+    """How one rank's epochs are ordered and cut into batches: the strategy a
+    :class:`~stoker.pipeline.loader.Loader` holds (``shuffle=`` names it).
+
+    Fixed for the Loader's life: the loadable samples per shard, this rank, the world size,
+    train or val, the batch size and ``drop_last``. Every method is a pure function of
+    ``(seed, epoch, offset)``; ``offset`` is where this rank count's split of an epoch begins
+    (0, or what a resume on another number of ranks continues from). Positions are into the
+    split's loadable samples (``0 .. num_samples - 1``, shard after shard).
+
+    An order defines :meth:`share`, :meth:`positions`, and where it differs from the whole-split
+    default, :meth:`windows`, :meth:`state_fields` and :meth:`check_state`.
+    """
+
+    #: the ``shuffle=`` name
+    name = ""
+
+    def __init__(self, shard_counts, *, rank: int, world_size: int, train: bool, batch_size: int, drop_last: bool):
+        #: loadable samples per shard, in stored order
+        self.shard_counts = np.asarray(shard_counts, np.int64)
+        self.num_samples = int(self.shard_counts.sum())
+        self.rank, self.world_size, self.train = rank, world_size, bool(train)
+        self.batch_size, self.drop_last = batch_size, bool(drop_last)
+
+    # ---- what an order defines -------------------------------------------------------
+    def share(self, rank: int | None = None, offset: int = 0) -> int:
+        """Samples ``rank`` (default: this one) reads in an epoch split from ``offset``."""
+        raise NotImplementedError
+
+    def positions(self, seed: int, epoch: int, offset: int = 0) -> np.ndarray:
+        """The positions this rank reads in ``epoch``, in order, before ``drop_last``."""
+        raise NotImplementedError
+
+    def windows(self, seed: int, epoch: int) -> list | None:
+        """The shard numbers of each window this rank reads in turn (a URL's cache fetches one
+        window ahead), or ``None``: the whole split is needed at once."""
+        return None
+
+    def state_fields(self) -> dict:
+        """What a Loader's ``state_dict`` adds so a state of one order is not read by another."""
+        return {}
+
+    def check_state(self, state: dict, saved_world: int) -> None:
+        """Refuse, in one line, a state this order cannot continue: another order's (another
+        sample sequence), or what it cannot resume from."""
+        saved = {"shuffle": state.get("shuffle", "global")}
+        if saved["shuffle"] != "global":
+            saved.update({k: state.get(k) for k in ("block_shards",) if saved["shuffle"] == "block"})
+        mine = {"shuffle": self.name, **self.state_fields()}
+        if saved != mine:
+            fmt = lambda d: ", ".join(f"{k}={v!r}" for k, v in d.items())  # noqa: E731
+            raise ValueError(f"state was saved with {fmt(saved)}, this loader has {fmt(mine)} (another sample order)")
+
+    # ---- shared by every order -------------------------------------------------------
+    def state(self, *, seed: int, epoch: int, position: int, offset: int) -> dict:
+        """A Loader's ``state_dict``: ``{seed, epoch, position, world_size, num_samples,
+        batch_size}``, ``offset`` when not 0, and the order's own fields."""
+        state = {
+            "seed": seed,
+            "epoch": epoch,
+            "position": position,
+            "world_size": self.world_size,
+            "num_samples": self.num_samples,
+            "batch_size": self.batch_size,
+        }
+        if offset:
+            state["offset"] = offset
+        state.update(self.state_fields())  # a state of one order means nothing in another
+        return state
+
+    def restore(self, state: dict, *, where: Any) -> Cursor:
+        """Where ``state`` (a :meth:`state`, possibly saved on another number of ranks) continues
+        on this rank, checked: one ``ValueError`` naming the bad value, ``where`` (the split) in it."""
+        if not isinstance(state, dict):
+            raise ValueError(f"state must be the dict Loader.state_dict() returned, not {type(state).__name__}")
+        missing = {"seed", "epoch", "position"} - set(state)
+        if missing:
+            raise ValueError(f"state is missing {sorted(missing)}")
+        saved_world = state.get("world_size", self.world_size)
+        if not isinstance(saved_world, int) or saved_world < 1:
+            raise ValueError(f"state['world_size']={saved_world!r} must be a positive integer")
+        self.check_state(state, saved_world)
+        if state.get("num_samples", self.num_samples) != self.num_samples:
+            raise ValueError(f"state was saved for num_samples={state['num_samples']}, {where} has {self.num_samples}")
+        seed = non_negative(state["seed"], "state['seed']")
+        epoch = non_negative(state["epoch"], "state['epoch']")
+        position = non_negative(state["position"], "state['position']")
+        offset = non_negative(state.get("offset", 0), "state['offset']")
+        if saved_world != self.world_size:  # the saved ranks handed out offset .. offset + W * position
+            offset, position = (offset + saved_world * position, 0) if self.train else (0, 0)
+        if self.train and offset > self.num_samples:
+            raise ValueError(f"state['offset']={offset} is past the {self.num_samples} samples of {where}")
+        stop = self.stop(offset)
+        if position > stop:
+            raise ValueError(
+                f"state['position']={position} is past the end of rank {self.rank}'s epoch "
+                f"({stop} samples): the state is from another split or batch size"
+            )
+        return Cursor(seed, epoch, position, offset if self.train else 0)
+
+    def stop(self, offset: int = 0) -> int:
+        """Samples of this rank's epoch that are handed out (``drop_last`` applied)."""
+        n = self.share(self.rank, offset)
+        return n - n % self.batch_size if self.drop_last else n
+
+    def num_batches(self, offset: int = 0) -> int:
+        """Batches this rank yields in an epoch split from ``offset``."""
+        return num_batches(self.share(self.rank, offset), self.batch_size, drop_last=self.drop_last)
+
+    def batches(self, idx: np.ndarray, start: int, stop: int) -> list:
+        """``idx[start:stop]`` (a rank's epoch order) cut into batches of ``batch_size``."""
+        return [idx[s : min(s + self.batch_size, stop)] for s in range(start, stop, self.batch_size)]
+
+
+class GlobalOrder(SampleOrder):
+    """``shuffle="global"``: train reads a fresh permutation of the whole split each epoch, split
+    over the ranks by striding (:func:`rank_indices`); val the stored order, ``rank::world_size``.
+    Resumes on any number of ranks."""
+
+    name = "global"
+
+    def share(self, rank: int | None = None, offset: int = 0) -> int:
+        rank = self.rank if rank is None else rank
+        return samples_per_rank(
+            self.num_samples, rank=rank, world_size=self.world_size, train=self.train, offset=offset
+        )
+
+    def positions(self, seed: int, epoch: int, offset: int = 0) -> np.ndarray:
+        return rank_indices(
+            self.num_samples,
+            seed=seed,
+            epoch=epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            train=self.train,
+            offset=offset,
+        )
+
+
+class BlockOrder(SampleOrder):
+    """``shuffle="block"``: each epoch permutes the shards, gives each rank a contiguous run of
+    them and permutes samples within windows of ``block_shards`` shards (:func:`block_plan`).
+    Resumes on the same number of ranks only."""
+
+    name = "block"
+
+    def __init__(self, shard_counts, *, block_shards: int, **kw):
+        super().__init__(shard_counts, **kw)
+        self.block_shards = block_shards
+
+    def share(self, rank: int | None = None, offset: int = 0) -> int:
+        rank = self.rank if rank is None else rank
+        return block_samples_per_rank(self.num_samples, rank=rank, world_size=self.world_size, train=self.train)
+
+    def _plan(self, seed: int, epoch: int) -> tuple[np.ndarray, list]:
+        return block_plan(
+            self.shard_counts,
+            seed=seed,
+            epoch=epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            train=self.train,
+            block_shards=self.block_shards,
+        )
+
+    def positions(self, seed: int, epoch: int, offset: int = 0) -> np.ndarray:
+        return self._plan(seed, epoch)[0]
+
+    def windows(self, seed: int, epoch: int) -> list:
+        return self._plan(seed, epoch)[1]
+
+    def state_fields(self) -> dict:
+        return {"shuffle": "block", "block_shards": self.block_shards}
+
+    def check_state(self, state: dict, saved_world: int) -> None:
+        if saved_world != self.world_size:
+            raise ValueError(
+                f"state was saved with world_size={saved_world}, this loader has world_size={self.world_size}: "
+                "shuffle='block' resumes on the same number of ranks only (shuffle='global' resumes on any)"
+            )
+        super().check_state(state, saved_world)
+
+
+#: the orders by ``shuffle=`` name
+ORDERS: dict[str, type[SampleOrder]] = {"global": GlobalOrder, "block": BlockOrder}
+#: their names, what ``shuffle=`` and ``--shuffle`` take
+SHUFFLES = tuple(ORDERS)
+
+
+def make_order(shuffle: str, shard_counts, *, block_shards: int, **kw) -> SampleOrder:
+    """The order ``shuffle`` names over ``shard_counts`` loadable samples per shard (``kw``:
+    ``rank``, ``world_size``, ``train``, ``batch_size``, ``drop_last``)."""
+    if shuffle == "block":
+        return BlockOrder(shard_counts, block_shards=block_shards, **kw)
+    return ORDERS[shuffle](shard_counts, **kw)
