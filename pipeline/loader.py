@@ -266,17 +266,14 @@ class Loader(DataLoaderSurface):
         else:
             # Checks sizes and .idx presence of every shard (sha256 on request) before any batch.
             self.index = open_split(self.path, sha256=sha256)
-        shard_of_valid = np.searchsorted(self.index.shard_start, self.index.valid, side="right") - 1
-        #: loadable samples per shard (what block mode lays out)
-        self._valid_counts = np.bincount(shard_of_valid, minlength=len(self.index.shard_names)).astype(np.int64)
         #: samples the loader draws from (manifest skips and samples without image/cls removed)
-        self.num_samples = len(self.index.valid)
+        self.num_samples = self.index.num_valid
         if self.num_samples == 0:
             raise ValueError(f"{self.path} has no loadable samples")
         #: this rank's sample order (:mod:`.order`): share, positions, windows, what a state holds
         self.order = order.make_order(
             shuffle,
-            self._valid_counts,
+            self.index.valid_counts(),
             block_shards=block_shards,
             rank=self.rank,
             world_size=self.world_size,
@@ -331,7 +328,7 @@ class Loader(DataLoaderSurface):
         in order, before ``drop_last`` is applied."""
         epoch = self.epoch if epoch is None else epoch
         pick = self.order.positions(self.seed, epoch, self._offset if epoch == self.epoch else 0)
-        return self.index.valid[pick]
+        return self.index.valid_at(pick)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration reads. The next iteration starts it at its first
@@ -466,7 +463,7 @@ class Loader(DataLoaderSurface):
         if self._target_stats is None:
             acc = StatsAccumulator("float", target.width)
             for s in range(0, self.num_samples, 65536):
-                acc.add_many(self.index.targets(self.index.valid[s : s + 65536]))
+                acc.add_many(self.index.targets(self.index.valid_at(np.arange(s, min(s + 65536, self.num_samples)))))
             self._target_stats = acc.result()
         return self._target_stats
 

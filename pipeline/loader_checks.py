@@ -126,7 +126,7 @@ def check_cache_limit(loader: Loader) -> None:
                 "cache_limit"
             )
         return
-    first = loader.index.valid[loader.order.positions(loader.seed, 0)]  # epoch 0, from its start
+    first = loader.index.valid_at(loader.order.positions(loader.seed, 0))  # epoch 0, from its start
     chunks = group_by_window(loader.order.batches(first, 0, loader.order.stop()), windows, loader.index)
     need = max(
         (
