@@ -4,6 +4,9 @@ Training sees a fresh global permutation of all samples each epoch (not a shuffl
 buffer), split across ranks so that the slices are disjoint and cover the epoch.
 Validation keeps the stored order and gives every sample to exactly one rank.
 
+The permutation is never built whole: it is a seeded bijection (:mod:`.permutation`) evaluated
+at this rank's positions only, so a rank's cost is its share, and a resume anywhere is ``O(1)``.
+
 Resuming on another number of ranks (elastic): ranks step in lockstep, so after ``p`` samples
 per rank the ``W`` ranks of a split at ``offset`` have handed out exactly the epoch sequence's
 ``offset .. offset + W * p`` (the permutation's, in order). The rest of the epoch is the sequence
@@ -19,11 +22,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .permutation import Permutation
+
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
-    """A permutation of ``range(num_samples)`` that depends only on ``(seed, epoch)``."""
-    rng = np.random.Generator(np.random.PCG64([int(seed) & 0xFFFFFFFF, int(epoch)]))
-    return rng.permutation(num_samples).astype(np.int64)
+    """The epoch's whole sequence ``π(0 .. num_samples - 1)`` (:class:`~.permutation.Permutation`
+    of ``(seed, epoch)``), built: for tests and small splits; a rank reads its part of it through
+    :func:`rank_indices` without building it."""
+    return Permutation(num_samples, seed=seed, epoch=epoch)(np.arange(num_samples, dtype=np.int64))
 
 
 def samples_per_rank(num_samples: int, *, rank: int, world_size: int, train: bool, offset: int = 0) -> int:
@@ -40,7 +46,9 @@ def rank_indices(
 
     train: a strided slice of the epoch permutation (from ``offset``: what a resume on another
     number of ranks starts from), truncated to ``(num_samples - offset) // world_size`` so every
-    rank takes the same number of steps (the samples left over are different ones each epoch).
+    rank takes the same number of steps (the samples left over are different ones each epoch):
+    ``π(offset + rank + k * world_size)`` for ``k = 0 .. per_rank - 1``, evaluated at those
+    positions only.
     val: ``range(num_samples)[rank::world_size]``: each sample exactly once over all
     ranks, no padding; rank sizes differ by at most one.
     """
@@ -50,8 +58,8 @@ def rank_indices(
         if not 0 <= offset <= num_samples:
             raise ValueError(f"offset={offset} is outside the epoch's {num_samples} samples")
         per_rank = (num_samples - offset) // world_size
-        rest = epoch_permutation(num_samples, seed, epoch)[offset:]
-        return rest[rank : per_rank * world_size : world_size]
+        at = np.arange(offset + rank, offset + per_rank * world_size, world_size, dtype=np.int64)
+        return Permutation(num_samples, seed=seed, epoch=epoch)(at)
     return np.arange(rank, num_samples, world_size, dtype=np.int64)
 
 
