@@ -24,6 +24,10 @@ import numpy as np
 
 from .permutation import Permutation
 
+#: the global train sequence's version in a state: 2, :mod:`.permutation` (1, before it: numpy's
+#: ``permutation(N)``, which a state without the field was saved with)
+PERMUTATION = 2
+
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     """The epoch's whole sequence ``π(0 .. num_samples - 1)`` (:class:`~.permutation.Permutation`
@@ -211,17 +215,24 @@ class SampleOrder:
         window ahead), or ``None``: the whole split is needed at once."""
         return None
 
+    def mode(self) -> dict:
+        """What names this order's sample sequence (``shuffle`` and its settings)."""
+        return {"shuffle": self.name}
+
     def state_fields(self) -> dict:
         """What a Loader's ``state_dict`` adds so a state of one order is not read by another."""
         return {}
+
+    def check_mid_epoch(self, state: dict) -> None:
+        """Refuse, in one line, a mid-epoch ``state`` whose sequence this order does not make."""
 
     def check_state(self, state: dict, saved_world: int) -> None:
         """Refuse, in one line, a state this order cannot continue: another order's (another
         sample sequence), or what it cannot resume from."""
         saved = {"shuffle": state.get("shuffle", "global")}
-        if saved["shuffle"] != "global":
-            saved.update({k: state.get(k) for k in ("block_shards",) if saved["shuffle"] == "block"})
-        mine = {"shuffle": self.name, **self.state_fields()}
+        if saved["shuffle"] == "block":
+            saved["block_shards"] = state.get("block_shards")
+        mine = self.mode()
         if saved != mine:
             fmt = lambda d: ", ".join(f"{k}={v!r}" for k, v in d.items())  # noqa: E731
             raise ValueError(f"state was saved with {fmt(saved)}, this loader has {fmt(mine)} (another sample order)")
@@ -271,6 +282,8 @@ class SampleOrder:
                 f"state['position']={position} is past the end of rank {self.rank}'s epoch "
                 f"({stop} samples): the state is from another split or batch size"
             )
+        if (position or offset) and position < stop:
+            self.check_mid_epoch(state)
         return Cursor(seed, epoch, position, offset if self.train else 0)
 
     def stop(self, offset: int = 0) -> int:
@@ -299,6 +312,17 @@ class GlobalOrder(SampleOrder):
         return samples_per_rank(
             self.num_samples, rank=rank, world_size=self.world_size, train=self.train, offset=offset
         )
+
+    def state_fields(self) -> dict:
+        return {"permutation": PERMUTATION} if self.train else {}
+
+    def check_mid_epoch(self, state: dict) -> None:
+        if self.train and state.get("permutation", 1) != PERMUTATION:
+            raise ValueError(
+                f"state is mid-epoch {state.get('epoch')!r} of a train order this stoker no longer makes (an older "
+                "stoker's permutation): resume it with that stoker, or from the start of an epoch "
+                "(state['position'] = 0, no 'offset')"
+            )
 
     def positions(self, seed: int, epoch: int, offset: int = 0) -> np.ndarray:
         return rank_indices(
@@ -344,8 +368,11 @@ class BlockOrder(SampleOrder):
     def windows(self, seed: int, epoch: int) -> list:
         return self._plan(seed, epoch)[1]
 
-    def state_fields(self) -> dict:
+    def mode(self) -> dict:
         return {"shuffle": "block", "block_shards": self.block_shards}
+
+    def state_fields(self) -> dict:
+        return self.mode()
 
     def check_state(self, state: dict, saved_world: int) -> None:
         if saved_world != self.world_size:

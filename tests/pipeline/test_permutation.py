@@ -118,3 +118,15 @@ def test_at_two_to_the_31_and_past_it_sampled_without_allocating_n(n):
     finally:
         tracemalloc.stop()
     assert peak < 200 << 20, f"{peak:,} bytes: something allocated on the order of n"
+
+
+def test_a_state_of_the_older_train_permutation_resumes_at_an_epoch_boundary_only():
+    o = _order(60, 0, 1)
+    assert o.state(seed=1, epoch=2, position=5, offset=0)["permutation"] == 2
+    old = {"seed": 1, "epoch": 2, "position": 0, "world_size": 1, "num_samples": 60, "batch_size": 1}
+    assert o.restore(old, where="split") == (1, 2, 0, 0)  # an epoch boundary: nothing to lose
+    with pytest.raises(ValueError, match="mid-epoch 2 of a train order this stoker no longer makes"):
+        o.restore({**old, "position": 5}, where="split")
+    val = GlobalOrder([60], rank=0, world_size=1, train=False, batch_size=1, drop_last=False)
+    assert "permutation" not in val.state(seed=1, epoch=2, position=5, offset=0)  # val's order never changed
+    assert val.restore({**old, "position": 5}, where="split").position == 5
