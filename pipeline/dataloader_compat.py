@@ -108,8 +108,7 @@ class LoaderBatchSampler(LoaderSampler):
 
     def __iter__(self) -> Iterator[list]:
         loader = self._loader
-        batches = loader.order.batches(loader.indices(), 0, loader.order.stop(loader.offset))
-        return (b.tolist() for b in batches)
+        return (b.tolist() for b in loader.epoch_batches())
 
 
 class DataLoaderSurface:

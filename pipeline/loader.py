@@ -307,7 +307,7 @@ class Loader(DataLoaderSurface):
         # weak: an iterator the caller drops is closed at once (its producer thread stops)
         self._active: weakref.ref | None = None
         self._runner: Runner | None = None
-        self._order = np.zeros(0, np.int64)
+        self._order: tuple | None = None  # (seed, epoch, offset), this rank's order: built for stand-ins only
         self._usable: set | None = None  # shards a stand-in may come from (block mode, URL)
         self._target_stats: TargetStats | None = None  # computed once for a split whose manifest has none
 
@@ -405,14 +405,12 @@ class Loader(DataLoaderSurface):
             # state loaded by load_state_dict continues mid-epoch (once).
             self._start_epoch(self.epoch)
         self._resumed = False
-        idx = self._order = self.indices()
         stop = self.order.stop(self._offset)
-        batches = self.order.batches(idx, self.position, stop)
+        batches = self._batches(self.position, stop)
         if not batches:  # resumed at the very end of an epoch (an older state): it is done
             self._finish_epoch(stop)
             self._start_epoch(self.epoch + 1)
-            idx = self._order = self.indices()
-            batches = self.order.batches(idx, 0, stop)
+            batches = self._batches(0, stop)
         runner = self._get_runner()
         last = len(batches) - 1
         k = -1
@@ -438,6 +436,15 @@ class Loader(DataLoaderSurface):
         finally:
             groups.close()  # a window download in flight ends before the iteration does
             self._usable = None
+
+    def _batches(self, start: int, stop: int) -> order.EpochBatches:
+        """This epoch's batches from ``start`` (each computed when it is read)."""
+        return self.order.batches(self.seed, self.epoch, self._offset, start, stop, self.index.valid_at)
+
+    def epoch_batches(self) -> order.EpochBatches:
+        """This rank's batches of the current epoch (arrays of the split's sample positions), from
+        its first, ``drop_last`` applied: what an iteration decodes. Each is computed when read."""
+        return self._batches(0, self.order.stop(self._offset))
 
     def _finish_epoch(self, stop: int) -> None:
         self.position = max(self.position, stop)
@@ -494,7 +501,10 @@ class Loader(DataLoaderSurface):
     def _stand_in(self, planned: np.ndarray) -> np.ndarray:
         """Samples for a train batch none of whose samples is loadable: the next ones in this
         rank's epoch order (wrapping around) that pass the header guard."""
-        seq = self._order
+        key = (self.seed, self.epoch, self._offset)
+        if self._order is None or self._order[0] != key:  # rare: the rank's order, built once an epoch
+            self._order = (key, self.indices())
+        seq = self._order[1]
         start = int(np.flatnonzero(seq == planned[-1])[0]) + 1  # rare: a linear search is fine
         seq = np.roll(seq, -start)
         if self._usable is not None:  # block mode from a URL: only shards fetched for this window

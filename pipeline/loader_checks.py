@@ -126,8 +126,8 @@ def check_cache_limit(loader: Loader) -> None:
                 "cache_limit"
             )
         return
-    first = loader.index.valid_at(loader.order.positions(loader.seed, 0))  # epoch 0, from its start
-    chunks = group_by_window(loader.order.batches(first, 0, loader.order.stop()), windows, loader.index)
+    first = loader.order.batches(loader.seed, 0, 0, 0, loader.order.stop(), loader.index.valid_at)  # epoch 0
+    chunks = group_by_window(list(first), windows, loader.index)
     need = max(
         (
             sum(sizes[s] for s in set(a) | set(b))

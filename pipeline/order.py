@@ -18,6 +18,7 @@ last fewer than ``W'`` left out as an epoch leaves ``n % W`` out.
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -206,8 +207,9 @@ class SampleOrder:
         """Samples ``rank`` (default: this one) reads in an epoch split from ``offset``."""
         raise NotImplementedError
 
-    def positions(self, seed: int, epoch: int, offset: int = 0) -> np.ndarray:
-        """The positions this rank reads in ``epoch``, in order, before ``drop_last``."""
+    def positions(self, seed: int, epoch: int, offset: int = 0, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """The positions this rank reads in ``epoch``, in order, before ``drop_last``: the
+        ``start .. stop`` of them (default: all), computed for those only."""
         raise NotImplementedError
 
     def windows(self, seed: int, epoch: int) -> list | None:
@@ -295,9 +297,32 @@ class SampleOrder:
         """Batches this rank yields in an epoch split from ``offset``."""
         return num_batches(self.share(self.rank, offset), self.batch_size, drop_last=self.drop_last)
 
-    def batches(self, idx: np.ndarray, start: int, stop: int) -> list:
-        """``idx[start:stop]`` (a rank's epoch order) cut into batches of ``batch_size``."""
-        return [idx[s : min(s + self.batch_size, stop)] for s in range(start, stop, self.batch_size)]
+    def batches(self, seed: int, epoch: int, offset: int, start: int, stop: int, to_global) -> EpochBatches:
+        """This rank's epoch from ``start`` to ``stop`` cut into batches of ``batch_size``, each
+        made when it is asked for (``to_global`` maps positions to the split's samples)."""
+        return EpochBatches(self, seed, epoch, offset, start, stop, to_global)
+
+
+class EpochBatches(Sequence):
+    """A rank's batches of one epoch (arrays of sample positions in the split), computed one at a
+    time as they are read: an epoch's start and a resume cost a batch, not the rank's share."""
+
+    def __init__(self, order: SampleOrder, seed: int, epoch: int, offset: int, start: int, stop: int, to_global):
+        self.order, self.seed, self.epoch, self.offset = order, seed, epoch, offset
+        self.start, self.stop, self.to_global = start, stop, to_global
+
+    def __len__(self) -> int:
+        return max(0, -(-(self.stop - self.start) // self.order.batch_size))
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if not isinstance(i, int):
+            raise TypeError("EpochBatches takes one batch number at a time")
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"batch {i} of {n}")
+        lo = self.start + (i % n) * self.order.batch_size
+        hi = min(lo + self.order.batch_size, self.stop)
+        return self.to_global(self.order.positions(self.seed, self.epoch, self.offset, lo, hi))
 
 
 class GlobalOrder(SampleOrder):
@@ -306,6 +331,7 @@ class GlobalOrder(SampleOrder):
     Resumes on any number of ranks."""
 
     name = "global"
+    _perm: tuple | None = None
 
     def share(self, rank: int | None = None, offset: int = 0) -> int:
         rank = self.rank if rank is None else rank
@@ -324,16 +350,21 @@ class GlobalOrder(SampleOrder):
                 "(state['position'] = 0, no 'offset')"
             )
 
-    def positions(self, seed: int, epoch: int, offset: int = 0) -> np.ndarray:
-        return rank_indices(
-            self.num_samples,
-            seed=seed,
-            epoch=epoch,
-            rank=self.rank,
-            world_size=self.world_size,
-            train=self.train,
-            offset=offset,
-        )
+    def positions(self, seed: int, epoch: int, offset: int = 0, start: int = 0, stop: int | None = None) -> np.ndarray:
+        share = self.share(self.rank, offset)
+        stop = share if stop is None else min(stop, share)
+        k = np.arange(start, max(start, stop), dtype=np.int64)
+        if not self.train:
+            return self.rank + self.world_size * k
+        if not 0 <= offset <= self.num_samples:
+            raise ValueError(f"offset={offset} is outside the epoch's {self.num_samples} samples")
+        return self._permutation(seed, epoch)(offset + self.rank + self.world_size * k)
+
+    def _permutation(self, seed: int, epoch: int) -> Permutation:
+        """The epoch's bijection (the last one kept: a batch at a time asks for the same)."""
+        if self._perm is None or self._perm[0] != (seed, epoch):
+            self._perm = ((seed, epoch), Permutation(self.num_samples, seed=seed, epoch=epoch))
+        return self._perm[1]
 
 
 class BlockOrder(SampleOrder):
@@ -346,24 +377,30 @@ class BlockOrder(SampleOrder):
     def __init__(self, shard_counts, *, block_shards: int, **kw):
         super().__init__(shard_counts, **kw)
         self.block_shards = block_shards
+        self._last: tuple | None = None
 
     def share(self, rank: int | None = None, offset: int = 0) -> int:
         rank = self.rank if rank is None else rank
         return block_samples_per_rank(self.num_samples, rank=rank, world_size=self.world_size, train=self.train)
 
     def _plan(self, seed: int, epoch: int) -> tuple[np.ndarray, list]:
-        return block_plan(
-            self.shard_counts,
-            seed=seed,
-            epoch=epoch,
-            rank=self.rank,
-            world_size=self.world_size,
-            train=self.train,
-            block_shards=self.block_shards,
-        )
+        """The epoch's plan (the rank's share, built whole: its windows are permuted in place;
+        the last one kept)."""
+        if self._last is None or self._last[0] != (seed, epoch):
+            plan = block_plan(
+                self.shard_counts,
+                seed=seed,
+                epoch=epoch,
+                rank=self.rank,
+                world_size=self.world_size,
+                train=self.train,
+                block_shards=self.block_shards,
+            )
+            self._last = ((seed, epoch), plan)
+        return self._last[1]
 
-    def positions(self, seed: int, epoch: int, offset: int = 0) -> np.ndarray:
-        return self._plan(seed, epoch)[0]
+    def positions(self, seed: int, epoch: int, offset: int = 0, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self._plan(seed, epoch)[0][start:stop]
 
     def windows(self, seed: int, epoch: int) -> list:
         return self._plan(seed, epoch)[1]

@@ -11,7 +11,7 @@ and resizes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -126,9 +126,10 @@ class Runner(Protocol):
     :meth:`iterate`. A val batch with nothing loadable is yielded empty (``N == 0``) in its
     place; a train batch with nothing loadable is decoded from ``settings.stand_in``."""
 
-    def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[Batch]:
-        """One :class:`Batch` per array of global sample positions in ``batches``, in order.
-        Closing the iterator early stops any work running ahead."""
+    def iterate(self, batches: Sequence[np.ndarray], epoch: int, seed: int) -> Iterator[Batch]:
+        """One :class:`Batch` per array of global sample positions in ``batches``, in order (a
+        sequence: the Loader's batches are computed as they are read, so read them in order,
+        once). Closing the iterator early stops any work running ahead."""
         ...
 
     def close(self) -> None:
