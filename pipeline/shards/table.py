@@ -5,12 +5,14 @@ so a rank's start-up and memory grow with the share it reads, not with the split
 reads a header, the shard starts and the sorted list of left-out samples, and a sample's record
 is read (paged in) only when asked for. It is derived data, written by ``stoker pack`` and
 ``stoker index`` after the manifest and rebuilt from the ``.idx`` files on first use when it is
-missing or does not match the manifest (a split packed by an older stoker, a re-index).
+missing or does not match the manifest or an ``.idx`` file's size (a split packed by an older
+stoker, a re-index, a damaged index: the rebuild names it).
 
 Layout (little-endian; sections 8-byte aligned)::
 
     header     128 B   magic, version, samples, shards, left out, record size, manifest sha256
     starts     int64 x (shards + 1)   global position where each shard starts, then the total
+    idx_bytes  int64 x shards         each shard's .idx size when the table was built
     records    32 B x samples         image offset, target offset (i64), image size, target size
                                       (u32), image kind (u8: 0 none, 1 JPEG, 2 PNG), 7 reserved
     left_out   int64 x K              sorted positions of the samples the Loader leaves out
@@ -39,7 +41,7 @@ from stoker.errors import IdxFormatError
 
 from ..fsutil import PathLike, atomic_write
 from .idx import IMAGE_EXTS, bad_idx, idx_fields, idx_lines, read_idx, sample_key
-from .manifest import MANIFEST_NAME, Manifest, idx_path
+from .manifest import MANIFEST_NAME, Manifest, idx_name, idx_path, iter_skips
 
 TABLE_NAME = "stoker.index"
 MAGIC = b"STOKIDX\x00"
@@ -169,13 +171,13 @@ def check_bounds(path: Path, tar_bytes: int, rec: np.ndarray) -> None:
 
 
 # ---- writing the table ---------------------------------------------------------------------
-def _manifest_skips(manifest: Manifest, starts: np.ndarray, split_dir: Path) -> Iterator[int]:
-    """Global positions the manifest's ``pack["skip"]`` lists: ``[shard name, index in shard,
-    reason]`` (what ``stoker index`` writes; the reason optional), a global position (int) or a
-    sample key (str)."""
+def manifest_skips(manifest: Manifest, starts: np.ndarray, split_dir: Path) -> Iterator[int]:
+    """Global positions the manifest's skips list (``pack.skip`` or its skip file):
+    ``[shard name, index in shard, reason]`` (what ``stoker index`` writes; the reason optional),
+    a global position (int) or a sample key (str)."""
     shard_no = {s.name: k for k, s in enumerate(manifest.shards)}
     keys = set()
-    for s in manifest.pack.get("skip") or []:
+    for s in iter_skips(split_dir, manifest):
         if isinstance(s, (list, tuple)) and len(s) in (2, 3) and s[0] in shard_no and isinstance(s[1], int):
             k = shard_no[s[0]]
             if 0 <= s[1] < starts[k + 1] - starts[k]:
@@ -203,6 +205,7 @@ def write_table(f: BinaryIO, split_dir: PathLike, manifest: Manifest, *, manifes
     member = manifest.target.member.lower().encode()
     f.write(b"\0" * HEADER_BYTES)
     f.write(starts.tobytes())
+    f.write(_idx_sizes(split_dir, manifest).astype("<i8").tobytes())
     left_out = []
     for k, info in enumerate(manifest.shards):
         path = idx_path(split_dir / info.name)
@@ -216,7 +219,7 @@ def write_table(f: BinaryIO, split_dir: PathLike, manifest: Manifest, *, manifes
         check_bounds(path, size, rec)
         left_out.append(np.flatnonzero((rec["kind"] == KIND_NONE) | (rec["tgt_size"] == 0)) + starts[k])
         f.write(rec.tobytes())
-    skips = np.fromiter(_manifest_skips(manifest, starts, split_dir), np.int64)
+    skips = np.fromiter(manifest_skips(manifest, starts, split_dir), np.int64)
     out = np.unique(np.concatenate([*left_out, skips])).astype("<i8")
     f.write(out.tobytes())
     f.write((out - np.arange(len(out), dtype=np.int64)).astype("<i8").tobytes())
@@ -232,6 +235,12 @@ def write_table(f: BinaryIO, split_dir: PathLike, manifest: Manifest, *, manifes
             manifest_digest(split_dir),
         )
     )
+
+
+def _idx_sizes(split_dir: Path, manifest: Manifest) -> np.ndarray:
+    """Each shard's ``.idx`` size (-1 when missing): one ``stat`` a shard."""
+    base = str(split_dir)
+    return np.array([_size(idx_name(os.path.join(base, s.name)), -1) for s in manifest.shards], np.int64)
 
 
 def _size(path: Path, default: int) -> int:
@@ -261,7 +270,7 @@ class SampleTable:
         magic, version, rsize, n, shards, k, digest = HEADER.unpack_from(buf, 0)
         if magic != MAGIC or version != VERSION or rsize != RECORD.itemsize:
             raise IdxFormatError(f"{where} is not a table this stoker reads (rerun `stoker index {where.parent}`)")
-        need = HEADER_BYTES + 8 * (shards + 1) + RECORD.itemsize * n + 16 * k
+        need = HEADER_BYTES + 8 * (2 * shards + 1) + RECORD.itemsize * n + 16 * k
         if len(buf) != need:
             raise IdxFormatError(f"{where} has {len(buf):,} bytes, its header says {need:,} (a partial copy?)")
         self.buf, self.digest = buf, digest
@@ -269,6 +278,9 @@ class SampleTable:
         #: global position where each shard starts, then the total
         self.starts = np.frombuffer(buf, "<i8", shards + 1, pos)
         pos += 8 * (shards + 1)
+        #: each shard's ``.idx`` size when the table was built
+        self.idx_bytes = np.frombuffer(buf, "<i8", shards, pos)
+        pos += 8 * shards
         #: one :data:`RECORD` per sample (a view of the map)
         self.records = np.frombuffer(buf, RECORD, n, pos)
         pos += RECORD.itemsize * n
@@ -304,7 +316,8 @@ def _open_map(path: Path):
 
 
 def _fresh(path: Path, digest: bytes, manifest: Manifest) -> SampleTable | None:
-    """The table at ``path`` when it belongs to this manifest, else ``None``."""
+    """The table at ``path`` when it belongs to this manifest and these ``.idx`` files (their
+    sizes), else ``None``."""
     try:
         m = _open_map(path)
     except (OSError, ValueError):  # missing, or empty (mmap of 0 bytes)
@@ -314,7 +327,8 @@ def _fresh(path: Path, digest: bytes, manifest: Manifest) -> SampleTable | None:
     except (IdxFormatError, struct.error):
         return None
     ok = table.digest == digest and len(table.starts) == len(manifest.shards) + 1
-    return table if ok and int(table.starts[-1]) == manifest.num_samples else None
+    ok = ok and int(table.starts[-1]) == manifest.num_samples
+    return table if ok and np.array_equal(table.idx_bytes, _idx_sizes(path.parent, manifest)) else None
 
 
 def open_table(split_dir: PathLike, manifest: Manifest, *, manifest_sizes: bool = False) -> SampleTable:
@@ -364,6 +378,7 @@ __all__ = [
     "SampleTable",
     "check_bounds",
     "manifest_digest",
+    "manifest_skips",
     "open_table",
     "read_records",
     "write_split_table",

@@ -48,7 +48,7 @@ def test_bookkeeping_held_is_per_shard_the_samples_are_mapped(tiny_shards):
         idx = SampleIndex(root / "train", with_json=with_json)
         assert idx.nbytes == 8 * (3 + 1)  # the shard starts; per-sample records stay in the mapped table
         table = (root / "train" / "stoker.index").stat().st_size
-        assert table == 128 + 8 * 4 + 40 * BYTES_PER_SAMPLE  # header, starts, records, nothing left out
+        assert table == 128 + 8 * (4 + 3) + 40 * BYTES_PER_SAMPLE  # header, starts, .idx sizes, records
         assert len(idx.valid) == 40 and idx.nbytes == 8 * 4 + 8 * 40  # valid, built when asked for
 
 
