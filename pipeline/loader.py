@@ -37,7 +37,7 @@ from . import order
 from .augment import RATIO, SCALE, CropSpec
 from .augment.apply import TrainRecipe
 from .backends import Backend, resolve_backend
-from .backends.base import DecodeSettings, Runner, loadable
+from .backends.base import DecodeSettings, Runner, next_loadable
 from .backends.decoders import DECODER_NAMES
 from .cache import ShardCache, is_url
 from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
@@ -50,22 +50,12 @@ from .loader_checks import (
     check_cache_limit,
     check_every_rank_has_a_batch,
     check_stored_size,
+    rank_and_world,
     torch_device,
 )
 from .prefetch import cached_groups
 from .shards.samples import SampleIndex, open_split
-from .shards.targets import StatsAccumulator, TargetStats
-
-
-def _dist_defaults() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except ImportError:  # pragma: no cover
-        pass
-    return 0, 1
+from .shards.targets import TargetStats
 
 
 class Loader(DataLoaderSurface):
@@ -237,13 +227,7 @@ class Loader(DataLoaderSurface):
         self.backend_config, self.backend_reason = resolve_backend(backend, self.device, decoder=decoder)
         decode = self.backend_config.resolve_decode(decode, self.device)
         backend = self.backend_config.name
-        default_rank, default_world = _dist_defaults()
-        self.rank = default_rank if rank is None else rank
-        self.world_size = default_world if world_size is None else world_size
-        if not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ValueError(f"world_size={self.world_size!r} must be a positive integer")
-        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank={self.rank!r} must be in [0, world_size={self.world_size})")
+        self.rank, self.world_size = rank_and_world(rank, world_size)
 
         self.path: Path | str = str(path).rstrip("/") if remote else Path(path)
         self.shuffle, self.block_shards = shuffle, block_shards
@@ -468,10 +452,7 @@ class Loader(DataLoaderSurface):
         if target.stats is not None or target.kind != "float":
             return target.stats
         if self._target_stats is None:
-            acc = StatsAccumulator("float", target.width)
-            for s in range(0, self.num_samples, 65536):
-                acc.add_many(self.index.targets(self.index.valid_at(np.arange(s, min(s + 65536, self.num_samples)))))
-            self._target_stats = acc.result()
+            self._target_stats = self.index.float_stats()
         return self._target_stats
 
     @property
@@ -504,24 +485,13 @@ class Loader(DataLoaderSurface):
         key = (self.seed, self.epoch, self._offset)
         if self._order is None or self._order[0] != key:  # rare: the rank's order, built once an epoch
             self._order = (key, self.indices())
-        seq = self._order[1]
-        start = int(np.flatnonzero(seq == planned[-1])[0]) + 1  # rare: a linear search is fine
-        seq = np.roll(seq, -start)
-        if self._usable is not None:  # block mode from a URL: only shards fetched for this window
-            shard = np.searchsorted(self.index.shard_start, seq, side="right") - 1
-            seq = seq[np.isin(shard, list(self._usable))]
-        picked: list = []
-        for s in range(0, len(seq), 64):
-            chunk = seq[s : s + 64]
-            picked.extend(chunk[loadable(self.index, chunk)][: len(planned) - len(picked)].tolist())
-            if len(picked) == len(planned):
-                break
-        if not picked:
+        picked = next_loadable(self.index, self._order[1], int(planned[-1]), len(planned), self._usable)
+        if not len(picked):
             raise RuntimeError(
                 f"stoker Loader {self.path}: no sample of rank {self.rank}'s share "
                 f"passes the image header check (run `stoker verify {self.path}`)"
             )
-        return np.asarray(picked, np.int64)
+        return picked
 
     def _get_runner(self) -> Runner:
         if self._runner is None:

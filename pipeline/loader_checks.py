@@ -90,6 +90,26 @@ def torch_device(device: Any):
     return dev
 
 
+def rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
+    """``(rank, world_size)`` as given, else ``torch.distributed``'s when it is initialized, else
+    ``(0, 1)``; a ``ValueError`` naming a bad one."""
+    default_rank, default_world = 0, 1
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            default_rank, default_world = dist.get_rank(), dist.get_world_size()
+    except ImportError:  # pragma: no cover
+        pass
+    rank = default_rank if rank is None else rank
+    world_size = default_world if world_size is None else world_size
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r} must be a positive integer")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank!r} must be in [0, world_size={world_size})")
+    return rank, world_size
+
+
 def check_every_rank_has_a_batch(loader: Loader) -> None:
     """A rank with no batch would train or evaluate on nothing without a word (and leave
     DDP's collectives unmatched): refuse such settings on every rank alike."""
@@ -174,5 +194,6 @@ __all__ = [
     "check_cache_limit",
     "check_every_rank_has_a_batch",
     "check_stored_size",
+    "rank_and_world",
     "torch_device",
 ]

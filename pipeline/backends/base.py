@@ -226,6 +226,23 @@ def loadable(index: SampleIndex, ids: np.ndarray) -> np.ndarray:
     return _header_ok(wh, index.masks(ids)[1] if index.target.spatial else None)
 
 
+def next_loadable(index: SampleIndex, seq: np.ndarray, after: int, count: int, shards: set | None = None) -> np.ndarray:
+    """Up to ``count`` samples of ``seq`` (a rank's epoch order) after ``after``, wrapping around,
+    that pass the header guard (from ``shards`` only, when given): a train batch's stand-ins."""
+    start = int(np.flatnonzero(seq == after)[0]) + 1  # rare: a linear search is fine
+    seq = np.roll(seq, -start)
+    if shards is not None:  # block mode from a URL: only shards fetched for this window
+        shard = np.searchsorted(index.shard_start, seq, side="right") - 1
+        seq = seq[np.isin(shard, list(shards))]
+    picked: list = []
+    for s in range(0, len(seq), 64):
+        chunk = seq[s : s + 64]
+        picked.extend(chunk[loadable(index, chunk)][: count - len(picked)].tolist())
+        if len(picked) == count:
+            break
+    return np.asarray(picked, np.int64)
+
+
 def plan_with_masks(settings: DecodeSettings, ids: np.ndarray, *, epoch: int, seed: int) -> tuple[Plan, list | None]:
     """:func:`plan_batch` and, for a mask split, the plan's masks decoded (a mask that does not
     decode drops its sample; a train batch left with none gets stand-ins, as for images)."""

@@ -24,7 +24,7 @@ from ..fsutil import PathLike
 from .idx import MAX_CLS_BYTES, read_idx, sample_key
 from .manifest import Manifest, check_shards, idx_path
 from .table import KIND_JPEG, KIND_NONE, KIND_PNG, RECORD, SampleTable, open_table, read_records
-from .targets import Target, bad_target, fast_float_reader, parse_float, parse_labels
+from .targets import StatsAccumulator, Target, TargetStats, bad_target, fast_float_reader, parse_float, parse_labels
 
 #: bytes of the mapped table per sample (image and target offsets and sizes, the image kind)
 BYTES_PER_SAMPLE = RECORD.itemsize
@@ -307,6 +307,14 @@ class SampleIndex:
                 raise bad_target(self.describe(int(idx[k])), labels, self.split_dir)
             out[k, labels] = 1.0
         return out
+
+    def float_stats(self) -> TargetStats | None:
+        """A float split's statistics over its loadable samples, read from every target (what a
+        manifest without ``target.stats`` leaves to compute)."""
+        acc = StatsAccumulator("float", self.target.width)
+        for s in range(0, self.num_valid, 65536):
+            acc.add_many(self.targets(self.valid_at(np.arange(s, min(s + 65536, self.num_valid)))))
+        return acc.result()
 
     def masks(self, idx: np.ndarray) -> tuple[list, np.ndarray]:
         """A mask split: the encoded masks (zero-copy views) of the samples at ``idx`` and their

@@ -1,4 +1,4 @@
-"""The epoch order's bijection (pipeline/permutation.py) and the global order built on it:
+"""The epoch order's bijection (pipeline/order/permutation.py) and the global order built on it:
 exhaustive at small N (a permutation; ranks disjoint and covering; resume and elastic resume
 exact), sampled at N = 2^31 and past it without allocating N."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stoker.pipeline.order import GlobalOrder, epoch_permutation, rank_indices
-from stoker.pipeline.permutation import Permutation
+from stoker.pipeline.order.permutation import Permutation
 
 
 @pytest.mark.parametrize("n", [*range(1, 70), 127, 128, 129, 1000, 4097])

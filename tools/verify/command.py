@@ -185,12 +185,6 @@ def verify_shard(
     return rep
 
 
-def fork_method() -> str:
-    """``fork`` (cheapest), unless DALI's native threads run in this process: a fork could
-    copy a held lock into the child, so use a fork server then."""
-    return "forkserver" if "nvidia.dali.backend_impl" in sys.modules else "fork"
-
-
 def _verify_job(*job) -> dict:
     """:func:`verify_shard` as JSON (a journal line, a Ray task's result)."""
     return dataclasses.asdict(verify_shard(*job))

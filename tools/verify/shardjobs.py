@@ -148,6 +148,12 @@ def run_shard_jobs(
     return [results[k] for k in range(len(jobs))]
 
 
+def fork_method() -> str:
+    """``fork`` (cheapest), unless DALI's native threads run in this process: a fork could
+    copy a held lock into the child, so use a fork server then."""
+    return "forkserver" if "nvidia.dali.backend_impl" in sys.modules else "fork"
+
+
 def _call(item: tuple) -> tuple[int, dict]:
     fn, k, job = item
     return k, fn(*job)
@@ -157,8 +163,6 @@ def _local_results(fn, jobs, keys, workers, _names, _what) -> Iterator[tuple[int
     items = [(fn, k, job) for k, job in zip(keys, jobs, strict=True)]
     if workers > 1 and len(items) > 1:
         import multiprocessing as mp
-
-        from .command import fork_method
 
         with mp.get_context(fork_method()).Pool(min(workers, len(items))) as pool:
             yield from pool.imap_unordered(_call, items)
