@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker.errors import LoaderError, NoBatchError
+from stoker.errors import ArgumentError, LoaderError, NoBatchError
 
 from . import order
 from .augment import RATIO, SCALE, CropSpec
@@ -191,13 +191,13 @@ class Loader(DataLoaderSurface):
     ):
 
         if dataloader_kwargs:
-            raise ValueError(habit_message(dataloader_kwargs))
+            raise ArgumentError(habit_message(dataloader_kwargs))
 
         #: the crop recipe: size (height, width), scale, ratio, the val resize (given whole as ``crop=``,
         #: or made of ``crop``, ``scale``, ``ratio``, ``crop_pct`` and ``val_resize``)
         if isinstance(crop, CropSpec):
             if (scale, ratio, crop_pct, val_resize) != (SCALE, RATIO, None, None):
-                raise ValueError("crop= is a whole CropSpec: give scale=, ratio=, crop_pct=, val_resize= in it")
+                raise ArgumentError("crop= is a whole CropSpec: give scale=, ratio=, crop_pct=, val_resize= in it")
             self.crops = crop
             crop = crop.size
         else:
@@ -220,7 +220,7 @@ class Loader(DataLoaderSurface):
             hw_decoder_load=hw_decoder_load,
         )
         if decoder not in DECODER_NAMES:
-            raise ValueError(f"decoder={decoder!r} must be one of {DECODER_NAMES}")
+            raise ArgumentError(f"decoder={decoder!r} must be one of {DECODER_NAMES}")
         self.device = torch_device(device)
         # which backend, and why (also what `stoker diagnose` reports)
         #: the configured backend (:class:`~.backends.Backend`); :attr:`backend` is its name
@@ -253,7 +253,7 @@ class Loader(DataLoaderSurface):
         #: samples the loader draws from (manifest skips and samples without image/cls removed)
         self.num_samples = self.index.num_valid
         if self.num_samples == 0:
-            raise ValueError(f"{self.path} has no loadable samples")
+            raise ArgumentError(f"{self.path} has no loadable samples")
         #: this rank's sample order (:mod:`.order`): share, positions, windows, what a state holds
         self.order = order.make_order(
             shuffle,
@@ -369,7 +369,7 @@ class Loader(DataLoaderSurface):
     def __iter__(self) -> LoaderIterator:
         self._close_active()  # an abandoned iteration: drain it (the next one starts the epoch over)
         if self._closed:
-            raise ValueError(f"this Loader of {self.path} was closed; create a new one")
+            raise ArgumentError(f"this Loader of {self.path} was closed; create a new one")
         it = LoaderIterator(self)
         self._active = weakref.ref(it)
         return it

@@ -194,25 +194,22 @@ def main(args: argparse.Namespace) -> int:
 
     from .common.units import parse_size
 
-    try:
-        if args.resume and args.resume_from:
-            raise ValueError("give --resume (RUN/last.pt) or --resume-from CKPT, not both")
-        config = TrainConfig.from_any({**vars(args), "resume": args.resume_from or args.resume})
-        config.storage_options = parse_storage_options(args.storage_option) or None
-        config.cache_limit = parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    if args.resume and args.resume_from:
+        raise UsageError("give --resume (RUN/last.pt) or --resume-from CKPT, not both")
+    config = TrainConfig.from_any({**vars(args), "resume": args.resume_from or args.resume})
+    config.storage_options = parse_storage_options(args.storage_option) or None
+    config.cache_limit = parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None
     try:
         summary = train(config)
     except (ManifestError, KeyboardInterrupt):
         raise
     except CheckpointError as e:
         raise CheckFailedError(str(e)) from None
-    except StokerError:  # already one line with its exit code (storage, cache, labels)
+    except StokerError:  # already one line with its exit code (bad arguments, storage, cache, labels)
         raise
     except FloatingPointError as e:  # a diverging loss: the run failed, the request was fine
         raise CheckFailedError(str(e)) from None
-    except (ValueError, FileNotFoundError) as e:
+    except FileNotFoundError as e:  # DATA without train/
         raise UsageError(str(e)) from None
     if summary["world_size"] > 1 and _rank() != 0:
         return 0

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import NoBatchError
+from stoker.errors import ArgumentError, NoBatchError
 
 from ..normalize import default_stats
 from .config import TrainConfig
@@ -114,7 +114,7 @@ def make_loaders(
         recipe = augmentation(cfg, task)
         train = factory(train_dir, train=True, drop_last=None, **kw, **recipe, **cache("train"))
     except NoBatchError as e:  # the Loader's own advice names drop_last, which train does not take
-        raise ValueError(
+        raise ArgumentError(
             f"{train_dir}: --batch-size {cfg.batch_size} is larger than a rank's share of the "
             f"split ({e.share} samples over {dist.world_size} rank(s)); use --batch-size {e.share} or less"
         ) from None
@@ -131,7 +131,7 @@ def make_loaders(
     train.set_epoch(0)
     data = RunData(train, val, len(train))
     if data.steps_per_epoch < 1:
-        raise ValueError(
+        raise ArgumentError(
             f"{train_dir}: too few samples for one batch of {cfg.batch_size} x {dist.world_size} rank(s); "
             "lower --batch-size"
         )
@@ -191,7 +191,7 @@ def augmentation(cfg: TrainConfig, task: Task) -> dict:
         from stoker.pipeline.augment import build_mixing
 
         if task.name != "classify":
-            raise ValueError(f"--mixup/--cutmix mix class targets; this run's task is {task.name}")
+            raise ArgumentError(f"--mixup/--cutmix mix class targets; this run's task is {task.name}")
         out["mixing"] = build_mixing(
             cfg.mixup,
             cfg.cutmix,

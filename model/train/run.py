@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from stoker import __version__
-from stoker.errors import CheckpointError
+from stoker.errors import ArgumentError, CheckpointError
 from stoker.pipeline.fsutil import atomic_write
 from stoker.pipeline.storage import redact_options
 
@@ -199,7 +199,7 @@ class Run:
         if not held or cfg.resume:
             return
         if not cfg.overwrite:
-            raise ValueError(
+            raise ArgumentError(
                 f"{self.out} already holds a run ({', '.join(held)}): continue it with --resume, replace it "
                 "with --overwrite, or give another --out"
             )
@@ -238,7 +238,7 @@ class Run:
         try:
             self.task = resolve_task(cfg.task, target, names, num_classes=cfg.num_classes)
         except ValueError as e:
-            raise ValueError(f"{train_dir}: {e}") from None
+            raise ArgumentError(f"{train_dir}: {e}") from None
         self.num_outputs = self.task.num_outputs
         classes = None if cfg.num_classes is not None else names
         return classes, cfg.num_classes or len(names) or self.num_outputs

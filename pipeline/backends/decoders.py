@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from stoker.errors import ArgumentError
+
 from .. import deps
 from .resize import MODES
 
@@ -182,7 +184,7 @@ class Decoder:
 
     def _no_boxes(self, boxes) -> None:
         if boxes is not None:
-            raise ValueError(f"decoder {self.name!r} decodes whole images only (boxes given)")
+            raise ArgumentError(f"decoder {self.name!r} decodes whole images only (boxes given)")
 
 
 class TorchvisionDecoder(Decoder):
@@ -238,7 +240,7 @@ class NvimgcodecDecoder(Decoder):
 
     def __init__(self, *, hw_decoder_load: float = 0.65, threads: int = 0):
         if not 0.0 <= float(hw_decoder_load) <= 1.0:
-            raise ValueError(f"hw_decoder_load={hw_decoder_load!r} must be in [0, 1]")
+            raise ArgumentError(f"hw_decoder_load={hw_decoder_load!r} must be in [0, 1]")
         self.hw_decoder_load = float(hw_decoder_load)
         self.threads = int(threads)
         self._decoders: dict = {}  # (device type, index) -> nvimgcodec.Decoder, made on first use
@@ -317,7 +319,7 @@ def make(name: str, *, hw_decoder_load: float = 0.65, threads: int = 0) -> Decod
     """A new decoder ``name`` (one of :data:`NAMES`); ``hw_decoder_load`` and ``threads`` are
     nvImageCodec's (the others take none)."""
     if name not in CLASSES:
-        raise ValueError(f"decoder={name!r} must be one of {', '.join(map(repr, NAMES))}")
+        raise ArgumentError(f"decoder={name!r} must be one of {', '.join(map(repr, NAMES))}")
     if name == "nvimgcodec":
         return NvimgcodecDecoder(hw_decoder_load=hw_decoder_load, threads=threads)
     return CLASSES[name]()
@@ -401,12 +403,12 @@ def resolve_decoder(requested: str, device) -> tuple[str, str]:
             (the message says why).
     """
     if requested not in DECODER_NAMES:
-        raise ValueError(f"decoder={requested!r} must be one of {DECODER_NAMES}")
+        raise ArgumentError(f"decoder={requested!r} must be one of {DECODER_NAMES}")
     device = str(device)
     if requested != "auto":
         works, why = _probe(requested, device)
         if not works:
-            raise ValueError(f"decoder={requested!r} cannot decode JPEGs on {device} ({why}); use decoder='auto'")
+            raise ArgumentError(f"decoder={requested!r} cannot decode JPEGs on {device} ({why}); use decoder='auto'")
         return requested, "requested"
     if device.split(":", 1)[0] != "cuda":
         return "torchvision", "the device is the CPU: torchvision's CPU decode (libjpeg-turbo)"

@@ -25,6 +25,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, ClassVar
 
+from stoker.errors import ArgumentError
+
 #: what ``decode=`` may say (``auto``: where the backend decodes best on the device)
 DECODES = ("auto", "mixed", "cpu")
 
@@ -51,7 +53,7 @@ class Backend:
         unknown = sorted(set(options) - set(self.option_names))
         if unknown:
             takes = ", ".join(self.option_names) or "none"
-            raise ValueError(f"backend {self.name!r} has no option {unknown[0]!r} (its options: {takes})")
+            raise ArgumentError(f"backend {self.name!r} has no option {unknown[0]!r} (its options: {takes})")
         self.options = dict(options)
 
     def with_options(self, **options: Any) -> Backend:
@@ -79,14 +81,14 @@ class Backend:
             decode = "mixed" if gpu and "gpu" in self.where else "cpu"
         if decode == "mixed" and "gpu" not in self.where:
             others = [b.name for b in backends() if "gpu" in b.where]
-            raise ValueError(f"decode='mixed' needs backend={' or '.join(map(repr, others))}")
+            raise ArgumentError(f"decode='mixed' needs backend={' or '.join(map(repr, others))}")
         if decode == "cpu" and "cpu" not in self.where:
-            raise ValueError(
+            raise ArgumentError(
                 f"backend={self.name!r} decodes on the GPU: use decode='auto' (or 'mixed'), "
                 f"or backend={'/'.join(repr(b.name) for b in backends() if 'cpu' in b.where)} for CPU decode"
             )
         if decode == "mixed" and not gpu:
-            raise ValueError(
+            raise ArgumentError(
                 f"decode='mixed' decodes on the GPU but device={str(device)!r}: use device='cuda' or decode='cpu'"
             )
         return decode
@@ -185,9 +187,9 @@ _REGISTRY: dict[str, type[Backend]] = {}
 def register_backend(cls: type[Backend]) -> type[Backend]:
     """Add a backend class (usable as a decorator). Its name must be new and not ``"auto"``."""
     if not (isinstance(cls, type) and issubclass(cls, Backend)) or not cls.name or cls.name == "auto":
-        raise ValueError(f"{cls!r} is not a Backend subclass with a name of its own")
+        raise ArgumentError(f"{cls!r} is not a Backend subclass with a name of its own")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"a backend named {cls.name!r} is already registered ({_REGISTRY[cls.name].__name__})")
+        raise ArgumentError(f"a backend named {cls.name!r} is already registered ({_REGISTRY[cls.name].__name__})")
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -237,7 +239,7 @@ def get_backend(name: str, **options: Any) -> Backend:
     _load_plugins()
     cls = _REGISTRY.get(name)
     if cls is None:
-        raise ValueError(f"backend={name!r} must be one of {', '.join(map(repr, backend_names(auto=False)))}")
+        raise ArgumentError(f"backend={name!r} must be one of {', '.join(map(repr, backend_names(auto=False)))}")
     return cls(**options)
 
 
@@ -263,16 +265,16 @@ def resolve_backend(requested: str | Backend, device: Any, decoder: str | None =
 
     device = str(device)
     if device.split(":", 1)[0] not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r}: only 'cpu' and 'cuda' are supported")
+        raise ArgumentError(f"device {device!r}: only 'cpu' and 'cuda' are supported")
     if decoder is not None and decoder not in _decoders().DECODER_NAMES:
-        raise ValueError(f"decoder={decoder!r} must be one of {_decoders().DECODER_NAMES}")
+        raise ArgumentError(f"decoder={decoder!r} must be one of {_decoders().DECODER_NAMES}")
     if isinstance(requested, Backend) or requested != "auto":
         if not isinstance(requested, Backend) and requested not in backend_names():
-            raise ValueError(f"backend={requested!r} must be one of {backend_names()}")
+            raise ArgumentError(f"backend={requested!r} must be one of {backend_names()}")
         backend = requested if isinstance(requested, Backend) else get_backend(requested)
         ok, why = backend.available(device, decoder=decoder)
         if not ok:
-            raise ValueError(backend.refusal(device, why, decoder=decoder))
+            raise ArgumentError(backend.refusal(device, why, decoder=decoder))
         return backend, "requested"
     skipped = []
     for backend in backends():
@@ -280,7 +282,7 @@ def resolve_backend(requested: str | Backend, device: Any, decoder: str | None =
         if ok:
             return backend, "; ".join([*skipped, why] if why else skipped) or f"{backend.name} runs here"
         skipped.append(why)
-    raise ValueError(f"no decode backend can run on {device}: {'; '.join(skipped)}")  # pragma: no cover - pil runs
+    raise ArgumentError(f"no decode backend can run on {device}: {'; '.join(skipped)}")  # pragma: no cover - pil runs
 
 
 __all__ = [

@@ -10,6 +10,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from stoker.errors import ArgumentError
+
 
 def num_batches(n: int, batch_size: int, *, drop_last: bool) -> int:
     return n // batch_size if drop_last else -(-n // batch_size)
@@ -26,13 +28,13 @@ class Cursor(NamedTuple):
 
 
 def non_negative(value: Any, name: str) -> int:
-    """``value`` as an int, or a ``ValueError`` naming it."""
+    """``value`` as an int, or an ``ArgumentError`` (a ``ValueError``) naming it."""
     try:
         value = operator.index(value)
     except TypeError:
-        raise ValueError(f"{name}={value!r} must be a non-negative integer") from None
+        raise ArgumentError(f"{name}={value!r} must be a non-negative integer") from None
     if value < 0:
-        raise ValueError(f"{name}={value!r} must be a non-negative integer")
+        raise ArgumentError(f"{name}={value!r} must be a non-negative integer")
     return value
 
 
@@ -95,7 +97,9 @@ class SampleOrder:
         mine = self.mode()
         if saved != mine:
             fmt = lambda d: ", ".join(f"{k}={v!r}" for k, v in d.items())  # noqa: E731
-            raise ValueError(f"state was saved with {fmt(saved)}, this loader has {fmt(mine)} (another sample order)")
+            raise ArgumentError(
+                f"state was saved with {fmt(saved)}, this loader has {fmt(mine)} (another sample order)"
+            )
 
     # ---- shared by every order -------------------------------------------------------
     def state(self, *, seed: int, epoch: int, position: int, offset: int) -> dict:
@@ -116,18 +120,21 @@ class SampleOrder:
 
     def restore(self, state: dict, *, where: Any) -> Cursor:
         """Where ``state`` (a :meth:`state`, possibly saved on another number of ranks) continues
-        on this rank, checked: one ``ValueError`` naming the bad value, ``where`` (the split) in it."""
+        on this rank, checked: one ``ArgumentError`` (a ``ValueError``) naming the bad value,
+        ``where`` (the split) in it."""
         if not isinstance(state, dict):
-            raise ValueError(f"state must be the dict Loader.state_dict() returned, not {type(state).__name__}")
+            raise ArgumentError(f"state must be the dict Loader.state_dict() returned, not {type(state).__name__}")
         missing = {"seed", "epoch", "position"} - set(state)
         if missing:
-            raise ValueError(f"state is missing {sorted(missing)}")
+            raise ArgumentError(f"state is missing {sorted(missing)}")
         saved_world = state.get("world_size", self.world_size)
         if not isinstance(saved_world, int) or saved_world < 1:
-            raise ValueError(f"state['world_size']={saved_world!r} must be a positive integer")
+            raise ArgumentError(f"state['world_size']={saved_world!r} must be a positive integer")
         self.check_state(state, saved_world)
         if state.get("num_samples", self.num_samples) != self.num_samples:
-            raise ValueError(f"state was saved for num_samples={state['num_samples']}, {where} has {self.num_samples}")
+            raise ArgumentError(
+                f"state was saved for num_samples={state['num_samples']}, {where} has {self.num_samples}"
+            )
         seed = non_negative(state["seed"], "state['seed']")
         epoch = non_negative(state["epoch"], "state['epoch']")
         position = non_negative(state["position"], "state['position']")
@@ -135,10 +142,10 @@ class SampleOrder:
         if saved_world != self.world_size:  # the saved ranks handed out offset .. offset + W * position
             offset, position = (offset + saved_world * position, 0) if self.train else (0, 0)
         if self.train and offset > self.num_samples:
-            raise ValueError(f"state['offset']={offset} is past the {self.num_samples} samples of {where}")
+            raise ArgumentError(f"state['offset']={offset} is past the {self.num_samples} samples of {where}")
         stop = self.stop(offset)
         if position > stop:
-            raise ValueError(
+            raise ArgumentError(
                 f"state['position']={position} is past the end of rank {self.rank}'s epoch "
                 f"({stop} samples): the state is from another split or batch size"
             )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from stoker.errors import ArgumentError
+
 from .base import SampleOrder
 
 
@@ -29,7 +31,7 @@ def block_rank_range(num_samples: int, *, rank: int, world_size: int, train: boo
     ``num_samples % world_size`` of the sequence, different ones each epoch, are left out).
     val: every sample exactly once, piece sizes differing by at most one."""
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} is outside world_size={world_size}")
+        raise ArgumentError(f"rank={rank} is outside world_size={world_size}")
     if train:
         q = num_samples // world_size
         return rank * q, (rank + 1) * q
@@ -57,7 +59,7 @@ def block_plan(
         the shard numbers it holds (the windows' samples follow each other in ``indices``).
     """
     if block_shards < 1:
-        raise ValueError(f"block_shards={block_shards} must be a positive integer")
+        raise ArgumentError(f"block_shards={block_shards} must be a positive integer")
     bounds = _shard_bounds(shard_counts)
     num_samples = int(bounds[-1])
     shards = block_shard_order(len(bounds) - 1, seed, epoch, train)
@@ -135,7 +137,7 @@ class BlockOrder(SampleOrder):
 
     def check_state(self, state: dict, saved_world: int) -> None:
         if saved_world != self.world_size:
-            raise ValueError(
+            raise ArgumentError(
                 f"state was saved with world_size={saved_world}, this loader has world_size={self.world_size}: "
                 "shuffle='block' resumes on the same number of ranks only (shuffle='global' resumes on any)"
             )

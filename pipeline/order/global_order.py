@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from stoker.errors import ArgumentError
+
 from .base import SampleOrder
 from .permutation import Permutation
 
@@ -42,10 +44,10 @@ def rank_indices(
     ranks, no padding; rank sizes differ by at most one.
     """
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} is outside world_size={world_size}")
+        raise ArgumentError(f"rank={rank} is outside world_size={world_size}")
     if train:
         if not 0 <= offset <= num_samples:
-            raise ValueError(f"offset={offset} is outside the epoch's {num_samples} samples")
+            raise ArgumentError(f"offset={offset} is outside the epoch's {num_samples} samples")
         per_rank = (num_samples - offset) // world_size
         at = np.arange(offset + rank, offset + per_rank * world_size, world_size, dtype=np.int64)
         return Permutation(num_samples, seed=seed, epoch=epoch)(at)
@@ -71,7 +73,7 @@ class GlobalOrder(SampleOrder):
 
     def check_mid_epoch(self, state: dict) -> None:
         if self.train and state.get("permutation", 1) != PERMUTATION:
-            raise ValueError(
+            raise ArgumentError(
                 f"state is mid-epoch {state.get('epoch')!r} of a train order this stoker no longer makes (an older "
                 "stoker's permutation): resume it with that stoker, or from the start of an epoch "
                 "(state['position'] = 0, no 'offset')"
@@ -84,7 +86,7 @@ class GlobalOrder(SampleOrder):
         if not self.train:
             return self.rank + self.world_size * k
         if not 0 <= offset <= self.num_samples:
-            raise ValueError(f"offset={offset} is outside the epoch's {self.num_samples} samples")
+            raise ArgumentError(f"offset={offset} is outside the epoch's {self.num_samples} samples")
         return self._permutation(seed, epoch)(offset + self.rank + self.world_size * k)
 
     def _permutation(self, seed: int, epoch: int) -> Permutation:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from stoker.errors import ArgumentError
+
 #: half-rounds (each half is rewritten ROUNDS / 2 times)
 ROUNDS = 8
 _M1, _M2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
@@ -48,7 +50,7 @@ class Permutation:
 
     def __init__(self, n: int, *, seed: int, epoch: int):
         if n < 1:
-            raise ValueError(f"a permutation needs n >= 1, got {n}")
+            raise ArgumentError(f"a permutation needs n >= 1, got {n}")
         self.n = int(n)
         bits = max(2, (self.n - 1).bit_length())
         self._hi_bits, self._lo_bits = bits // 2, bits - bits // 2
@@ -70,7 +72,7 @@ class Permutation:
     def _walk(self, i, keys) -> np.ndarray:
         x = np.asarray(i, np.int64)
         if x.size and (x.min() < 0 or x.max() >= self.n):
-            raise ValueError(f"positions must be in [0, {self.n})")
+            raise ArgumentError(f"positions must be in [0, {self.n})")
         y = self._rounds(x.astype(np.uint64), keys)
         out = y >= self.n
         while out.any():  # cycle walking: fewer than two passes per value on average

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from stoker.errors import ArgumentError
+
 from ..fsutil import PathLike
 from .idx import MAX_CLS_BYTES, read_idx, sample_key
 from .manifest import Manifest, check_shards, idx_path
@@ -282,7 +284,7 @@ class SampleIndex:
         if kind == "class":
             return self.labels(idx)
         if kind == "mask":
-            raise ValueError("a mask split's targets are images: use masks()")
+            raise ArgumentError("a mask split's targets are images: use masks()")
         raws = self._members(idx)
         member = self.target.member
         if kind == "float":
@@ -339,7 +341,7 @@ class SampleIndex:
     def meta(self, i: int) -> bytes:
         """The raw ``json`` component (``b""`` when absent); needs ``with_json=True``."""
         if not self.with_json:
-            raise ValueError("meta() needs SampleIndex(..., with_json=True)")
+            raise ArgumentError("meta() needs SampleIndex(..., with_json=True)")
         shard = self.shard_of(i)
         rows = self._json.get(shard)
         if rows is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from stoker.errors import DiagnoseError
+from stoker.errors import ArgumentError, DiagnoseError
 
 #: The run's time budget, in multiples of ``seconds``: the model's variants are measured while they fit in it.
 BUDGET = 12
@@ -109,16 +109,16 @@ def run_diagnosis(
     from .timing import CAP, MIN_STEPS
 
     if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
+        raise ArgumentError(f"batch_size={batch_size} must be >= 1")
     h, w = hw_of(crop)
     if min(h, w) < 1:
-        raise ValueError(f"crop={crop} must be >= 1")
+        raise ArgumentError(f"crop={crop} must be >= 1")
     if seconds <= 0:
-        raise ValueError(f"seconds={seconds} must be > 0")
+        raise ArgumentError(f"seconds={seconds} must be > 0")
     if amp not in ("auto", "bf16", "fp16", "off"):
-        raise ValueError(f"amp={amp!r} must be 'auto', 'bf16', 'fp16' or 'off'")
+        raise ArgumentError(f"amp={amp!r} must be 'auto', 'bf16', 'fp16' or 'off'")
     if channels_last not in ("auto", "on", "off"):
-        raise ValueError(f"channels_last={channels_last!r} must be 'auto', 'on' or 'off'")
+        raise ArgumentError(f"channels_last={channels_last!r} must be 'auto', 'on' or 'off'")
     say = progress or (lambda line: None)
     device = torch.device(device)
     budget = BUDGET * seconds if budget_s is None else budget_s

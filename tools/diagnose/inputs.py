@@ -219,13 +219,10 @@ def build_net(arch: str, model, num_classes: int, crop, task=None):
 
 
 def stoker_loader(split: Path, **kw):
-    """stoker's Loader on ``split`` (a bad setting is a UsageError)."""
+    """stoker's Loader on ``split`` (a bad setting is the Loader's ArgumentError: one line, exit 2)."""
     from stoker.pipeline import Loader
 
-    try:
-        return Loader(str(split), **kw)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    return Loader(str(split), **kw)
 
 
 def describe_loader(loader) -> dict:

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from stoker.errors import ArgumentError
 from stoker.model.train import runtime
 
 from .timing import CAP, MIN_STEPS, NOISY, WINDOWS, Clock, warm_up
@@ -86,9 +87,9 @@ def measure_loader(loader: Iterable, *, seconds: float = 5.0, warmup_batches: in
         :func:`stability`, and the last batch's ``batch_shape``, ``dtype`` and ``device``.
     """
     if seconds <= 0:
-        raise ValueError(f"seconds={seconds} must be > 0")
+        raise ArgumentError(f"seconds={seconds} must be > 0")
     if warmup_batches < 0:
-        raise ValueError(f"warmup_batches={warmup_batches} must be >= 0")
+        raise ArgumentError(f"warmup_batches={warmup_batches} must be >= 0")
     it = _batches(loader)
     x = None
     for _ in range(warmup_batches):
@@ -174,7 +175,7 @@ class _EndToEndStep:
         from stoker.model.train.step import TrainStep
 
         if amp not in (None, "bf16", "fp16"):
-            raise ValueError(f"amp={amp!r} must be None, 'bf16' or 'fp16'")
+            raise ArgumentError(f"amp={amp!r} must be None, 'bf16' or 'fp16'")
         self.device = torch.device(device)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.model = model.to(self.device, memory_format=self.memory_format).train()
