@@ -317,6 +317,11 @@ def verify(
     workers = (os.cpu_count() or 1) if workers is None else workers
     if sample < 0 or workers < 1:
         raise UsageError("--sample must be >= 0 and --workers >= 1")
+    if is_url(path) and engine == "ray":
+        raise UsageError(
+            "--engine ray checks shards where they are stored, on every node: a URL's are downloaded to this "
+            "machine, so check it without --engine ray (or check a shared-filesystem copy with it)"
+        )
     how = dict(sample=sample, seed=seed, workers=workers, progress=progress, engine=engine)
     with engine_session(engine, ray_address, workers):
         if is_url(path):
