@@ -291,7 +291,6 @@ class Loader(DataLoaderSurface):
         # weak: an iterator the caller drops is closed at once (its producer thread stops)
         self._active: weakref.ref | None = None
         self._runner: Runner | None = None
-        self._order: tuple | None = None  # (seed, epoch, offset), this rank's order: built for stand-ins only
         self._usable: set | None = None  # shards a stand-in may come from (block mode, URL)
         self._target_stats: TargetStats | None = None  # computed once for a split whose manifest has none
 
@@ -482,10 +481,10 @@ class Loader(DataLoaderSurface):
     def _stand_in(self, planned: np.ndarray) -> np.ndarray:
         """Samples for a train batch none of whose samples is loadable: the next ones in this
         rank's epoch order (wrapping around) that pass the header guard."""
-        key = (self.seed, self.epoch, self._offset)
-        if self._order is None or self._order[0] != key:  # rare: the rank's order, built once an epoch
-            self._order = (key, self.indices())
-        picked = next_loadable(self.index, self._order[1], int(planned[-1]), len(planned), self._usable)
+        seed, epoch, offset = self.seed, self.epoch, self._offset
+        k = self.order.rank_position(seed, epoch, offset, self.index.valid_position(int(planned[-1])))
+        after = (self.index.valid_at(p) for p in self.order.following(seed, epoch, offset, k))
+        picked = next_loadable(self.index, after, len(planned), self._usable)
         if not len(picked):
             raise RuntimeError(
                 f"stoker Loader {self.path}: no sample of rank {self.rank}'s share "

@@ -11,7 +11,7 @@ and resizes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -226,17 +226,17 @@ def loadable(index: SampleIndex, ids: np.ndarray) -> np.ndarray:
     return _header_ok(wh, index.masks(ids)[1] if index.target.spatial else None)
 
 
-def next_loadable(index: SampleIndex, seq: np.ndarray, after: int, count: int, shards: set | None = None) -> np.ndarray:
-    """Up to ``count`` samples of ``seq`` (a rank's epoch order) after ``after``, wrapping around,
-    that pass the header guard (from ``shards`` only, when given): a train batch's stand-ins."""
-    start = int(np.flatnonzero(seq == after)[0]) + 1  # rare: a linear search is fine
-    seq = np.roll(seq, -start)
-    if shards is not None:  # block mode from a URL: only shards fetched for this window
-        shard = np.searchsorted(index.shard_start, seq, side="right") - 1
-        seq = seq[np.isin(shard, list(shards))]
+def next_loadable(
+    index: SampleIndex, chunks: Iterable[np.ndarray], count: int, shards: set | None = None
+) -> np.ndarray:
+    """The first ``count`` samples of ``chunks`` (a rank's epoch order from some point on, a
+    chunk at a time) that pass the header guard, from ``shards`` only when given: a train batch's
+    stand-ins."""
     picked: list = []
-    for s in range(0, len(seq), 64):
-        chunk = seq[s : s + 64]
+    for chunk in chunks:
+        if shards is not None:  # block mode from a URL: only shards fetched for this window
+            shard = np.searchsorted(index.shard_start, chunk, side="right") - 1
+            chunk = chunk[np.isin(shard, list(shards))]
         picked.extend(chunk[loadable(index, chunk)][: count - len(picked)].tolist())
         if len(picked) == count:
             break

@@ -5,7 +5,7 @@ resume state it writes and checks (:class:`Cursor`)."""
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -71,6 +71,18 @@ class SampleOrder:
         """The positions this rank reads in ``epoch``, in order, before ``drop_last``: the
         ``start .. stop`` of them (default: all), computed for those only."""
         raise NotImplementedError
+
+    def rank_position(self, seed: int, epoch: int, offset: int, position: int) -> int:
+        """Where ``position`` is in this rank's order of ``epoch`` (it must be there)."""
+        return int(np.flatnonzero(self.positions(seed, epoch, offset) == position)[0])
+
+    def following(self, seed: int, epoch: int, offset: int, k: int, chunk: int = 64) -> Iterator[np.ndarray]:
+        """This rank's positions after its ``k``-th, wrapping around to ``k``, ``chunk`` at a time
+        (where a train batch with nothing loadable takes its stand-ins from)."""
+        share = self.share(self.rank, offset)
+        for lo, hi in ((k + 1, share), (0, k + 1)):
+            for s in range(lo, hi, chunk):
+                yield self.positions(seed, epoch, offset, s, min(s + chunk, hi))
 
     def windows(self, seed: int, epoch: int) -> list | None:
         """The shard numbers of each window this rank reads in turn (a URL's cache fetches one

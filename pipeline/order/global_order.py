@@ -11,6 +11,9 @@ from stoker.errors import ArgumentError
 from .base import SampleOrder
 from .permutation import Permutation
 
+#: positions evaluated at once (the bijection's temporaries are a few times this, in int64)
+CHUNK = 1 << 20
+
 #: the global train sequence's version in a state: 2, :mod:`.permutation` (1, before it: numpy's
 #: ``permutation(N)``, which a state without the field was saved with)
 PERMUTATION = 2
@@ -87,7 +90,16 @@ class GlobalOrder(SampleOrder):
             return self.rank + self.world_size * k
         if not 0 <= offset <= self.num_samples:
             raise ArgumentError(f"offset={offset} is outside the epoch's {self.num_samples} samples")
-        return self._permutation(seed, epoch)(offset + self.rank + self.world_size * k)
+        perm, at = self._permutation(seed, epoch), offset + self.rank + self.world_size * k
+        if len(at) <= CHUNK:
+            return perm(at)
+        return np.concatenate([perm(at[i : i + CHUNK]) for i in range(0, len(at), CHUNK)])  # bounded temporaries
+
+    def rank_position(self, seed: int, epoch: int, offset: int, position: int) -> int:
+        if not self.train:
+            return (position - self.rank) // self.world_size
+        j = int(self._permutation(seed, epoch).inverse(np.array([position]))[0])  # its place in the sequence
+        return (j - offset - self.rank) // self.world_size
 
     def _permutation(self, seed: int, epoch: int) -> Permutation:
         """The epoch's bijection (the last one kept: a batch at a time asks for the same)."""

@@ -28,6 +28,8 @@ from .manifest import Manifest, check_shards, idx_path
 from .table import KIND_JPEG, KIND_NONE, KIND_PNG, RECORD, SampleTable, open_table, read_records
 from .targets import StatsAccumulator, Target, TargetStats, bad_target, fast_float_reader, parse_float, parse_labels
 
+#: shard maps a split keeps open at most (a batch of a global order reads ~one shard a sample)
+MAX_MAPS = 4096
 #: bytes of the mapped table per sample (image and target offsets and sizes, the image kind)
 BYTES_PER_SAMPLE = RECORD.itemsize
 
@@ -114,9 +116,11 @@ class SampleIndex:
         self.manifest = manifest if manifest is not None else Manifest.load(self.split_dir)
         self.with_json = with_json
         self._maps: dict[int, mmap.mmap] = {}
-        #: most shard maps kept open (oldest closed first); ``None``: all. A bounded shard cache
-        #: sets it, so a shard it evicts does not stay allocated on disk through an old map.
-        self.max_maps: int | None = None
+        #: most shard maps kept open (oldest closed first); ``None``: all. A global order reaches
+        #: every shard of a split, and a process may hold only so many maps (Linux: 65,530 by
+        #: default); a bounded shard cache lowers it, so a shard it evicts does not stay allocated
+        #: on disk through an old map.
+        self.max_maps: int | None = MAX_MAPS
         self._keys: dict[int, list[str]] = {}  # shard -> sample keys, loaded for messages only
         self.shard_names = [s.name for s in self.manifest.shards]
         #: the split's target kind and member
@@ -151,6 +155,10 @@ class SampleIndex:
         """``valid[k]`` without building :attr:`valid`: the global positions of the loadable
         samples ``k`` (``0 .. num_valid - 1``, in stored order)."""
         return self._table.loadable(k)
+
+    def valid_position(self, g: int) -> int:
+        """``k`` such that ``valid[k] == g``, for a loadable sample ``g``."""
+        return self._table.position_of(g)
 
     @property
     def valid(self) -> np.ndarray:

@@ -301,6 +301,11 @@ class SampleTable:
         k = np.asarray(k, np.int64)
         return k + np.searchsorted(self.shift, k, side="right") if len(self.shift) else k
 
+    def position_of(self, g: int) -> int:
+        """The loadable position of the loadable sample at global position ``g`` (the inverse of
+        :meth:`loadable`)."""
+        return int(g) - int(np.searchsorted(self.left_out, g))
+
     def loadable_per_shard(self) -> np.ndarray:
         """Loadable samples of each shard."""
         cut = np.searchsorted(self.left_out, self.starts)

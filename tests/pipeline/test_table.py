@@ -155,3 +155,15 @@ def test_key_skips_and_samples_without_a_target_are_left_out(tmp_path):
     m.save(split)
     idx = open_split(split)
     assert idx.valid.tolist() == [0, 1, 3, 5] and idx.num_skipped == 2
+
+
+def test_shard_maps_are_bounded_and_reopened(tmp_path):
+    split = tmp_path / "many"
+    write_split(split, num_samples=40, samples_per_shard=4)  # 10 shards
+    idx = open_split(split)
+    assert idx.max_maps == 4096  # a global order reaches every shard: a process may hold only so many maps
+    everything = [bytes(v) for v in idx.images(np.arange(40))[0]]
+    few = open_split(split)
+    few.max_maps = 3
+    again = [bytes(v) for v in few.images(np.random.default_rng(0).permutation(40))[0]]
+    assert len(few._maps) <= 3 and sorted(again) == sorted(everything)

@@ -19,9 +19,8 @@ Times are the minimum and median of ``--repeat`` runs; the memory is the largest
 the process's anonymous memory (what it holds: construction, then at the end with two Loaders
 and an epoch's order; the decode path's modules are imported before the baseline), with the
 file pages it mapped (shard and table pages it read, which the kernel shares between the ranks
-of a node and may drop) in their own column. The last
-table fits ``t = a + b * shards + c * samples per rank`` (and the same for memory) to the
-measurements and extrapolates to ``--extrapolate`` samples.
+of a node and may drop) in their own column. The last lines extrapolate each figure to
+``--extrapolate`` samples by what it grows with (:func:`extrapolate`).
 """
 
 from __future__ import annotations
@@ -61,8 +60,6 @@ def build_split(root: Path, num_samples: int, per_shard: int) -> tuple[Path, flo
     if num_samples % per_shard:
         raise SystemExit(f"--samples {num_samples} must be a multiple of --samples-per-shard {per_shard}")
     split = root / f"n{num_samples}"
-    if (split / "stoker.index").exists():
-        return split, float("nan")
     base = root / f"base-{per_shard}.tar"
     if not base.exists():
         images = [_tiny_jpeg(k) for k in range(16)]
@@ -197,30 +194,44 @@ HEADER = (
 )
 
 
-def extrapolate(rows: list[dict], samples: int, per_shard: int, worlds: list[int]) -> list[str]:
-    """Least squares of ``a + b * shards + c * share`` per figure, evaluated at ``samples``."""
-    X = np.array([[1.0, r["shards"], r["share"]] for r in rows])
-    lines = [f"extrapolated to {samples:,} samples ({samples // per_shard:,} shards of {per_shard:,}):"]
-    fits = {}
-    for key, pick in (("construct_s", 1), ("epoch_start_s", 1), ("resume_s", 1), ("rss_after", None)):
-        y = np.array([r[key][pick] if pick is not None else r[key] for r in rows], float)
-        fits[key] = np.linalg.lstsq(X, y, rcond=None)[0]
+def extrapolate(rows: list[dict], samples: int, per_shard: int, worlds: list[int], batch: int) -> list[str]:
+    """Each figure by what it grows with, from the measurements, evaluated at ``samples``:
+
+    * construction time and memory: ``a + b * shards`` (the manifest and a ``stat`` per shard;
+      nothing per sample), fitted on the two largest splits' medians (ranks and worlds pooled);
+    * the first batch after ``set_epoch`` and after a resume: one batch (the order is computed
+      a batch at a time), plus opening the maps of the shards it reads, at most one a sample:
+      the largest split's median, whose batch already reads ~``min(batch, shards)`` shards;
+    * the rank's whole order (``loader.indices()``, which training does not build): per sample
+      of the share, at the largest share measured.
+    """
+    sizes = sorted({r["samples"] for r in rows})
+    big = [r for r in rows if r["samples"] == sizes[-1]]
+    fit = {}
+    for key, pick in (("construct_s", 1), ("rss_construct", None)):
+        pts = [(r["shards"], r[key][pick] if pick is not None else r[key]) for r in rows if r["samples"] in sizes[-2:]]
+        x, y = np.array(pts, float).T
+        fit[key] = np.polyfit(x, y, 1) if len(set(x)) > 1 else np.array([0.0, y.mean()])
+    start = statistics.median(r["epoch_start_s"][1] for r in big)
+    resume = statistics.median(r["resume_s"][1] for r in big)
+    widest = max(rows, key=lambda r: r["share"])
+    per_sample = widest["order_s"][0] / widest["share"]
+    shards = samples // per_shard
+    lines = [
+        f"extrapolated to {samples:,} samples ({shards:,} shards of {per_shard:,}), batch {batch}:",
+        f"  construction {fit['construct_s'][0] * 1e6:.1f} us a shard + {fit['construct_s'][1] * 1e3:.1f} ms; "
+        f"memory {fit['rss_construct'][0]:.0f} B a shard; first batch {start * 1e3:.0f} ms, resumed "
+        f"{resume * 1e3:.0f} ms (median at {sizes[-1]:,}); the whole order {per_sample * 1e9:.0f} ns a sample",
+    ]
+    construct = float(np.polyval(fit["construct_s"], shards))
+    memory = float(np.polyval(fit["rss_construct"], shards))
     for world in worlds:
-        x = np.array([1.0, samples // per_shard, samples // world])
-        construct, start, resume, rss = (
-            float(x @ fits[k]) for k in ("construct_s", "epoch_start_s", "resume_s", "rss_after")
-        )
+        share = samples // world
         lines.append(
-            f"  W={world:>5}: share {samples // world:>13,}  construct {construct:8.2f} s  epoch start {start:8.2f} s  "
-            f"resume {resume:8.2f} s  memory {rss / 2**20:9.1f} MB"
+            f"  W={world:>5}: share {share:>13,}  construct {construct:6.2f} s  +{memory / 2**20:7.1f} MB  "
+            f"first batch {start:5.2f} s  resume {resume:5.2f} s  (whole order, if built: {share * per_sample:8.1f} s, "
+            f"{share * 8 / 2**30:6.2f} GiB)"
         )
-    coef = {k: [float(c) for c in v] for k, v in fits.items()}
-    lines.append(
-        "  fit (per shard, per sample of the share): construct "
-        f"{coef['construct_s'][1] * 1e6:.1f} us + {coef['construct_s'][2] * 1e9:.0f} ns; epoch start "
-        f"{coef['epoch_start_s'][1] * 1e6:.1f} us + {coef['epoch_start_s'][2] * 1e9:.0f} ns; memory "
-        f"{coef['rss_after'][1]:.0f} B + {coef['rss_after'][2]:.1f} B"
-    )
     return lines
 
 
@@ -247,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(HEADER)
     rows = run(args)
-    print("\n".join(extrapolate(rows, args.extrapolate, args.samples_per_shard, args.worlds)))
+    print("\n".join(extrapolate(rows, args.extrapolate, args.samples_per_shard, args.worlds, args.batch_size)))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
