@@ -23,7 +23,7 @@ import numpy as np
 from stoker.errors import ArgumentError
 
 from ..fsutil import PathLike
-from .idx import MAX_CLS_BYTES, read_idx, sample_key
+from .idx import IMAGE_EXTS, MAX_CLS_BYTES, read_idx, sample_key
 from .manifest import Manifest, check_shards, idx_path
 from .table import KIND_JPEG, KIND_NONE, KIND_PNG, RECORD, SampleTable, open_table, read_records
 from .targets import StatsAccumulator, Target, TargetStats, bad_target, fast_float_reader, parse_float, parse_labels
@@ -387,4 +387,13 @@ def open_split(split_dir: PathLike, *, sha256: bool = False, with_json: bool = F
     return SampleIndex(split_dir, manifest, with_json=with_json)
 
 
-__all__ = ["SampleIndex", "open_split", "image_size", "BYTES_PER_SAMPLE", "KIND_JPEG", "KIND_NONE", "KIND_PNG"]
+__all__ = [
+    "SampleIndex",
+    "open_split",
+    "image_size",
+    "BYTES_PER_SAMPLE",
+    "IMAGE_EXTS",
+    "KIND_JPEG",
+    "KIND_NONE",
+    "KIND_PNG",
+]
