@@ -153,6 +153,10 @@ class ShardCache:
         self._info = {s.name: s for s in self.manifest.shards}
         stale = [s for s in self.manifest.shards if self._idx_key(s) != s.sha256]
         self._parallel(self._fetch_idx, stale)
+        skip_file = self.manifest.pack.get("skip_file")
+        if skip_file:  # the samples to skip, when too many for the manifest (read once, into the table)
+            with self._disk(skip_file), atomic_write(self.dir / skip_file) as f:
+                f.write(self._fetch_bytes(f"{self.root}/{skip_file}", skip_file))
         return self.manifest
 
     def _remove_dead_parts(self) -> None:

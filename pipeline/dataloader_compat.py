@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stoker.errors import LoaderError
+
 if TYPE_CHECKING:
     from .loader import Loader
 
@@ -81,7 +83,8 @@ class LoaderSampler:
         return self._loader.epoch
 
     def __len__(self) -> int:
-        return self._loader._rank_count()
+        loader = self._loader
+        return loader.order.share(offset=loader.offset)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._loader.indices().tolist())
@@ -107,8 +110,47 @@ class LoaderBatchSampler(LoaderSampler):
 
     def __iter__(self) -> Iterator[list]:
         loader = self._loader
-        idx, stop, size = loader.indices(), loader._epoch_stop(), loader.batch_size
-        return (idx[s : min(s + size, stop)].tolist() for s in range(0, stop, size))
+        return (b.tolist() for b in loader.epoch_batches())
+
+
+class DataLoaderSurface:
+    """The parts of the torch ``DataLoader`` surface training code reads, as the
+    :class:`~.loader.Loader` carries them (a base class of it): ``dataset``, ``sampler``,
+    ``batch_sampler``, ``num_workers``, and ``prefetch_factor`` refused in one line."""
+
+    threads: int
+
+    @property
+    def dataset(self) -> LoaderDataset:
+        """The split as a dataset view: ``len`` (loadable samples), ``classes``,
+        ``class_to_idx`` (what ``len(loader.dataset)`` and ``loader.dataset.classes`` read)."""
+        return LoaderDataset(self)
+
+    @property
+    def sampler(self) -> LoaderSampler:
+        """This rank's epoch order; ``loader.sampler.set_epoch(e)`` is ``loader.set_epoch(e)``
+        (what DDP scripts and Lightning call each epoch)."""
+        return LoaderSampler(self)
+
+    @property
+    def batch_sampler(self) -> LoaderBatchSampler:
+        """This rank's batches of sample positions; ``set_epoch`` as on :attr:`sampler`."""
+        return LoaderBatchSampler(self)
+
+    @property
+    def num_workers(self) -> int:
+        """The decode threads / pillow worker processes (``threads``; a DataLoader's name for it)."""
+        return self.threads
+
+    @property
+    def prefetch_factor(self):
+        """Not a Loader's (it prepares ``prefetch`` batches itself). Read by code that rebuilds a torch
+        DataLoader from this one, e.g. ``accelerator.skip_first_batches``: refused in one line."""
+        raise LoaderError(
+            "stoker's Loader cannot be rebuilt as a torch DataLoader (accelerator.skip_first_batches does that): "
+            "it resumes mid-epoch with its own state, loader.load_state_dict(state) with state from "
+            "loader.state_dict() (accelerator.register_for_checkpointing(loader) saves and loads it)"
+        )
 
 
 #: torch DataLoader (and Dataset) arguments people pass out of habit -> what the Loader takes instead

@@ -10,25 +10,22 @@ The targets are the split's kind (:mod:`.shards.targets`): int64 classes ``[N]``
 values ``[N]`` / ``[N, K]``, float32 multi-hot ``[N, C]``, or uint8 masks ``[N, H, W]`` that get
 exactly their image's crop and flip.
 
-The sample order is ours (:mod:`.order`), not a reader's: each epoch is a fresh global
-permutation of ``(seed, epoch)`` split across ranks, cut into fixed batches of sample positions
-that a decode backend (:mod:`.backends`: DALI, nvjpeg or pillow, one module each) turns into
-uint8 batches. The crop boxes and flips are ours too (:mod:`.augment`), so every backend and a
-resumed run see the same crops. A URL's shards come through the cache (:mod:`.cache`; block mode
-one window ahead: :mod:`.prefetch`).
+The sample order is ours, not a reader's: the Loader holds one order object (:mod:`.order`,
+``shuffle=`` names it: a fresh global permutation of ``(seed, epoch)`` split across ranks, or
+shard blocks) that says this rank's share, its positions, its windows and what a resume state
+holds. Its fixed batches of sample positions are turned into uint8 batches by a decode backend
+(:mod:`.backends`). The crop boxes and flips are ours too (:mod:`.augment`), so every backend and
+a resumed run see the same crops. A URL's shards come through the cache (:mod:`.cache`; a window
+ahead: :mod:`.prefetch`).
 
-This module is the Loader itself (its DataLoader-shaped views, ``dataset``, ``sampler`` and
-``batch_sampler``, are in :mod:`.dataloader_compat`); it stays one module past 400 lines because
-that is one object's contract: validation, epochs, resume state and iteration share the same
-few fields.
+This module is the Loader's contract (arguments, epochs, resume, iteration); its checks are in
+:mod:`.loader_checks`, its DataLoader-shaped views in :mod:`.dataloader_compat`.
 """
 
 from __future__ import annotations
 
-import operator
 import warnings
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +37,10 @@ from . import order
 from .augment import RATIO, SCALE, CropSpec
 from .augment.apply import TrainRecipe
 from .backends import Backend, resolve_backend
-from .backends.base import DecodeSettings, Runner, loadable
+from .backends.base import DecodeSettings, Runner, next_loadable
 from .backends.decoders import DECODER_NAMES
 from .cache import ShardCache, is_url
-from .dataloader_compat import LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
+from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
 from .deps import usable_cores
 from .fsutil import PathLike
 from .loader_checks import (
@@ -53,25 +50,15 @@ from .loader_checks import (
     check_cache_limit,
     check_every_rank_has_a_batch,
     check_stored_size,
+    rank_and_world,
     torch_device,
 )
-from .prefetch import fetched_windows, group_by_window
+from .prefetch import cached_groups
 from .shards.samples import SampleIndex, open_split
 from .shards.stats import TargetStats
 
 
-def _dist_defaults() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except ImportError:  # pragma: no cover
-        pass
-    return 0, 1
-
-
-class Loader:
+class Loader(DataLoaderSurface):
     """Iterate ``(images, targets)`` batches over a split written by ``stoker pack``.
 
     Args:
@@ -240,13 +227,7 @@ class Loader:
         self.backend_config, self.backend_reason = resolve_backend(backend, self.device, decoder=decoder)
         decode = self.backend_config.resolve_decode(decode, self.device)
         backend = self.backend_config.name
-        default_rank, default_world = _dist_defaults()
-        self.rank = default_rank if rank is None else rank
-        self.world_size = default_world if world_size is None else world_size
-        if not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ArgumentError(f"world_size={self.world_size!r} must be a positive integer")
-        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
-            raise ArgumentError(f"rank={self.rank!r} must be in [0, world_size={self.world_size})")
+        self.rank, self.world_size = rank_and_world(rank, world_size)
 
         self.path: Path | str = str(path).rstrip("/") if remote else Path(path)
         self.shuffle, self.block_shards = shuffle, block_shards
@@ -269,13 +250,21 @@ class Loader:
         else:
             # Checks sizes and .idx presence of every shard (sha256 on request) before any batch.
             self.index = open_split(self.path, sha256=sha256)
-        shard_of_valid = np.searchsorted(self.index.shard_start, self.index.valid, side="right") - 1
-        #: loadable samples per shard (what block mode lays out)
-        self._valid_counts = np.bincount(shard_of_valid, minlength=len(self.index.shard_names)).astype(np.int64)
         #: samples the loader draws from (manifest skips and samples without image/cls removed)
-        self.num_samples = len(self.index.valid)
+        self.num_samples = self.index.num_valid
         if self.num_samples == 0:
             raise ArgumentError(f"{self.path} has no loadable samples")
+        #: this rank's sample order (:mod:`.order`): share, positions, windows, what a state holds
+        self.order = order.make_order(
+            shuffle,
+            self.index.valid_counts(),
+            block_shards=block_shards,
+            rank=self.rank,
+            world_size=self.world_size,
+            train=self.train,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+        )
         check_every_rank_has_a_batch(self)
         #: the train batches' per-sample augmentation and mixing (:mod:`.augment.apply`)
         self.recipe = TrainRecipe.of(
@@ -302,68 +291,32 @@ class Loader:
         # weak: an iterator the caller drops is closed at once (its producer thread stops)
         self._active: weakref.ref | None = None
         self._runner: Runner | None = None
-        self._order = np.zeros(0, np.int64)
         self._usable: set | None = None  # shards a stand-in may come from (block mode, URL)
         self._target_stats: TargetStats | None = None  # computed once for a split whose manifest has none
 
     # ---- order ---------------------------------------------------------------------------
-    def _share(self, rank: int, offset: int = 0) -> int:
-        if self.shuffle == "block":
-            return order.block_samples_per_rank(
-                self.num_samples, rank=rank, world_size=self.world_size, train=self.train
-            )
-        return order.samples_per_rank(
-            self.num_samples, rank=rank, world_size=self.world_size, train=self.train, offset=offset
-        )
-
-    def _rank_count(self, offset: int | None = None) -> int:
-        """This rank's samples in the current epoch (from ``offset``; default: the epoch's own)."""
-        return self._share(self.rank, self._offset if offset is None else offset)
-
-    def _plan(self, epoch: int) -> tuple:
-        """Block mode: ``(positions into valid, windows of shard numbers)`` of this rank's epoch."""
-        return order.block_plan(
-            self._valid_counts,
-            seed=self.seed,
-            epoch=epoch,
-            rank=self.rank,
-            world_size=self.world_size,
-            train=self.train,
-            block_shards=self.block_shards,
-        )
-
-    def _epoch_stop(self, offset: int | None = None) -> int:
-        """Samples of this rank's epoch order that are handed out (``drop_last`` applied)."""
-        n = self._rank_count(offset)
-        return n - n % self.batch_size if self.drop_last else n
+    @property
+    def offset(self) -> int:
+        """Where this rank count's split of the current epoch begins: 0, or after a resume on
+        another number of ranks, the samples the saved ranks had handed out (:mod:`.order`)."""
+        return self._offset
 
     def __len__(self) -> int:
         """Batches this rank yields in a whole epoch (the same on every rank for train; for the
         epoch a resume on another number of ranks continues, the batches of its rest)."""
-        return order.num_batches(self._rank_count(), self.batch_size, drop_last=self.drop_last)
+        return self.order.num_batches(self._offset)
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """Global sample positions this rank reads in ``epoch`` (default: the current one),
         in order, before ``drop_last`` is applied."""
         epoch = self.epoch if epoch is None else epoch
-        if self.shuffle == "block":
-            pick = self._plan(epoch)[0]
-        else:
-            pick = order.rank_indices(
-                self.num_samples,
-                seed=self.seed,
-                epoch=epoch,
-                rank=self.rank,
-                world_size=self.world_size,
-                train=self.train,
-                offset=self._offset if epoch == self.epoch else 0,
-            )
-        return self.index.valid[pick]
+        pick = self.order.positions(self.seed, epoch, self._offset if epoch == self.epoch else 0)
+        return self.index.valid_at(pick)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration reads. The next iteration starts it at its first
         batch, except right after :meth:`load_state_dict` (it continues where the state says)."""
-        epoch = _non_negative(epoch, "epoch")
+        epoch = order.non_negative(epoch, "epoch")
         if epoch != self.epoch or self._finished:
             self._start_epoch(epoch)
 
@@ -383,20 +336,9 @@ class Loader:
         framework save) says where every rank is. After a resume on
         another number of ranks, ``offset`` is where that rank count's split of the epoch began
         (:mod:`.order`)."""
-        epoch, position = (self.epoch + 1, 0) if self._finished else (self.epoch, self.position)
-        state = {
-            "seed": self.seed,
-            "epoch": epoch,
-            "position": position,
-            "world_size": self.world_size,
-            "num_samples": self.num_samples,
-            "batch_size": self.batch_size,
-        }
-        if self._offset and not self._finished:
-            state["offset"] = self._offset
-        if self.shuffle == "block":  # another order: a state of one mode means nothing in the other
-            state.update(shuffle="block", block_shards=self.block_shards)
-        return state
+        if self._finished:
+            return self.order.state(seed=self.seed, epoch=self.epoch + 1, position=0, offset=0)
+        return self.order.state(seed=self.seed, epoch=self.epoch, position=self.position, offset=self._offset)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next iteration yields exactly the rest of that epoch.
@@ -409,45 +351,7 @@ class Loader:
         number of ranks restarts its evaluation (every sample once); ``shuffle="block"`` resumes
         on the same number of ranks only.
         """
-        if not isinstance(state, dict):
-            raise ArgumentError(f"state must be the dict Loader.state_dict() returned, not {type(state).__name__}")
-        missing = {"seed", "epoch", "position"} - set(state)
-        if missing:
-            raise ArgumentError(f"state is missing {sorted(missing)}")
-        saved_world = state.get("world_size", self.world_size)
-        if not isinstance(saved_world, int) or saved_world < 1:
-            raise ArgumentError(f"state['world_size']={saved_world!r} must be a positive integer")
-        elastic = saved_world != self.world_size
-        if elastic and self.shuffle == "block":
-            raise ArgumentError(
-                f"state was saved with world_size={saved_world}, this loader has world_size={self.world_size}: "
-                "shuffle='block' resumes on the same number of ranks only (shuffle='global' resumes on any)"
-            )
-        mode = (state.get("shuffle", "global"), state.get("block_shards", self.block_shards))
-        if mode[0] != self.shuffle or (self.shuffle == "block" and mode[1] != self.block_shards):
-            saved = f"shuffle={mode[0]!r}" + (f", block_shards={mode[1]}" if mode[0] == "block" else "")
-            mine = f"shuffle={self.shuffle!r}" + (
-                f", block_shards={self.block_shards}" if self.shuffle == "block" else ""
-            )
-            raise ArgumentError(f"state was saved with {saved}, this loader has {mine} (another sample order)")
-        if state.get("num_samples", self.num_samples) != self.num_samples:
-            raise ArgumentError(
-                f"state was saved for num_samples={state['num_samples']}, {self.path} has {self.num_samples}"
-            )
-        seed = _non_negative(state["seed"], "state['seed']")
-        epoch = _non_negative(state["epoch"], "state['epoch']")
-        position = _non_negative(state["position"], "state['position']")
-        offset = _non_negative(state.get("offset", 0), "state['offset']")
-        if elastic:  # the saved ranks handed out offset .. offset + W * position of the epoch
-            offset, position = (offset + saved_world * position, 0) if self.train else (0, 0)
-        if self.train and offset > self.num_samples:
-            raise ArgumentError(f"state['offset']={offset} is past the {self.num_samples} samples of {self.path}")
-        stop = self._epoch_stop(offset)
-        if position > stop:
-            raise ArgumentError(
-                f"state['position']={position} is past the end of rank {self.rank}'s epoch "
-                f"({stop} samples): the state is from another split or batch size"
-            )
+        seed, epoch, position, offset = self.order.restore(state, where=self.path)
         if seed != self.seed:
             warnings.warn(
                 f"stoker Loader {self.path}: load_state_dict replaces seed={self.seed} with the state's seed={seed}",
@@ -457,7 +361,7 @@ class Loader:
         self._close_active()
         self.seed = seed
         self._start_epoch(epoch)
-        self.position, self._offset = position, offset if self.train else 0
+        self.position, self._offset = position, offset
         self._resumed = True  # a val loader continues a restored position once, too
 
     # ---- iteration -----------------------------------------------------------------------
@@ -484,20 +388,21 @@ class Loader:
             # state loaded by load_state_dict continues mid-epoch (once).
             self._start_epoch(self.epoch)
         self._resumed = False
-        idx = self._order = self.indices()
-        stop = self._epoch_stop()
-        batches = self._batches(self.position, stop, idx)
+        stop = self.order.stop(self._offset)
+        batches = self._batches(self.position, stop)
         if not batches:  # resumed at the very end of an epoch (an older state): it is done
             self._finish_epoch(stop)
             self._start_epoch(self.epoch + 1)
-            idx = self._order = self.indices()
-            batches = self._batches(0, stop, idx)
+            batches = self._batches(0, stop)
         runner = self._get_runner()
         last = len(batches) - 1
         k = -1
-        fetched = self._fetched(batches, runner)
+        # a URL's shards come through the cache: all before the first batch, or a window at a time
+        windows = self.order.windows(self.seed, self.epoch) if self.cache is not None else None
+        groups = cached_groups(self.cache, batches, windows, self.index)
         try:
-            for inner in fetched:
+            for group, self._usable in groups:
+                inner = runner.iterate(group, self.epoch, self.seed)
                 try:
                     for batch in inner:
                         k += 1
@@ -512,38 +417,17 @@ class Loader:
                 finally:
                     inner.close()  # now, not whenever the GC gets to it: stops the producer in order
         finally:
-            fetched.close()  # a window download in flight ends before the iteration does
-
-    def _batches(self, start: int, stop: int, idx: np.ndarray) -> list:
-        return [idx[s : min(s + self.batch_size, stop)] for s in range(start, stop, self.batch_size)]
-
-    def _chunks(self, batches: list, epoch: int) -> list:
-        """Block mode: ``[(batches, shard numbers they read)]``, one entry per window."""
-        return group_by_window(batches, self._plan(epoch)[1], self.index)
-
-    def _fetched(self, batches: list, runner: Runner) -> Iterator[Iterator]:
-        """Runner iterations over ``batches`` whose shards are in the local cache: all of
-        them (a local split, or global mode: the whole split is fetched before the first
-        batch), or one window at a time, the next window fetched in the background."""
-        cache = self.cache
-        if cache is None:
-            yield runner.iterate(batches, self.epoch, self.seed)
-            return
-        names = self.index.shard_names
-        if self.shuffle == "global":
-            cache.ensure(names)
-            yield runner.iterate(batches, self.epoch, self.seed)
-            return
-        chunks = [(group, [names[s] for s in shards]) for group, shards in self._chunks(batches, self.epoch)]
-        self.index.max_maps = 2 * self.block_shards + 2  # maps of evicted shards are closed
-        windows = fetched_windows(cache, chunks)
-        try:
-            for group, needed in windows:
-                self._usable = {names.index(n) for n in needed}
-                yield runner.iterate(group, self.epoch, self.seed)
-        finally:
-            windows.close()  # a download in flight ends first
+            groups.close()  # a window download in flight ends before the iteration does
             self._usable = None
+
+    def _batches(self, start: int, stop: int) -> order.EpochBatches:
+        """This epoch's batches from ``start`` (each computed when it is read)."""
+        return self.order.batches(self.seed, self.epoch, self._offset, start, stop, self.index.valid_at)
+
+    def epoch_batches(self) -> order.EpochBatches:
+        """This rank's batches of the current epoch (arrays of the split's sample positions), from
+        its first, ``drop_last`` applied: what an iteration decodes. Each is computed when read."""
+        return self._batches(0, self.order.stop(self._offset))
 
     def _finish_epoch(self, stop: int) -> None:
         self.position = max(self.position, stop)
@@ -556,24 +440,6 @@ class Loader:
                 stacklevel=4,
             )
 
-    # ---- the DataLoader-shaped surface training code reads -------------------------------
-    @property
-    def dataset(self) -> LoaderDataset:
-        """The split as a dataset view: ``len`` (loadable samples), ``classes``,
-        ``class_to_idx`` (what ``len(loader.dataset)`` and ``loader.dataset.classes`` read)."""
-        return LoaderDataset(self)
-
-    @property
-    def sampler(self) -> LoaderSampler:
-        """This rank's epoch order; ``loader.sampler.set_epoch(e)`` is ``loader.set_epoch(e)``
-        (what DDP scripts and Lightning call each epoch)."""
-        return LoaderSampler(self)
-
-    @property
-    def batch_sampler(self) -> LoaderBatchSampler:
-        """This rank's batches of sample positions; ``set_epoch`` as on :attr:`sampler`."""
-        return LoaderBatchSampler(self)
-
     @property
     def target_stats(self) -> TargetStats | None:
         """Float targets: their count, mean, std, min and max per column over this split
@@ -582,13 +448,10 @@ class Loader:
         ``None``. Standardize with them so targets in natural units learn:
         ``loss = mse(model(x), stats.standardize(y))``, and ``stats.restore(model(x))`` predicts."""
         target = self.index.target
-        acc = target.spec.accumulator(target)
-        if target.stats is not None or acc is None or target.spatial:  # a mask's need every mask decoded
+        if target.stats is not None or target.spatial:  # a mask's would need every mask decoded
             return target.stats
         if self._target_stats is None:
-            for s in range(0, self.num_samples, 65536):
-                acc.add_many(self.index.targets(self.index.valid[s : s + 65536]))
-            self._target_stats = acc.result()
+            self._target_stats = self.index.target_stats()
         return self._target_stats
 
     @property
@@ -596,21 +459,6 @@ class Loader:
         """The decode backend's runner (made at the first iteration; ``None`` before): its own
         figures, e.g. the nvjpeg runner's ``stage_totals``."""
         return self._runner
-
-    @property
-    def num_workers(self) -> int:
-        """The decode threads / pillow worker processes (``threads``; a DataLoader's name for it)."""
-        return self.threads
-
-    @property
-    def prefetch_factor(self):
-        """Not a Loader's (it prepares ``prefetch`` batches itself). Read by code that rebuilds a torch
-        DataLoader from this one, e.g. ``accelerator.skip_first_batches``: refused in one line."""
-        raise LoaderError(
-            "stoker's Loader cannot be rebuilt as a torch DataLoader (accelerator.skip_first_batches does that): "
-            "it resumes mid-epoch with its own state, loader.load_state_dict(state) with state from "
-            "loader.state_dict() (accelerator.register_for_checkpointing(loader) saves and loads it)"
-        )
 
     def close(self) -> None:
         """Stop any iteration and release the decode pipeline and the shard maps. The Loader
@@ -633,24 +481,16 @@ class Loader:
     def _stand_in(self, planned: np.ndarray) -> np.ndarray:
         """Samples for a train batch none of whose samples is loadable: the next ones in this
         rank's epoch order (wrapping around) that pass the header guard."""
-        order = self._order
-        start = int(np.flatnonzero(order == planned[-1])[0]) + 1  # rare: a linear search is fine
-        order = np.roll(order, -start)
-        if self._usable is not None:  # block mode from a URL: only shards fetched for this window
-            shard = np.searchsorted(self.index.shard_start, order, side="right") - 1
-            order = order[np.isin(shard, list(self._usable))]
-        picked: list = []
-        for s in range(0, len(order), 64):
-            chunk = order[s : s + 64]
-            picked.extend(chunk[loadable(self.index, chunk)][: len(planned) - len(picked)].tolist())
-            if len(picked) == len(planned):
-                break
-        if not picked:
+        seed, epoch, offset = self.seed, self.epoch, self._offset
+        k = self.order.rank_position(seed, epoch, offset, self.index.valid_position(int(planned[-1])))
+        after = (self.index.valid_at(p) for p in self.order.following(seed, epoch, offset, k))
+        picked = next_loadable(self.index, after, len(planned), self._usable)
+        if not len(picked):
             raise RuntimeError(
                 f"stoker Loader {self.path}: no sample of rank {self.rank}'s share "
                 f"passes the image header check (run `stoker verify {self.path}`)"
             )
-        return np.asarray(picked, np.int64)
+        return picked
 
     def _get_runner(self) -> Runner:
         if self._runner is None:
@@ -716,16 +556,6 @@ class LoaderIterator:
     def _supersede(self) -> None:
         self._superseded = True
         self._gen.close()
-
-
-def _non_negative(value: Any, name: str) -> int:
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise ArgumentError(f"{name}={value!r} must be a non-negative integer") from None
-    if value < 0:
-        raise ArgumentError(f"{name}={value!r} must be a non-negative integer")
-    return value
 
 
 __all__ = [

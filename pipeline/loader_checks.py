@@ -16,6 +16,7 @@ from . import order
 from .backends.registry import DECODES
 from .dataloader_compat import habit_message
 from .deps import has_cuda
+from .prefetch import group_by_window
 
 if TYPE_CHECKING:
     from .loader import Loader
@@ -89,11 +90,31 @@ def torch_device(device: Any):
     return dev
 
 
+def rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
+    """``(rank, world_size)`` as given, else ``torch.distributed``'s when it is initialized, else
+    ``(0, 1)``; an ``ArgumentError`` naming a bad one."""
+    default_rank, default_world = 0, 1
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            default_rank, default_world = dist.get_rank(), dist.get_world_size()
+    except ImportError:  # pragma: no cover
+        pass
+    rank = default_rank if rank is None else rank
+    world_size = default_world if world_size is None else world_size
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ArgumentError(f"world_size={world_size!r} must be a positive integer")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ArgumentError(f"rank={rank!r} must be in [0, world_size={world_size})")
+    return rank, world_size
+
+
 def check_every_rank_has_a_batch(loader: Loader) -> None:
     """A rank with no batch would train or evaluate on nothing without a word (and leave
     DDP's collectives unmatched): refuse such settings on every rank alike."""
     last = loader.world_size - 1  # the rank with the smallest share
-    share = loader._share(last)
+    share = loader.order.share(last)
     if order.num_batches(share, loader.batch_size, drop_last=loader.drop_last) > 0:
         return
     if share == 0:
@@ -116,7 +137,8 @@ def check_cache_limit(loader: Loader) -> None:
     limit, sizes = loader.cache.cache_limit, [s.bytes for s in loader.index.manifest.shards]
     if limit is None:
         return
-    if loader.shuffle == "global":
+    windows = loader.order.windows(loader.seed, 0)
+    if windows is None:
         if sum(sizes) > limit:
             raise ArgumentError(
                 f"cache_limit={limit:,} is smaller than {loader.path} ({sum(sizes):,} bytes), "
@@ -124,7 +146,8 @@ def check_cache_limit(loader: Loader) -> None:
                 "cache_limit"
             )
         return
-    chunks = loader._chunks(loader._batches(0, loader._epoch_stop(), loader.indices(0)), 0)
+    first = loader.order.batches(loader.seed, 0, 0, 0, loader.order.stop(), loader.index.valid_at)  # epoch 0
+    chunks = group_by_window(list(first), windows, loader.index)
     need = max(
         (
             sum(sizes[s] for s in set(a) | set(b))
@@ -171,5 +194,6 @@ __all__ = [
     "check_cache_limit",
     "check_every_rank_has_a_batch",
     "check_stored_size",
+    "rank_and_world",
     "torch_device",
 ]

@@ -77,6 +77,29 @@ class Prefetcher:
         self._thread, self._error = None, None
 
 
+def cached_groups(cache: ShardCache | None, batches: list, windows: list | None, index: SampleIndex) -> Iterator[tuple]:
+    """``(batches, shard numbers they may read)`` once those shards are local: all of ``batches``
+    at once (``None``: any shard) for a local split, or a URL's whole split fetched first
+    (``windows`` None), else one run of batches per window of ``windows``, the next window
+    fetched in the background. Closing the generator waits for a download in flight."""
+    if cache is None:
+        yield batches, None
+        return
+    names = index.shard_names
+    if windows is None:
+        cache.ensure(names)
+        yield batches, None
+        return
+    chunks = [(group, [names[s] for s in shards]) for group, shards in group_by_window(batches, windows, index)]
+    index.max_maps = 2 * max(map(len, windows), default=1) + 2  # maps of evicted shards are closed
+    fetched = fetched_windows(cache, chunks)
+    try:
+        for group, needed in fetched:
+            yield group, {names.index(n) for n in needed}
+    finally:
+        fetched.close()  # a download in flight ends first
+
+
 def fetched_windows(cache: ShardCache, windows: list) -> Iterator[tuple]:
     """Yield each ``(batches, shard names)`` of ``windows`` once its shards are in ``cache``,
     the next window downloading meanwhile. Shards neither window needs are unpinned (evictable)
@@ -95,4 +118,4 @@ def fetched_windows(cache: ShardCache, windows: list) -> Iterator[tuple]:
         pool.stop()
 
 
-__all__ = ["Prefetcher", "fetched_windows", "group_by_window"]
+__all__ = ["Prefetcher", "cached_groups", "fetched_windows", "group_by_window"]

@@ -11,7 +11,7 @@ and resizes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -126,9 +126,10 @@ class Runner(Protocol):
     :meth:`iterate`. A val batch with nothing loadable is yielded empty (``N == 0``) in its
     place; a train batch with nothing loadable is decoded from ``settings.stand_in``."""
 
-    def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[Batch]:
-        """One :class:`Batch` per array of global sample positions in ``batches``, in order.
-        Closing the iterator early stops any work running ahead."""
+    def iterate(self, batches: Sequence[np.ndarray], epoch: int, seed: int) -> Iterator[Batch]:
+        """One :class:`Batch` per array of global sample positions in ``batches``, in order (a
+        sequence: the Loader's batches are computed as they are read, so read them in order,
+        once). Closing the iterator early stops any work running ahead."""
         ...
 
     def close(self) -> None:
@@ -223,6 +224,23 @@ def loadable(index: SampleIndex, ids: np.ndarray) -> np.ndarray:
     """Which of ``ids`` pass the header guard every plan applies (what a stand-in must pass)."""
     _, wh = index.images(ids)
     return _header_ok(wh, index.masks(ids)[1] if index.target.spatial else None)
+
+
+def next_loadable(
+    index: SampleIndex, chunks: Iterable[np.ndarray], count: int, shards: set | None = None
+) -> np.ndarray:
+    """The first ``count`` samples of ``chunks`` (a rank's epoch order from some point on, a
+    chunk at a time) that pass the header guard, from ``shards`` only when given: a train batch's
+    stand-ins."""
+    picked: list = []
+    for chunk in chunks:
+        if shards is not None:  # block mode from a URL: only shards fetched for this window
+            shard = np.searchsorted(index.shard_start, chunk, side="right") - 1
+            chunk = chunk[np.isin(shard, list(shards))]
+        picked.extend(chunk[loadable(index, chunk)][: count - len(picked)].tolist())
+        if len(picked) == count:
+            break
+    return np.asarray(picked, np.int64)
 
 
 def plan_with_masks(settings: DecodeSettings, ids: np.ndarray, *, epoch: int, seed: int) -> tuple[Plan, list | None]:

@@ -187,7 +187,7 @@ class DaliRunner(ProducerThread):
         """One :class:`.base.Batch` per array of global sample positions in ``batches``."""
         if self.pipe is None:
             self._build()
-        self._plan = iter([(epoch, seed, b) for b in batches])
+        self._plan = ((epoch, seed, b) for b in batches)  # each batch made as DALI asks for it
         self._meta.clear()
         self._carry = []
         # A producer thread runs DALI and the pillow resize while the caller trains on the

@@ -72,12 +72,26 @@ def _identity(x):
     return x
 
 
+class _Items:
+    """``(epoch, seed, ids)`` of each of ``batches``, made as the sampler reaches it (a Loader's
+    batches are computed when read: an epoch's start costs one batch)."""
+
+    def __init__(self, batches, epoch: int, seed: int):
+        self.batches, self.epoch, self.seed = batches, epoch, seed
+
+    def __iter__(self):
+        return ((self.epoch, self.seed, b) for b in self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
 class _Plan:
     """The sampler: this epoch's ``(epoch, seed, ids)`` items, replaced each epoch, so one
     DataLoader (and its worker processes) serves every epoch."""
 
     def __init__(self):
-        self.items: list = []
+        self.items: list | _Items = []
 
     def __iter__(self):
         return iter(self.items)
@@ -130,7 +144,7 @@ class PilRunner:
     def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[Batch]:
         """One :class:`.base.Batch` per array of global sample positions in ``batches``."""
         s = self.settings
-        self.plan.items = [(epoch, seed, b) for b in batches]
+        self.plan.items = _Items(batches, epoch, seed)
         it = iter(self.dl)  # persistent workers: one iterator, reset each epoch
         if self.dl.num_workers:
             # torch registers its own exit hook for these workers when the iterator is made; with

@@ -1,9 +1,10 @@
 """Random access to the samples of one split, by global position, out of mmap'd tars.
 
-The ``.idx`` files give each member's data offset and size, so a sample is read with
-two slices of a memory map (its image and its target, :mod:`.targets`): no tar scanning, no
-per-sample Python objects kept around. Bookkeeping is a handful of flat numpy arrays
-(``BYTES_PER_SAMPLE`` bytes per sample).
+The split's table (:mod:`.table`, ``stoker.index``: built from the ``.idx`` files) gives each
+member's data offset and size, so a sample is read with two slices of a memory map (its image
+and its target, :mod:`.targets`): no tar scanning, no per-sample Python objects. The table is
+itself mapped: opening a split reads no per-sample data, and a rank pages in only the records
+of the samples it reads (``BYTES_PER_SAMPLE`` bytes each).
 
 A cheap structural guard (:func:`image_size`) reads the image header: JPEG SOI, a frame
 header and EOI; PNG signature, IHDR and IEND. It yields the stored width and height
@@ -14,26 +15,24 @@ without decoding them.
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 from pathlib import Path
 
 import numpy as np
 
-from stoker.errors import ArgumentError, IdxFormatError
+from stoker.errors import ArgumentError
 
 from ..fsutil import PathLike
-from .idx import IMAGE_EXTS, bad_idx, idx_fields, idx_lines, read_idx, sample_key
+from .idx import IMAGE_EXTS, read_idx, sample_key
 from .kinds import ensure_kind, get_kind
 from .manifest import Manifest, check_shards, idx_path
-from .targets import Target
+from .table import KIND_JPEG, KIND_NONE, KIND_PNG, RECORD, SampleTable, open_table, read_records
+from .targets import Target, TargetStats
 
-KIND_NONE, KIND_JPEG, KIND_PNG = 0, 1, 2
-_KIND = {ext.encode(): KIND_PNG if ext == "png" else KIND_JPEG for ext in IMAGE_EXTS}
-
-#: bytes of index arrays per sample: img offset (8) + size (4) + target offset (8) + size (4)
-#: + kind (1) + loadable-position list (8) [+ json offset (8) + size (4) when ``with_json``]
-BYTES_PER_SAMPLE = 33
+#: shard maps a split keeps open at most (a batch of a global order reads ~one shard a sample)
+MAX_MAPS = 4096
+#: bytes of the mapped table per sample (image and target offsets and sizes, the image kind)
+BYTES_PER_SAMPLE = RECORD.itemsize
 
 _PNG_SIG = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers carry the image size; C4 (DHT), C8 (JPG), CC (DAC) do not.
@@ -41,49 +40,6 @@ _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 # ... and the ones both decoders (libjpeg-turbo in DALI and pillow) handle: 8-bit Huffman
 # baseline, extended, progressive. Lossless / arithmetic / 12-bit count as undecodable.
 _SOF_OK = frozenset({0xC0, 0xC1, 0xC2})
-
-
-def _parse_idx(path: Path, with_json: bool, member: bytes = b"cls"):
-    """An ``.idx`` as per-sample arrays (no per-sample objects kept); ``member`` is the target's."""
-    lines = idx_lines(path)
-    n = len(lines)
-    img_off = np.zeros(n, np.int64)
-    img_size = np.zeros(n, np.uint32)
-    tgt_off = np.zeros(n, np.int64)
-    tgt_size = np.zeros(n, np.uint32)
-    kind = np.zeros(n, np.uint8)
-    js_off = np.zeros(n, np.int64) if with_json else None
-    js_size = np.zeros(n, np.uint32) if with_json else None
-    for i, line in enumerate(lines):
-        comps = idx_fields(path, i + 2, line)
-        exts = [c[0].lower() for c in comps]
-        if len(set(exts)) != len(exts):
-            continue  # a repeated component (a.jpg a.cls a.jpg): never paired, left invalid
-        try:
-            for ext, (_, offset, size, _name) in zip(exts, comps, strict=True):
-                if ext in _KIND and not kind[i]:
-                    kind[i] = _KIND[ext]
-                    img_off[i] = offset
-                    img_size[i] = size
-                elif ext == member:
-                    tgt_off[i] = offset
-                    tgt_size[i] = size
-                elif with_json and ext == b"json":
-                    js_off[i] = offset
-                    js_size[i] = size
-        except OverflowError:
-            raise bad_idx(path, f"line {i + 2}: offset/size out of range") from None
-    return img_off, img_size, tgt_off, tgt_size, kind, js_off, js_size
-
-
-def _check_bounds(path: Path, tar_bytes: int, part) -> None:
-    """Every component an ``.idx`` lists must lie inside its tar, after a header."""
-    img_off, img_size, tgt_off, tgt_size, kind = part[:5]
-    for present, off, size in ((kind > 0, img_off, img_size), (tgt_size > 0, tgt_off, tgt_size)):
-        off, end = off[present], off[present] + size[present]
-        if len(off) and (off.min() < 512 or end.max() > tar_bytes):
-            bad = int(np.flatnonzero(present)[np.argmax((off < 512) | (end > tar_bytes))])
-            raise bad_idx(path, f"sample {bad} points outside its tar ({tar_bytes:,} bytes)")
 
 
 def image_size(buf, start: int = 0, size: int | None = None) -> tuple[int, int] | None:
@@ -129,20 +85,14 @@ def image_size(buf, start: int = 0, size: int | None = None) -> tuple[int, int] 
     return None
 
 
-def _size(path: Path, default: int) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:  # reported by check_shards / when the shard is mapped
-        return default
-
-
 class SampleIndex:
     """All samples of a split, addressable by global position ``0 .. len-1``.
 
     Args:
         split_dir: a directory with ``stoker.json``, the shards and their ``.idx`` files.
         manifest: the loaded manifest (loaded from ``split_dir`` when ``None``).
-        with_json: also index the ``json`` component (for :meth:`meta`).
+        with_json: allow :meth:`meta` (the ``json`` component, located from a shard's ``.idx``
+            when first asked).
         manifest_sizes: check the ``.idx`` offsets against the manifest's shard sizes, not the
             files' (a shard cache: shards are fetched later and verified against the manifest).
 
@@ -167,82 +117,86 @@ class SampleIndex:
         self.manifest = manifest if manifest is not None else Manifest.load(self.split_dir)
         self.with_json = with_json
         self._maps: dict[int, mmap.mmap] = {}
-        #: most shard maps kept open (oldest closed first); ``None``: all. A bounded shard cache
-        #: sets it, so a shard it evicts does not stay allocated on disk through an old map.
-        self.max_maps: int | None = None
+        #: most shard maps kept open (oldest closed first); ``None``: all. A global order reaches
+        #: every shard of a split, and a process may hold only so many maps (Linux: 65,530 by
+        #: default); a bounded shard cache lowers it, so a shard it evicts does not stay allocated
+        #: on disk through an old map.
+        self.max_maps: int | None = MAX_MAPS
         self._keys: dict[int, list[str]] = {}  # shard -> sample keys, loaded for messages only
         self.shard_names = [s.name for s in self.manifest.shards]
         #: the split's target kind and member
         self.target: Target = self.manifest.target
-        member = self.target.member.lower().encode()
-        parts = [_parse_idx(idx_path(self.split_dir / name), with_json, member) for name in self.shard_names]
-        for name, part, info in zip(self.shard_names, parts, self.manifest.shards, strict=True):
-            if len(part[0]) != info.num_samples:
-                raise IdxFormatError(
-                    f"index of shard {self.split_dir / name} lists {len(part[0])} samples, "
-                    f"manifest says {info.num_samples} (rerun `stoker index {self.split_dir}`)"
-                )
-            size = info.bytes if manifest_sizes else _size(self.split_dir / name, info.bytes)
-            _check_bounds(idx_path(self.split_dir / name), size, part)
-        cat = lambda k, dt: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, dt)  # noqa: E731
-        self.img_off = cat(0, np.int64)
-        self.img_size = cat(1, np.uint32)
-        self.tgt_off = cat(2, np.int64)
-        self.tgt_size = cat(3, np.uint32)
-        self.kind = cat(4, np.uint8)
-        self.json_off = cat(5, np.int64) if with_json else None
-        self.json_size = cat(6, np.uint32) if with_json else None
-        counts = np.array([len(p[0]) for p in parts], np.int64)
-        #: global position where each shard starts (plus the total at the end)
-        self.shard_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        bad = (self.kind == KIND_NONE) | (self.tgt_size == 0)
-        bad |= self._manifest_skips()
-        self.num_skipped = int(bad.sum())
-        #: positions the loader draws from (``arange(len)`` when nothing is skipped)
-        self.valid = np.flatnonzero(~bad).astype(np.int64)
+        self._manifest_sizes = manifest_sizes
+        self._json: dict[int, np.ndarray] = {}  # shard -> (json offset, size) rows, read for meta() only
+        self._valid: np.ndarray | None = None
+        self._bind(open_table(self.split_dir, self.manifest, manifest_sizes=manifest_sizes))
 
-    def _manifest_skips(self) -> np.ndarray:
-        """``pack["skip"]`` entries: ``[shard name, index in shard, reason]`` (what ``stoker
-        index`` writes; the reason is optional), a global position (int) or a sample key (str)."""
-        mask = np.zeros(len(self), bool)
-        keys = set()
-        shard_no = {name: k for k, name in enumerate(self.shard_names)}
-        for s in self.manifest.pack.get("skip") or []:
-            if isinstance(s, (list, tuple)) and len(s) in (2, 3) and s[0] in shard_no and isinstance(s[1], int):
-                k = shard_no[s[0]]
-                if 0 <= int(s[1]) < self.shard_start[k + 1] - self.shard_start[k]:
-                    mask[self.shard_start[k] + int(s[1])] = True
-            elif isinstance(s, int) and 0 <= s < len(self):
-                mask[s] = True
-            elif isinstance(s, str):
-                keys.add(s)
-        for i in range(len(self)) if keys else ():
-            if self.key(i) in keys:
-                mask[i] = True
-        return mask
+    def _bind(self, table: SampleTable) -> None:
+        """Point the per-sample views at ``table`` (nothing per sample is read here)."""
+        self._table = table
+        rec = table.records
+        #: per-sample views of the mapped table (read, and paged in, only where indexed)
+        self.img_off, self.img_size, self.kind = rec["img_off"], rec["img_size"], rec["kind"]
+        self.tgt_off, self.tgt_size = rec["tgt_off"], rec["tgt_size"]
+        #: global position where each shard starts (plus the total at the end)
+        self.shard_start = np.array(table.starts, np.int64)
+        #: samples left out (no image or target, a repeated component, the manifest's skips)
+        self.num_skipped = len(table.left_out)
+
+    @property
+    def num_valid(self) -> int:
+        """Samples the loader draws from."""
+        return self._table.num_loadable
+
+    def valid_at(self, k) -> np.ndarray:
+        """``valid[k]`` without building :attr:`valid`: the global positions of the loadable
+        samples ``k`` (``0 .. num_valid - 1``, in stored order)."""
+        return self._table.loadable(k)
+
+    def valid_position(self, g: int) -> int:
+        """``k`` such that ``valid[k] == g``, for a loadable sample ``g``."""
+        return self._table.position_of(g)
+
+    @property
+    def valid(self) -> np.ndarray:
+        """Positions the loader draws from, all of them (``arange(len)`` when nothing is skipped):
+        built on first use, ``8 * num_valid`` bytes; the Loader uses :meth:`valid_at`."""
+        if self._valid is None:
+            keep = np.ones(len(self), bool)
+            keep[self._table.left_out] = False
+            self._valid = np.flatnonzero(keep).astype(np.int64)
+        return self._valid
+
+    def valid_counts(self) -> np.ndarray:
+        """Loadable samples per shard."""
+        return self._table.loadable_per_shard()
 
     def __len__(self) -> int:
         return int(self.shard_start[-1])
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the per-sample arrays (the bookkeeping bound in the docs)."""
-        arrays = [self.img_off, self.img_size, self.tgt_off, self.tgt_size, self.kind, self.valid]
-        if self.with_json:
-            arrays += [self.json_off, self.json_size]
-        return sum(a.nbytes for a in arrays)
+        """Bytes this index holds in memory: the shard starts (and :attr:`valid` once built); the
+        per-sample table is mapped, paged in only where read."""
+        return self.shard_start.nbytes + (self._valid.nbytes if self._valid is not None else 0)
 
     # pickling (DataLoader workers with the spawn start method): maps are reopened lazily
     def __getstate__(self):
         d = self.__dict__.copy()
         d["_maps"] = {}
         d["_keys"] = {}
+        d["_json"] = {}
         d["_kind"] = type(self.target.spec)  # a worker process knows a kind registered in this one
+        if isinstance(self._table.buf, mmap.mmap):  # a mapped table is mapped again, not copied
+            for k in ("_table", "img_off", "img_size", "kind", "tgt_off", "tgt_size"):
+                d[k] = None
         return d
 
     def __setstate__(self, d):
         ensure_kind(d.pop("_kind"))
         self.__dict__.update(d)
+        if self._table is None:
+            self._bind(open_table(self.split_dir, self.manifest, manifest_sizes=self._manifest_sizes))
 
     def shard_of(self, i: int) -> int:
         return int(np.searchsorted(self.shard_start, i, side="right") - 1)
@@ -273,9 +227,9 @@ class SampleIndex:
         sample that fails the structural guard."""
         shards = np.searchsorted(self.shard_start, idx, side="right") - 1
         out, wh = [], np.zeros((len(idx), 2), np.int64)
-        for k, (i, s) in enumerate(zip(idx.tolist(), shards.tolist(), strict=True)):
+        rows = zip(shards.tolist(), self.img_off[idx].tolist(), self.img_size[idx].tolist(), strict=True)
+        for k, (s, off, size) in enumerate(rows):
             m = self._maps.get(s) or self._map(s)
-            off, size = int(self.img_off[i]), int(self.img_size[i])
             dims = image_size(m, off, size)
             if dims is not None:
                 wh[k] = dims
@@ -286,10 +240,9 @@ class SampleIndex:
         """The target members' bytes of the samples at ``idx`` (zero-copy views of the maps)."""
         shards = np.searchsorted(self.shard_start, idx, side="right") - 1
         out = []
-        for i, s in zip(idx.tolist(), shards.tolist(), strict=True):
+        for s, off, size in zip(shards.tolist(), self.tgt_off[idx].tolist(), self.tgt_size[idx].tolist(), strict=True):
             m = self._maps.get(s) or self._map(s)
-            off = int(self.tgt_off[i])
-            out.append(np.frombuffer(m, np.uint8, int(self.tgt_size[i]), off))
+            out.append(np.frombuffer(m, np.uint8, size, off))
         return out
 
     def label(self, i: int) -> int:
@@ -329,6 +282,17 @@ class SampleIndex:
             split=self.split_dir,
         )
 
+    def target_stats(self) -> TargetStats | None:
+        """The statistics of the split's kind (:meth:`.kinds.TargetKind.accumulator`) over its
+        loadable samples, read from every target (what a manifest without ``target.stats`` leaves
+        to compute); ``None`` for a kind that keeps none."""
+        acc = self.target.spec.accumulator(self.target)
+        if acc is None:
+            return None
+        for s in range(0, self.num_valid, 65536):
+            acc.add_many(self.targets(self.valid_at(np.arange(s, min(s + 65536, self.num_valid)))))
+        return acc.result()
+
     def masks(self, idx: np.ndarray) -> tuple[list, np.ndarray]:
         """A mask split: the encoded masks (zero-copy views) of the samples at ``idx`` and their
         ``(width, height)`` from the PNG header (``(0, 0)`` for bytes that are not a complete PNG)."""
@@ -353,9 +317,13 @@ class SampleIndex:
         """The raw ``json`` component (``b""`` when absent); needs ``with_json=True``."""
         if not self.with_json:
             raise ArgumentError("meta() needs SampleIndex(..., with_json=True)")
-        m = self._map(self.shard_of(i))
-        off = int(self.json_off[i])
-        return bytes(m[off : off + int(self.json_size[i])])
+        shard = self.shard_of(i)
+        rows = self._json.get(shard)
+        if rows is None:
+            path = idx_path(self.split_dir / self.shard_names[shard])
+            rows = self._json[shard] = read_records(path, self.target.member.lower().encode(), True)[1]
+        off, size = (int(v) for v in rows[i - int(self.shard_start[shard])])
+        return bytes(self._map(shard)[off : off + size])
 
     def describe(self, i: int) -> str:
         """``"shard-000001.tar key 000000017"``, for messages."""
@@ -386,4 +354,13 @@ def open_split(split_dir: PathLike, *, sha256: bool = False, with_json: bool = F
     return SampleIndex(split_dir, manifest, with_json=with_json)
 
 
-__all__ = ["SampleIndex", "open_split", "image_size", "BYTES_PER_SAMPLE"]
+__all__ = [
+    "SampleIndex",
+    "open_split",
+    "image_size",
+    "BYTES_PER_SAMPLE",
+    "IMAGE_EXTS",
+    "KIND_JPEG",
+    "KIND_NONE",
+    "KIND_PNG",
+]

@@ -98,7 +98,15 @@ def test_resume_mid_epoch_equals_uninterrupted(split, backend):
     for _ in range(2):
         next(it)
     state = first.state_dict()
-    assert state == {"seed": 1, "epoch": 4, "position": 16, "world_size": 1, "num_samples": 50, "batch_size": 8}
+    assert state == {
+        "seed": 1,
+        "epoch": 4,
+        "position": 16,
+        "world_size": 1,
+        "num_samples": 50,
+        "batch_size": 8,
+        "permutation": 2,  # the global train sequence's version (a state of the older one resumes at epoch starts)
+    }
     second = make(split, backend=backend, seed=999)
     second.load_state_dict(state)
     second.set_epoch(4)  # a training loop calls this on resume: it must not restart the epoch

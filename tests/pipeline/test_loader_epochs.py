@@ -66,7 +66,15 @@ def test_zip_with_range_and_state_after_last_batch(split, backend):
     for _ in zip(range(len(loader)), loader):  # noqa: B905 - a zip that never asks for one more
         pass
     state = loader.state_dict()
-    assert state == {"seed": 4, "epoch": 1, "position": 0, "world_size": 1, "num_samples": 30, "batch_size": 8}
+    assert state == {
+        "seed": 4,
+        "epoch": 1,
+        "position": 0,
+        "world_size": 1,
+        "num_samples": 30,
+        "batch_size": 8,
+        "permutation": 2,
+    }
     resumed = make(split, backend=backend, seed=0)
     resumed.load_state_dict(state)
     got = labels_of(list(resumed))

@@ -188,9 +188,9 @@ def test_a_newer_format_is_one_line_and_old_class_splits_stay_format_1(tiny_shar
     root = tiny_shards(n=8, per_shard=8)
     d = json.loads((root / "train" / "stoker.json").read_text())
     assert d["format"] == 1 and "target" not in d
-    d["format"] = 3
+    d["format"] = 4
     (root / "train" / "stoker.json").write_text(json.dumps(d))
-    with pytest.raises(ManifestError, match=r"format 3, written by a newer stoker.*upgrade stoker"):
+    with pytest.raises(ManifestError, match=r"format 4, written by a newer stoker.*upgrade stoker"):
         Manifest.load(root / "train")
 
 
@@ -366,9 +366,9 @@ def test_a_stand_in_passes_the_mask_header_guard_like_a_planned_sample(tmp_path)
     Manifest(num_samples=8, classes=["0", "1"], shards=[w.info], target=Target.of("mask", num_classes=2)).save(split)
     with _loader(split, batch_size=4, crop=16, train=True, backend="pil") as ld:
         assert loadable(ld.index, np.arange(8)).tolist() == [i not in bad for i in range(8)]
-        ld._order = np.arange(8, dtype=np.int64)  # the epoch order a stand-in is drawn from
-        picked = ld._stand_in(np.array([0, 1, 2, 3]))
-        assert set(picked.tolist()) <= {4, 6, 7} and len(picked) == 3
+        seq = ld.indices().tolist()  # this rank's order: stand-ins are the next loadable ones after the batch
+        picked = ld._stand_in(np.array(seq[:4])).tolist()
+        assert picked == [i for i in seq[4:] + seq[:4] if i not in bad] and set(picked) == {4, 6, 7}
 
 
 def test_target_statistics_merge_exactly_and_survive_the_manifest(tmp_path):

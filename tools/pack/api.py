@@ -15,6 +15,7 @@ from typing import Any
 
 from stoker import __version__
 from stoker.errors import InputsRejectedError, StokerError, UsageError, WriteFailedError
+from stoker.pipeline.shards.table import write_split_table
 from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
 from stoker.pipeline.storage import Store, default_cache_dir, is_url, url_key
 
@@ -221,6 +222,7 @@ def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
     out, t0 = Path(out), time.perf_counter()
     try:
         totals = merge(out)
+        write_tables(out, list(totals))
     except OSError as e:
         raise _write_failed(e, out) from None
     inputs = sum(s["num_inputs"] for s in (read_settings(out) or {}).get("splits", {}).values())
@@ -266,12 +268,21 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
             out=where, inputs=inputs, splits={}, run=run, seconds=time.perf_counter() - t0, part=part, parts=parts
         )
     totals = merge(out, shard_ok)
-    if remote is not None:
+    if remote is None:
+        write_tables(out, splits)
+    else:
         remote.publish_manifests(out, splits)
     targets = describe_targets(source.target, {"classes": source.classes})
     return PackResult(
         out=where, inputs=inputs, splits=totals, run=run, seconds=time.perf_counter() - t0, targets=targets
     )
+
+
+def write_tables(out: Path, splits: list[str]) -> None:
+    """Each split's binary sample table (``stoker.index``, beside its manifest), so no Loader
+    rank has to build it from the ``.idx`` files (:mod:`stoker.pipeline.shards.table`)."""
+    for split in splits:
+        write_split_table(out / split)
 
 
 def describe_targets(target: Target, settings: dict) -> str:

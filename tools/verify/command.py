@@ -1,36 +1,41 @@
 """Check packed shards against their stoker.json: size and sha256 of every shard,
 tar integrity, .idx equal to a fresh scan of the tar, labels in range, and every
 image decoding with the Loader's decoders: its header check, pillow (the pil
-backend) and, when DALI is installed, DALI's CPU decoder (or --sample K random
-images per split).
+backend) and, when DALI is installed, DALI's CPU decoder.
+
+--sample K checks K random samples per split instead, at the cost of K samples: every
+shard present with its size and .idx, then each drawn sample's tar headers, target and
+image; it skips the shards' sha256, the full tar scans and the .idx comparisons.
 
 DIR is a pack's OUT (all its splits) or one split folder, local or an fsspec URL
 (s3://, gs://, https://, file://; the shards are downloaded to a temporary folder one split
-at a time and checked there). Prints one table row per shard and exits 1 naming the shard
-and sample of every problem found.
+at a time and checked there; with --sample only the drawn samples' shards). Prints one table
+row per shard and exits 1 naming the shard and sample of every problem found. A full check is
+journaled per shard (.stoker-verify/ in a split folder that can be written): killed and rerun,
+it checks only the shards not done yet. --engine ray checks shards as Ray tasks.
 
 examples:
   stoker verify /fast/imagenet-shards
   stoker verify /fast/imagenet-shards/val --sample 100
+  stoker verify /shared/laion --engine ray --ray-address auto
   AWS_ENDPOINT_URL=http://minio:9000 stoker verify s3://bucket/imagenet-shards
 """
-
-# One module past 400 lines: verify(), the per-shard check it runs and the flags; image
-# decoding is in imagecheck.py.
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
-import random
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from stoker import __version__
 from stoker.errors import CheckFailedError, UsageError
 from stoker.pipeline.fsutil import sha256_file
 from stoker.pipeline.shards.idx import (
@@ -42,87 +47,21 @@ from stoker.pipeline.shards.idx import (
     sample_key,
     scan_tar,
 )
-from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
+from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path, iter_skips
 from stoker.pipeline.shards.samples import image_size
+from stoker.pipeline.shards.table import manifest_digest
 from stoker.pipeline.shards.targets import Target, check_target
 from stoker.pipeline.storage import Store, is_url, parse_storage_options, storage_errors
 
-from ..common.results import Result
 from .imagecheck import ImageChecker
+from .report import MAX_TARGET_BYTES, ShardReport, VerifyResult
+from .sampled import draw, sampled_reports
+from .shardjobs import engine_session, journal_at, run_shard_jobs, stamp
 
-#: a target member past this is not read whole (a mask of 64 MiB is damage, not data)
-MAX_TARGET_BYTES = 64 << 20
+#: the folder (in a split's) of a full check's journal, removed once the split is checked
+JOURNAL_DIR = ".stoker-verify"
 
 HELP = "check shards against stoker.json: checksums, tar, .idx, and that every image decodes"
-
-
-@dataclass
-class ShardReport:
-    """What :func:`verify_shard` found in one shard."""
-
-    split: str
-    name: str
-    samples: int = 0
-    bytes: int = 0
-    sha_ok: bool = False
-    idx_ok: bool = False
-    decoded: int = 0
-    bad: int = 0
-    skipped: int = 0
-    problems: list[str] = field(default_factory=list)
-
-
-@dataclass
-class VerifyResult(Result):
-    """What :func:`verify` found; ``stoker verify`` prints :meth:`table`, then :meth:`problem_lines`
-    and :meth:`failure` (exit 1) or :meth:`summary`.
-
-    Attributes:
-        path: The folder or URL checked.
-        shards: One :class:`ShardReport` per shard, split by split.
-        ok: No shard has a problem.
-    """
-
-    path: str
-    shards: list[ShardReport]
-    ok: bool
-
-    @property
-    def problems(self) -> list[str]:
-        """Every problem found, each naming its shard (and sample)."""
-        return [p for r in self.shards for p in r.problems]
-
-    def table(self) -> str:
-        """One row per shard: samples, bytes, sha256 and .idx ok, images decoded, bad, skipped."""
-        w = max([len(f"{r.split}/{r.name}") for r in self.shards] + [5])
-        lines = [
-            f"{'shard':{w}} {'samples':>8} {'bytes':>13} {'sha256':>6} {'idx':>4} {'decoded':>8} {'bad':>5} {'skip':>5}"
-        ]
-        lines += [
-            f"{r.split + '/' + r.name:{w}} {r.samples:>8,} {r.bytes:>13,} {'ok' if r.sha_ok else 'BAD':>6} "
-            f"{'ok' if r.idx_ok else 'BAD':>4} {r.decoded:>8,} {r.bad:>5,} {r.skipped:>5,}"
-            for r in self.shards
-        ]
-        return "\n".join(lines)
-
-    def summary(self) -> str:
-        """The closing line of a clean check."""
-        return (
-            f"ok: {len(self.shards)} shards, {sum(r.samples for r in self.shards):,} samples, "
-            f"{sum(r.decoded for r in self.shards):,} images decoded"
-        )
-
-    def problem_lines(self, limit: int = 50) -> list[str]:
-        """The first ``limit`` problems, indented, and how many more."""
-        problems = self.problems
-        more = [f"  ... and {len(problems) - limit} more"] if len(problems) > limit else []
-        return [f"  {p}" for p in problems[:limit]] + more
-
-    def failure(self) -> str:
-        """One line: how many problems in how many shards, and the first."""
-        problems = self.problems
-        bad = len({(r.split, r.name) for r in self.shards if r.problems})
-        return f"{len(problems)} problem(s) in {bad} shard(s); first: {problems[0]}" if problems else ""
 
 
 def find_splits(path: Path) -> list[Path]:
@@ -246,14 +185,9 @@ def verify_shard(
     return rep
 
 
-def fork_method() -> str:
-    """``fork`` (cheapest), unless DALI's native threads run in this process: a fork could
-    copy a held lock into the child, so use a fork server then."""
-    return "forkserver" if "nvidia.dali.backend_impl" in sys.modules else "fork"
-
-
-def _run(job):
-    return verify_shard(*job)
+def _verify_job(*job) -> dict:
+    """:func:`verify_shard` as JSON (a journal line, a Ray task's result)."""
+    return dataclasses.asdict(verify_shard(*job))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -268,10 +202,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="K",
-        help="decode K random images per split instead of all (checksums and indexes are always checked)",
+        help="check K random samples per split (tar headers, target, decoding) and the shard list (present, "
+        "sizes, .idx) instead of everything: skips the sha256 and the full tar and .idx scans",
     )
     p.add_argument("--seed", type=int, default=0, help="seed choosing the --sample images")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes checking shards in parallel")
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: a process pool on this machine (default); ray: a Ray task per shard (pip install "
+        "stoker[ray]) on --ray-address, or on a local Ray with --workers CPUs",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster to run on (auto, ray://head:10001; default: a local Ray on this machine)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--storage-option",
@@ -300,8 +247,9 @@ def remote_splits(url: str, storage_options: dict) -> list[str]:
     return splits
 
 
-def download_split(url: str, storage_options: dict, dest: Path) -> Path:
-    """The manifest, every shard and ``.idx`` it names, as stored (unchecked: verify checks
+def download_split(url: str, storage_options: dict, dest: Path, *, sample: int = 0, seed: int = 0) -> Path:
+    """The manifest, every shard and ``.idx`` it names (with ``sample``: the ``.idx`` files and
+    the shards of the samples :func:`~.sampled.draw` draws), as stored (unchecked: verify checks
     them), into ``dest``. A missing shard or ``.idx`` stays missing (and is reported)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -312,7 +260,14 @@ def download_split(url: str, storage_options: dict, dest: Path) -> Path:
         raise UsageError(f"no {MANIFEST_NAME} at {url}")
     (dest / MANIFEST_NAME).write_bytes(data)
     manifest = Manifest.load(dest)
-    names = [n for s in manifest.shards for n in (s.name, idx_path(s.name).name)]
+    wanted = {s.name for s in manifest.shards}
+    if sample:
+        starts = np.cumsum([0] + [s.num_samples for s in manifest.shards])
+        drawn = np.searchsorted(starts, draw(manifest.num_samples, sample, seed), side="right") - 1
+        wanted = {manifest.shards[int(k)].name for k in set(drawn.tolist())}
+    names = [n for s in manifest.shards for n in ((s.name,) if s.name in wanted else ()) + (idx_path(s.name).name,)]
+    if manifest.pack.get("skip_file"):
+        names.append(manifest.pack["skip_file"])
 
     def get(name: str) -> None:
         try:
@@ -333,18 +288,25 @@ def verify(
     workers: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = False,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> VerifyResult:
     """Check the shards of a pack (all its splits) or of one split against their stoker.json.
 
     Args:
         path: A pack's OUT or one split folder: a path, or an fsspec URL (its shards are
             downloaded to a temporary folder one split at a time).
-        sample: Decode this many random images per split instead of all (0: all); checksums
-            and indexes are always checked.
+        sample: Check this many random samples per split instead of everything (0:
+            everything): the shard list (present, sizes, ``.idx``) and each drawn sample's tar
+            headers, target and image, at the cost of those samples; the shards' sha256 and the
+            full tar and ``.idx`` scans are skipped (:mod:`.sampled`).
         seed: Seed choosing the ``sample`` images.
         workers: Processes checking shards in parallel (None: the CPU count).
         storage_options: fsspec options of a URL ``path``.
         progress: Show a progress bar on stderr.
+        engine: ``"local"`` (``workers`` processes) or ``"ray"`` (a task per shard on the Ray
+            cluster at ``ray_address``, or a local Ray with ``workers`` CPUs).
+        ray_address: The Ray cluster (``"auto"``, ``"ray://head:10001"``).
 
     Returns:
         The :class:`VerifyResult`; ``ok`` is False when any shard has a problem.
@@ -355,75 +317,84 @@ def verify(
     workers = (os.cpu_count() or 1) if workers is None else workers
     if sample < 0 or workers < 1:
         raise UsageError("--sample must be >= 0 and --workers >= 1")
-    how = dict(sample=sample, seed=seed, workers=workers, progress=progress)
-    if is_url(path):
-        options = dict(storage_options or {})
-        # one split at a time: the temporary copy is at most one split's size
-        reports: list[ShardReport] = []
-        for url in remote_splits(str(path), options):
-            with tempfile.TemporaryDirectory(prefix="stoker-verify-") as tmp:
-                reports += _check([download_split(url, options, Path(tmp) / url.rsplit("/", 1)[-1])], **how)
-    else:
-        if storage_options:
-            raise UsageError(f"--storage-option is for a URL (s3://, gs://, https://, file://); {path} is a local path")
-        root = Path(path)
-        if not root.exists():
-            raise UsageError(f"{root} does not exist")
-        reports = _check(find_splits(root), **how)
+    if is_url(path) and engine == "ray":
+        raise UsageError(
+            "--engine ray checks shards where they are stored, on every node: a URL's are downloaded to this "
+            "machine, so check it without --engine ray (or check a shared-filesystem copy with it)"
+        )
+    how = dict(sample=sample, seed=seed, workers=workers, progress=progress, engine=engine)
+    with engine_session(engine, ray_address, workers):
+        if is_url(path):
+            options = dict(storage_options or {})
+            # one split at a time: the temporary copy is at most one split's size
+            reports: list[ShardReport] = []
+            for url in remote_splits(str(path), options):
+                with tempfile.TemporaryDirectory(prefix="stoker-verify-") as tmp:
+                    where = Path(tmp) / url.rsplit("/", 1)[-1]
+                    local = download_split(url, options, where, sample=sample, seed=seed)
+                    sizes = Store(url, options).sizes() if sample else None
+                    reports += _check(local, remote_sizes=sizes, **how)
+        else:
+            if storage_options:
+                raise UsageError(
+                    f"--storage-option is for a URL (s3://, gs://, https://, file://); {path} is a local path"
+                )
+            root = Path(path)
+            if not root.exists():
+                raise UsageError(f"{root} does not exist")
+            reports = [r for split_dir in find_splits(root) for r in _check(split_dir, **how)]
     return VerifyResult(path=str(path), shards=reports, ok=not any(r.problems for r in reports))
 
 
-def _check(split_dirs: list[Path], *, sample: int, seed: int, workers: int, progress: bool) -> list[ShardReport]:
-    from tqdm import tqdm
-
-    jobs = []
-    for split_dir in split_dirs:
-        m = Manifest.load(split_dir)
-        skips: dict[str, list[int]] = {}
-        for entry in m.pack.get("skip") or []:
-            if isinstance(entry, (list, tuple)) and len(entry) in (2, 3):
-                skips.setdefault(entry[0], []).append(int(entry[1]))
-        picks: dict[int, list[int]] = {}
-        if sample:
-            rng = random.Random(seed)
-            chosen = sorted(rng.sample(range(m.num_samples), min(sample, m.num_samples)))
-            starts, acc = [], 0
-            for s in m.shards:
-                starts.append(acc)
-                acc += s.num_samples
-            for g in chosen:
-                k = max(j for j, st in enumerate(starts) if st <= g)
-                picks.setdefault(k, []).append(g - starts[k])
-        for k, s in enumerate(m.shards):
-            check = picks.get(k, []) if sample else None
-            jobs.append(
-                (
-                    str(split_dir),
-                    split_dir.name,
-                    s,
-                    len(m.classes),  # a mask is held to its own declared classes
-                    check,
-                    skips.get(s.name, []),
-                    "indexed_by" not in m.pack,
-                    m.target.to_json() if m.target.kind != "class" else None,
-                    m.classes if m.target.kind == "class" else None,
-                )
-            )
-    reports: list[ShardReport] = []
-    bar = tqdm(total=len(jobs), desc="verify", unit="shard", file=sys.stderr, disable=None if progress else True)
-    if workers > 1 and len(jobs) > 1:
-        import multiprocessing as mp
-
-        with mp.get_context(fork_method()).Pool(min(workers, len(jobs))) as pool:
-            for rep in pool.imap(_run, jobs):
-                reports.append(rep)
-                bar.update(1)
-    else:
-        for job in jobs:
-            reports.append(_run(job))
-            bar.update(1)
-    bar.close()
-    return reports
+def _check(
+    split_dir: Path,
+    *,
+    sample: int,
+    seed: int,
+    workers: int,
+    progress: bool,
+    engine: str,
+    remote_sizes: dict | None = None,
+) -> list[ShardReport]:
+    """One split's reports: :func:`~.sampled.sampled_reports` with ``sample``, else every shard
+    checked whole (:func:`verify_shard`), journaled and in parallel."""
+    if sample:
+        return sampled_reports(split_dir, sample, seed, remote_sizes=remote_sizes)
+    m = Manifest.load(split_dir)
+    skips: dict[str, list[int]] = {}
+    for entry in iter_skips(split_dir, m):
+        if isinstance(entry, (list, tuple)) and len(entry) in (2, 3):
+            skips.setdefault(entry[0], []).append(int(entry[1]))
+    jobs = [
+        (
+            str(split_dir),
+            split_dir.name,
+            s,
+            len(m.classes),  # a mask is held to its own declared classes
+            None,
+            skips.get(s.name, []),
+            "indexed_by" not in m.pack,
+            m.target.to_json() if m.target.kind != "class" else None,
+            m.classes if m.target.kind == "class" else None,
+        )
+        for s in m.shards
+    ]
+    settings = {"stoker": __version__, "manifest": manifest_digest(split_dir).hex()}
+    journal = journal_at(split_dir, JOURNAL_DIR, settings)
+    found = run_shard_jobs(
+        _verify_job,
+        jobs,
+        [s.name for s in m.shards],
+        [stamp(split_dir / s.name, idx_path(split_dir / s.name)) for s in m.shards],
+        journal=journal,
+        engine=engine,
+        workers=workers,
+        progress=progress,
+        desc=f"verify {split_dir.name}",
+        what="verifying",
+    )
+    journal.remove()
+    return [ShardReport(**r) for r in found]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -434,6 +405,8 @@ def main(args: argparse.Namespace) -> int:
         workers=args.workers,
         storage_options=parse_storage_options(args.storage_option),
         progress=not args.quiet,
+        engine=args.engine,
+        ray_address=args.ray_address,
     )
     if args.json:
         print(json.dumps(result.to_dict(), indent=1, default=str))

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import dataclasses
 import json
 import os
@@ -42,15 +41,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stoker import __version__
-from stoker.errors import CheckFailedError, ManifestError, MostSkippedError, TarFormatError, UsageError
-from stoker.pipeline.fsutil import sha256_file
-from stoker.pipeline.shards.idx import MAX_CLASSES, image_component, read_label, scan_tar, write_idx
+from stoker.errors import CheckFailedError, ManifestError, MostSkippedError, UsageError
+from stoker.pipeline.shards.idx import MAX_CLASSES
 from stoker.pipeline.shards.kinds import get_kind, kind_names
-from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
-from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
+from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, iter_skips, write_skips
+from stoker.pipeline.shards.table import write_split_table
+from stoker.pipeline.shards.targets import IGNORE_INDEX, StatsAccumulator, Target
 
 from ..common.results import Result
-from .command import ImageChecker, fork_method
+from .index_shard import index_one
+from .shardjobs import engine_session, journal_at, run_shard_jobs, stamp
+
+#: the folder (in the split's) of a run's journal, removed once the manifest is written
+JOURNAL_DIR = ".stoker-index"
 
 HELP = "write .idx files and a stoker.json for foreign WebDataset shards"
 
@@ -82,6 +85,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-check", action="store_true", help="do not decode the images (faster; nothing is skipped)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes indexing shards in parallel")
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: a process pool on this machine (default); ray: a Ray task per shard (pip install "
+        "stoker[ray]) on --ray-address, or on a local Ray with --workers CPUs; the shards must be at the same "
+        "path on every node",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster to run on (auto, ray://head:10001; default: a local Ray on this machine)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON (IndexResult.to_dict())")
 
@@ -150,124 +166,6 @@ def _reason_kind(reason: str) -> str:
     return reason.split(":", 1)[0]
 
 
-def index_one(
-    tar: str,
-    check: bool,
-    num_classes: int | None = None,
-    target: dict | None = None,
-    names: list | None = None,
-    discover_width: bool = False,
-) -> dict:
-    """Write ``tar``'s .idx and return what the manifest needs: its ShardInfo, the
-    samples to skip as ``(index, reason)``, the members no sample holds as ``(name, reason)``,
-    image extensions seen, the largest label kept (classes, multi-label), the float width
-    (the first sample's, with ``target`` a float of no declared columns) and whether any sample
-    holds the target member.
-
-    ``num_classes`` (known from ``--classes`` or the split's manifest) bounds the labels;
-    without it a label only has to be below :data:`MAX_CLASSES`. ``names`` maps a ``cls`` that
-    is a class name to its index. ``discover_width``: a float target's width is the first
-    sample's (no columns were declared).
-    """
-    spec = Target.from_json(target) if target else Target()
-    member_ext = spec.member.lower()
-    tar_path = Path(tar)
-    try:
-        scan = scan_tar(tar_path)
-    except TarFormatError as e:
-        return {"error": str(e)}
-    samples = scan.samples
-    try:
-        write_idx(idx_path(tar_path), samples)
-    except OSError as e:
-        return {"error": f"cannot write {idx_path(tar_path)}: {e.strerror or e}"}
-    skips: dict[int, str] = dict(scan.problems)
-    exts: set[str] = set()
-    max_label, seen = -1, False
-    width = None if discover_width else spec.width
-    members: set[str] = set()
-    index_of = {n: i for i, n in enumerate(names or ())}
-    checker = ImageChecker(require_rgb=False) if check else None
-    pending: list[tuple[int, bytes]] = []
-
-    def flush() -> None:
-        for (i, _), err in zip(pending, checker.check([d for _, d in pending]), strict=True):
-            if err:
-                skips[i] = f"image does not decode: {err}"
-        pending.clear()
-
-    with open(tar_path, "rb") as f:
-        for i, sample in enumerate(samples):
-            comp = next((c for c in sample if c.ext.lower() == member_ext), None)
-            seen = seen or comp is not None
-            if len(members) < 16:
-                members.update(c.ext for c in sample)
-            if i in skips:
-                continue
-            img = image_component(sample)
-            if img is None:
-                skips[i] = f"no image: has {', '.join(c.ext for c in sample)[:80]}"
-                continue
-            if comp is None:
-                skips[i] = "no cls label" if spec.kind == "class" else f"no {spec.member} target"
-                continue
-            value = _target_value(f, comp, img, spec, num_classes, index_of, width)
-            if isinstance(value, str):
-                skips[i] = value
-                continue
-            if spec.kind == "float":
-                width = width or value
-            elif spec.kind in ("class", "multilabel"):
-                max_label = max(max_label, value)
-            exts.add(img.ext)
-            if checker is not None:
-                f.seek(img.offset)
-                pending.append((i, f.read(img.size)))
-                if len(pending) >= checker.batch_size:
-                    flush()
-        if checker is not None:
-            flush()
-    # the largest label of a sample that stays (a decode skip does not define a class)
-    info = ShardInfo(tar_path.name, len(samples), os.path.getsize(tar_path), sha256_file(tar_path))
-    return {
-        "info": info,
-        "skips": sorted(skips.items()),
-        "ignored": scan.ignored,
-        "exts": exts,
-        "max_label": max_label,
-        "width": width,
-        "seen": seen,
-        "members": sorted(members),
-    }
-
-
-def _target_value(f, comp, img, spec: Target, num_classes, index_of: dict, width):
-    """A sample's target checked: the class (or the largest label), the float width, or 0 for a
-    mask; a string says why it cannot be used."""
-    from stoker.pipeline.shards.samples import image_size
-    from stoker.pipeline.shards.targets import check_target, parse_float, parse_labels
-
-    if spec.kind == "class":
-        return read_label(f, comp, num_classes, names=index_of)  # a name: what --classes names
-    if comp.size > 64 << 20:
-        return f"{spec.member} is {comp.size:,} bytes: not a target"
-    f.seek(comp.offset)
-    raw = f.read(comp.size)
-    if spec.kind == "float":  # without declared columns the first sample says how wide they are
-        value = parse_float(raw, spec.member, width)
-        return value if isinstance(value, str) else len(value)
-    if spec.kind == "multilabel":
-        labels = parse_labels(raw, spec.member, num_classes or MAX_CLASSES)
-        return labels if isinstance(labels, str) else int(labels.max(initial=-1))
-    f.seek(img.offset)
-    why = check_target(spec, raw, num_classes=spec.num_classes or 0, image_wh=image_size(f.read(img.size)))
-    return why if why else 0
-
-
-def _index_job(job: tuple) -> dict:
-    return index_one(*job)
-
-
 def _previous(folder: Path, tars: list[Path], notes: list[str]) -> Manifest | None:
     """The split's current manifest, if it has a readable one (what a re-index keeps)."""
     if not (folder / MANIFEST_NAME).exists():
@@ -334,29 +232,6 @@ class IndexResult(Result):
         return "\n".join(lines)
 
 
-def _index_all(jobs: list[tuple], workers: int, progress: bool) -> list[dict]:
-    """:func:`index_one` over ``jobs``, in ``workers`` processes; the first error is a CheckFailedError."""
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(jobs), desc="index", unit="shard", file=sys.stderr, disable=None if progress else True)
-    with contextlib.ExitStack() as stack:
-        if workers > 1 and len(jobs) > 1:
-            import multiprocessing as mp
-
-            pool = stack.enter_context(mp.get_context(fork_method()).Pool(min(workers, len(jobs))))
-            results = pool.imap(_index_job, jobs)
-        else:
-            results = map(_index_job, jobs)
-        found = []
-        for r in results:
-            if "error" in r:
-                raise CheckFailedError(r["error"])
-            found.append(r)
-            bar.update(1)
-    bar.close()
-    return found
-
-
 def index(
     shards: str | Path | Sequence[str | Path],
     *,
@@ -368,8 +243,14 @@ def index(
     target_member: str | None = None,
     num_classes: int | None = None,
     ignore_index: int = IGNORE_INDEX,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> IndexResult:
-    """Write a DALI .idx beside each tar and a stoker.json in their folder (see the module doc).
+    """Write a DALI .idx beside each tar, a stoker.json and the split's sample table
+    (``stoker.index``) in their folder (see the module doc).
+
+    Shards are indexed in parallel and journaled as each finishes (``.stoker-index/`` in the
+    folder): a killed run, rerun with the same arguments, indexes only the shards not done yet.
 
     Args:
         shards: Tar files (all in one folder), or that folder.
@@ -385,6 +266,10 @@ def index(
             split's manifest's).
         num_classes: ``mask``: mask values must be below it (or ``ignore_index``).
         ignore_index: ``mask``: the ignored value.
+        engine: ``"local"`` (``workers`` processes) or ``"ray"`` (a task per shard on the Ray
+            cluster at ``ray_address``, or a local Ray with ``workers`` CPUs; the shards must be
+            at the same path on every node).
+        ray_address: The Ray cluster (``"auto"``, ``"ray://head:10001"``).
 
     Returns:
         The :class:`IndexResult`.
@@ -394,6 +279,7 @@ def index(
             holds the target member (the members they hold are named).
         CheckFailedError: A tar that cannot be indexed, no loadable sample, the manifest cannot
             be written, or most samples were marked to skip (the manifest is written).
+        RayError: The Ray cluster cannot be reached, or a task failed (rerun to resume).
     """
     tars = _tars([shards] if isinstance(shards, (str, Path)) else shards)
     classes = _checked_classes(classes) if classes is not None else None
@@ -411,8 +297,24 @@ def index(
     named = previous is not None and previous.classes != [str(i) for i in range(len(previous.classes))]
     bound = len(previous.classes) if classes is None and named else None
     names = classes if classes is not None else (previous.classes if named else None)
-    jobs = [(str(t), check, bound, spec.to_json(), names, discover) for t in tars]
-    found = _index_all(jobs, workers, progress)
+    target = dataclasses.replace(spec, stats=None).to_json()
+    jobs = [(str(t), check, bound, target, names, discover) for t in tars]
+    # the journal holds results of these settings only: another run's is started over
+    settings = {"stoker": __version__, "check": check, "bound": bound, "target": target, "names": names}
+    journal = journal_at(folder, JOURNAL_DIR, {**settings, "discover": discover})
+    with engine_session(engine, ray_address, workers):
+        found = run_shard_jobs(
+            index_one,
+            jobs,
+            [t.name for t in tars],
+            [stamp(t) for t in tars],
+            journal=journal,
+            engine=engine,
+            workers=workers,
+            progress=progress,
+            desc="index",
+            what="indexing",
+        )
     if not any(r["seen"] for r in found):
         members = sorted({e for r in found for e in r.get("members", ())})
         raise UsageError(
@@ -420,20 +322,21 @@ def index(
             + (f" (they hold {', '.join(members)})" if members else "")
             + ": name the target's member with --target-member"
         )
-    infos = [r["info"] for r in found]
-    skip = [[r["info"].name, i, why] for r in found for i, why in r["skips"]]
+    infos = [ShardInfo(**r["info"]) for r in found]
+    skip = [[r["info"]["name"], i, why] for r in found for i, why in r["skips"]]
     if not check and previous is not None:
-        skip += _carried_skips(previous, infos, skip)
-    ignored = [[r["info"].name, name, why] for r in found for name, why in r["ignored"]]
+        skip += _carried_skips(folder, previous, infos, skip)
+    ignored = [[r["info"]["name"], name, why] for r in found for name, why in r["ignored"]]
     if discover:
         widths = sorted({r["width"] for r in found if r["width"]})
         if len(widths) > 1:
             raise UsageError(f"the float targets of {folder} have {' and '.join(map(str, widths))} values per sample")
         k = widths[0] if widths else 1
         spec = dataclasses.replace(spec, columns=("y",) if k == 1 else tuple(f"y{i}" for i in range(k)))
+    spec = dataclasses.replace(spec, stats=_merged_stats(found, spec))
     max_label = max(r["max_label"] for r in found)
     if classes is not None and max_label >= len(classes):
-        shard = next(r["info"].name for r in found if r["max_label"] == max_label)
+        shard = next(r["info"]["name"] for r in found if r["max_label"] == max_label)
         raise UsageError(f"{folder / shard} has a cls of {max_label} but --classes names only {len(classes)} classes")
     if classes is None:
         grown = max(max_label + 1, len(previous.classes) if previous else 0)
@@ -444,14 +347,18 @@ def index(
     # verify holds packed shards to pack's rules (RGB JPEGs) and foreign ones to the loader's
     pack["reindexed_by" if previous and "indexed_by" not in pack else "indexed_by"] = f"stoker {__version__}"
     exts = set().union(*(r["exts"] for r in found))
-    pack.update(image_exts=sorted(exts), checked=check, skip=skip, ignored_members=ignored)
-    m = Manifest(num_samples=sum(s.num_samples for s in infos), classes=classes, shards=infos, pack=pack, target=spec)
-    if m.num_samples - len(skip) <= 0:
+    pack.update(image_exts=sorted(exts), checked=check, ignored_members=ignored)
+    total = sum(s.num_samples for s in infos)
+    if total - len(skip) <= 0:
         raise CheckFailedError(f"no loadable samples in {folder}: {_summary(skip)}; nothing written to {MANIFEST_NAME}")
     try:
+        write_skips(folder, pack, skip)  # in the manifest, or past INLINE_SKIPS in a file of their own
+        m = Manifest(num_samples=total, classes=classes, shards=infos, pack=pack, target=spec)
         where = m.save(folder)
+        write_split_table(folder, m)
     except OSError as e:  # the old manifest, if any, is left as it was (atomic write)
-        raise CheckFailedError(f"cannot write {folder / MANIFEST_NAME}: {e.strerror or e}") from None
+        raise CheckFailedError(f"cannot write {e.filename or folder / MANIFEST_NAME}: {e.strerror or e}") from None
+    journal.remove()
     result = IndexResult(
         manifest=Path(where),
         shards=len(infos),
@@ -470,6 +377,17 @@ def index(
             result,
         )
     return result
+
+
+def _merged_stats(found: list[dict], spec: Target):
+    """The split's target statistics (float and mask targets), merged from the shards'."""
+    states = [r["stats"] for r in found if r.get("stats")]
+    acc = spec.spec.accumulator(spec)
+    if acc is None or not states:
+        return None
+    for state in states:
+        acc.merge(StatsAccumulator.from_state(state))
+    return acc.result(spec.ignore_index)
 
 
 def _target_spec(previous, targets, member, num_classes, ignore_index) -> tuple[Target, bool]:
@@ -500,6 +418,8 @@ def main(args: argparse.Namespace) -> int:
             target_member=args.target_member,
             num_classes=args.num_classes,
             ignore_index=args.ignore_index,
+            engine=args.engine,
+            ray_address=args.ray_address,
         )
     except MostSkippedError as e:  # written: its summary, then the error
         print(json.dumps(e.result.to_dict(), indent=1, default=str) if args.json else e.result.summary())
@@ -515,14 +435,14 @@ def _summary(entries: list) -> str:
     return ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
 
 
-def _carried_skips(previous: Manifest, shards: list[ShardInfo], skip: list) -> list:
+def _carried_skips(folder: Path, previous: Manifest, shards: list[ShardInfo], skip: list) -> list:
     """With --no-check, the decode skips an earlier index found in shards that did not change."""
     same = {s.name for s in shards} & {
         s.name for s in previous.shards if s.sha256 == next((t.sha256 for t in shards if t.name == s.name), None)
     }
     have = {(e[0], e[1]) for e in skip}
     out = []
-    for e in previous.pack.get("skip") or []:
+    for e in iter_skips(folder, previous):
         if isinstance(e, (list, tuple)) and len(e) in (2, 3) and e[0] in same and (e[0], e[1]) not in have:
             out.append([e[0], int(e[1]), e[2] if len(e) == 3 else "skipped by an earlier index"])
     return out

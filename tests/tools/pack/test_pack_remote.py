@@ -40,11 +40,12 @@ def pack(*argv) -> int:
 
 
 def local_tree(out: Path) -> dict[str, bytes]:
-    """What a reader of a local pack sees: every file but the packer's own .stoker-pack/ state."""
+    """What a reader of a local pack sees: every file but the packer's own .stoker-pack/ state and
+    the splits' sample tables (stoker.index: a local split's; a URL's readers build theirs)."""
     return {
         p.relative_to(out).as_posix(): p.read_bytes()
         for p in sorted(out.rglob("*"))
-        if p.is_file() and ".stoker-pack" not in p.relative_to(out).parts
+        if p.is_file() and ".stoker-pack" not in p.relative_to(out).parts and p.name != "stoker.index"
     }
 
 

@@ -1,16 +1,5 @@
-"""Sample order: pure functions of ``(seed, epoch, rank, world, position)``.
-
-Training sees a fresh global permutation of all samples each epoch (not a shuffle
-buffer), split across ranks so that the slices are disjoint and cover the epoch.
-Validation keeps the stored order and gives every sample to exactly one rank.
-
-Resuming on another number of ranks (elastic): ranks step in lockstep, so after ``p`` samples
-per rank the ``W`` ranks of a split at ``offset`` have handed out exactly the epoch sequence's
-``offset .. offset + W * p`` (the permutation's, in order). The rest of the epoch is the sequence
-from there, split over the new ranks the way an epoch is (:func:`rank_indices` with ``offset``):
-every sample not yet handed out once, none handed out twice; each rank gets the same count, the
-last fewer than ``W'`` left out as an epoch leaves ``n % W`` out.
-"""
+"""``shuffle="block"``: shards permuted and split across ranks, samples permuted within a
+window of shards (a URL's cache holds two windows). Resumes on the same number of ranks only."""
 
 from __future__ import annotations
 
@@ -18,48 +7,7 @@ import numpy as np
 
 from stoker.errors import ArgumentError
 
-
-def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
-    """A permutation of ``range(num_samples)`` that depends only on ``(seed, epoch)``."""
-    rng = np.random.Generator(np.random.PCG64([int(seed) & 0xFFFFFFFF, int(epoch)]))
-    return rng.permutation(num_samples).astype(np.int64)
-
-
-def samples_per_rank(num_samples: int, *, rank: int, world_size: int, train: bool, offset: int = 0) -> int:
-    """``len(rank_indices(...))`` without building it (train: equal for every rank)."""
-    if train:
-        return (num_samples - offset) // world_size
-    return len(range(rank, num_samples, world_size))
-
-
-def rank_indices(
-    num_samples: int, *, seed: int, epoch: int, rank: int, world_size: int, train: bool, offset: int = 0
-) -> np.ndarray:
-    """The sample indices this rank reads this epoch, in order.
-
-    train: a strided slice of the epoch permutation (from ``offset``: what a resume on another
-    number of ranks starts from), truncated to ``(num_samples - offset) // world_size`` so every
-    rank takes the same number of steps (the samples left over are different ones each epoch).
-    val: ``range(num_samples)[rank::world_size]``: each sample exactly once over all
-    ranks, no padding; rank sizes differ by at most one.
-    """
-    if not 0 <= rank < world_size:
-        raise ArgumentError(f"rank={rank} is outside world_size={world_size}")
-    if train:
-        if not 0 <= offset <= num_samples:
-            raise ArgumentError(f"offset={offset} is outside the epoch's {num_samples} samples")
-        per_rank = (num_samples - offset) // world_size
-        rest = epoch_permutation(num_samples, seed, epoch)[offset:]
-        return rest[rank : per_rank * world_size : world_size]
-    return np.arange(rank, num_samples, world_size, dtype=np.int64)
-
-
-def num_batches(n: int, batch_size: int, *, drop_last: bool) -> int:
-    return n // batch_size if drop_last else -(-n // batch_size)
-
-
-# ---- block mode: shards permuted and split across ranks, samples permuted within a window ----
-SHUFFLES = ("global", "block")
+from .base import SampleOrder
 
 
 def _shard_bounds(shard_counts) -> np.ndarray:
@@ -141,3 +89,56 @@ def block_samples_per_rank(num_samples: int, *, rank: int, world_size: int, trai
     """``len(block_plan(...)[0])`` without building it (train: equal for every rank)."""
     lo, hi = block_rank_range(num_samples, rank=rank, world_size=world_size, train=train)
     return hi - lo
+
+
+class BlockOrder(SampleOrder):
+    """``shuffle="block"``: each epoch permutes the shards, gives each rank a contiguous run of
+    them and permutes samples within windows of ``block_shards`` shards (:func:`block_plan`).
+    Resumes on the same number of ranks only."""
+
+    name = "block"
+
+    def __init__(self, shard_counts, *, block_shards: int, **kw):
+        super().__init__(shard_counts, **kw)
+        self.block_shards = block_shards
+        self._last: tuple | None = None
+
+    def share(self, rank: int | None = None, offset: int = 0) -> int:
+        rank = self.rank if rank is None else rank
+        return block_samples_per_rank(self.num_samples, rank=rank, world_size=self.world_size, train=self.train)
+
+    def _plan(self, seed: int, epoch: int) -> tuple[np.ndarray, list]:
+        """The epoch's plan (the rank's share, built whole: its windows are permuted in place;
+        the last one kept)."""
+        if self._last is None or self._last[0] != (seed, epoch):
+            plan = block_plan(
+                self.shard_counts,
+                seed=seed,
+                epoch=epoch,
+                rank=self.rank,
+                world_size=self.world_size,
+                train=self.train,
+                block_shards=self.block_shards,
+            )
+            self._last = ((seed, epoch), plan)
+        return self._last[1]
+
+    def positions(self, seed: int, epoch: int, offset: int = 0, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self._plan(seed, epoch)[0][start:stop]
+
+    def windows(self, seed: int, epoch: int) -> list:
+        return self._plan(seed, epoch)[1]
+
+    def mode(self) -> dict:
+        return {"shuffle": "block", "block_shards": self.block_shards}
+
+    def state_fields(self) -> dict:
+        return self.mode()
+
+    def check_state(self, state: dict, saved_world: int) -> None:
+        if saved_world != self.world_size:
+            raise ArgumentError(
+                f"state was saved with world_size={saved_world}, this loader has world_size={self.world_size}: "
+                "shuffle='block' resumes on the same number of ranks only (shuffle='global' resumes on any)"
+            )
+        super().check_state(state, saved_world)
