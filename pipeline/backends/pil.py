@@ -72,7 +72,7 @@ def _identity(x):
     return x
 
 
-class _Plan:
+class EpochItems:
     """The sampler: this epoch's ``(epoch, seed, ids)`` items, replaced each epoch, so one
     DataLoader (and its worker processes) serves every epoch."""
 
@@ -86,42 +86,48 @@ class _Plan:
         return len(self.items)
 
 
+def batch_loader(dataset, sampler, settings: DecodeSettings):
+    """A torch DataLoader whose items are whole batches (``dataset[item]`` for each item of
+    ``sampler``), made by ``settings.threads`` persistent worker processes (none: in this one)."""
+    import sys
+
+    import torch
+
+    workers = settings.threads
+    kw = {}
+    if workers > 0:
+        # fork is cheapest, but forking a process where DALI's native threads run can
+        # deadlock the child (a lock held mid-fork): use a fork server then.
+        methods = torch.multiprocessing.get_all_start_methods()
+        method = "fork" if "fork" in methods and "nvidia.dali.backend_impl" not in sys.modules else None
+        if method is None and "forkserver" in methods:
+            method = "forkserver"
+        kw = {
+            "prefetch_factor": max(1, settings.prefetch),
+            "persistent_workers": True,
+            "multiprocessing_context": method,
+        }
+    return torch.utils.data.DataLoader(
+        dataset,
+        sampler=sampler,
+        batch_size=None,
+        num_workers=workers,
+        pin_memory=settings.device.type == "cuda",
+        collate_fn=_identity,
+        **kw,
+    )
+
+
 class PilRunner:
     """The Loader's runner for ``backend="pil"`` (a :class:`.base.Runner`): persistent pillow
     worker processes (one torch DataLoader serving every epoch) fed batches of sample positions."""
 
     def __init__(self, settings: DecodeSettings):
-        import sys
-
-        import torch
-
         self.settings = settings
-        self.plan = _Plan()
+        self.plan = EpochItems()
         self.index = settings.index
-        self.dataset = dataset = PilBatches(settings)
-        workers = settings.threads
-        kw = {}
-        if workers > 0:
-            # fork is cheapest, but forking a process where DALI's native threads run can
-            # deadlock the child (a lock held mid-fork): use a fork server then.
-            methods = torch.multiprocessing.get_all_start_methods()
-            method = "fork" if "fork" in methods and "nvidia.dali.backend_impl" not in sys.modules else None
-            if method is None and "forkserver" in methods:
-                method = "forkserver"
-            kw = {
-                "prefetch_factor": max(1, settings.prefetch),
-                "persistent_workers": True,
-                "multiprocessing_context": method,
-            }
-        self.dl = torch.utils.data.DataLoader(
-            dataset,
-            sampler=self.plan,
-            batch_size=None,
-            num_workers=workers,
-            pin_memory=settings.device.type == "cuda",
-            collate_fn=_identity,
-            **kw,
-        )
+        self.dataset = PilBatches(settings)
+        self.dl = batch_loader(self.dataset, self.plan, settings)
 
     def _targets(self, ids: np.ndarray, masks, bad):
         """The batch's targets: the worker's cropped masks, or the others read here."""
@@ -162,4 +168,4 @@ class PilRunner:
         self.dl = None
 
 
-__all__ = ["PilBatches", "PilRunner"]
+__all__ = ["EpochItems", "PilBatches", "PilRunner", "batch_loader"]
