@@ -8,7 +8,8 @@ that is not counted and then up to --epochs epochs or --seconds seconds:
       (only with --images: the original files)
   (2) webdataset + PIL + DataLoader on the shards, uint8
   (3) DALI's own fn.readers.webdataset graph on the shards (buffer shuffle), uint8
-  (4) FFCV, when importable (here, or in --ffcv-python), from a .beton of --images
+  (4) FFCV, when importable (here, or in --ffcv-python), from a .beton of --images: JPEG
+      (``ffcv``) and decoded pixels (``ffcv-raw``, its ``write_mode="raw"``)
   (5) stoker Loader, once per available backend (nvjpeg: decoded on the GPU, batches on
       the GPU; skipped without CUDA)
   and the decode-only ceiling: every image of the shards decoded once by `cores`
@@ -57,7 +58,9 @@ HELP = "side-by-side loader throughput: torchvision, webdataset, DALI reader, FF
 
 #: one row per decode backend of the registry (stoker.pipeline.backends)
 STOKER = tuple(f"stoker-{name}" for name in backend_names(auto=False))
-ALL = ("torchvision", "wds", "dali-reader", "ffcv", *STOKER, "ceiling")
+ALL = ("torchvision", "wds", "dali-reader", "ffcv", "ffcv-raw", *STOKER, "ceiling")
+#: FFCV's storage of each FFCV row (``RGBImageField(write_mode=...)``)
+FFCV_MODES = {"ffcv": "jpg", "ffcv-raw": "raw"}
 #: the pipelines of a split that is not of classes: the usual Dataset of its kind, stoker, the ceiling
 OF_KIND = {
     "mask": ("torchvision-seg", *STOKER, "ceiling"),
@@ -65,7 +68,7 @@ OF_KIND = {
     "multilabel": (*STOKER, "ceiling"),
 }
 #: the peers that read a class split's cls members (or an ImageFolder) only
-CLASS_ONLY = ("torchvision", "wds", "dali-reader", "ffcv")
+CLASS_ONLY = ("torchvision", "wds", "dali-reader", "ffcv", "ffcv-raw")
 #: the baseline rows, in order of preference
 BASELINES = ("torchvision", "torchvision-seg", "torchvision-csv", "wds")
 LABELS = {
@@ -74,7 +77,8 @@ LABELS = {
     "torchvision-csv": "(1) CSV Dataset+PIL, float targets",
     "wds": "(2) webdataset+PIL",
     "dali-reader": "(3) DALI fn.readers.webdataset",
-    "ffcv": "(4) FFCV",
+    "ffcv": "(4) FFCV (JPEG)",
+    "ffcv-raw": "(4) FFCV (raw pixels)",
     **{
         f"stoker-{b.name}": f"(5) stoker Loader ({b.name}{', GPU' if 'cpu' not in b.where else ''})" for b in backends()
     },
@@ -138,7 +142,7 @@ def _measure(kind: str, cfg: dict, python: str = sys.executable) -> dict:
     """One pipeline in a fresh subprocess; its ``RESULT`` dict, or ``{"error": last stderr line}``."""
     cfg = {**cfg, "kind": kind}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if kind == "ffcv":  # by file path: the ffcv python need not have stoker
+    if kind in FFCV_MODES:  # by file path: the ffcv python need not have stoker
         cmd = [python, ffcv_bench.__file__, json.dumps(cfg)]
     else:
         cmd = [python, "-m", "stoker.tools.bench.runners", json.dumps(cfg)]
@@ -195,7 +199,7 @@ class BenchResult(Result):
         rows: One dict per pipeline run: ``pipeline``, ``label``, then ``images``, ``seconds``,
             ``img_s``, ``cpu_pct``, ``peak_rss``, ``bytes_per_batch`` and ``ratio``, or ``error``.
         summary: The best stoker Loader against the others: ``vs_torchvision``,
-            ``vs_dali_reader``, ``vs_ffcv``, ``of_ceiling`` (those measured); with (1) and (2)
+            ``vs_dali_reader``, ``vs_ffcv``, ``vs_ffcv_raw``, ``of_ceiling`` (those measured); with (1) and (2)
             both measured, ``vs_torchvision`` split in two factors (:func:`summarize`):
             ``from_pack_resize`` and ``from_loader``.
         notes: Why a pipeline was skipped, one line each.
@@ -235,7 +239,12 @@ class BenchResult(Result):
             )
         s = self.summary
         if s:
-            parts = {"vs_torchvision": "x torchvision", "vs_dali_reader": "x DALI reader", "vs_ffcv": "x FFCV"}
+            parts = {
+                "vs_torchvision": "x torchvision",
+                "vs_dali_reader": "x DALI reader",
+                "vs_ffcv": "x FFCV (JPEG)",
+                "vs_ffcv_raw": "x FFCV (raw)",
+            }
             text = [f"{s[k]:.2f}{v}" for k, v in parts.items() if k in s]
             if "of_ceiling" in s:
                 text.append(f"{100 * s['of_ceiling']:.0f}% of the decode-only ceiling")
@@ -296,6 +305,7 @@ def summarize(rows: list) -> dict:
         ("dali-reader", "vs_dali_reader"),
         ("ceiling", "of_ceiling"),
         ("ffcv", "vs_ffcv"),
+        ("ffcv-raw", "vs_ffcv_raw"),
     ):
         if k in rate:
             summary[name] = best / rate[k]
@@ -346,13 +356,13 @@ def _plan(
             notes.append(f"{LABELS[kind]}: skipped (nvidia-dali not installed)")
         elif kind in STOKER and not _stoker_runs(kind):
             notes.append(f"{LABELS[kind]}: skipped ({_stoker_runs(kind, why=True)})")
-        elif kind == "ffcv":
+        elif kind in FFCV_MODES:
             py = _ffcv_python(ffcv_python) if images else None
             if not images:
-                notes.append("(4) FFCV: skipped (needs --images to write its .beton)")
+                notes.append(f"{LABELS[kind]}: skipped (needs --images to write its .beton)")
             elif py is None:
                 notes.append(
-                    "(4) FFCV: not installed (pip install ffcv needs libopencv-dev and "
+                    f"{LABELS[kind]}: not installed (pip install ffcv needs libopencv-dev and "
                     "libturbojpeg0-dev; or point --ffcv-python at a python that has it)"
                 )
             else:
@@ -448,13 +458,20 @@ def bench(
         "channels": channels,
     }
     plan, notes = _plan(only, images=images, ffcv_python=ffcv_python, masks=masks, target=target)
-    beton = Path(os.environ.get("TMPDIR", "/tmp")) / (
-        f"stoker-bench-{Path(images or 'x').resolve().name}-R{ffcv_max_resolution}.beton"
-    )
+
+    def beton(kind: str) -> Path:  # one .beton per FFCV storage, written once and reused
+        return Path(os.environ.get("TMPDIR", "/tmp")) / (
+            f"stoker-bench-{Path(images or 'x').resolve().name}-R{ffcv_max_resolution}-{FFCV_MODES[kind]}.beton"
+        )
+
     rows: dict[str, dict] = {}
     steps = [(r, k, py) for r in range(repeat) for k, py in plan]
     for _, kind, py in tqdm(steps, desc="bench", unit="run", file=sys.stderr, disable=None if progress else True):
-        extra = {"beton": str(beton), "R": ffcv_max_resolution} if kind == "ffcv" else {}
+        extra = (
+            {"beton": str(beton(kind)), "R": ffcv_max_resolution, "write_mode": FFCV_MODES[kind]}
+            if kind in FFCV_MODES
+            else {}
+        )
         res = _measure(kind, {**cfg, **extra}, py)
         best = rows.get(kind)
         if best is None or "error" in best or res.get("img_s", 0) > best.get("img_s", 0):
