@@ -32,7 +32,9 @@ def resize_into(out: np.ndarray, k: int, im, crop, flip: bool, box=None, chw: bo
         core = im.im
     else:
         core = im
-    if box is not None:
+    if box is None:
+        x, y, w, h = 0, 0, *core.size
+    else:
         # crop, then resize, as torchvision's RandomResizedCrop: the filter reads nothing past the
         # box (rounded out to whole pixels where DCT scaling left it fractional), as on every backend
         x, y, w, h = box
@@ -40,9 +42,14 @@ def resize_into(out: np.ndarray, k: int, im, crop, flip: bool, box=None, chw: bo
         x1, y1 = min(core.size[0], math.ceil(x + w)), min(core.size[1], math.ceil(y + h))
         if (x0, y0, x1, y1) != (0, 0, *core.size):
             core = core.crop((x0, y0, x1, y1))
-        core = core.resize((cw, ch), Image.BILINEAR, (x - x0, y - y0, x - x0 + w, y - y0 + h))
-    elif core.size != (cw, ch):
-        core = core.resize((cw, ch), Image.BILINEAR, (0, 0, *core.size))
+        x, y = x - x0, y - y0
+    if flip and core.size[0] * core.size[1] < cw * ch:
+        # mirror the smaller side of the resize: the crop before an upscale (the filter is symmetric,
+        # so the pixels are the output's mirror image, within a rounding step; every path does the same)
+        core = core.transpose(Image.FLIP_LEFT_RIGHT)
+        x, flip = core.size[0] - x - w, False
+    if (x, y, w, h) != (0, 0, cw, ch) or core.size != (cw, ch):
+        core = core.resize((cw, ch), Image.BILINEAR, (x, y, x + w, y + h))
     if flip:
         core = core.transpose(Image.FLIP_LEFT_RIGHT)
     if chw and core.mode == "RGB":

@@ -12,6 +12,8 @@ that is not counted and then up to --epochs epochs or --seconds seconds:
       (``ffcv``) and decoded pixels (``ffcv-raw``, its ``write_mode="raw"``)
   (5) stoker Loader, once per available backend (nvjpeg: decoded on the GPU, batches on
       the GPU; skipped without CUDA)
+  (6) with --pixel-cache DIR: the Loader's decoded-pixel tier in a fresh folder under DIR,
+      its filling first epoch and the epochs after it (cropped from decoded pixels)
   and the decode-only ceiling: every image of the shards decoded once by `cores`
   processes, nothing else.
 
@@ -59,6 +61,8 @@ HELP = "side-by-side loader throughput: torchvision, webdataset, DALI reader, FF
 #: one row per decode backend of the registry (stoker.pipeline.backends)
 STOKER = tuple(f"stoker-{name}" for name in backend_names(auto=False))
 ALL = ("torchvision", "wds", "dali-reader", "ffcv", "ffcv-raw", *STOKER, "ceiling")
+#: the pixel tier's rows (measured with --pixel-cache DIR)
+PIXELS = ("stoker-pixels-fill", "stoker-pixels")
 #: FFCV's storage of each FFCV row (``RGBImageField(write_mode=...)``)
 FFCV_MODES = {"ffcv": "jpg", "ffcv-raw": "raw"}
 #: the pipelines of a split that is not of classes: the usual Dataset of its kind, stoker, the ceiling
@@ -83,6 +87,8 @@ LABELS = {
         f"stoker-{b.name}": f"(5) stoker Loader ({b.name}{', GPU' if 'cpu' not in b.where else ''})" for b in backends()
     },
     "stoker-dali-dali-resize": "(5) stoker Loader (dali, fn.resize)",
+    "stoker-pixels": "(6) stoker pixel tier, warm",
+    "stoker-pixels-fill": "(6) stoker pixel tier, filling epoch",
     "ceiling": "decode-only ceiling",
 }
 
@@ -124,6 +130,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--repeat", type=int, default=1, help="rounds over all pipelines; each row reports its best round (default 1)"
     )
     p.add_argument("--ffcv-python", metavar="PATH", help="a python with ffcv installed, for column (4)")
+    p.add_argument(
+        "--pixel-cache",
+        metavar="DIR",
+        help="also measure the pixel tier (6), its store in a fresh folder under DIR (node-local disk or "
+        "/dev/shm; removed after): the filling epoch and the warm ones",
+    )
     p.add_argument(
         "--ffcv-max-resolution",
         type=int,
@@ -201,7 +213,8 @@ class BenchResult(Result):
         summary: The best stoker Loader against the others: ``vs_torchvision``,
             ``vs_dali_reader``, ``vs_ffcv``, ``vs_ffcv_raw``, ``of_ceiling`` (those measured); with (1) and (2)
             both measured, ``vs_torchvision`` split in two factors (:func:`summarize`):
-            ``from_pack_resize`` and ``from_loader``.
+            ``from_pack_resize`` and ``from_loader``. With the pixel tier measured: ``pixels_vs_ffcv_raw``,
+            ``pixels_vs_ffcv`` (warm) and ``fill_vs_jpeg`` (its filling epoch over the best JPEG row).
         notes: Why a pipeline was skipped, one line each.
     """
 
@@ -249,6 +262,11 @@ class BenchResult(Result):
             if "of_ceiling" in s:
                 text.append(f"{100 * s['of_ceiling']:.0f}% of the decode-only ceiling")
             lines.append("best stoker Loader: " + ", ".join(text))
+            pixels = {"pixels_vs_ffcv_raw": "x FFCV (raw)", "pixels_vs_ffcv": "x FFCV (JPEG)"}
+            if any(k in s for k in pixels):
+                lines.append("pixel tier, warm: " + ", ".join(f"{s[k]:.2f}{v}" for k, v in pixels.items() if k in s))
+            if "fill_vs_jpeg" in s:
+                lines.append(f"pixel tier, filling epoch: {s['fill_vs_jpeg']:.2f}x the best stoker Loader (JPEG)")
             if "from_pack_resize" in s:
                 # The headline vs torchvision is the product of these two: say how much each brings.
                 lines += [
@@ -312,6 +330,12 @@ def summarize(rows: list) -> dict:
     if "torchvision" in rate and "wds" in rate:
         summary["from_pack_resize"] = rate["wds"] / rate["torchvision"]
         summary["from_loader"] = best / rate["wds"]
+    if "stoker-pixels" in rate:  # the pixel tier, warm, against FFCV's two storages
+        for k, name in (("ffcv-raw", "pixels_vs_ffcv_raw"), ("ffcv", "pixels_vs_ffcv")):
+            if k in rate:
+                summary[name] = rate["stoker-pixels"] / rate[k]
+    if "stoker-pixels-fill" in rate:  # its filling epoch against the JPEG path
+        summary["fill_vs_jpeg"] = rate["stoker-pixels-fill"] / best
     return summary
 
 
@@ -337,7 +361,13 @@ def _split(data: str | Path, storage_options: dict | None = None) -> Path:
 
 
 def _plan(
-    only: Sequence[str], *, images: str | None, ffcv_python: str | None, masks: str | None = None, target: str = "class"
+    only: Sequence[str],
+    *,
+    images: str | None,
+    ffcv_python: str | None,
+    masks: str | None = None,
+    target: str = "class",
+    pixel_cache: str | None = None,
 ) -> tuple[list, list]:
     """``([(kind, python), ...] to run, [notes on the kinds skipped])``."""
     from stoker.pipeline.deps import HAS_DALI
@@ -354,6 +384,8 @@ def _plan(
             notes.append(f"{LABELS[kind]}: skipped (give --images CSV, the original list of path,value)")
         elif kind in ("dali-reader", "stoker-dali-dali-resize") and not HAS_DALI:
             notes.append(f"{LABELS[kind]}: skipped (nvidia-dali not installed)")
+        elif kind in PIXELS and not pixel_cache:
+            notes.append(f"{LABELS[kind]}: skipped (give --pixel-cache DIR, where its store may go)")
         elif kind in STOKER and not _stoker_runs(kind):
             notes.append(f"{LABELS[kind]}: skipped ({_stoker_runs(kind, why=True)})")
         elif kind in FFCV_MODES:
@@ -386,6 +418,7 @@ def bench(
     repeat: int = 1,
     ffcv_python: str | None = None,
     ffcv_max_resolution: int = 256,
+    pixel_cache: str | Path | None = None,
     progress: bool = False,
     storage_options: dict | None = None,
     masks: str | Path | None = None,
@@ -411,6 +444,8 @@ def bench(
         repeat: Rounds over all pipelines; each row keeps its best round.
         ffcv_python: A python with ffcv installed (None: this one, if it has ffcv).
         ffcv_max_resolution: FFCV ``max_resolution`` when writing its .beton.
+        pixel_cache: a folder for the pixel tier's store (node-local disk or ``/dev/shm``): adds its
+            rows (a fresh store per run, removed after): the filling epoch and the warm epochs.
         progress: Show a progress bar on stderr.
 
     Returns:
@@ -440,7 +475,11 @@ def bench(
     for name, value in (("batch_size", batch_size), ("crop", min(sides)), ("epochs", epochs), ("repeat", repeat)):
         if value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    only = [k for k in only or () if k] or list(OF_KIND.get(target, ALL))
+    only = [k for k in only or () if k] or [
+        *(k for k in OF_KIND.get(target, ALL) if k != "ceiling"),
+        *(PIXELS if pixel_cache else ()),
+        "ceiling",
+    ]
     unknown = set(only) - set(LABELS)
     if unknown:
         raise UsageError(f"--only: unknown pipeline(s) {sorted(unknown)}; choose from {', '.join(LABELS)}")
@@ -456,8 +495,13 @@ def bench(
         "workers": cores,
         "masks": masks,
         "channels": channels,
+        "pixel_cache": str(pixel_cache) if pixel_cache else None,
     }
-    plan, notes = _plan(only, images=images, ffcv_python=ffcv_python, masks=masks, target=target)
+    if pixel_cache:
+        Path(pixel_cache).mkdir(parents=True, exist_ok=True)
+    plan, notes = _plan(
+        only, images=images, ffcv_python=ffcv_python, masks=masks, target=target, pixel_cache=cfg["pixel_cache"]
+    )
 
     def beton(kind: str) -> Path:  # one .beton per FFCV storage, written once and reused
         return Path(os.environ.get("TMPDIR", "/tmp")) / (
@@ -519,6 +563,7 @@ def main(args: argparse.Namespace) -> int:
         repeat=args.repeat,
         ffcv_python=args.ffcv_python,
         ffcv_max_resolution=args.ffcv_max_resolution,
+        pixel_cache=args.pixel_cache,
         progress=True,
     )
     if args.plot:
