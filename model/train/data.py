@@ -123,6 +123,9 @@ def make_loaders(
         train = factory(train_dir, train=True, drop_last=None, crop=train_crops, **kw, **recipe, **cache("train"))
         if schedule is not None:  # applied at each epoch's start; a state saved mid-epoch keeps its crop
             train.set_crop(schedule)
+            h, w = val_crops.size
+            val = f"{h} px" if h == w else f"{h}x{w} px"
+            log(f"progressive resizing: train crop {schedule.describe(cfg.epochs)}; val crop {val}")
     except NoBatchError as e:  # the Loader's own advice names drop_last, which train does not take
         raise ArgumentError(
             f"{train_dir}: --batch-size {cfg.batch_size} is larger than a rank's share of the "

@@ -60,6 +60,16 @@ class ProgressiveCrop:
         """The side of each of ``epochs`` epochs (what a run will train at)."""
         return [self(e) for e in range(epochs)]
 
+    def describe(self, epochs: int) -> str:
+        """``"160 px for epochs 1-12, 192 px for epochs 13-16"`` (epochs counted from 1, as runs log them)."""
+        runs: list[list[int]] = []
+        for e, side in enumerate(self.sides(epochs), 1):
+            if runs and runs[-1][0] == side:
+                runs[-1][2] = e
+            else:
+                runs.append([side, e, e])
+        return ", ".join(f"{s} px for epoch{'s' if a != b else ''} {a}{f'-{b}' if a != b else ''}" for s, a, b in runs)
+
     @classmethod
     def parse(cls, text: str, epochs: int) -> ProgressiveCrop:
         """``"START:END[:EPOCHS]"`` for a run of ``epochs`` epochs: the ramp over ``EPOCHS``, which is

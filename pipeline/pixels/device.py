@@ -74,18 +74,31 @@ def rgb_to_yuv420(rgb) -> Any:
     return torch.cat([y.reshape(-1), uv.reshape(-1)])
 
 
-def yuv420_to_rgb(y, u, v, x0: int = 0, y0: int = 0):
-    """RGB ``[3, h, w]`` uint8 of a luma region ``y`` (``[h, w]``, starting at image pixel
-    ``(x0, y0)``) and its chroma ``u``, ``v`` (the half-resolution rows and columns covering it,
-    from ``(x0 // 2, y0 // 2)``): chroma repeated to full resolution, then JPEG's conversion."""
+def yuv420_to_rgb(y, u, v, dx: int = 0, dy: int = 0):
+    """RGB ``[3, h, w]`` uint8 of a luma region ``y`` (``[h, w]``) and the half-resolution chroma
+    ``u``, ``v`` around it: chroma upsampled 2x with the triangle filter JPEG decoders use ("fancy"
+    upsampling: bilinear, centred), the luma region starting at ``(dx, dy)`` of the upsampled
+    chroma, then JPEG's conversion. Chroma read with a sample of margin on each side (where the
+    image has one) gives a region exactly the pixels of the whole image's conversion."""
     import torch
 
     h, w = y.shape
-    uv = torch.stack([u, v]).float().repeat_interleave(2, 1).repeat_interleave(2, 2)
-    uv = uv[:, y0 % 2 : y0 % 2 + h, x0 % 2 : x0 % 2 + w] - 128
+    uv = torch.stack([u, v]).float()[None]
+    uv = torch.nn.functional.interpolate(uv, scale_factor=2, mode="bilinear", align_corners=False)[0]
+    uv = uv[:, dy : dy + h, dx : dx + w] - 128
     m = torch.tensor(_TO_RGB, device=y.device)
     rgb = m[:, :1, None] * y.float()[None] + torch.einsum("ij,jhw->ihw", m[:, 1:], uv)
     return rgb.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def chroma_window(x0: int, y0: int, x1: int, y1: int, w: int, h: int) -> tuple:
+    """The half-resolution chroma rows and columns a luma region ``(x0, y0)``-``(x1, y1)`` of a
+    ``w`` x ``h`` image needs (one sample of margin each side, within the image): ``(cx0, cy0, cx1,
+    cy1)``, and where the region starts in their 2x upsampling, ``(dx, dy)``."""
+    cw, ch = (w + 1) // 2, (h + 1) // 2
+    cx0, cy0 = max(0, x0 // 2 - 1), max(0, y0 // 2 - 1)
+    cx1, cy1 = min(cw, (x1 + 1) // 2 + 1), min(ch, (y1 + 1) // 2 + 1)
+    return (cx0, cy0, cx1, cy1), (x0 - 2 * cx0, y0 - 2 * cy0)
 
 
 class DevicePixelRunner(ProducerThread):
@@ -146,19 +159,22 @@ class DevicePixelRunner(ProducerThread):
         import torch
 
         store, c, yuv = self.store, self.settings.channels, self.store.pixel_format == "yuv420"
-        sizes, parts = [], []
+        sizes, parts, shifts = [], [], []
         for i, (x0, y0), (x1, y1) in zip(ids, lo.tolist(), hi.tolist(), strict=True):
             if yuv and c == 3:
                 w, h = store.wh[i].tolist()
                 flat = store.pixels(i)
                 cw, ch = (w + 1) // 2, (h + 1) // 2
+                (cx0, cy0, cx1, cy1), shift = chroma_window(x0, y0, x1, y1, w, h)
                 planes = (
                     flat[: w * h].reshape(h, w)[y0:y1, x0:x1],
-                    flat[w * h : w * h + cw * ch].reshape(ch, cw)[y0 // 2 : (y1 + 1) // 2, x0 // 2 : (x1 + 1) // 2],
-                    flat[w * h + cw * ch :].reshape(ch, cw)[y0 // 2 : (y1 + 1) // 2, x0 // 2 : (x1 + 1) // 2],
+                    flat[w * h : w * h + cw * ch].reshape(ch, cw)[cy0:cy1, cx0:cx1],
+                    flat[w * h + cw * ch :].reshape(ch, cw)[cy0:cy1, cx0:cx1],
                 )
+                shifts.append(shift)
             else:
                 planes = (store.pixels(i)[y0:y1, x0:x1],)
+                shifts.append((0, 0))
             parts.append(planes)
             sizes.append([p.size for p in planes])
         total = int(sum(map(sum, sizes)))
@@ -170,12 +186,12 @@ class DevicePixelRunner(ProducerThread):
                 at += p.size
         flat = staging.to(self.settings.device, non_blocking=True)
         out, at = [], 0
-        for planes, (x0, y0) in zip(parts, lo.tolist(), strict=True):
+        for planes, (dx, dy) in zip(parts, shifts, strict=True):
             views = []
             for p in planes:
                 views.append(flat[at : at + p.size].view(p.shape))
                 at += p.size
-            out.append(yuv420_to_rgb(*views, x0=x0, y0=y0) if len(views) == 3 else views[0].permute(2, 0, 1))
+            out.append(yuv420_to_rgb(*views, dx=dx, dy=dy) if len(views) == 3 else views[0].permute(2, 0, 1))
         return out
 
     def _batch(self, ids: np.ndarray, epoch: int, seed: int, crops: CropSpec) -> Batch:
@@ -269,4 +285,4 @@ class DevicePixelRunner(ProducerThread):
             self.store.close()
 
 
-__all__ = ["DevicePixelRunner", "FillDecoder", "fill_decoder", "rgb_to_yuv420", "yuv420_to_rgb"]
+__all__ = ["DevicePixelRunner", "FillDecoder", "chroma_window", "fill_decoder", "rgb_to_yuv420", "yuv420_to_rgb"]
