@@ -27,6 +27,7 @@ from ..backends.base import Batch, DecodeSettings, decode_masks, plan_batch, tar
 from ..backends.gpu_resize import filter_regions
 from ..backends.pil import EpochItems, batch_loader
 from ..backends.resize import MODES, resize_into
+from ..backends.slots import SlotPool, copy_out
 from .store import PixelStore
 
 
@@ -64,34 +65,6 @@ def crop_stored(out: np.ndarray, k: int, pixels: np.ndarray, box, flip: bool, cr
     resize_into(out, k, region, crop, flip, box=(x - x0, y - y0, bw, bh), chw=chw)
 
 
-class SlotPool:
-    """Batch buffers in shared memory, made before the worker processes start: the worker of batch
-    ``k`` writes it into slot ``k % slots`` and the parent copies it out as it arrives. (A shared
-    memory segment made per batch, as torch's workers send tensors, cost 0.23 ms an image here:
-    more than the crop itself.) ``slots`` exceeds the batches in flight, so a slot is written again
-    only after the parent copied it."""
-
-    def __init__(self, slots: int, settings: DecodeSettings, crops: CropSpec):
-        import torch
-
-        (h, w), c, n = crops.size, settings.channels, settings.batch_size
-        self.size, self.channels_last = crops.size, settings.channels_last
-        self.image_bytes, self.mask_bytes = n * c * h * w, n * h * w if settings.masks else 0
-        self.slots, self.channels = slots, c
-        self.buf = torch.empty(slots * (self.image_bytes + self.mask_bytes), dtype=torch.uint8).share_memory_()
-
-    def views(self, slot: int, n: int) -> tuple:
-        """``(images, masks)`` of slot ``slot`` holding ``n`` samples (masks ``None`` without)."""
-        (h, w), c = self.size, self.channels
-        base = slot * (self.image_bytes + self.mask_bytes)
-        flat = self.buf[base : base + n * c * h * w]
-        images = flat.view(n, h, w, c) if self.channels_last else flat.view(n, c, h, w)
-        if not self.mask_bytes:
-            return images, None
-        base += self.image_bytes
-        return images, self.buf[base : base + n * h * w].view(n, h, w)
-
-
 class PixelBatches:
     """A map-style dataset whose items are whole batches, ``(epoch, seed, ids, crops, slot) ->
     (images, masks, bad, decoded)``: the images (and a mask split's cropped masks) of the planned
@@ -116,7 +89,7 @@ class PixelBatches:
             images = torch.empty((n, h, w, c) if s.channels_last else (n, c, h, w), dtype=torch.uint8)
             masks = torch.empty((n, h, w), dtype=torch.uint8) if s.masks else None
         else:
-            images, masks = self.pool.views(slot, n)
+            images, masks = self.pool.views(slot, n, s.crop)
         out, mask_out = images.numpy(), None if masks is None else masks.numpy()
         store, chw = self.store, not s.channels_last
         cached = store.filled(plan.ids)
@@ -161,8 +134,8 @@ class PixelBatches:
 
 class PixelRunner:
     """The Loader's runner with ``pixel_cache=`` on the CPU (a :class:`~..backends.base.Runner`):
-    persistent worker processes crop batches out of the store into a :class:`SlotPool`, filling
-    the store where it has no pixels.
+    persistent worker processes crop batches out of the store into a
+    :class:`~..backends.slots.SlotPool`, filling the store where it has no pixels.
 
     Attributes:
         store: the :class:`~.store.PixelStore`.
@@ -187,8 +160,7 @@ class PixelRunner:
         if self.store is None:
             self.store = self._open()
         s = self.settings
-        in_flight = max(1, s.prefetch) * s.threads
-        self.pool = SlotPool(in_flight + 2, s, self.crops) if s.threads else None
+        self.pool = SlotPool.for_settings(s, self.crops.size) if s.threads else None
         self.dataset = PixelBatches(s, self.store, self.pool)
         self.dl = batch_loader(self.dataset, self.items, s)
 
@@ -196,29 +168,12 @@ class PixelRunner:
         """The crop recipe of the next iteration (the workers take it with each batch; a larger
         crop than the slot pool holds starts them again with a larger pool)."""
         self.crops = crops
-        if self.pool is not None and (crops.size[0] * crops.size[1] > self.pool.size[0] * self.pool.size[1]):
+        if self.pool is not None and not self.pool.fits(crops.size):
             self.shutdown()
-            self.dl = None
-        elif self.pool is not None:
-            self.pool.size = crops.size  # a smaller crop fits the slots as they are
+            self.dl = None  # made again at the next iteration, with slots for this crop
 
     def _targets(self, ids: np.ndarray, masks, bad: np.ndarray):
         return masks if masks is not None else targets_of(self.settings, ids[~bad])
-
-    def _copy(self, images, masks):
-        """A slot's batch copied out (pinned for a CUDA device): the slot is written again later.
-        numpy copies: torch's copy_ runs on its intra-op threads, 2-8x the CPU time here."""
-        import torch
-
-        pin = self.settings.device.type == "cuda"
-        out = []
-        for view in (images, masks):
-            if view is not None:
-                copy = torch.empty(view.shape, dtype=torch.uint8, pin_memory=pin)
-                np.copyto(copy.numpy(), view.numpy())
-                view = copy
-            out.append(view)
-        return out
 
     def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[Batch]:
         """One :class:`~..backends.base.Batch` per array of global sample positions in ``batches``."""
@@ -231,8 +186,9 @@ class PixelRunner:
         if self.dl.num_workers:
             producer.stop_at_exit(self)  # before torch's own exit hook for the workers (see pil.py)
         for k, ((images, masks, bad, decoded), ids) in enumerate(zip(it, batches, strict=True)):
-            if pool is not None:
-                images, masks = self._copy(*pool.views(k % slots, images))
+            if pool is not None:  # copied out of the slot: it is written again later
+                views = pool.views(k % slots, images, crops.size)
+                images, masks = (copy_out(v, pin=s.device.type == "cuda") for v in views)
             targets, consumed, nbad = self._targets(ids, masks, bad), len(ids), int(bad.sum())
             rows = ids[~bad]
             if not len(targets) and s.train:  # nothing loadable: stand-ins, made here (rare)
@@ -263,4 +219,4 @@ class PixelRunner:
             self.store.close()
 
 
-__all__ = ["PixelBatches", "PixelRunner", "SlotPool", "crop_stored", "decode_whole"]
+__all__ = ["PixelBatches", "PixelRunner", "crop_stored", "decode_whole"]

@@ -261,7 +261,8 @@ class BenchResult(Result):
             text = [f"{s[k]:.2f}{v}" for k, v in parts.items() if k in s]
             if "of_ceiling" in s:
                 text.append(f"{100 * s['of_ceiling']:.0f}% of the decode-only ceiling")
-            lines.append("best stoker Loader: " + ", ".join(text))
+            if text:
+                lines.append("best stoker Loader: " + ", ".join(text))
             pixels = {"pixels_vs_ffcv_raw": "x FFCV (raw)", "pixels_vs_ffcv": "x FFCV (JPEG)"}
             if any(k in s for k in pixels):
                 lines.append("pixel tier, warm: " + ", ".join(f"{s[k]:.2f}{v}" for k, v in pixels.items() if k in s))
