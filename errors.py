@@ -102,6 +102,11 @@ class CacheError(StorageError, RuntimeError):
     one line naming the shard and its URL."""
 
 
+class PixelCacheError(StokerError, RuntimeError):
+    """The decoded-pixel cache cannot be created or does not fit its disk: exit 1, one line naming
+    the folder, the size it needs and the fix (``Loader(pixel_cache=...)``)."""
+
+
 class LoaderError(StokerError, RuntimeError):
     """A Loader used in a way it cannot serve (an iterator replaced by a newer one)."""
 
@@ -152,6 +157,7 @@ __all__ = [
     "MissingExtraError",
     "MostSkippedError",
     "NoBatchError",
+    "PixelCacheError",
     "RayError",
     "StokerError",
     "StorageError",

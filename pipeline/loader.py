@@ -53,6 +53,7 @@ from .loader_checks import (
     rank_and_world,
     torch_device,
 )
+from .pixels import PixelCache
 from .prefetch import cached_groups
 from .shards.samples import SampleIndex, open_split
 from .shards.stats import TargetStats
@@ -130,6 +131,12 @@ class Loader(DataLoaderSurface):
         cache_limit: bytes of shards the cache keeps (least recently used evicted; never a
             shard the current or next window needs). Needs ``shuffle="block"`` unless the
             whole split fits.
+        pixel_cache: a folder (node-local disk or ``/dev/shm``) or a :class:`~.pixels.PixelCache`
+            (with a byte ``budget``): the decoded-pixel tier. The first epoch decodes each sample
+            this rank reads at its stored size into a memory-mapped store there (shared by the
+            ranks of a node, keyed to the split and the decoder, crash-safe); later epochs crop,
+            resize and flip from the pixels, with the same boxes and flips as from JPEG. Its size
+            is checked here: pixels that cannot fit are one line naming the size they need.
 
     Samples that fail at run time (the image header check; with ``backend="pil"`` also the
     decoder, while DALI raises, naming the batch's shards and keys) are dropped from
@@ -187,6 +194,7 @@ class Loader(DataLoaderSurface):
         channels: int = 3,
         augment: Any = None,
         mixing: Any = None,
+        pixel_cache: PathLike | PixelCache | None = None,
         **dataloader_kwargs: Any,
     ):
 
@@ -277,6 +285,12 @@ class Loader(DataLoaderSurface):
         )
         self.augment, self.mixing = self.recipe.augment, self.recipe.mixing
         check_stored_size(self)
+        #: the decoded-pixel tier (:class:`~.pixels.PixelCache`), or ``None``; its store opens here
+        #: for a local split (the size check), at the first batch for a URL's (its shards local then)
+        self.pixel_cache = PixelCache.of(pixel_cache)
+        self._pixels = None
+        self._initial_crops = self.crops  # what a state saved mid-epoch at another crop differs from
+        self._crop_schedule = None
         if self.cache is not None:
             check_cache_limit(self)
         #: samples excluded up front (``pack["skip"]`` or missing image/cls component)
@@ -293,6 +307,15 @@ class Loader(DataLoaderSurface):
         self._runner: Runner | None = None
         self._usable: set | None = None  # shards a stand-in may come from (block mode, URL)
         self._target_stats: TargetStats | None = None  # computed once for a split whose manifest has none
+        self._runner_crops = self.crops
+        if self.pixel_cache is not None:
+            if self.cache is not None and self.shuffle == "block":
+                raise ArgumentError(
+                    "pixel_cache= lays out the whole split, which a URL's shuffle='block' never has locally "
+                    "at once: use shuffle='global' (or a local copy of the split)"
+                )
+            if self.cache is None:
+                self._pixel_store()  # the size check, before any batch
 
     # ---- order ---------------------------------------------------------------------------
     @property
@@ -324,6 +347,46 @@ class Loader(DataLoaderSurface):
         self.epoch, self.position, self.skipped, self._finished = epoch, 0, 0, False
         self._resumed = False
         self._offset = 0  # a resume on another number of ranks sets it for its epoch
+        if self._crop_schedule is not None:
+            self._apply_crop(self._crop_schedule(epoch))
+
+    # ---- resolution ----------------------------------------------------------------------
+    def set_crop(self, crop: Any) -> None:
+        """The output size from the next iteration on (between epochs; the train crop's scale and
+        ratio and the val resize rule stay): a side, ``(height, width)``, a whole
+        :class:`~.augment.CropSpec`, or a schedule, a callable of the epoch returning a side or
+        ``(height, width)`` (:class:`~.augment.ProgressiveCrop`, FFCV's progressive resizing),
+        applied at the start of every epoch. A state saved mid-epoch restores the crop it was
+        saved at; the pixel tier's store holds stored sizes, so no crop refills it.
+
+        Raises:
+            ValueError: a bad size (named).
+        """
+        if callable(crop) and not isinstance(crop, CropSpec):
+            self._crop_schedule = crop
+            crop = crop(self.epoch)
+        else:
+            self._crop_schedule = None
+        self._apply_crop(crop)
+
+    def _apply_crop(self, crop: Any) -> None:
+        c = self.crops
+        crops = (
+            crop
+            if isinstance(crop, CropSpec)
+            else CropSpec.of(
+                tuple(crop) if isinstance(crop, list) else crop,
+                scale=c.scale,
+                ratio=c.ratio,
+                crop_pct=None if c.val_resize is not None else c.crop_pct,
+                val_resize=c.val_resize,
+            )
+        )
+        if crops == self.crops:
+            return
+        self.crops = crops
+        self.crop = crops.size[0] if crops.size[0] == crops.size[1] else crops.size
+        check_stored_size(self)
 
     # ---- resume --------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -338,7 +401,10 @@ class Loader(DataLoaderSurface):
         (:mod:`.order`)."""
         if self._finished:
             return self.order.state(seed=self.seed, epoch=self.epoch + 1, position=0, offset=0)
-        return self.order.state(seed=self.seed, epoch=self.epoch, position=self.position, offset=self._offset)
+        state = self.order.state(seed=self.seed, epoch=self.epoch, position=self.position, offset=self._offset)
+        if self.position and self.crops.size != self._initial_crops.size:
+            state["crop"] = list(self.crops.size)  # mid-epoch at a crop set since: resumed at it
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next iteration yields exactly the rest of that epoch.
@@ -361,6 +427,8 @@ class Loader(DataLoaderSurface):
         self._close_active()
         self.seed = seed
         self._start_epoch(epoch)
+        if position:  # mid-epoch: the rest of it at the crop it started with
+            self._apply_crop(tuple(state["crop"]) if "crop" in state else self._initial_crops.size)
         self.position, self._offset = position, offset
         self._resumed = True  # a val loader continues a restored position once, too
 
@@ -467,6 +535,8 @@ class Loader(DataLoaderSurface):
         runner, self._runner = self._runner, None
         if runner is not None:
             runner.close()
+        if self._pixels is not None:
+            self._pixels.close()
         self.index.close()
         if self.cache is not None:
             self.cache.close()
@@ -493,9 +563,37 @@ class Loader(DataLoaderSurface):
         return picked
 
     def _get_runner(self) -> Runner:
+        if self._runner is not None and self._runner_crops != self.crops:
+            set_crops = getattr(self._runner, "set_crops", None)
+            if set_crops is not None:  # a runner that takes the crop with each batch
+                set_crops(self.crops)
+            else:  # its pipeline is built for one crop size: built again
+                self._runner.close()
+                self._runner = None
         if self._runner is None:
-            self._runner = self.backend_config.make_runner(self.decode_settings())
+            settings = self.decode_settings()
+            if self.pixel_cache is not None:
+                from .pixels import make_runner
+
+                self._runner = make_runner(settings, self.pixel_cache, self._pixel_store)
+            else:
+                self._runner = self.backend_config.make_runner(settings)
+        self._runner_crops = self.crops
         return self._runner
+
+    def _pixel_store(self):
+        """The pixel tier's store, opened once (a URL's split: at the first batch, its shards local)."""
+        if self._pixels is None:
+            from .pixels import open_store
+
+            self._pixels = open_store(self.decode_settings(), self.pixel_cache)
+        return self._pixels
+
+    @property
+    def pixel_store(self):
+        """The pixel tier's :class:`~.pixels.PixelStore` (``None`` without ``pixel_cache``, or before
+        a URL split's first batch): its ``stats()`` say how much of the split it holds."""
+        return self._pixels
 
     def decode_settings(self) -> DecodeSettings:
         """What this Loader's decode backend is given (a runner of another backend can be made

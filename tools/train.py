@@ -18,6 +18,7 @@ examples:
   stoker train ages/ --out runs/mine --model nets.py:make_net   # your own network
   stoker train seg/ --out runs/seg --channels 1 --crop 256 --arch deeplabv3_mobilenet_v3_large
   stoker train data/ --out runs/a --epochs 10 --batch-size 128 --crop 160 --resume
+  stoker train data/ --out runs/p --epochs 16 --progressive 160:192:11-13 --val-crop 256 --pixel-cache /dev/shm/px
   torchrun --nproc_per_node 2 -m stoker train data/ --out runs/ddp
 """
 
@@ -32,7 +33,8 @@ import sys
 from stoker.errors import CheckFailedError, StokerError, UsageError
 from stoker.model.train.config import AMP_CHOICES, CHANNELS, MIXUP_MODES, OPTIMIZERS, REMODES, TASKS
 
-from .common.loader_flags import add_crop_flags, add_decode_flags, add_storage_flags, floats
+from .common.loader_flags import add_crop_flags, add_decode_flags, add_pixel_flags, add_storage_flags, floats
+from .common.loader_flags import crop as crop_type
 
 HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)"
 
@@ -96,6 +98,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=5, help="epochs to train")
     p.add_argument("--batch-size", type=int, default=64, help="per process (default: %(default)s)")
     add_crop_flags(p)
+    g = p.add_argument_group("resolution (FFCV's progressive resizing; FixRes: evaluate larger than you train)")
+    g.add_argument(
+        "--progressive",
+        default=None,
+        metavar="START:END[:EPOCHS]",
+        help="ramp the train crop from START to END px over EPOCHS (A-B: START up to epoch A, END from "
+        "epoch B, epochs from 0; B alone: 0-B; default: the whole run), rounded to multiples of 32 as FFCV "
+        "does; --crop stays the val crop. FFCV's ResNet-50 at 16 epochs: --progressive 160:192:11-13",
+    )
+    g.add_argument(
+        "--val-crop",
+        type=crop_type,
+        default=None,
+        metavar="PX|H,W",
+        help="the val crop, when it differs from --crop (e.g. train 192, evaluate 256 with --crop-pct 0.875)",
+    )
+    add_pixel_flags(p)
     g = p.add_argument_group("augmentation per sample, on the device (timm's names)")
     g.add_argument(
         "--aa",
@@ -192,6 +211,7 @@ def main(args: argparse.Namespace) -> int:
     from stoker.model.train import TrainConfig, train
     from stoker.pipeline.storage import parse_storage_options
 
+    from .common.loader_flags import pixel_cache
     from .common.units import parse_size
 
     if args.resume and args.resume_from:
@@ -199,6 +219,8 @@ def main(args: argparse.Namespace) -> int:
     config = TrainConfig.from_any({**vars(args), "resume": args.resume_from or args.resume})
     config.storage_options = parse_storage_options(args.storage_option) or None
     config.cache_limit = parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None
+    tier = pixel_cache(args)
+    config.pixel_cache_budget = tier.budget if tier is not None else None
     try:
         summary = train(config)
     except (ManifestError, KeyboardInterrupt):

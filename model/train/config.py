@@ -65,7 +65,11 @@ class TrainConfig:
     ``channels=None`` is 3 (RGB); 1 trains on grayscale, the network's first layer built for it.
     ``mean``/``std`` (0..1 scale) default to ImageNet's (their average for one channel).
     ``crop`` is a side or ``(height, width)``; ``scale``, ``ratio``, ``crop_pct`` and
-    ``val_resize`` are the Loader's crop recipe. ``aa``, ``reprob``/``remode``/``recount``,
+    ``val_resize`` are the Loader's crop recipe. ``progressive`` (``"START:END[:EPOCHS]"``) ramps the
+    train crop over the epochs as FFCV does (:class:`~stoker.pipeline.augment.ProgressiveCrop`);
+    ``val_crop`` is the val crop when it differs from ``crop`` (train low, evaluate high: FixRes).
+    ``pixel_cache`` (a folder) and ``pixel_cache_budget`` (bytes) are the Loader's decoded-pixel tier.
+    ``aa``, ``reprob``/``remode``/``recount``,
     ``color_jitter``, ``mixup``/``cutmix`` and the ``mixup_*`` knobs are timm's training recipe,
     applied per sample on the device (:mod:`stoker.pipeline.augment`); with mixing, the label
     smoothing is the mixing's (timm's ``Mixup(label_smoothing=...)``).
@@ -93,6 +97,12 @@ class TrainConfig:
     ratio: tuple = (3 / 4, 4 / 3)
     crop_pct: float | None = None
     val_resize: float | None = None
+    # the resolution schedule: "START:END[:EPOCHS]" (FFCV's progressive resizing), the val crop
+    progressive: str | None = None
+    val_crop: Any = None
+    # the decoded-pixel tier: its folder and byte budget (stoker.pipeline.pixels)
+    pixel_cache: str | None = None
+    pixel_cache_budget: int | None = None
     # per-sample augmentation on the device (timm's flag names; stoker.pipeline.augment)
     aa: str | None = None
     reprob: float = 0.0
@@ -138,6 +148,17 @@ class TrainConfig:
         crop = self.crop if isinstance(self.crop, (list, tuple)) else [self.crop]
         if not crop or not all(isinstance(c, int) and c >= 1 for c in crop) or len(crop) > 2:
             raise ArgumentError(f"crop={self.crop!r} must be a positive side or (height, width)")
+        for name in ("val_crop",):
+            side = getattr(self, name)
+            sides = side if isinstance(side, (list, tuple)) else [side]
+            if side is not None and (not all(isinstance(c, int) and c >= 1 for c in sides) or len(sides) > 2):
+                raise ArgumentError(f"{name}={side!r} must be a positive side or (height, width)")
+        if self.progressive is not None:
+            self.crop_schedule()  # parsed: a bad one is one line
+            if self.arch == "report":
+                raise ArgumentError("--progressive changes the input size; --arch report's Linear layer takes one size")
+        if self.pixel_cache_budget is not None and not self.pixel_cache:
+            raise ArgumentError("pixel_cache_budget needs pixel_cache (the folder the pixels go to)")
         if self.channels is not None:
             check_choice("channels", self.channels, CHANNELS)
         check_choice("remode", self.remode, REMODES)
@@ -174,6 +195,15 @@ class TrainConfig:
             raise ArgumentError(f"model={self.model!r} must look like 'file.py:FUNCTION' or 'package.module:FUNCTION'")
         if self.num_classes is not None and self.num_classes < 1:
             raise ArgumentError(f"num_classes={self.num_classes} must be >= 1")
+
+    def crop_schedule(self):
+        """The train crop of each epoch (:class:`~stoker.pipeline.augment.ProgressiveCrop`) of
+        ``progressive``, or ``None``: the train crop is ``crop`` throughout."""
+        if self.progressive is None:
+            return None
+        from stoker.pipeline.augment.schedule import ProgressiveCrop
+
+        return ProgressiveCrop.parse(self.progressive, self.epochs)
 
     def peak_lr(self, global_batch: int) -> float:
         """``lr``, or the default for the optimizer: SGD 0.1 x ``global_batch``/256, AdamW 1e-3."""

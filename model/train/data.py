@@ -83,13 +83,17 @@ def make_loaders(
     from stoker.pipeline.augment import CropSpec
     from stoker.pipeline.storage import is_url
 
-    crop = tuple(cfg.crop) if isinstance(cfg.crop, (list, tuple)) else cfg.crop
-    crops = CropSpec.of(
-        crop, scale=tuple(cfg.scale), ratio=tuple(cfg.ratio), crop_pct=cfg.crop_pct, val_resize=cfg.val_resize
-    )
+    def spec(side: Any) -> CropSpec:  # the recipe, whole: --crop, --scale, --ratio, --crop-pct, --val-resize
+        side = tuple(side) if isinstance(side, (list, tuple)) else side
+        return CropSpec.of(
+            side, scale=tuple(cfg.scale), ratio=tuple(cfg.ratio), crop_pct=cfg.crop_pct, val_resize=cfg.val_resize
+        )
+
+    schedule = cfg.crop_schedule()  # --progressive: the train crop of each epoch
+    train_crops = spec(schedule(0) if schedule is not None else cfg.crop)
+    val_crops = spec(cfg.val_crop if cfg.val_crop is not None else cfg.crop)
     kw: dict[str, Any] = dict(
         batch_size=cfg.batch_size,
-        crop=crops,  # the recipe, whole: --crop, --scale, --ratio, --crop-pct, --val-resize
         channels=cfg.channels or 3,
         device=str(device),
         seed=cfg.seed,
@@ -103,6 +107,10 @@ def make_loaders(
     )
     if cfg.shuffle != "global":
         kw.update(shuffle=cfg.shuffle, block_shards=cfg.block_shards)
+    if cfg.pixel_cache:  # the decoded-pixel tier: a folder per split inside
+        from stoker.pipeline.pixels import PixelCache
+
+        kw.update(pixel_cache=PixelCache(cfg.pixel_cache, budget=cfg.pixel_cache_budget))
     remote = is_url(train_dir)
     if remote:
         kw.update(storage_options=cfg.storage_options, cache_limit=cfg.cache_limit)
@@ -112,14 +120,19 @@ def make_loaders(
 
     try:
         recipe = augmentation(cfg, task)
-        train = factory(train_dir, train=True, drop_last=None, **kw, **recipe, **cache("train"))
+        train = factory(train_dir, train=True, drop_last=None, crop=train_crops, **kw, **recipe, **cache("train"))
+        if schedule is not None:  # applied at each epoch's start; a state saved mid-epoch keeps its crop
+            train.set_crop(schedule)
+            h, w = val_crops.size
+            val = f"{h} px" if h == w else f"{h}x{w} px"
+            log(f"progressive resizing: train crop {schedule.describe(cfg.epochs)}; val crop {val}")
     except NoBatchError as e:  # the Loader's own advice names drop_last, which train does not take
         raise ArgumentError(
             f"{train_dir}: --batch-size {cfg.batch_size} is larger than a rank's share of the "
             f"split ({e.share} samples over {dist.world_size} rank(s)); use --batch-size {e.share} or less"
         ) from None
     val = (
-        factory(val_dir, train=False, drop_last=False, **kw, **cache("val"))
+        factory(val_dir, train=False, drop_last=False, crop=val_crops, **kw, **cache("val"))
         if has_split(val_dir, cfg.storage_options)
         else None
     )

@@ -20,6 +20,8 @@
 ``erasing``        RandomErasing (timm)
 ``chain``          :class:`BatchAugment`, and :func:`build_augment` (timm's ``create_transform``)
 ``mixing``         MixUp and CutMix with label smoothing, as timm's ``Mixup``: :func:`build_mixing`
+``schedule``       :class:`ProgressiveCrop`, the train crop of each epoch (FFCV's progressive
+                   resizing), for ``Loader.set_crop``
 =================  ===========================================================================
 
 Every sample draws its own parameters from :func:`~.crops.uniforms` (a counter hash of
@@ -46,6 +48,7 @@ from .erasing import RandomErasing
 from .jitter import ColorJitter
 from .mixing import Mixing, build_mixing
 from .policies import AutoAugment, RandAugment, TrivialAugmentWide
+from .schedule import ProgressiveCrop
 from .timm_policies import TimmAutoAugment, TimmRandAugment, parse_aa
 
 __all__ = [
@@ -60,6 +63,7 @@ __all__ = [
     "ColorJitter",
     "CropSpec",
     "Mixing",
+    "ProgressiveCrop",
     "RandAugment",
     "RandomErasing",
     "TimmAutoAugment",

@@ -184,14 +184,23 @@ def crop_boxes(settings: DecodeSettings, wh: np.ndarray, ids: np.ndarray, *, epo
     return boxes, np.zeros(len(ids), bool)
 
 
-def plan_batch(settings: DecodeSettings, ids: np.ndarray, *, epoch: int, seed: int, stand_ins: bool = True) -> Plan:
+def plan_batch(
+    settings: DecodeSettings,
+    ids: np.ndarray,
+    *,
+    epoch: int,
+    seed: int,
+    stand_ins: bool = True,
+    wh: np.ndarray | None = None,
+) -> Plan:
     """The plan of one batch: read the samples' bytes and sizes, drop those that fail the header
     guard (truncated or foreign bytes never reach a decoder; a mask must be a complete PNG of its
     image's size), fill a train batch that lost every sample with stand-ins (``stand_ins=False``
     leaves that to the caller), and compute the crops. A val plan may hold no sample: the runner
-    yields an empty batch in its place."""
+    yields an empty batch in its place. ``wh``: the images' sizes as the header guard read them
+    before (the pixel tier's layout): their headers are not read again, and ``enc`` holds ``None``."""
     consumed = len(ids)
-    enc, wh, masks, ok = _read(settings, ids)
+    enc, wh, masks, ok = _read(settings, ids, wh)
     skipped = 0
     if not ok.all():
         skipped = int((~ok).sum())
@@ -206,9 +215,13 @@ def plan_batch(settings: DecodeSettings, ids: np.ndarray, *, epoch: int, seed: i
     return Plan(ids, enc, wh, masks, boxes, flips, consumed, skipped)
 
 
-def _read(settings: DecodeSettings, ids: np.ndarray) -> tuple:
-    """``(encoded images, their sizes, encoded masks or None, which pass the header guard)``."""
-    enc, wh = settings.index.images(ids)
+def _read(settings: DecodeSettings, ids: np.ndarray, wh: np.ndarray | None = None) -> tuple:
+    """``(encoded images, their sizes, encoded masks or None, which pass the header guard)``; with
+    ``wh`` given, the images are not read (``None`` each)."""
+    if wh is None:
+        enc, wh = settings.index.images(ids)
+    else:
+        enc, wh = [None] * len(ids), np.asarray(wh, np.int64)
     masks, mask_wh = settings.index.masks(ids) if settings.masks else (None, None)
     return enc, wh, masks, _header_ok(wh, mask_wh)
 

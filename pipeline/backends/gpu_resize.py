@@ -30,9 +30,10 @@ def filter_regions(boxes: np.ndarray, hw: np.ndarray, crop: tuple[int, int]) -> 
     """What :func:`crop_resize` reads of each image: ``(box, scale, lo, hi)``, the ``boxes``
     (``[N, 4]`` ``(x, y, w, h)``) clamped to their images (``hw``: ``[N, 2]`` ``(H, W)``) as
     float64, the input pixels per output pixel ``(x, y)`` at ``crop`` (``(height, width)``),
-    and the region the filter reads, ``lo`` ``(x0, y0)`` to ``hi`` ``(x1, y1)`` (int64: the box
-    and the filter's reach past it, within the image). A region decoder decodes exactly that
-    region: cropped from the whole image or decoded alone, the resize reads the same pixels."""
+    and the region the filter reads, ``lo`` ``(x0, y0)`` to ``hi`` ``(x1, y1)`` (int64): the box
+    rounded out to whole pixels. The filter never reads past the crop, as torchvision's
+    ``RandomResizedCrop`` (crop, then resize) and DALI's region decode + resize do: every backend
+    and the pixel tier give one crop the same pixels, and a region decoder decodes the box alone."""
     crop_h, crop_w = crop
     box = np.asarray(boxes).astype(np.float64)
     box[:, 0] = np.clip(box[:, 0], 0, hw[:, 1] - 1)  # a box past the edge: clamped
@@ -40,9 +41,8 @@ def filter_regions(boxes: np.ndarray, hw: np.ndarray, crop: tuple[int, int]) -> 
     box[:, 2] = np.clip(box[:, 2], 1, hw[:, 1] - box[:, 0])
     box[:, 3] = np.clip(box[:, 3], 1, hw[:, 0] - box[:, 1])
     scale = box[:, 2:] / np.array([crop_w, crop_h], np.float64)  # (x, y) input pixels per output pixel
-    reach = np.ceil(np.maximum(scale, 1.0)) + 1  # how far past the box the filter reads
-    lo = np.maximum(0, np.floor(box[:, :2] - reach)).astype(np.int64)  # region (x0, y0)
-    hi = np.minimum(hw[:, ::-1], np.ceil(box[:, :2] + box[:, 2:] + reach)).astype(np.int64)  # (x1, y1)
+    lo = np.maximum(0, np.floor(box[:, :2])).astype(np.int64)  # region (x0, y0)
+    hi = np.minimum(hw[:, ::-1], np.ceil(box[:, :2] + box[:, 2:])).astype(np.int64)  # (x1, y1)
     return box, scale, lo, hi
 
 
@@ -52,9 +52,9 @@ def crop_resize(images: list, boxes: np.ndarray, flips: np.ndarray, out) -> None
     and write them into ``out`` (``[N, C, crop_h, crop_w]`` uint8, any memory format, on the
     images' device).
 
-    The resize is pillow's ``resize(BILINEAR, box=...)`` written as two matrix products,
-    ``Wy @ region @ Wx.T``, batched over the images: each image's region (its box plus the
-    filter's reach, which pillow also reads) is copied into one padded float32 tensor, the
+    The resize is pillow's ``crop(box).resize(BILINEAR)`` (torchvision's crop, then resize) written
+    as two matrix products, ``Wy @ region @ Wx.T``, batched over the images: each image's region
+    (its box rounded out to whole pixels) is copied into one padded float32 tensor, the
     per-image weight matrices are built on the device, and a flip is the reversed order of
     ``Wx``'s rows. So a batch costs one small copy per image and a dozen batched kernels,
     where resizing crop by crop cost about six kernel launches per image: on an H200, batch

@@ -230,7 +230,7 @@ class NvjpegRunner(ProducerThread):
         regions = shifted = None
         if self._region_mode() and len(plan.ids):
             clamped, _, lo, hi = filter_regions(plan.boxes, plan.wh[:, ::-1], self.settings.crop)
-            regions = np.concatenate([lo, hi - lo], axis=1)  # (x, y, w, h): box + the filter's reach
+            regions = np.concatenate([lo, hi - lo], axis=1)  # (x, y, w, h): the box in whole pixels
             shifted = clamped.copy()
             shifted[:, :2] -= lo  # the crop box in its region's pixels
         with self.clock.time("decode"):

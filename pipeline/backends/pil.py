@@ -15,26 +15,31 @@ import numpy as np
 from . import producer
 from .base import Batch, DecodeSettings, crop_masks, decode_masks, plan_batch, targets_of
 from .resize import decode_region, resize_into
+from .slots import SlotPool, copy_out
 
-# A whole batch is one DataLoader item, so worker→parent traffic is one tensor per batch.
+# A whole batch is one DataLoader item, written by its worker into a slot of a pool shared with the
+# parent: worker→parent traffic is a few numbers per batch.
 
 
 class PilBatches:
-    """A map-style dataset whose items are whole batches: ``(epoch, seed, ids) → (images, masks,
+    """A map-style dataset whose items are whole batches: ``(epoch, seed, ids, slot) → (images, masks,
     bad)``, where ``masks`` are the cropped masks of a mask split (else ``None``) and ``bad`` is a
-    bool mask of the planned samples that failed the header check or a decoder (dropped). Other
-    targets are read by the parent (:meth:`PilRunner.iterate`), so a bad target is one error line
-    there, not a worker's traceback."""
+    bool mask of the planned samples that failed the header check or a decoder (dropped). With a
+    ``slot`` of the :class:`~.slots.SlotPool`, the batch is written there and ``images`` is how many
+    it holds (``masks`` ``None``); a slot of ``None`` returns new tensors. Other targets are read by
+    the parent (:meth:`PilRunner.iterate`), so a bad target is one error line there, not a worker's
+    traceback."""
 
-    def __init__(self, settings: DecodeSettings):
+    def __init__(self, settings: DecodeSettings, pool: SlotPool | None = None):
         # sent to the worker processes: without the Loader's stand-in rule (a bound method of
         # the Loader), which the parent applies
         self.settings = dataclasses.replace(settings, stand_in=None)
+        self.pool = pool
 
     def __getitem__(self, item):
         import torch
 
-        epoch, seed, ids = item
+        epoch, seed, ids, slot = item
         s = self.settings
         ids = np.asarray(ids, np.int64)
         plan = plan_batch(s, ids, epoch=epoch, seed=seed, stand_ins=False)  # stand-ins: the parent's
@@ -45,9 +50,10 @@ class PilBatches:
             plan, decoded = plan.keep(ok), [m for m in decoded if m is not None]
         n, (h, w), c = len(plan.ids), s.crop, s.channels
         # contiguous NHWC for channels_last (the parent permutes it): pinning keeps no strides
-        images = torch.empty((n, h, w, c) if s.channels_last else (n, c, h, w), dtype=torch.uint8)
-        if torch.utils.data.get_worker_info() is not None:
-            images.share_memory_()  # allocated in shm: no copy when sent to the parent
+        if slot is None:
+            images = torch.empty((n, h, w, c) if s.channels_last else (n, c, h, w), dtype=torch.uint8)
+        else:
+            images, mask_slot = self.pool.views(slot, n)
         out = images.numpy()
         good = np.zeros(n, bool)
         for j in range(n):
@@ -62,7 +68,12 @@ class PilBatches:
             plan = plan.keep(good)
             masks = crop_masks(s, [m for m, g in zip(decoded, good, strict=True) if g], plan)
         bad = ~np.isin(ids, plan.ids[good] if decoded is None else plan.ids)
-        return images[: int(good.sum())], masks, torch.from_numpy(bad)
+        kept = int(good.sum())
+        if slot is None:
+            return images[:kept], masks, bad
+        if masks is not None:
+            mask_slot[:kept] = masks
+        return kept, None, bad
 
     def __len__(self) -> int:  # not used: the sampler yields the items
         return 0
@@ -72,26 +83,28 @@ def _identity(x):
     return x
 
 
-class _Items:
-    """``(epoch, seed, ids)`` of each of ``batches``, made as the sampler reaches it (a Loader's
-    batches are computed when read: an epoch's start costs one batch)."""
+class BatchItems:
+    """The sampler's item for each of ``batches``, ``make(ids, slot)``, made as the sampler reaches
+    it (a Loader's batches are computed when read: an epoch's start costs one batch); ``slot`` is
+    the shared slot the batch is written to (``None`` without worker processes)."""
 
-    def __init__(self, batches, epoch: int, seed: int):
-        self.batches, self.epoch, self.seed = batches, epoch, seed
+    def __init__(self, batches, slots: int, make):
+        self.batches, self.slots, self.make = batches, slots, make
 
     def __iter__(self):
-        return ((self.epoch, self.seed, b) for b in self.batches)
+        slots = self.slots
+        return (self.make(b, k % slots if slots else None) for k, b in enumerate(self.batches))
 
     def __len__(self) -> int:
         return len(self.batches)
 
 
-class _Plan:
+class EpochItems:
     """The sampler: this epoch's ``(epoch, seed, ids)`` items, replaced each epoch, so one
     DataLoader (and its worker processes) serves every epoch."""
 
     def __init__(self):
-        self.items: list | _Items = []
+        self.items: list | BatchItems = []
 
     def __iter__(self):
         return iter(self.items)
@@ -100,65 +113,75 @@ class _Plan:
         return len(self.items)
 
 
+def batch_loader(dataset, sampler, settings: DecodeSettings):
+    """A torch DataLoader whose items are whole batches (``dataset[item]`` for each item of
+    ``sampler``), made by ``settings.threads`` persistent worker processes (none: in this one)."""
+    import sys
+
+    import torch
+
+    workers = settings.threads
+    kw = {}
+    if workers > 0:
+        # fork is cheapest, but forking a process where DALI's native threads run can
+        # deadlock the child (a lock held mid-fork): use a fork server then.
+        methods = torch.multiprocessing.get_all_start_methods()
+        method = "fork" if "fork" in methods and "nvidia.dali.backend_impl" not in sys.modules else None
+        if method is None and "forkserver" in methods:
+            method = "forkserver"
+        kw = {
+            "prefetch_factor": max(1, settings.prefetch),
+            "persistent_workers": True,
+            "multiprocessing_context": method,
+        }
+    return torch.utils.data.DataLoader(
+        dataset,
+        sampler=sampler,
+        batch_size=None,
+        num_workers=workers,
+        pin_memory=settings.device.type == "cuda",
+        collate_fn=_identity,
+        **kw,
+    )
+
+
 class PilRunner:
     """The Loader's runner for ``backend="pil"`` (a :class:`.base.Runner`): persistent pillow
     worker processes (one torch DataLoader serving every epoch) fed batches of sample positions."""
 
     def __init__(self, settings: DecodeSettings):
-        import sys
-
-        import torch
-
         self.settings = settings
-        self.plan = _Plan()
+        self.plan = EpochItems()
         self.index = settings.index
-        self.dataset = dataset = PilBatches(settings)
-        workers = settings.threads
-        kw = {}
-        if workers > 0:
-            # fork is cheapest, but forking a process where DALI's native threads run can
-            # deadlock the child (a lock held mid-fork): use a fork server then.
-            methods = torch.multiprocessing.get_all_start_methods()
-            method = "fork" if "fork" in methods and "nvidia.dali.backend_impl" not in sys.modules else None
-            if method is None and "forkserver" in methods:
-                method = "forkserver"
-            kw = {
-                "prefetch_factor": max(1, settings.prefetch),
-                "persistent_workers": True,
-                "multiprocessing_context": method,
-            }
-        self.dl = torch.utils.data.DataLoader(
-            dataset,
-            sampler=self.plan,
-            batch_size=None,
-            num_workers=workers,
-            pin_memory=settings.device.type == "cuda",
-            collate_fn=_identity,
-            **kw,
-        )
+        self.pool = SlotPool.for_settings(settings) if settings.threads else None
+        self.dataset = PilBatches(settings, self.pool)
+        self.dl = batch_loader(self.dataset, self.plan, settings)
 
-    def _targets(self, ids: np.ndarray, masks, bad):
+    def _targets(self, ids: np.ndarray, masks, bad: np.ndarray):
         """The batch's targets: the worker's cropped masks, or the others read here."""
-        return masks if masks is not None else targets_of(self.settings, ids[~bad.numpy()])
+        return masks if masks is not None else targets_of(self.settings, ids[~bad])
 
     def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[Batch]:
         """One :class:`.base.Batch` per array of global sample positions in ``batches``."""
-        s = self.settings
-        self.plan.items = _Items(batches, epoch, seed)
+        s, pool = self.settings, self.pool
+        slots = pool.slots if pool is not None else 0
+        self.plan.items = BatchItems(batches, slots, lambda b, slot: (epoch, seed, b, slot))
         it = iter(self.dl)  # persistent workers: one iterator, reset each epoch
         if self.dl.num_workers:
             # torch registers its own exit hook for these workers when the iterator is made; with
             # pinned memory some versions wait 5 s per worker in it (80 s with 16 workers, seen on
             # an H200). Registered after it, ours runs first and stops them at once.
             producer.stop_at_exit(self)
-        for (images, masks, bad), ids in zip(it, batches, strict=True):
+        for k, ((images, masks, bad), ids) in enumerate(zip(it, batches, strict=True)):
+            if pool is not None:  # copied out of the slot: it is written again later
+                images, masks = (copy_out(v, pin=s.device.type == "cuda") for v in pool.views(k % slots, images))
             targets, consumed, nbad = self._targets(ids, masks, bad), len(ids), int(bad.sum())
-            rows = ids[~bad.numpy()]
+            rows = ids[~bad]
             if not len(targets) and s.train:  # nothing loadable: stand-ins, decoded here (rare)
                 stand_in = s.stand_in(ids)
-                images, masks, stand_in_bad = self.dataset[(epoch, seed, stand_in)]
+                images, masks, stand_in_bad = self.dataset[(epoch, seed, stand_in, None)]
                 targets = self._targets(stand_in, masks, stand_in_bad)
-                rows = stand_in[~stand_in_bad.numpy()]
+                rows = stand_in[~stand_in_bad]
             if s.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC memory → NCHW shape, channels_last
             images, targets = images.to(s.device, non_blocking=True), targets.to(s.device, non_blocking=True)
@@ -176,4 +199,4 @@ class PilRunner:
         self.dl = None
 
 
-__all__ = ["PilBatches", "PilRunner"]
+__all__ = ["BatchItems", "EpochItems", "PilBatches", "PilRunner", "batch_loader"]

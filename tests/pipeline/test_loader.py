@@ -89,6 +89,16 @@ def test_dali_and_pil_give_same_order_and_similar_pixels(split):
         assert diff < 6, diff  # same crop boxes and flips; decoders differ in rounding only
 
 
+@needs_dali
+def test_dali_and_pil_give_the_same_pixels_where_pil_decodes_at_full_scale(split):
+    # crop 50: no box (images of 40..96 px) reaches twice it, so pil decodes at full scale, as dali
+    # does; both crop, then resize (torchvision's order): the same pixels, edges included
+    for train in (True, False):
+        d_images, _ = run(make(split, backend="dali", train=train, seed=7, crop=50), 3)
+        p_images, _ = run(make(split, backend="pil", train=train, seed=7, crop=50), 3)
+        assert max(int((a.int() - b.int()).abs().max()) for a, b in zip(d_images, p_images, strict=True)) <= 1
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_resume_mid_epoch_equals_uninterrupted(split, backend):
     whole_images, whole_labels = run(make(split, backend=backend, seed=1), 4)

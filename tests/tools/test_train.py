@@ -132,10 +132,10 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def _killed_mid_epoch(data, run):
-    """`stoker train` killed (-9) at step 8, mid-epoch 2; returns its last.pt."""
+def _killed_mid_epoch(data, run, *extra):
+    """`stoker train` (with ``extra`` flags) killed (-9) at step 8, mid-epoch 2; returns its last.pt."""
     p = subprocess.run(
-        [sys.executable, "-c", KILL_SCRIPT, "train", str(data), "--out", str(run), *ARGS],
+        [sys.executable, "-c", KILL_SCRIPT, "train", str(data), "--out", str(run), *ARGS, *extra],
         env=_env(),
         capture_output=True,
         text=True,
@@ -281,3 +281,33 @@ def test_mixup_on_a_regression_split_and_a_bad_policy_are_one_line(tmp_path, cap
     assert "--mixup/--cutmix mix class targets; this run's task is regress" in msg
     msg = _one_line_error(capsys, [*base, "--aa", "rand-m9-nope"], 2)
     assert "aa='rand-m9-nope'" in msg
+
+
+RESOLUTION = ["--progressive", "32:64:0-1", "--val-crop", "48"]  # epoch 1 at 32 px, epoch 2 at 64; val at 48
+
+
+@pytest.mark.slow
+def test_progressive_resizing_from_the_pixel_tier_resumes_exactly(data, tmp_path):
+    pixels = ["--pixel-cache", str(tmp_path / "px")]  # shared by both runs: the killed run's store is reused
+    full = _in_process(["train", str(data), "--out", str(tmp_path / "full"), *ARGS, *RESOLUTION, *pixels])
+    run = tmp_path / "killed"
+    ck = _killed_mid_epoch(data, run, *RESOLUTION, *pixels)
+    assert ck["step"] == 8 and ck["loader"]["crop"] == [64, 64]  # mid-epoch 2, at its crop
+    r = _in_process(["train", str(data), "--out", str(run), *ARGS, *RESOLUTION, *pixels, "--resume"])
+    assert r["steps"] == 12 and r["weights_sha256"] == full["weights_sha256"]
+    config = json.loads((run / "config.json").read_text())
+    assert config["progressive"] == "32:64:0-1" and config["val_crop"] == 48
+    assert config["pixel_cache"] == str(tmp_path / "px")
+    assert {p.parent.parent.name.split("-")[0] for p in (tmp_path / "px").glob("*/*/key.json")} == {"train", "val"}
+
+
+def test_resolution_flags_say_the_schedule_and_refuse_nonsense(data, tmp_path, capsys):
+    s = _in_process(["train", str(data), "--out", str(tmp_path / "r"), *ARGS, "--epochs", "1", *RESOLUTION])
+    assert s["steps"] == 6 and s["val"]["n"] == 21
+    assert "progressive resizing: train crop 32 px for epoch 1; val crop 48 px" in capsys.readouterr().err
+    for extra, needle in (
+        (["--progressive", "32"], "--progressive '32' must be START:END[:EPOCHS]"),
+        (["--progressive", "32:64", "--arch", "report"], "--arch report's Linear layer takes one size"),
+        (["--pixel-cache-budget", "1GB"], "--pixel-cache-budget needs --pixel-cache DIR"),
+    ):
+        assert needle in _one_line_error(capsys, ["train", str(data), "--out", str(tmp_path / "x"), *ARGS, *extra], 2)

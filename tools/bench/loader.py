@@ -8,9 +8,12 @@ that is not counted and then up to --epochs epochs or --seconds seconds:
       (only with --images: the original files)
   (2) webdataset + PIL + DataLoader on the shards, uint8
   (3) DALI's own fn.readers.webdataset graph on the shards (buffer shuffle), uint8
-  (4) FFCV, when importable (here, or in --ffcv-python), from a .beton of --images
+  (4) FFCV, when importable (here, or in --ffcv-python), from a .beton of --images: JPEG
+      (``ffcv``) and decoded pixels (``ffcv-raw``, its ``write_mode="raw"``)
   (5) stoker Loader, once per available backend (nvjpeg: decoded on the GPU, batches on
       the GPU; skipped without CUDA)
+  (6) with --pixel-cache DIR: the Loader's decoded-pixel tier in a fresh folder under DIR,
+      its filling first epoch and the epochs after it (cropped from decoded pixels)
   and the decode-only ceiling: every image of the shards decoded once by `cores`
   processes, nothing else.
 
@@ -57,7 +60,11 @@ HELP = "side-by-side loader throughput: torchvision, webdataset, DALI reader, FF
 
 #: one row per decode backend of the registry (stoker.pipeline.backends)
 STOKER = tuple(f"stoker-{name}" for name in backend_names(auto=False))
-ALL = ("torchvision", "wds", "dali-reader", "ffcv", *STOKER, "ceiling")
+ALL = ("torchvision", "wds", "dali-reader", "ffcv", "ffcv-raw", *STOKER, "ceiling")
+#: the pixel tier's rows (measured with --pixel-cache DIR)
+PIXELS = ("stoker-pixels-fill", "stoker-pixels")
+#: FFCV's storage of each FFCV row (``RGBImageField(write_mode=...)``)
+FFCV_MODES = {"ffcv": "jpg", "ffcv-raw": "raw"}
 #: the pipelines of a split that is not of classes: the usual Dataset of its kind, stoker, the ceiling
 OF_KIND = {
     "mask": ("torchvision-seg", *STOKER, "ceiling"),
@@ -65,7 +72,7 @@ OF_KIND = {
     "multilabel": (*STOKER, "ceiling"),
 }
 #: the peers that read a class split's cls members (or an ImageFolder) only
-CLASS_ONLY = ("torchvision", "wds", "dali-reader", "ffcv")
+CLASS_ONLY = ("torchvision", "wds", "dali-reader", "ffcv", "ffcv-raw")
 #: the baseline rows, in order of preference
 BASELINES = ("torchvision", "torchvision-seg", "torchvision-csv", "wds")
 LABELS = {
@@ -74,11 +81,14 @@ LABELS = {
     "torchvision-csv": "(1) CSV Dataset+PIL, float targets",
     "wds": "(2) webdataset+PIL",
     "dali-reader": "(3) DALI fn.readers.webdataset",
-    "ffcv": "(4) FFCV",
+    "ffcv": "(4) FFCV (JPEG)",
+    "ffcv-raw": "(4) FFCV (raw pixels)",
     **{
         f"stoker-{b.name}": f"(5) stoker Loader ({b.name}{', GPU' if 'cpu' not in b.where else ''})" for b in backends()
     },
     "stoker-dali-dali-resize": "(5) stoker Loader (dali, fn.resize)",
+    "stoker-pixels": "(6) stoker pixel tier, warm",
+    "stoker-pixels-fill": "(6) stoker pixel tier, filling epoch",
     "ceiling": "decode-only ceiling",
 }
 
@@ -121,6 +131,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ffcv-python", metavar="PATH", help="a python with ffcv installed, for column (4)")
     p.add_argument(
+        "--pixel-cache",
+        metavar="DIR",
+        help="also measure the pixel tier (6), its store in a fresh folder under DIR (node-local disk or "
+        "/dev/shm; removed after): the filling epoch and the warm ones",
+    )
+    p.add_argument(
         "--ffcv-max-resolution",
         type=int,
         default=256,
@@ -138,7 +154,7 @@ def _measure(kind: str, cfg: dict, python: str = sys.executable) -> dict:
     """One pipeline in a fresh subprocess; its ``RESULT`` dict, or ``{"error": last stderr line}``."""
     cfg = {**cfg, "kind": kind}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if kind == "ffcv":  # by file path: the ffcv python need not have stoker
+    if kind in FFCV_MODES:  # by file path: the ffcv python need not have stoker
         cmd = [python, ffcv_bench.__file__, json.dumps(cfg)]
     else:
         cmd = [python, "-m", "stoker.tools.bench.runners", json.dumps(cfg)]
@@ -195,9 +211,10 @@ class BenchResult(Result):
         rows: One dict per pipeline run: ``pipeline``, ``label``, then ``images``, ``seconds``,
             ``img_s``, ``cpu_pct``, ``peak_rss``, ``bytes_per_batch`` and ``ratio``, or ``error``.
         summary: The best stoker Loader against the others: ``vs_torchvision``,
-            ``vs_dali_reader``, ``vs_ffcv``, ``of_ceiling`` (those measured); with (1) and (2)
+            ``vs_dali_reader``, ``vs_ffcv``, ``vs_ffcv_raw``, ``of_ceiling`` (those measured); with (1) and (2)
             both measured, ``vs_torchvision`` split in two factors (:func:`summarize`):
-            ``from_pack_resize`` and ``from_loader``.
+            ``from_pack_resize`` and ``from_loader``. With the pixel tier measured: ``pixels_vs_ffcv_raw``,
+            ``pixels_vs_ffcv`` (warm) and ``fill_vs_jpeg`` (its filling epoch over the best JPEG row).
         notes: Why a pipeline was skipped, one line each.
     """
 
@@ -235,11 +252,22 @@ class BenchResult(Result):
             )
         s = self.summary
         if s:
-            parts = {"vs_torchvision": "x torchvision", "vs_dali_reader": "x DALI reader", "vs_ffcv": "x FFCV"}
+            parts = {
+                "vs_torchvision": "x torchvision",
+                "vs_dali_reader": "x DALI reader",
+                "vs_ffcv": "x FFCV (JPEG)",
+                "vs_ffcv_raw": "x FFCV (raw)",
+            }
             text = [f"{s[k]:.2f}{v}" for k, v in parts.items() if k in s]
             if "of_ceiling" in s:
                 text.append(f"{100 * s['of_ceiling']:.0f}% of the decode-only ceiling")
-            lines.append("best stoker Loader: " + ", ".join(text))
+            if text:
+                lines.append("best stoker Loader: " + ", ".join(text))
+            pixels = {"pixels_vs_ffcv_raw": "x FFCV (raw)", "pixels_vs_ffcv": "x FFCV (JPEG)"}
+            if any(k in s for k in pixels):
+                lines.append("pixel tier, warm: " + ", ".join(f"{s[k]:.2f}{v}" for k, v in pixels.items() if k in s))
+            if "fill_vs_jpeg" in s:
+                lines.append(f"pixel tier, filling epoch: {s['fill_vs_jpeg']:.2f}x the best stoker Loader (JPEG)")
             if "from_pack_resize" in s:
                 # The headline vs torchvision is the product of these two: say how much each brings.
                 lines += [
@@ -296,12 +324,19 @@ def summarize(rows: list) -> dict:
         ("dali-reader", "vs_dali_reader"),
         ("ceiling", "of_ceiling"),
         ("ffcv", "vs_ffcv"),
+        ("ffcv-raw", "vs_ffcv_raw"),
     ):
         if k in rate:
             summary[name] = best / rate[k]
     if "torchvision" in rate and "wds" in rate:
         summary["from_pack_resize"] = rate["wds"] / rate["torchvision"]
         summary["from_loader"] = best / rate["wds"]
+    if "stoker-pixels" in rate:  # the pixel tier, warm, against FFCV's two storages
+        for k, name in (("ffcv-raw", "pixels_vs_ffcv_raw"), ("ffcv", "pixels_vs_ffcv")):
+            if k in rate:
+                summary[name] = rate["stoker-pixels"] / rate[k]
+    if "stoker-pixels-fill" in rate:  # its filling epoch against the JPEG path
+        summary["fill_vs_jpeg"] = rate["stoker-pixels-fill"] / best
     return summary
 
 
@@ -327,7 +362,13 @@ def _split(data: str | Path, storage_options: dict | None = None) -> Path:
 
 
 def _plan(
-    only: Sequence[str], *, images: str | None, ffcv_python: str | None, masks: str | None = None, target: str = "class"
+    only: Sequence[str],
+    *,
+    images: str | None,
+    ffcv_python: str | None,
+    masks: str | None = None,
+    target: str = "class",
+    pixel_cache: str | None = None,
 ) -> tuple[list, list]:
     """``([(kind, python), ...] to run, [notes on the kinds skipped])``."""
     from stoker.pipeline.deps import HAS_DALI
@@ -344,15 +385,17 @@ def _plan(
             notes.append(f"{LABELS[kind]}: skipped (give --images CSV, the original list of path,value)")
         elif kind in ("dali-reader", "stoker-dali-dali-resize") and not HAS_DALI:
             notes.append(f"{LABELS[kind]}: skipped (nvidia-dali not installed)")
+        elif kind in PIXELS and not pixel_cache:
+            notes.append(f"{LABELS[kind]}: skipped (give --pixel-cache DIR, where its store may go)")
         elif kind in STOKER and not _stoker_runs(kind):
             notes.append(f"{LABELS[kind]}: skipped ({_stoker_runs(kind, why=True)})")
-        elif kind == "ffcv":
+        elif kind in FFCV_MODES:
             py = _ffcv_python(ffcv_python) if images else None
             if not images:
-                notes.append("(4) FFCV: skipped (needs --images to write its .beton)")
+                notes.append(f"{LABELS[kind]}: skipped (needs --images to write its .beton)")
             elif py is None:
                 notes.append(
-                    "(4) FFCV: not installed (pip install ffcv needs libopencv-dev and "
+                    f"{LABELS[kind]}: not installed (pip install ffcv needs libopencv-dev and "
                     "libturbojpeg0-dev; or point --ffcv-python at a python that has it)"
                 )
             else:
@@ -376,6 +419,7 @@ def bench(
     repeat: int = 1,
     ffcv_python: str | None = None,
     ffcv_max_resolution: int = 256,
+    pixel_cache: str | Path | None = None,
     progress: bool = False,
     storage_options: dict | None = None,
     masks: str | Path | None = None,
@@ -401,6 +445,8 @@ def bench(
         repeat: Rounds over all pipelines; each row keeps its best round.
         ffcv_python: A python with ffcv installed (None: this one, if it has ffcv).
         ffcv_max_resolution: FFCV ``max_resolution`` when writing its .beton.
+        pixel_cache: a folder for the pixel tier's store (node-local disk or ``/dev/shm``): adds its
+            rows (a fresh store per run, removed after): the filling epoch and the warm epochs.
         progress: Show a progress bar on stderr.
 
     Returns:
@@ -430,7 +476,11 @@ def bench(
     for name, value in (("batch_size", batch_size), ("crop", min(sides)), ("epochs", epochs), ("repeat", repeat)):
         if value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    only = [k for k in only or () if k] or list(OF_KIND.get(target, ALL))
+    only = [k for k in only or () if k] or [
+        *(k for k in OF_KIND.get(target, ALL) if k != "ceiling"),
+        *(PIXELS if pixel_cache else ()),
+        "ceiling",
+    ]
     unknown = set(only) - set(LABELS)
     if unknown:
         raise UsageError(f"--only: unknown pipeline(s) {sorted(unknown)}; choose from {', '.join(LABELS)}")
@@ -446,15 +496,27 @@ def bench(
         "workers": cores,
         "masks": masks,
         "channels": channels,
+        "pixel_cache": str(pixel_cache) if pixel_cache else None,
     }
-    plan, notes = _plan(only, images=images, ffcv_python=ffcv_python, masks=masks, target=target)
-    beton = Path(os.environ.get("TMPDIR", "/tmp")) / (
-        f"stoker-bench-{Path(images or 'x').resolve().name}-R{ffcv_max_resolution}.beton"
+    if pixel_cache:
+        Path(pixel_cache).mkdir(parents=True, exist_ok=True)
+    plan, notes = _plan(
+        only, images=images, ffcv_python=ffcv_python, masks=masks, target=target, pixel_cache=cfg["pixel_cache"]
     )
+
+    def beton(kind: str) -> Path:  # one .beton per FFCV storage, written once and reused
+        return Path(os.environ.get("TMPDIR", "/tmp")) / (
+            f"stoker-bench-{Path(images or 'x').resolve().name}-R{ffcv_max_resolution}-{FFCV_MODES[kind]}.beton"
+        )
+
     rows: dict[str, dict] = {}
     steps = [(r, k, py) for r in range(repeat) for k, py in plan]
     for _, kind, py in tqdm(steps, desc="bench", unit="run", file=sys.stderr, disable=None if progress else True):
-        extra = {"beton": str(beton), "R": ffcv_max_resolution} if kind == "ffcv" else {}
+        extra = (
+            {"beton": str(beton(kind)), "R": ffcv_max_resolution, "write_mode": FFCV_MODES[kind]}
+            if kind in FFCV_MODES
+            else {}
+        )
         res = _measure(kind, {**cfg, **extra}, py)
         best = rows.get(kind)
         if best is None or "error" in best or res.get("img_s", 0) > best.get("img_s", 0):
@@ -502,6 +564,7 @@ def main(args: argparse.Namespace) -> int:
         repeat=args.repeat,
         ffcv_python=args.ffcv_python,
         ffcv_max_resolution=args.ffcv_max_resolution,
+        pixel_cache=args.pixel_cache,
         progress=True,
     )
     if args.plot:

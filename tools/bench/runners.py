@@ -281,6 +281,40 @@ def _run_stoker(cfg, backend, device="cpu", **kw):
     return timed(epochs(epoch, cfg["epochs"] + 1), cfg)
 
 
+def _run_pixels(cfg, *, fill: bool):
+    """The pixel tier (``Loader(pixel_cache=cfg["pixel_cache"])``, a fresh folder): ``fill``, its
+    first epoch alone, which decodes every sample into the store; else the epochs after one filling
+    epoch, untimed, which crop from decoded pixels."""
+    import shutil
+    import tempfile
+
+    from stoker.pipeline import Loader
+
+    root = tempfile.mkdtemp(prefix="stoker-bench-pixels-", dir=cfg["pixel_cache"])
+    try:
+        loader = Loader(
+            cfg["data"],
+            batch_size=cfg["batch_size"],
+            crop=cfg["crop"],
+            threads=cfg["workers"],
+            channels=cfg.get("channels", 3),
+            pixel_cache=root,
+        )
+        if not fill:
+            for _ in loader:  # epoch 0 fills the store
+                pass
+
+        def epoch(e):
+            loader.set_epoch(e if fill else e + 1)
+            return iter(loader)
+
+        result = timed(epochs(epoch, 1 if fill else cfg["epochs"] + 1), cfg)
+        loader.close()
+        return result
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _decode_all(job):
     import io
 
@@ -326,6 +360,8 @@ RUNNERS = {
     "wds": _run_wds,
     "dali-reader": _run_dali_reader,
     "stoker-dali-dali-resize": lambda c: _run_stoker(c, "dali", cpu_resize="dali"),
+    "stoker-pixels": lambda c: _run_pixels(c, fill=False),
+    "stoker-pixels-fill": lambda c: _run_pixels(c, fill=True),
     "ceiling": _run_ceiling,
 }
 

@@ -2,8 +2,9 @@
 
 ``stoker train``, ``stoker diagnose`` and ``stoker bench`` take the same crop recipe (``--crop PX``
 or ``--crop H,W``, ``--scale``, ``--ratio``, ``--crop-pct``, ``--val-resize``), the same decode
-choices (``--backend`` from the backend registry, ``--decode``, ``--decoder``, ``--threads``) and,
-where they read object storage, the same storage and order flags. :func:`crop_spec` carries the
+choices (``--backend`` from the backend registry, ``--decode``, ``--decoder``, ``--threads``), the
+decoded-pixel tier (``--pixel-cache``, ``--pixel-cache-budget``) and, where they read object
+storage, the same storage and order flags. :func:`crop_spec` carries the
 recipe whole (a :class:`~stoker.pipeline.augment.CropSpec`, what ``Loader(crop=)`` takes) and
 :func:`loader_options` the rest, so a flag's meaning and its check are written here only.
 No torch import: ``--help`` stays instant.
@@ -133,6 +134,42 @@ def add_storage_flags(p: argparse.ArgumentParser, *, cache: bool = True, order: 
         g.add_argument("--block-shards", type=int, default=4, help="shards per window with --shuffle block")
 
 
+def add_pixel_flags(p: argparse.ArgumentParser) -> None:
+    """``--pixel-cache DIR`` and ``--pixel-cache-budget SIZE``: the Loader's decoded-pixel tier."""
+    g = p.add_argument_group("decoded-pixel tier (the first epoch decodes into DIR; later ones crop from pixels)")
+    g.add_argument(
+        "--pixel-cache",
+        default=None,
+        metavar="DIR",
+        help="keep every sample's decoded pixels in DIR (node-local disk or /dev/shm; shared by a node's "
+        "processes; a folder per split inside), so epochs after the first skip JPEG decoding",
+    )
+    g.add_argument(
+        "--pixel-cache-budget",
+        default=None,
+        metavar="SIZE",
+        help="bytes the pixels of a split may take, e.g. 20GB (default: all of them; refused in one line "
+        "when the disk cannot hold them): the split's first samples that fit are cached, the rest decoded",
+    )
+
+
+def pixel_cache(args: argparse.Namespace):
+    """The :class:`~stoker.pipeline.pixels.PixelCache` of ``--pixel-cache``/``--pixel-cache-budget``, or
+    ``None``. A budget without a folder is a usage error."""
+    from stoker.errors import UsageError
+
+    from .units import parse_size
+
+    folder, budget = getattr(args, "pixel_cache", None), getattr(args, "pixel_cache_budget", None)
+    if budget and not folder:
+        raise UsageError("--pixel-cache-budget needs --pixel-cache DIR (where the pixels go)")
+    if not folder:
+        return None
+    from stoker.pipeline.pixels import PixelCache
+
+    return PixelCache(folder, budget=parse_size(budget, "--pixel-cache-budget") if budget else None)
+
+
 def crop_spec(args: argparse.Namespace):
     """The crop recipe of ``args``, whole (a :class:`~stoker.pipeline.augment.CropSpec`; a flag
     a command does not have takes the Loader's default). Raises ``ValueError`` naming a bad value."""
@@ -162,15 +199,19 @@ def loader_options(args: argparse.Namespace) -> dict[str, Any]:
         out["storage_options"] = parse_storage_options(args.storage_option)
     if getattr(args, "cache_limit", None):
         out["cache_limit"] = parse_size(args.cache_limit, "--cache-limit")
+    if getattr(args, "pixel_cache", None):
+        out["pixel_cache"] = pixel_cache(args)
     return out
 
 
 __all__ = [
     "add_crop_flags",
     "add_decode_flags",
+    "add_pixel_flags",
     "add_storage_flags",
     "crop",
     "crop_spec",
     "floats",
     "loader_options",
+    "pixel_cache",
 ]

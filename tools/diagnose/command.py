@@ -46,7 +46,7 @@ from pathlib import Path
 
 from stoker.errors import DiagnoseError, UsageError
 
-from ..common.loader_flags import add_crop_flags, add_decode_flags, add_storage_flags, crop_spec
+from ..common.loader_flags import add_crop_flags, add_decode_flags, add_pixel_flags, add_storage_flags, crop_spec
 from .engine import run_diagnosis
 from .inputs import (
     backend_choice,
@@ -110,6 +110,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="measure channels_last (auto: when the model has convolutions)",
     )
     add_decode_flags(p)
+    add_pixel_flags(p)
     p.add_argument(
         "--workers",
         type=int,
@@ -198,6 +199,7 @@ def diagnose(
     threads: int | None = None,
     workers: int | None = None,
     pack_sample_size: int = 256,
+    pixel_cache=None,
     progress: Callable[[str], None] | None = None,
 ) -> Diagnosis:
     """Measure why training on ``data`` is slow: loader, model, transfer, end to end.
@@ -226,6 +228,10 @@ def diagnose(
         threads: stoker Loader threads (None: its own default).
         workers: DataLoader workers of the torchvision pipeline (None: the usable cores).
         pack_sample_size: ImageFolder: images packed into a temporary folder to measure stoker (0 skips).
+        pixel_cache: the stoker Loader's decoded-pixel tier (a folder or a
+            :class:`~stoker.pipeline.pixels.PixelCache`): the loader is measured as it runs, samples
+            its store holds cropped from pixels, the others decoded into it (a second run, or one
+            after a training epoch, measures the warm tier).
         progress: Called with a line before each measurement.
 
     Returns:
@@ -270,6 +276,8 @@ def diagnose(
         decode=decode,
         threads=threads,
     )
+    if pixel_cache is not None:
+        loader_kw["pixel_cache"] = pixel_cache
     facts = {
         "kind": "stoker shards" if kind == "shards" else "ImageFolder",
         "path": str(path),
@@ -373,6 +381,8 @@ def diagnose(
 def main(args: argparse.Namespace) -> int:
     from stoker.pipeline.storage import parse_storage_options
 
+    from ..common.loader_flags import pixel_cache
+
     try:
         crops = crop_spec(args)
     except ValueError as e:
@@ -393,6 +403,7 @@ def main(args: argparse.Namespace) -> int:
         decode=args.decode,
         threads=args.threads,
         workers=args.workers,
+        pixel_cache=pixel_cache(args),
         pack_sample_size=args.pack_sample,
         progress=lambda line: print(f"stoker diagnose: {line}", file=sys.stderr, flush=True),
     )

@@ -232,4 +232,8 @@ def describe_loader(loader) -> dict:
         v = getattr(loader, k, None)
         if v is not None:
             out[k] = str(v)
+    store = getattr(loader, "pixel_store", None)
+    if store is not None:  # the decoded-pixel tier: how much of the split it holds
+        st = store.stats()
+        out["pixel_cache"] = f"{st['dir']} ({st['filled']:,} of {st['samples']:,} samples decoded)"
     return out

@@ -1,6 +1,7 @@
-"""The GPU check's loader part: the Loader's nvjpeg and pil backends, then the nvjpeg backend's
-variants (each decoder, overlap off, nvImageCodec's hardware share 0 and 1, region decode off),
-then the nvjpeg stages one at a time.
+"""The GPU check's loader part: the Loader's nvjpeg and pil backends, the decoded-pixel tier (RGB
+and YUV 4:2:0 stores: the filling epoch and the warm ones), then the nvjpeg backend's variants
+(each decoder, overlap off, nvImageCodec's hardware share 0 and 1, region decode off), then the
+nvjpeg stages one at a time.
 
 Each row is the Loader's train batches on the device, images/s over ``loader_seconds`` (the
 variants over a third of it), with the runner's per-stage busy seconds and how much they
@@ -49,6 +50,63 @@ def _measure_loader(ctx: dict, backend: str, device: str, *, seconds: float | No
         return r
     finally:
         loader.close()
+
+
+def _measure_pixels(ctx: dict, device: str, pixel_format: str) -> dict:
+    """The pixel tier's row: a fresh store (under the check's output folder, removed after), its
+    filling first epoch timed whole, then the warm epochs as every row is timed. On a GPU the store
+    is filled by the nvjpeg backend's decoder and cropped and resized on the device."""
+    import shutil
+    import tempfile
+
+    from stoker.pipeline import Loader
+    from stoker.pipeline.pixels import PixelCache
+
+    from ..bench.peers.timing import epochs, timed
+
+    root = tempfile.mkdtemp(prefix="stoker-pixels-", dir=ctx["out"])
+    loader = None
+    try:
+        loader = Loader(
+            ctx["split"],
+            batch_size=ctx["batch_size"],
+            crop=ctx["crop"],
+            backend="nvjpeg" if device.startswith("cuda") else "pil",
+            device=device,
+            train=True,
+            pixel_cache=PixelCache(root, pixel_format=pixel_format),
+        )
+        t0, n = time.perf_counter(), 0
+        for x, _ in loader:  # epoch 0 fills the store
+            n += len(x)
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize()
+        fill = n / (time.perf_counter() - t0)
+
+        def epoch(e):
+            loader.set_epoch(e + 1)
+            return iter(loader)
+
+        cfg = {"warmup": 3 if not ctx["smoke"] else 1, "seconds": ctx["loader_seconds"]}
+        r = timed(epochs(epoch, 10**6), cfg)
+        runner = loader.runner
+        r.update(
+            {
+                "backend": f"{loader.backend} + pixel tier ({pixel_format})",
+                "device": device,
+                "fill_img_s": fill,
+                "decoded": getattr(runner, "decoded", None),
+                "from_store": getattr(runner, "from_store", None),
+                "store_bytes": loader.pixel_store.stats()["bytes"],
+            }
+        )
+        return r
+    finally:
+        if loader is not None:
+            loader.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _nvjpeg_on_cpu(**options: Any):
@@ -164,6 +222,13 @@ def part_loader(ctx: dict, save: Callable[[dict], None]) -> dict:
             result["rows"][backend] = {"error": one_line(e)}
         save(result)
         print(f"loader: {backend} done {time.time() - ctx['started']:.1f} s into the box", flush=True)
+    for fmt in ("rgb", "yuv420"):  # the decoded-pixel tier (the GPU target: >= 45,000 img/s at crop 224)
+        try:
+            result["rows"][f"pixels-{fmt}"] = _measure_pixels(ctx, device, fmt)
+        except Exception as e:  # noqa: BLE001 - a row failing must not lose the others
+            result["rows"][f"pixels-{fmt}"] = {"error": one_line(e)}
+        save(result)
+        print(f"loader: pixel tier ({fmt}) done {time.time() - ctx['started']:.1f} s into the box", flush=True)
     if ctx["cuda"] or ctx["smoke"]:  # on the CPU (smoke) the nvjpeg runner's code runs with CPU decoders
         result["variants"] = []
         _variants(ctx, device, result["variants"], lambda: save(result))

@@ -169,3 +169,37 @@ def test_summary_split_only_when_both_rows_ran(missing):
     result = _result(rows)
     assert "from_pack_resize" not in result.summary and "from_loader" not in result.summary
     assert "pack-time resize" not in result.format_table()
+
+
+def test_summary_puts_the_pixel_tier_against_both_ffcv_storages():
+    rows = [
+        _row("ffcv", 400.0),
+        _row("ffcv-raw", 800.0),
+        _row("stoker-dali", 500.0),
+        _row("stoker-pixels-fill", 450.0),
+        _row("stoker-pixels", 1000.0),
+    ]
+    result = _result(rows)
+    s = result.summary
+    assert s["pixels_vs_ffcv_raw"] == pytest.approx(1.25) and s["pixels_vs_ffcv"] == pytest.approx(2.5)
+    assert s["fill_vs_jpeg"] == pytest.approx(0.9) and s["vs_ffcv"] == pytest.approx(1.25)  # best JPEG row: 500
+    table = result.format_table()
+    assert "pixel tier, warm: 1.25x FFCV (raw), 2.50x FFCV (JPEG)" in table
+    assert "pixel tier, filling epoch: 0.90x the best stoker Loader (JPEG)" in table
+
+
+def test_bench_pixel_tier_rows_need_a_folder_and_measure_fill_and_warm(tiny_shards, tmp_path, capsys):
+    root = tiny_shards(n=32, per_shard=16)
+    assert cli.main(["bench", str(root), "--only", "stoker-pixels", "--json", *TINY]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["rows"] == [] and result["notes"] == [
+        "(6) stoker pixel tier, warm: skipped (give --pixel-cache DIR, where its store may go)"
+    ]
+    px = tmp_path / "px"
+    assert cli.main(["bench", str(root), "--only", "stoker-pil,stoker-pixels-fill,stoker-pixels", "--json",
+                     "--pixel-cache", str(px), *TINY]) == 0  # fmt: skip
+    result = json.loads(capsys.readouterr().out)
+    by = {r["pipeline"]: r for r in result["rows"]}
+    assert by["stoker-pixels"]["img_s"] > 0 and by["stoker-pixels-fill"]["img_s"] > 0
+    assert by["stoker-pixels"]["bytes_per_batch"] == 8 * 3 * 32 * 32
+    assert "fill_vs_jpeg" in result["summary"] and list(px.iterdir()) == []  # each run's store is removed

@@ -284,6 +284,13 @@ def test_cpu_smoke_runs_every_part_and_writes_json_and_markdown(tiny_shards, tmp
     assert sorted(p.name for p in (out / "unpacked").iterdir()) == [f"{k:05d}" for k in range(6)]  # by label
     assert parts["loader"]["rows"]["nvjpeg"] == {"skipped": "no CUDA device (nvjpeg decodes on the GPU)"}
     assert parts["loader"]["rows"]["pil"]["img_s"] > 0 and parts["loader"]["rows"]["pil"]["backend"] == "pil"
+    for fmt in ("rgb", "yuv420"):  # the pixel tier: its filling epoch and the warm ones, the store removed after
+        px = parts["loader"]["rows"][f"pixels-{fmt}"]
+        assert px["img_s"] > 0 and px["fill_img_s"] > 0 and px["decoded"] == 24 and px["from_store"] > 0, px
+    assert (
+        parts["loader"]["rows"]["pixels-yuv420"]["store_bytes"] < parts["loader"]["rows"]["pixels-rgb"]["store_bytes"]
+    )
+    assert not list(out.glob("stoker-pixels-*"))
     stages = parts["loader"]["nvjpeg_stages"]  # the nvjpeg code path, timed on the CPU here
     assert (
         stages["batches"] == 5

@@ -1,11 +1,12 @@
-"""Column (4) of `stoker bench`: FFCV's Loader on a .beton of the original images.
+"""Column (4) of `stoker bench`: FFCV's Loader on a .beton of the original images, JPEG or raw pixels.
 
 Run by file path, by the python that has ffcv (``--ffcv-python``, which need not have stoker)::
 
     python /path/to/stoker/tools/peers/ffcv_bench.py '{"images": ..., "beton": ..., ...}'
 
 The config (JSON, first argument) holds ``images`` (an ImageFolder), ``beton`` (written once
-and reused), ``R`` (FFCV ``max_resolution``), ``crop``, ``batch_size``, ``workers``,
+and reused), ``R`` (FFCV ``max_resolution``), ``write_mode`` (``"jpg"``: JPEG at quality 90, or
+``"raw"``: decoded pixels, FFCV's fastest storage), ``crop``, ``batch_size``, ``workers``,
 ``epochs``, ``warmup`` and ``seconds``. Prints ``RESULT {json}`` as the other pipelines do:
 the same augmentation (RandomResizedCrop + flip), uint8 batches, timed by
 :func:`stoker.tools.bench.peers.timing.timed`.
@@ -35,7 +36,7 @@ def make_loader(cfg: dict):
     beton = cfg["beton"]
     if not os.path.exists(beton):
         fields = {
-            "image": RGBImageField(write_mode="jpg", max_resolution=cfg["R"], jpeg_quality=90),
+            "image": RGBImageField(write_mode=cfg.get("write_mode", "jpg"), max_resolution=cfg["R"], jpeg_quality=90),
             "label": IntField(),
         }
         writer = DatasetWriter(beton + ".tmp", fields, num_workers=cfg["workers"])

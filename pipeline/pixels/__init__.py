@@ -1,0 +1,117 @@
+"""The decoded-pixel tier: ``Loader(pixel_cache=DIR)``.
+
+The first epoch decodes each sample a rank reads, at its stored size, into a memory-mapped
+store in ``DIR`` (node-local disk or ``/dev/shm``; :mod:`.store`); later epochs crop, resize and
+flip from the decoded pixels with the same boxes and flips as the JPEG path (:mod:`.cpu` on the
+CPU, :mod:`.device` on a GPU). The pixels are stored at their stored size, so the crop can change
+between epochs (``Loader.set_crop``, a progressive resolution schedule) without refilling.
+
+:class:`PixelCache` is the setting; :func:`open_store` opens a Loader's store (the size check)
+and :func:`make_runner` the runner that reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stoker.errors import ArgumentError
+
+from ..fsutil import PathLike
+from .store import PIXEL_FORMATS, PixelStore, format_bytes
+
+#: what ``pixel_format=`` may say: ``auto`` is RGB (measured fastest on the CPU: no conversion;
+#: YUV 4:2:0 halves the bytes but is lossy, see docs/pixel-cache.md)
+FORMATS = ("auto", *PIXEL_FORMATS)
+
+
+@dataclasses.dataclass(frozen=True)
+class PixelCache:
+    """The decoded-pixel tier of a Loader (``Loader(pixel_cache=PixelCache(DIR, budget=...))``; a
+    path alone is ``PixelCache(path)``).
+
+    Attributes:
+        dir: where the pixels go: node-local disk or ``/dev/shm`` (a folder per split inside;
+            the ranks of a node share it).
+        budget: bytes the pixels of a split may take (``None``: all of them, refused in one line
+            when the disk cannot hold them): the first samples of the split that fit are cached,
+            the rest decoded each epoch.
+        pixel_format: ``"rgb"``, ``"yuv420"`` (half the bytes; converted on the device; lossy:
+            chroma at half resolution), or ``"auto"`` (RGB).
+    """
+
+    dir: PathLike
+    budget: int | None = None
+    pixel_format: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.budget is not None and (not isinstance(self.budget, int) or self.budget < 1):
+            raise ArgumentError(f"pixel cache budget={self.budget!r} must be a positive number of bytes")
+        if self.pixel_format not in FORMATS:
+            raise ArgumentError(f"pixel_format={self.pixel_format!r} must be one of {FORMATS}")
+
+    @classmethod
+    def of(cls, value: Any) -> PixelCache | None:
+        """``value`` as a PixelCache: ``None``, a folder, or a PixelCache."""
+        if value is None or isinstance(value, PixelCache):
+            return value
+        if isinstance(value, (str, Path)) or hasattr(value, "__fspath__"):
+            return cls(value)
+        raise ArgumentError(f"pixel_cache={value!r} must be a folder or a PixelCache")
+
+    @property
+    def resolved_format(self) -> str:
+        """The pixel format stored: ``auto`` is RGB."""
+        return "rgb" if self.pixel_format == "auto" else self.pixel_format
+
+
+@functools.cache
+def pillow_decoder() -> str:
+    """The CPU fill decoder's identity (part of a store's key): pillow's and libjpeg-turbo's versions."""
+    import PIL
+    from PIL import features
+
+    return f"pillow {PIL.__version__}, libjpeg-turbo {features.version('libjpeg_turbo') or 'absent'}"
+
+
+def on_device(settings: Any, cache: PixelCache) -> bool:
+    """Does this Loader's tier crop on the GPU (a GPU decode) or read YUV 4:2:0 (converted by torch),
+    rather than in pillow worker processes?"""
+    return settings.decode == "mixed" or cache.resolved_format == "yuv420"
+
+
+def open_store(settings: Any, cache: PixelCache) -> PixelStore:
+    """The store of a Loader's split (created, laid out and its space reserved when new: the size
+    check; a stale one replaced). Its key names the decoder that fills it: pillow on the CPU, the
+    nvjpeg backend's decoder with a GPU decode."""
+    if settings.decode == "mixed":
+        from .device import fill_decoder
+
+        decoder = fill_decoder(settings).identity
+    else:
+        decoder = pillow_decoder()
+    return PixelStore(
+        cache.dir,
+        settings.index,
+        decoder=decoder,
+        channels=settings.channels,
+        pixel_format=cache.resolved_format,
+        budget=cache.budget,
+    )
+
+
+def make_runner(settings: Any, cache: PixelCache, store: Callable[[], PixelStore]) -> Any:
+    """The runner of the tier (``store``: opens the Loader's store when first needed)."""
+    if on_device(settings, cache):
+        from .device import DevicePixelRunner
+
+        return DevicePixelRunner(settings, store)
+    from .cpu import PixelRunner
+
+    return PixelRunner(settings, store)
+
+
+__all__ = ["FORMATS", "PixelCache", "PixelStore", "format_bytes", "make_runner", "open_store", "pillow_decoder"]

@@ -1,0 +1,222 @@
+"""The pixel tier on the CPU: crops, resizes and flips from the decoded pixels of a
+:class:`~.store.PixelStore`, in worker processes, filling the store as it goes.
+
+A batch is planned as on every backend (:func:`~stoker.pipeline.backends.base.plan_batch`: the
+same boxes and flips); each sample the store holds is read where it lies (only its crop box is
+unpacked into pillow) and resized by pillow-simd, exactly as the JPEG path resizes its decoded
+region; a sample it does not hold yet is decoded whole with pillow
+(libjpeg-turbo: the same pixels as DALI's CPU decode), written to the store and cropped from that
+decode. So the first epoch fills the store and yields the same batches later epochs will.
+
+Worker processes, not threads: per image the resize is ~0.08 ms of GIL-free work against
+~0.05 ms of Python and pillow calls that hold the GIL; two threads measured no faster than one
+on two cores, two processes twice as fast (docs/pixel-cache.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from ..augment import CropSpec, crop_mask
+from ..backends import producer
+from ..backends.base import Batch, DecodeSettings, decode_masks, plan_batch, targets_of
+from ..backends.gpu_resize import filter_regions
+from ..backends.pil import BatchItems, EpochItems, batch_loader
+from ..backends.resize import MODES, resize_into
+from ..backends.slots import SlotPool, copy_out
+from .store import PixelStore
+
+
+def decode_whole(data, channels: int):
+    """``data`` (encoded bytes) decoded at its stored size with pillow, as a PIL image: RGB, or the
+    JPEG decoder's own luma for one channel (what the JPEG path decodes, without DCT scaling)."""
+    from PIL import Image
+
+    mode = MODES[channels]
+    im = Image.open(io.BytesIO(data))
+    if im.format == "JPEG" and mode == "L":
+        im.draft("L", im.size)
+    if im.mode != mode:
+        im = im.convert(mode)
+    im.load()
+    return im
+
+
+def crop_stored(out: np.ndarray, k: int, pixels: np.ndarray, box, flip: bool, crop, lo, hi, *, chw: bool) -> None:
+    """Crop ``box`` (``(x, y, w, h)``) of stored ``pixels`` (``[H, W, C]`` uint8, a read-only view)
+    resized to ``crop`` (antialiased bilinear, as the JPEG path), flipped where ``flip``, into
+    ``out[k]``. Only the region the filter reads, ``lo`` ``(x0, y0)`` to ``hi`` ``(x1, y1)``
+    (:func:`~stoker.pipeline.backends.gpu_resize.filter_regions`: the box), is unpacked into pillow."""
+    from PIL import Image
+
+    h, w, c = pixels.shape
+    x0, y0 = lo
+    x1, y1 = hi
+    mode = MODES[c]
+    region = Image.core.new(mode, (x1 - x0, y1 - y0))  # the rows and columns the filter reads, unpacked
+    decoder = Image.core.raw_decoder(mode, mode, w * c, 1)
+    decoder.setimage(region)
+    decoder.decode(pixels.reshape(-1)[(y0 * w + x0) * c : (y1 * w) * c])
+    x, y, bw, bh = box
+    resize_into(out, k, region, crop, flip, box=(x - x0, y - y0, bw, bh), chw=chw)
+
+
+class PixelBatches:
+    """A map-style dataset whose items are whole batches, ``(epoch, seed, ids, crops, slot) ->
+    (images, masks, bad, decoded)``: the images (and a mask split's cropped masks) of the planned
+    samples that load, written into ``slot`` of the :class:`SlotPool` (then ``images`` is how many;
+    a slot of ``None``: new tensors), ``bad`` the planned samples that did not (dropped), ``decoded``
+    how many were decoded from JPEG (the rest came from the store)."""
+
+    def __init__(self, settings: DecodeSettings, store: PixelStore, pool: SlotPool | None = None):
+        self.settings = dataclasses.replace(settings, stand_in=None)  # the parent applies stand-ins
+        self.store, self.pool = store, pool
+
+    def __getitem__(self, item):
+        import torch
+
+        epoch, seed, ids, crops, slot = item
+        s = self.settings if crops == self.settings.crops else dataclasses.replace(self.settings, crops=crops)
+        ids = np.asarray(ids, np.int64)
+        # the sizes from the store's layout (the same header guard, read once): no header is read again
+        plan = plan_batch(s, ids, epoch=epoch, seed=seed, stand_ins=False, wh=self.store.wh[ids])
+        n, (h, w), c = len(plan.ids), s.crop, s.channels
+        if slot is None:
+            images = torch.empty((n, h, w, c) if s.channels_last else (n, c, h, w), dtype=torch.uint8)
+            masks = torch.empty((n, h, w), dtype=torch.uint8) if s.masks else None
+        else:
+            images, masks = self.pool.views(slot, n, s.crop)
+        out, mask_out = images.numpy(), None if masks is None else masks.numpy()
+        store, chw = self.store, not s.channels_last
+        cached = store.filled(plan.ids)
+        if not cached.all():  # the bytes of the samples to decode
+            enc = iter(s.index.images(plan.ids[~cached])[0])
+            plan = plan._replace(enc=[None if f else next(enc) for f in cached])
+        # the region each crop's filter reads, for the whole batch at once
+        _, _, lo, hi = filter_regions(plan.boxes, plan.wh[:, ::-1], s.crop)
+        boxes, lo, hi, flips = plan.boxes.tolist(), lo.tolist(), hi.tolist(), plan.flips.tolist()
+        # a mask split: the masks the store lacks are decoded (with their images) below
+        fresh = iter(decode_masks(plan.keep(~cached)) if s.masks else ())
+        good = np.zeros(n, bool)
+        decoded = kept = 0
+        for j in range(n):
+            i, box, flip = int(plan.ids[j]), boxes[j], flips[j]
+            try:
+                if cached[j]:
+                    crop_stored(out, kept, store.pixels(i), box, flip, s.crop, lo[j], hi[j], chw=chw)
+                    mask = store.mask(i) if s.masks else None
+                else:
+                    mask = next(fresh) if s.masks else None
+                    if s.masks and mask is None:
+                        continue  # a mask that does not decode drops its sample, as on every backend
+                    im = decode_whole(plan.enc[j], c)
+                    decoded += 1
+                    store.put(i, im.tobytes(), mask)
+                    resize_into(out, kept, im, s.crop, flip, box=box, chw=chw)
+            except Exception:  # noqa: BLE001 - any decoder failure means: skip and count
+                continue
+            if mask_out is not None:
+                crop_mask(mask, box, flip, mask_out[kept])
+            good[j] = True
+            kept += 1
+        bad = ~np.isin(ids, plan.ids[good])
+        if slot is not None:
+            return kept, None, bad, decoded
+        return images[:kept], None if masks is None else masks[:kept], bad, decoded
+
+    def __len__(self) -> int:  # not used: the sampler yields the items
+        return 0
+
+
+class PixelRunner:
+    """The Loader's runner with ``pixel_cache=`` on the CPU (a :class:`~..backends.base.Runner`):
+    persistent worker processes crop batches out of the store into a
+    :class:`~..backends.slots.SlotPool`, filling the store where it has no pixels.
+
+    Attributes:
+        store: the :class:`~.store.PixelStore`.
+        decoded: samples decoded from JPEG (filling the store, or past its budget) since made;
+            ``from_store``: samples cropped from stored pixels.
+    """
+
+    def __init__(self, settings: DecodeSettings, store: PixelStore | Callable[[], PixelStore]):
+        self.settings = settings
+        self._open = store if callable(store) else lambda: store
+        self.store: PixelStore | None = None
+        self.crops: CropSpec = settings.crops
+        self.items = EpochItems()
+        self.dataset: PixelBatches | None = None
+        self.pool: SlotPool | None = None
+        self.dl = None
+        self.decoded = self.from_store = 0
+
+    def _start(self) -> None:
+        """Open the store (a URL's shards are local by now), make the slot pool for this crop and
+        the workers' DataLoader."""
+        if self.store is None:
+            self.store = self._open()
+        s = self.settings
+        self.pool = SlotPool.for_settings(s, self.crops.size) if s.threads else None
+        self.dataset = PixelBatches(s, self.store, self.pool)
+        self.dl = batch_loader(self.dataset, self.items, s)
+
+    def set_crops(self, crops: CropSpec) -> None:
+        """The crop recipe of the next iteration (the workers take it with each batch; a larger
+        crop than the slot pool holds starts them again with a larger pool)."""
+        self.crops = crops
+        if self.pool is not None and not self.pool.fits(crops.size):
+            self.shutdown()
+            self.dl = None  # made again at the next iteration, with slots for this crop
+
+    def _targets(self, ids: np.ndarray, masks, bad: np.ndarray):
+        return masks if masks is not None else targets_of(self.settings, ids[~bad])
+
+    def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[Batch]:
+        """One :class:`~..backends.base.Batch` per array of global sample positions in ``batches``."""
+        if self.dl is None:
+            self._start()
+        s, crops, pool = self.settings, self.crops, self.pool
+        slots = pool.slots if pool is not None else 0
+        self.items.items = BatchItems(batches, slots, lambda b, slot: (epoch, seed, b, crops, slot))
+        it = iter(self.dl)
+        if self.dl.num_workers:
+            producer.stop_at_exit(self)  # before torch's own exit hook for the workers (see pil.py)
+        for k, ((images, masks, bad, decoded), ids) in enumerate(zip(it, batches, strict=True)):
+            if pool is not None:  # copied out of the slot: it is written again later
+                views = pool.views(k % slots, images, crops.size)
+                images, masks = (copy_out(v, pin=s.device.type == "cuda") for v in views)
+            targets, consumed, nbad = self._targets(ids, masks, bad), len(ids), int(bad.sum())
+            rows = ids[~bad]
+            if not len(targets) and s.train:  # nothing loadable: stand-ins, made here (rare)
+                stand_in = s.stand_in(ids)
+                images, masks, stand_in_bad, more = self.dataset[(epoch, seed, stand_in, crops, None)]
+                decoded += more
+                targets = self._targets(stand_in, masks, stand_in_bad)
+                rows = stand_in[~stand_in_bad]
+            self.decoded += decoded
+            self.from_store += len(rows) - decoded
+            if s.channels_last:
+                images = images.permute(0, 3, 1, 2)  # NHWC memory -> NCHW shape, channels_last
+            images, targets = images.to(s.device, non_blocking=True), targets.to(s.device, non_blocking=True)
+            yield Batch(images, targets, consumed, nbad, rows)
+        self.store.seal()  # a whole epoch went by: the store may be complete (its markers made durable)
+
+    def shutdown(self) -> None:
+        """Stop the worker processes now."""
+        it = getattr(self.dl, "_iterator", None) if self.dl is not None else None
+        if it is not None:
+            it._shutdown_workers()
+
+    def close(self) -> None:
+        """Stop the worker processes and release the store."""
+        self.shutdown()
+        self.dl = None
+        if self.store is not None:
+            self.store.close()
+
+
+__all__ = ["PixelBatches", "PixelRunner", "crop_stored", "decode_whole"]
