@@ -19,12 +19,11 @@ from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
 from stoker.pipeline.storage import Store, default_cache_dir, is_url, url_key
 
 from .engine import pack_part
-from .items import Source, display_path
 from .journal import claim, merge, merged_totals, read_settings
 from .remote import Remote
 from .result import PackResult
 from .sanitize import MAX_BYTES, PIL_MAX_PIXELS, Settings
-from .source import scan
+from .sources import Source, display_path, scan
 
 DEFAULT_SHARD_SIZE = 256 * 1000**2
 
@@ -320,13 +319,13 @@ def _settings_identity(
     extra = {}
     if source.target.kind != "class":  # a class pack's identity is as it always was
         extra["target"] = source.target.to_json()
-    if source.mask_base is not None:
-        extra.update(masks=str(source.mask_base.resolve()), mask_classes=settings.mask_classes)
+    if source.target.kind == "mask":
+        extra["mask_classes"] = settings.mask_classes
     return {
         **extra,
+        **source.reader.identity(),  # "source": what SRC is (and "masks": a mask tree)
         "journal_format": 1,
         "stoker_version": __version__,
-        "source": str(src.resolve()),
         "seed": seed,
         "short_side": settings.short_side,
         "max_side": settings.max_side,

@@ -60,10 +60,10 @@ from stoker.pipeline.storage import parse_storage_options
 
 from ..common.units import parse_part, parse_size
 from .api import merge_parts, pack
-from .csvlist import TARGET_MODES
-from .items import MAX_LABEL
 from .result import PackResult
 from .sanitize import MAX_BYTES, PIL_MAX_PIXELS
+from .sources import MAX_LABEL
+from .sources.csvlist import TARGET_MODES
 
 HELP = "pack an image folder or CSV into WebDataset shards + DALI .idx + stoker.json"
 

@@ -16,11 +16,10 @@ from stoker.pipeline.shards.manifest import idx_path
 from stoker.pipeline.shards.targets import MEMBERS, encode_float, encode_labels
 from stoker.pipeline.shards.writer import ShardWriter, shard_name
 
-from .items import Item, Source, display_path
 from .journal import Journal, journal_path, local_shard_ok, part_status, shard_record, state_dir
 from .remote import Remote
-from .sanitize import Sanitized, Settings, sanitize, sanitize_job
-from .source import part_range
+from .sanitize import Sanitized, Settings, sanitize_item
+from .sources import Item, Job, Source, display_path
 
 CHUNK = 8  # images per worker task: amortizes inter-process overhead
 
@@ -37,8 +36,8 @@ def _worker_init() -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _sanitize_chunk(chunk: list[tuple[str, str | None]], settings: Settings) -> list[Sanitized]:
-    return [sanitize_job(sanitize, job, settings) for job in chunk]
+def _sanitize_chunk(chunk: list[Job], settings: Settings) -> list[Sanitized]:
+    return [sanitize_item(job, settings) for job in chunk]
 
 
 class _Sanitizer:
@@ -67,7 +66,7 @@ class _Sanitizer:
     def results(self, items: list[Item]) -> Iterator[Sanitized]:
         if self.pool is None:  # one at a time: a shard is written as soon as its images are ready
             for job in self.source.jobs(items):
-                yield sanitize_job(sanitize, job, self.settings)
+                yield sanitize_item(job, self.settings)
             return
         fn = partial(_sanitize_chunk, settings=self.settings)
         chunks = (self.source.jobs(items[i : i + CHUNK]) for i in range(0, len(items), CHUNK))
@@ -274,6 +273,11 @@ def _restore(
                     f"SRC changed since it was packed; delete {split_dir.parent} and pack again"
                 )
     return len(damaged)
+
+
+def part_range(n: int, part: int, parts: int) -> tuple[int, int]:
+    """Contiguous slice ``[start, end)`` of ``n`` items for part ``part`` of ``parts``."""
+    return n * part // parts, n * (part + 1) // parts
 
 
 def _lock(path: Path, what: str):

@@ -21,7 +21,7 @@ the file is ``.tsv`` or its first line holds a tab. Paths are relative to the CS
 
 * Classes: when every label is an ASCII integer (``-?[0-9]+``) labels are kept as they are
   (class ``i`` is index ``i``; names ``"0".."max"``); a label below 0 or above
-  :data:`~.items.MAX_LABEL` is a reject ``"label <x> out of range 0..1000000"``. When every
+  :data:`~.base.MAX_LABEL` is a reject ``"label <x> out of range 0..1000000"``. When every
   label is a name (``cat``, ``n01440764``) names are sorted and the index is the position.
   Labels that mix both kinds are a one-line error naming an example of each.
 * Rejects, each listed with a reason: an empty path or target cell (``"empty path"``,
@@ -43,8 +43,8 @@ from pathlib import Path
 from stoker.errors import UsageError
 from stoker.pipeline.shards.targets import MAX_COLUMNS, Target, finite_number
 
-from .items import MAX_LABEL, Item
-from .sanitize import IMAGE_EXTS
+from ..sanitize import IMAGE_EXTS
+from .base import MAX_LABEL, FileReader, Item, Scan
 
 TARGET_MODES = ("auto", "class", "float", "multilabel")
 _PATH_WORDS = {"path", "file", "filename", "filepath", "file_path", "image", "img", "image_path", "image_name"}
@@ -242,4 +242,25 @@ def _label_items(path: Path, good: list[tuple[str, list[str]]], rejects: list) -
     return classes, items
 
 
-__all__ = ["TARGET_MODES", "read_text", "scan_csv"]
+class CsvReader(FileReader):
+    """A CSV/TSV list of ``path,label`` or ``path,v1,v2,...`` rows (paths relative to its folder)."""
+
+    name, priority = "csv", 40
+    summary = "a CSV/TSV of path,label (or path,values) rows, paths relative to its folder"
+    path_rule = "paths in a CSV are relative to the CSV's folder ({base})"
+
+    def __init__(self, src, options):
+        super().__init__(src, options)
+        self.base = self.src.parent
+
+    @classmethod
+    def recognizes(cls, src, options) -> bool:
+        return isinstance(src, Path) and src.is_file() and src.suffix.lower() in (".csv", ".tsv", ".txt")
+
+    def scan(self) -> Scan:
+        rejects: list[tuple[str, str]] = []
+        classes, items, target = scan_csv(self.src, rejects, self.options.targets)
+        return Scan(classes, {"train": items}, {"train": 0}, {"train": rejects}, target)
+
+
+__all__ = ["TARGET_MODES", "CsvReader", "read_text", "scan_csv"]
