@@ -15,7 +15,7 @@ from typing import Any
 
 from stoker import __version__
 from stoker.errors import InputsRejectedError, StokerError, UsageError, WriteFailedError
-from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
+from stoker.pipeline.shards.targets import IGNORE_INDEX, Target, TargetStats
 from stoker.pipeline.storage import Store, default_cache_dir, is_url, url_key
 
 from .engine import pack_part
@@ -224,9 +224,16 @@ def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
         raise _write_failed(e, out) from None
     inputs = sum(s["num_inputs"] for s in (read_settings(out) or {}).get("splits", {}).values())
     settings = read_settings(out) or {}
-    targets = describe_targets(Target.from_json(settings["target"]) if "target" in settings else Target(), settings)
+    target = Target.from_json(settings["target"]) if "target" in settings else Target()
+    targets, found = describe_targets(target, settings, totals)
     result = PackResult(
-        out=str(out), inputs=inputs, splits=totals, run={}, seconds=time.perf_counter() - t0, targets=targets
+        out=str(out),
+        inputs=inputs,
+        splits=totals,
+        run={},
+        seconds=time.perf_counter() - t0,
+        targets=targets,
+        targets_found=found,
     )
     return _checked(result, strict)
 
@@ -267,18 +274,51 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
     totals = merge(out, shard_ok)
     if remote is not None:
         remote.publish_manifests(out, splits)
-    targets = describe_targets(source.target, {"classes": source.classes})
+    targets, found = describe_targets(source.target, {"classes": source.classes}, totals)
     return PackResult(
-        out=where, inputs=inputs, splits=totals, run=run, seconds=time.perf_counter() - t0, targets=targets
+        out=where,
+        inputs=inputs,
+        splits=totals,
+        run=run,
+        seconds=time.perf_counter() - t0,
+        targets=targets,
+        targets_found=found,
     )
 
 
-def describe_targets(target: Target, settings: dict) -> str:
-    """The summary's ``targets:`` line: the kind, and the classes of a class or multi-label pack."""
+def describe_targets(target: Target, settings: dict, totals: dict | None = None) -> tuple[str, str]:
+    """The summary's ``targets:`` line (the kind; the classes of a class or multi-label pack; a
+    float target's statistics, train's) and, for masks, the ``masks:`` line (the values found)."""
     if target.kind in ("class", "multilabel"):
         n = len(settings.get("classes") or [])
-        return f"{target.kind}, {n:,} class{'es' if n != 1 else ''}"
-    return target.describe()
+        return f"{target.kind}, {n:,} class{'es' if n != 1 else ''}", ""
+    stats_json = next((t["target_stats"] for t in (totals or {}).values() if "target_stats" in t), None)
+    if stats_json is None:
+        return target.describe(), ""
+    stats = TargetStats.from_json(stats_json)
+    if target.kind == "float":
+        k = target.width
+        cols = [
+            f"{name}: mean {_num(stats.mean[i])}, std {_num(stats.std[i])}, {_num(stats.min[i])}..{_num(stats.max[i])}"
+            for i, name in enumerate(target.columns[:4])
+        ]
+        more = f"; {k - 4:,} more" if k > 4 else ""
+        return f"float, {k:,} column{'s' if k > 1 else ''} ({'; '.join(cols)}{more})", ""
+    share = stats.class_share
+    absent = [str(v) for v, p in enumerate(share) if p == 0]
+    found = f"classes 0..{len(share) - 1} found" if share else "no labelled pixel found"
+    if absent:
+        found += f" ({', '.join(absent[:8])}{', ...' if len(absent) > 8 else ''} absent)"
+    return target.describe(), found
+
+
+def _num(v: float) -> str:
+    """A statistic, short: 47.2, 0.289, 18, 1,234, 2.5e-05."""
+    if v == int(v) and abs(v) < 1e6:
+        return f"{int(v):,}"
+    if 1000 <= abs(v) < 1e6:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
 
 
 def _check_out(src: Path, out: Path, what: str = "OUT") -> None:

@@ -11,9 +11,11 @@ from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+
 from stoker.errors import CheckFailedError, UsageError
 from stoker.pipeline.shards.manifest import idx_path
-from stoker.pipeline.shards.targets import MEMBERS, encode_float, encode_labels
+from stoker.pipeline.shards.targets import MEMBERS, StatsAccumulator, encode_float, encode_labels
 from stoker.pipeline.shards.writer import ShardWriter, shard_name
 
 from .journal import Journal, journal_path, local_shard_ok, part_status, shard_record, state_dir
@@ -171,10 +173,13 @@ def _pack_part_locked(
         return stats
     writer: ShardWriter | None = None
     rejects: list[tuple[str, str]] = []
+    kind = source.target.kind
+    keeps_stats = kind in ("float", "mask")  # what the packer saw of the targets, journaled per shard
+    seen = StatsAccumulator(kind, source.target.width)
 
     def close(end_pos: int) -> None:
         """Finish the open shard (if any) and journal it with the rejects of its range."""
-        nonlocal writer, nshards, rejects
+        nonlocal writer, nshards, rejects, seen
         info = None
         if writer is not None:
             writer.__exit__(None, None, None)
@@ -183,8 +188,9 @@ def _pack_part_locked(
             nshards += 1
             stats["shards"] += 1
             stats["bytes"] += info.bytes
-        journal.append(shard_record(info, end_pos, rejects))
+        journal.append(shard_record(info, end_pos, rejects, seen.state() if keeps_stats and info else None))
         rejects = []
+        seen = StatsAccumulator(kind, source.target.width)
         if remote is not None and info is not None:  # journaled first: a kill mid-upload re-uploads
             remote.publish(split_dir, info.name)
 
@@ -221,6 +227,10 @@ def _pack_part_locked(
                 if writer is None:  # entered and exited by hand: shards roll over mid-loop
                     writer = ShardWriter(out / split / shard_name(split, nshards, part, parts)).__enter__()
                 writer.write(f"{i:09d}", comps)
+                if kind == "float":
+                    seen.add(np.asarray(it.target, np.float32))  # the values as stored
+                elif kind == "mask":
+                    seen.add_counts(res.mask_counts)
                 stats["packed"] += 1
                 stats["copied"] += res.copied
             if writer is not None or rejects:

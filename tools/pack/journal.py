@@ -15,6 +15,7 @@ an uninterrupted run leave identical files.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from typing import Any
 from stoker.errors import UsageError
 from stoker.pipeline.fsutil import atomic_write
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
-from stoker.pipeline.shards.targets import Target
+from stoker.pipeline.shards.targets import StatsAccumulator, Target
 
 STATE_DIR = ".stoker-pack"
 SETTINGS_NAME = "settings.json"
@@ -103,8 +104,14 @@ class Journal:
             raise
 
 
-def shard_record(info: ShardInfo, end: int, rejects: list[tuple[str, str]]) -> dict:
-    return {"shard": asdict(info) if info else None, "end": end, "rejects": [list(r) for r in rejects]}
+def shard_record(info: ShardInfo, end: int, rejects: list[tuple[str, str]], stats: dict | None = None) -> dict:
+    """A journal line: the finished shard (None: only rejects in this range), where the range
+    ends, its rejects, and (float and mask splits) the partial sums of its targets' statistics
+    (:meth:`~stoker.pipeline.shards.targets.StatsAccumulator.state`)."""
+    record = {"shard": asdict(info) if info else None, "end": end, "rejects": [list(r) for r in rejects]}
+    if stats is not None:
+        record["stats"] = stats
+    return record
 
 
 def part_status(records: list[dict]) -> tuple[int, int, bool]:
@@ -176,12 +183,13 @@ def _plan(out: Path, shard_ok: ShardCheck | None = None) -> tuple[dict[str, Mani
         info = settings["splits"][split]
         pack = {k: v for k, v in settings.items() if k not in ("splits", "classes", "journal_format", "target")}
         pack.update(split=split, num_inputs=info["num_inputs"], rejected=len(split_rejects), skipped=info["skipped"])
+        target = Target.from_json(settings["target"]) if "target" in settings else Target()
         m = Manifest(
             num_samples=sum(s.num_samples for s in shards),
             classes=list(settings["classes"]),
             shards=shards,
             pack=pack,
-            target=Target.from_json(settings["target"]) if "target" in settings else Target(),
+            target=_with_stats(target, [r for records in per_part for r in records if r.get("shard")]),
         )
         manifests[split] = m
         totals[split] = {
@@ -191,8 +199,23 @@ def _plan(out: Path, shard_ok: ShardCheck | None = None) -> tuple[dict[str, Mani
             "shards": len(shards),
             "bytes": sum(s.bytes for s in shards),
         }
+        if m.target.stats is not None:
+            totals[split]["target_stats"] = m.target.stats.to_json()
     text = "".join(json.dumps({"path": path, "reason": reason}, ensure_ascii=False) + "\n" for path, reason in rejects)
     return manifests, text, totals
+
+
+def _with_stats(target: Target, shard_records: list[dict]) -> Target:
+    """``target`` with the statistics its split's shards journaled, merged (every part, every
+    engine, every resumed run); as it was when a shard's are missing (a journal of an older stoker)."""
+    if target.kind not in ("float", "mask") or not shard_records:
+        return target
+    if any("stats" not in r for r in shard_records):
+        return target
+    seen = StatsAccumulator(target.kind, target.width)
+    for r in shard_records:
+        seen.merge(StatsAccumulator.from_state(r["stats"]))
+    return dataclasses.replace(target, stats=seen.result(target.ignore_index))
 
 
 def local_shard_ok(tar: Path, size: int) -> bool:

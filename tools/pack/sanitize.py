@@ -105,6 +105,7 @@ class Sanitized(NamedTuple):
     copied: bool = False
     reason: str | None = None
     mask: bytes | None = None
+    mask_counts: tuple = ()  # ((value, pixels), ...) of the stored mask: the split's class shares
 
 
 def target_size(width: int, height: int, short_side: int, max_side: int) -> tuple[int, int]:
@@ -227,14 +228,14 @@ def _sanitize_read(data: bytes | None, reason: str | None, read_mask, settings: 
     mask_data, reason = read_mask()
     if mask_data is None:
         return Sanitized(None, reason=f"mask {reason}")
-    png, why = sanitize_mask(
+    png, why, counts = sanitize_mask(
         mask_data,
         **geometry,
         num_classes=settings.mask_classes,
         ignore_index=settings.ignore_index,
         max_pixels=settings.max_pixels,
     )
-    return res._replace(mask=png) if png is not None else Sanitized(None, reason=why)
+    return res._replace(mask=png, mask_counts=counts) if png is not None else Sanitized(None, reason=why)
 
 
 def sanitize_bytes(data: bytes, settings: Settings) -> Sanitized:
