@@ -6,7 +6,9 @@ resume :mod:`.engine` and :mod:`.journal`, a URL OUT :mod:`.remote`, Ray :mod:`.
 
 from __future__ import annotations
 
+import collections
 import errno
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -19,7 +21,7 @@ from stoker.pipeline.shards.targets import IGNORE_INDEX, Target, TargetStats
 from stoker.pipeline.storage import Store, default_cache_dir, is_url, url_key
 
 from .engine import pack_part
-from .journal import claim, merge, merged_totals, read_settings
+from .journal import REJECTS_NAME, claim, merge, merged_totals, read_settings
 from .remote import Remote
 from .result import PackResult
 from .sanitize import MAX_BYTES, PIL_MAX_PIXELS, Settings
@@ -201,7 +203,7 @@ def pack(
             result = _run(local, source, identity, t0, job)
     except OSError as e:
         raise _write_failed(e, local) from None
-    return _checked(result, strict)
+    return _checked(result, strict, local, source.reader.describe_path_rule())
 
 
 def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
@@ -235,13 +237,42 @@ def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
         targets=targets,
         targets_found=found,
     )
-    return _checked(result, strict)
+    return _checked(result, strict, out)
 
 
-def _checked(result: PackResult, strict: bool) -> PackResult:
+def _checked(result: PackResult, strict: bool, out: Path, path_rule: str = "") -> PackResult:
+    if result.parts == 1:
+        failed = _mostly_rejected(out, result, path_rule)
+        if failed:
+            raise InputsRejectedError(failed, result)
     if strict and result.rejected and not result.up_to_date and result.parts == 1:
         raise InputsRejectedError(f"{result.rejected} input(s) rejected (--strict); see rejects.jsonl", result)
     return result
+
+
+def _mostly_rejected(out: Path, result: PackResult, path_rule: str) -> str | None:
+    """The one line of a pack that packed nothing, or rejected most inputs for one reason (the
+    reason, an example, and the rule their paths follow when they were not found), else None."""
+    total = result.packed + result.rejected
+    if not result.rejected or (result.packed and result.rejected * 2 <= total):
+        return None
+    try:
+        rows = [json.loads(line) for line in (out / REJECTS_NAME).read_text(encoding="utf-8").splitlines()]
+    except (OSError, ValueError):
+        return None
+    reasons = collections.Counter(r["reason"] for r in rows)
+    if not reasons:
+        return None
+    reason, n = reasons.most_common(1)[0]
+    if result.packed and n * 2 <= total:
+        return None  # many rejects, but for many reasons: the summary and rejects.jsonl say them
+    example = next(r["path"] for r in rows if r["reason"] == reason)
+    what = "nothing was packed: " if not result.packed else ""
+    rule = f"; {path_rule}" if path_rule and "No such file" in reason else ""
+    return (
+        f"{what}{n:,} of {total:,} inputs were rejected for one reason: {reason} (e.g. {example}){rule}; "
+        f"see {result.out.rstrip('/')}/{REJECTS_NAME}"
+    )
 
 
 def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> PackResult:

@@ -26,10 +26,10 @@ from typing import Any
 from stoker.errors import UsageError
 from stoker.pipeline.fsutil import atomic_write
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
+from stoker.pipeline.shards.packstate import PACK_STATE_DIR, SETTINGS_NAME, journal_name
 from stoker.pipeline.shards.targets import StatsAccumulator, Target
 
-STATE_DIR = ".stoker-pack"
-SETTINGS_NAME = "settings.json"
+STATE_DIR = PACK_STATE_DIR  # named once, in pipeline/shards: the Loader reads it too
 REJECTS_NAME = "rejects.jsonl"
 
 
@@ -38,7 +38,7 @@ def state_dir(out: Path) -> Path:
 
 
 def journal_path(out: Path, split: str, part: int, parts: int) -> Path:
-    return state_dir(out) / f"{split}-p{part}of{parts}.jsonl"
+    return state_dir(out) / journal_name(split, part, parts)
 
 
 def read_settings(out: Path) -> dict | None:

@@ -90,10 +90,14 @@ def sanitize_mask(
         bad = (values >= num_classes) & (values != ignore_index)
         if bad.any():
             y, x = (int(v) for v in np.argwhere(bad)[0])
-            return None, (
-                f"mask value {int(values[y, x])} at ({x}, {y}) is not below --num-classes {num_classes} "
-                f"({ignore_index} is ignored)"
-            ), ()
+            return (
+                None,
+                (
+                    f"mask value {int(values[y, x])} at ({x}, {y}) is not below --num-classes {num_classes} "
+                    f"({ignore_index} is ignored)"
+                ),
+                (),
+            )
     m = Image.fromarray(values, "L")
     if follows_file:
         size = (target[1], target[0]) if swap else target  # the target in the file's orientation

@@ -59,7 +59,7 @@ class PackResult(Result):
     def notes(self) -> list[str]:
         """The lines ``stoker pack`` prints on stderr: shards restored, splits left empty."""
         lines = [f"restored {self.restored} missing or damaged shard(s) of {self.out}"] if self.restored else []
-        if self.up_to_date or self.parts > 1:
+        if self.up_to_date or self.parts > 1 or not self.packed:  # nothing packed: the pack's error says why
             return lines
         for split, t in self.splits.items():  # never an empty split without a word
             if not t["samples"]:

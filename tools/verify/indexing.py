@@ -46,6 +46,7 @@ from stoker.errors import CheckFailedError, ManifestError, MostSkippedError, Tar
 from stoker.pipeline.fsutil import sha256_file
 from stoker.pipeline.shards.idx import MAX_CLASSES, image_component, read_label, scan_tar, write_idx
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
+from stoker.pipeline.shards.packstate import unfinished_pack
 from stoker.pipeline.shards.targets import IGNORE_INDEX, MEMBERS, TARGET_KINDS, Target
 
 from ..common.results import Result
@@ -395,6 +396,9 @@ def index(
             be written, or most samples were marked to skip (the manifest is written).
     """
     tars = _tars([shards] if isinstance(shards, (str, Path)) else shards)
+    unfinished = unfinished_pack(tars[0].parent)  # indexing it would serve only the shards finished so far
+    if unfinished:
+        raise UsageError(f"{tars[0].parent} is not finished: {unfinished}")
     classes = _checked_classes(classes) if classes is not None else None
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
