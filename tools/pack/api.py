@@ -7,6 +7,7 @@ resume :mod:`.engine` and :mod:`.journal`, a URL OUT :mod:`.remote`, Ray :mod:`.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import json
 import os
@@ -57,12 +58,19 @@ def pack(
     masks: str | Path | None = None,
     num_classes: int | None = None,
     ignore_index: int = IGNORE_INDEX,
+    source: str = "auto",
+    image_column: str | None = None,
+    target_column: str | None = None,
+    train_list: str | Path | None = None,
+    val_list: str | Path | None = None,
 ) -> PackResult:
     """Pack ``src`` into shards in ``out`` (see the module doc); rerun the same call to resume.
 
     Args:
         src: An ImageFolder tree, a tree with train/ and val/, a CSV/TSV of path,label (or
-            path,value...) rows, or with ``masks`` a folder of images at any depth.
+            path,value...) rows, a CSV of image,mask pairs, a parquet table (file, folder or URL),
+            or with ``masks`` a folder of images at any depth; any source a registered reader
+            recognizes (:mod:`~stoker.tools.pack.sources`).
         out: The output folder (created), or a URL (s3://bucket/ds, gs://..., any fsspec URL).
         short_side: Resize down so the shorter side is at most this (0: keep the size; None: 256,
             or 0 with ``masks``: segmentation crops are usually larger than 256).
@@ -81,7 +89,6 @@ def pack(
         engine: ``"local"`` (a process pool) or ``"ray"`` (Ray tasks; the output is the same).
         ray_address: The Ray cluster of ``engine="ray"`` (None: a local Ray).
         strict: Raise :class:`InputsRejectedError` when any input was rejected.
-        storage_options: fsspec options of a URL ``out``.
         staging: The local folder of a URL ``out`` for the journal and the shards on their way up
             (None: under ~/.cache/stoker/pack-staging).
         progress: Show a progress bar on stderr.
@@ -90,8 +97,15 @@ def pack(
             (:mod:`~stoker.tools.pack.csvlist`).
         masks: A mask tree parallel to ``src`` (same relative paths and stems): a segmentation
             pack, each image stored with its mask (:mod:`~stoker.tools.pack.masks`).
-        num_classes: With ``masks``: mask values must be below it (or ``ignore_index``).
-        ignore_index: With ``masks``: the "no class" pixel value (255).
+        num_classes: Masks: mask values must be below it (or ``ignore_index``).
+        ignore_index: Masks: the "no class" pixel value (255).
+        source: The reader of SRC by name (``"auto"``: the first that recognizes it).
+        image_column: A table's image column (parquet; None: the one image column).
+        target_column: A table's target column, or comma-separated float columns (None: decided).
+        train_list: A file naming the train split's images (one name, path or stem a line):
+            the official split; images in neither list are skipped.
+        val_list: A file naming the val split's images (the rest is train without ``train_list``).
+        storage_options: fsspec options of a URL ``out`` or a URL ``src``.
 
     Returns:
         The :class:`PackResult`.
@@ -104,12 +118,14 @@ def pack(
     """
     if not 0 <= part < parts:
         raise UsageError(f"--part {part}/{parts} should be I/N with 0 <= I < N, e.g. 0/4")
-    if masks is None and (num_classes is not None or ignore_index != IGNORE_INDEX):
+    mask_flags = num_classes is not None or ignore_index != IGNORE_INDEX
+    if masks is None and mask_flags and not (is_url(src) or Path(src).is_file() or source != "auto"):
         raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS)")
     if masks is not None and targets != "auto":
         raise UsageError("--targets is for a CSV's columns; with --masks the target is the mask")
     if num_classes is not None and not 1 <= num_classes <= 256:
         raise UsageError(f"--num-classes must be in 1..256 (masks are uint8), got {num_classes}")
+    default_short_side = short_side is None
     if short_side is None:
         short_side = 0 if masks is not None else 256
     try:
@@ -138,9 +154,10 @@ def pack(
         raise UsageError(f"--engine must be local or ray, got {engine!r}")
     if engine != "ray" and ray_address:
         raise UsageError("--ray-address needs --engine ray")
-    src = Path(src)
-    if not src.exists():
-        raise UsageError(f"SRC {src} does not exist")
+    if not is_url(src):
+        src = Path(src)
+        if not src.exists():
+            raise UsageError(f"SRC {src} does not exist")
     remote: Remote | None = None
     if is_url(out):
         if parts > 1:
@@ -155,24 +172,33 @@ def pack(
         remote = Remote(store, local)
         _check_out(src, local, "--staging")
     else:
-        if staging or storage_options:
+        if staging or (storage_options and not is_url(src)):
             raise UsageError("--staging and --storage-option are for a URL OUT (s3://bucket/ds, ...)")
         local = Path(out)
         _check_out(src, local)
     t0 = time.perf_counter()
-    source = scan(
+    scanned = scan(
         src,
         seed=seed,
         val_fraction=val_fraction,
+        source=source,
         targets=targets,
         masks=Path(masks) if masks is not None else None,
         num_classes=num_classes,
         ignore_index=ignore_index,
+        image_column=image_column,
+        target_column=target_column,
+        train_list=Path(train_list) if train_list is not None else None,
+        val_list=Path(val_list) if val_list is not None else None,
+        storage_options=dict(storage_options or {}) if is_url(src) else {},
     )
+    if scanned.target.kind != "mask" and mask_flags:
+        raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS, or a source of masks)")
+    if scanned.target.kind == "mask" and default_short_side and settings.short_side:
+        settings = dataclasses.replace(settings, short_side=0)  # segmentation crops: keep the size
     _make_out(local, "--staging" if remote else "OUT")
     identity = _settings_identity(
-        src,
-        source,
+        scanned,
         settings,
         seed=seed,
         shard_size=shard_size,
@@ -198,12 +224,12 @@ def pack(
             from .ray_engine import session
 
             with session(ray_address, min(workers, usable_cores())):
-                result = _run(local, source, identity, t0, job)
+                result = _run(local, scanned, identity, t0, job)
         else:
-            result = _run(local, source, identity, t0, job)
+            result = _run(local, scanned, identity, t0, job)
     except OSError as e:
         raise _write_failed(e, local) from None
-    return _checked(result, strict, local, source.reader.describe_path_rule())
+    return _checked(result, strict, local, scanned.reader.describe_path_rule())
 
 
 def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
@@ -352,9 +378,9 @@ def _num(v: float) -> str:
     return f"{v:.3g}"
 
 
-def _check_out(src: Path, out: Path, what: str = "OUT") -> None:
-    rs, ro = src.resolve(), out.resolve()
-    if rs.is_dir() and (ro == rs or rs in ro.parents):  # it would pack its own output
+def _check_out(src: Path | str, out: Path, what: str = "OUT") -> None:
+    rs, ro = (None if is_url(src) else Path(src).resolve()), out.resolve()
+    if rs is not None and rs.is_dir() and (ro == rs or rs in ro.parents):  # it would pack its own output
         raise UsageError(f"{what} {out} is inside SRC {src}; put it elsewhere")
     if out.exists() and not out.is_dir():
         raise UsageError(f"cannot write to {what} {out}: it exists and is not a folder")
@@ -376,7 +402,6 @@ def _make_out(out: Path, what: str = "OUT") -> None:
 
 
 def _settings_identity(
-    src: Path,
     source: Source,
     settings: Settings,
     *,
