@@ -36,6 +36,7 @@ from .base import Item, Scan, Source, SourceOptions, SourceReader, display_path
 from .csvlist import CsvReader
 from .folder import FolderReader
 from .masktree import MaskTreeReader
+from .pairs import PairsReader
 from .parquet import ParquetReader
 from .trainval import TrainValReader
 
@@ -56,7 +57,7 @@ def register_reader(cls: type[SourceReader]) -> type[SourceReader]:
     return cls
 
 
-for _cls in (MaskTreeReader, ParquetReader, CsvReader, TrainValReader, FolderReader):
+for _cls in (MaskTreeReader, ParquetReader, PairsReader, CsvReader, TrainValReader, FolderReader):
     register_reader(_cls)
 
 
