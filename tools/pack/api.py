@@ -1,6 +1,6 @@
 """``pack()`` and ``merge_parts()``: the library behind ``stoker pack`` (its flags: :mod:`.command`).
 
-The scan of SRC is :mod:`.source`, the per-image work :mod:`.sanitize`, the shard writing and
+The scan of SRC is :mod:`.sources` (a reader per kind of SRC), the per-image work :mod:`.sanitize`, the shard writing and
 resume :mod:`.engine` and :mod:`.journal`, a URL OUT :mod:`.remote`, Ray :mod:`.ray_engine`.
 """
 
