@@ -1,7 +1,8 @@
 """``pack()`` and ``merge_parts()``: the library behind ``stoker pack`` (its flags: :mod:`.command`).
 
-The scan of SRC is :mod:`.sources` (a reader per kind of SRC), the per-image work :mod:`.sanitize`, the shard writing and
-resume :mod:`.engine` and :mod:`.journal`, a URL OUT :mod:`.remote`, Ray :mod:`.ray_engine`.
+The scan of SRC is :mod:`.sources` (a reader per kind of SRC), the per-image work :mod:`.sanitize`,
+the shard writing and resume :mod:`.engine` and :mod:`.journal`, a URL OUT :mod:`.remote`, Ray
+:mod:`.ray_engine`.
 """
 
 from __future__ import annotations
