@@ -32,7 +32,7 @@ import numpy as np
 
 from stoker.errors import ArgumentError, TargetError
 
-from .stats import IGNORE_INDEX, StatsAccumulator
+from .stats import IGNORE_INDEX, StatsAccumulator, TargetStats
 
 if TYPE_CHECKING:
     from .targets import Target
@@ -221,6 +221,10 @@ class TargetKind:
         """``"float, 3 columns (x, y, z)"``: for summaries."""
         return self.name
 
+    def describe_stats(self, target: Target, stats: TargetStats) -> tuple[str, str]:
+        """``(targets line, found line)`` of a pack's summary, with what it saw of the targets."""
+        return self.describe(target), ""
+
     def batch_shape(self, target: Target, n: int, crop: tuple[int, int], num_classes: int) -> tuple[int, ...]:
         """The shape of a batch of ``n`` of these targets (an empty val batch is made of it)."""
         return (n,)
@@ -306,6 +310,15 @@ class FloatKind(TargetKind):
     def batch_shape(self, target, n, crop, num_classes):
         return (n,) if target.width == 1 else (n, target.width)
 
+    def describe_stats(self, target, stats):
+        k = target.width
+        cols = [
+            f"{name}: mean {_num(stats.mean[i])}, std {_num(stats.std[i])}, {_num(stats.min[i])}..{_num(stats.max[i])}"
+            for i, name in enumerate(target.columns[:4])
+        ]
+        more = f"; {k - 4:,} more" if k > 4 else ""
+        return f"float, {k:,} column{'s' if k > 1 else ''} ({'; '.join(cols)}{more})", ""
+
 
 class MultilabelKind(TargetKind):
     name, member, task, named_classes = "multilabel", "labels.npy", "multilabel", True
@@ -357,6 +370,14 @@ class MaskKind(TargetKind):
 
     def batch_shape(self, target, n, crop, num_classes):
         return (n, *crop)
+
+    def describe_stats(self, target, stats):
+        share = stats.class_share
+        absent = [str(v) for v, p in enumerate(share) if p == 0]
+        found = f"classes 0..{len(share) - 1} found" if share else "no labelled pixel found"
+        if absent:
+            found += f" ({', '.join(absent[:8])}{', ...' if len(absent) > 8 else ''} absent)"
+        return self.describe(target), found
 
     def num_classes(self, target, classes):
         found = len(target.stats.class_share) if target.stats is not None and target.stats.class_share else 0
@@ -428,6 +449,15 @@ def kinds() -> list[TargetKind]:
     """Every registered kind."""
     _load_plugins()
     return list(_REGISTRY.values())
+
+
+def _num(v: float) -> str:
+    """A statistic, short: 47.2, 0.289, 18, 1,234, 2.5e-05."""
+    if v == int(v) and abs(v) < 1e6:
+        return f"{int(v):,}"
+    if 1000 <= abs(v) < 1e6:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
 
 
 __all__ = [

@@ -26,6 +26,7 @@ from stoker import __version__
 from stoker.errors import ManifestError
 
 from ..fsutil import PathLike, atomic_write, sha256_file
+from .packstate import unfinished_pack
 from .targets import Target
 
 #: the newest format this stoker reads and writes
@@ -110,7 +111,11 @@ class Manifest:
 
 def _missing(split_dir: Path) -> str:
     """Why ``split_dir`` has no manifest, and what to run: it does not exist, it is the pack's root
-    (its ``train/`` is the split), it holds images (pack it) or tars (index them)."""
+    (its ``train/`` is the split), it holds images (pack it) or tars (index them), or a
+    ``stoker pack`` into it is in progress or was stopped (finish it)."""
+    unfinished = unfinished_pack(split_dir)
+    if unfinished:
+        return unfinished
     if not split_dir.exists():
         return f"{split_dir} does not exist"
     if not split_dir.is_dir():

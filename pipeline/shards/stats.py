@@ -102,6 +102,13 @@ class StatsAccumulator:
         else:
             self.count += 1
 
+    def add_counts(self, counts) -> None:
+        """One mask by its pixel count per value (``((value, count), ...)``): what :meth:`add` of
+        the mask itself adds, without the pixels."""
+        for value, n in counts:
+            self.pixels[int(value)] += int(n)
+        self.count += 1
+
     def add_many(self, values) -> None:
         """Many samples' float targets at once (``[N, K]``)."""
         v = np.asarray(values, np.float64).reshape(-1, self.width)

@@ -45,9 +45,13 @@ def regression(tmp_path_factory):
 
 def test_a_float_csv_packs_float_targets_and_says_so(regression):
     root, csv, result = regression
-    assert result.targets == "float, 1 column"
-    assert "targets: float, 1 column" in result.summary()
     m = Manifest.load(root / "out" / "train")
+    stats = m.target.stats  # what the packer saw, in the summary
+    assert result.targets == (
+        f"float, 1 column (temperature: mean {stats.mean[0]:.3g}, std {stats.std[0]:.3g}, "
+        f"{stats.min[0]:.3g}..{stats.max[0]:.3g})"
+    )
+    assert f"targets: {result.targets}" in result.summary()
     assert m.format == 2 and m.target.kind == "float" and m.target.columns == ("temperature",) and m.classes == []
     written = {r.split(",")[0]: float(r.split(",")[1]) for r in csv.read_text().splitlines()[1:]}
     from stoker.pipeline.shards.samples import open_split
@@ -117,7 +121,10 @@ def test_vector_targets_nan_and_empty_cells_are_listed_rejects(tmp_path):
     rows += [f"{paths[4]},1,nan,2", f"{paths[5]},1,,2"]
     (tmp_path / "v.csv").write_text("\n".join(rows) + "\n")
     result = pack(tmp_path / "v.csv", tmp_path / "out", workers=1)
-    assert result.targets == "float, 3 columns (x, y, z)" and result.rejected == 2
+    assert result.targets == (
+        "float, 3 columns (x: mean 1.5, std 1.12, 0..3; y: mean 0.75, std 0.559, 0..1.5; z: mean -1.5, std 1.12, -3..0)"
+    )
+    assert result.rejected == 2
     rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert sorted(r["reason"] for r in rejects) == ["target 'y' is empty", "target 'y' is not finite: nan"]
     with _loader(tmp_path / "out" / "train", batch_size=4, crop=16, train=False, backend="pil") as ld:
@@ -154,7 +161,9 @@ def test_targets_flag_forces_floats_and_refuses_classes_of_fractions(tmp_path, c
     (tmp_path / "ages.csv").write_text("".join(f"{p},{20 + k}\n" for k, p in enumerate(paths)))
     assert pack(tmp_path / "ages.csv", tmp_path / "cls", workers=1).targets == "class, 24 classes"
     forced = pack(tmp_path / "ages.csv", tmp_path / "flt", workers=1, targets="float")
-    assert forced.targets == "float, 1 column" and Manifest.load(tmp_path / "flt" / "train").target.columns == ("y",)
+    assert forced.targets == "float, 1 column (y: mean 21.5, std 1.12, 20..23)" and Manifest.load(
+        tmp_path / "flt" / "train"
+    ).target.columns == ("y",)
     (tmp_path / "f.csv").write_text("".join(f"{p},{k + 0.5}\n" for k, p in enumerate(paths)))
     capsys.readouterr()
     assert cli(["pack", str(tmp_path / "f.csv"), str(tmp_path / "bad"), "--targets", "class", "-q"]) == 2
@@ -168,7 +177,11 @@ def test_the_case_report_csv_of_fractions_is_never_a_class_per_value(tmp_path):
     (tmp_path / "t.csv").write_text("path,target\n" + "".join(f"{p},{v}\n" for p, v in zip(paths, values, strict=True)))
     result = pack(tmp_path / "t.csv", tmp_path / "out", workers=1)
     m = Manifest.load(tmp_path / "out" / "train")
-    assert m.classes == [] and m.target.kind == "float" and result.targets == "float, 1 column"
+    assert (
+        m.classes == []
+        and m.target.kind == "float"
+        and result.targets == "float, 1 column (target: mean 3.62, std 4.16, 0.25..10.8)"
+    )
 
 
 def test_multilabel_cells_give_multi_hot_targets(tmp_path):

@@ -91,7 +91,7 @@ def plain_pack(src: Path, out: Path, *, workers: int, short_side: int, quality: 
     Returns ``{"count", "wall", "cpu"}``: the loop's own wall and CPU seconds (pool included,
     interpreter start-up and imports excluded, so both modes measure the same thing).
     """
-    from ..pack.source import scan
+    from ..pack.sources import scan
 
     source = scan(src, seed=0)
     cfg = {
@@ -118,7 +118,7 @@ def link_image_folder(src: Path, dst: Path, limit: int = 0) -> int:
     """Symlink the images of ``src`` into an ImageFolder tree at ``dst`` (a flat folder
     becomes one class ``all``); ``limit`` > 0 takes a seeded random subset of that many.
     Returns the number of images; UsageError when ``src`` holds none."""
-    from ..pack.source import scan
+    from ..pack.sources import scan
 
     subdirs = [e for e in os.scandir(src) if e.is_dir() and not e.name.startswith(".")]
     if subdirs:

@@ -1,12 +1,14 @@
-"""``stoker pack``: an image folder, ``train/``+``val/`` tree or CSV into shards.
+"""``stoker pack``: an image folder, ``train/``+``val/`` tree, CSV, mask tree or parquet table into shards.
 
 =================  ======================================================================
 ``api``            :func:`pack` and :func:`merge_parts`, the library functions
 ``command``        the flags and ``main`` (its docstring is ``stoker pack --help``)
-``source``         the scan of SRC: folders, CSVs, labels and targets, scan rejects
-``sanitize``       one input file → stored bytes (decode, upright, RGB, resize, encode)
+``sources``        the pack sources, readers in a registry: scan SRC, read an item's bytes
+``sanitize``       one input's bytes → stored bytes (decode, upright, RGB, resize, encode)
+``masks``          one mask → its stored PNG (the image's geometry, the mask rules)
 ``engine``         a (split, part): sanitize in a pool, write shards, restore damaged ones
-``journal``        crash-safe progress, settings identity, the merge into manifests
+``journal``        crash-safe progress, settings identity, the merge into manifests (with the
+                   targets' statistics)
 ``remote``         a URL OUT: stage locally, upload as shards finish, manifests last
 ``ray_engine``     ``--engine ray``: the image work as Ray tasks, output byte-identical
 ``result``         :class:`PackResult`, what a pack reports

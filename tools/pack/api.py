@@ -1,12 +1,16 @@
 """``pack()`` and ``merge_parts()``: the library behind ``stoker pack`` (its flags: :mod:`.command`).
 
-The scan of SRC is :mod:`.source`, the per-image work :mod:`.sanitize`, the shard writing and
-resume :mod:`.engine` and :mod:`.journal`, a URL OUT :mod:`.remote`, Ray :mod:`.ray_engine`.
+The scan of SRC is :mod:`.sources` (a reader per kind of SRC), the per-image work :mod:`.sanitize`,
+the shard writing and resume :mod:`.engine` and :mod:`.journal`, a URL OUT :mod:`.remote`, Ray
+:mod:`.ray_engine`.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import errno
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -16,16 +20,15 @@ from typing import Any
 from stoker import __version__
 from stoker.errors import InputsRejectedError, StokerError, UsageError, WriteFailedError
 from stoker.pipeline.shards.table import write_split_table
-from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
+from stoker.pipeline.shards.targets import IGNORE_INDEX, Target, TargetStats
 from stoker.pipeline.storage import Store, default_cache_dir, is_url, url_key
 
 from .engine import pack_part
-from .items import Source, display_path
-from .journal import claim, merge, merged_totals, read_settings
+from .journal import REJECTS_NAME, claim, merge, merged_totals, read_settings
 from .remote import Remote
 from .result import PackResult
 from .sanitize import MAX_BYTES, PIL_MAX_PIXELS, Settings
-from .source import scan
+from .sources import Source, display_path, scan
 
 DEFAULT_SHARD_SIZE = 256 * 1000**2
 
@@ -57,12 +60,19 @@ def pack(
     masks: str | Path | None = None,
     num_classes: int | None = None,
     ignore_index: int = IGNORE_INDEX,
+    source: str = "auto",
+    image_column: str | None = None,
+    target_column: str | None = None,
+    train_list: str | Path | None = None,
+    val_list: str | Path | None = None,
 ) -> PackResult:
     """Pack ``src`` into shards in ``out`` (see the module doc); rerun the same call to resume.
 
     Args:
         src: An ImageFolder tree, a tree with train/ and val/, a CSV/TSV of path,label (or
-            path,value...) rows, or with ``masks`` a folder of images at any depth.
+            path,value...) rows, a CSV of image,mask pairs, a parquet table (file, folder or URL),
+            or with ``masks`` a folder of images at any depth; any source a registered reader
+            recognizes (:mod:`~stoker.tools.pack.sources`).
         out: The output folder (created), or a URL (s3://bucket/ds, gs://..., any fsspec URL).
         short_side: Resize down so the shorter side is at most this (0: keep the size; None: 256,
             or 0 with ``masks``: segmentation crops are usually larger than 256).
@@ -81,7 +91,6 @@ def pack(
         engine: ``"local"`` (a process pool) or ``"ray"`` (Ray tasks; the output is the same).
         ray_address: The Ray cluster of ``engine="ray"`` (None: a local Ray).
         strict: Raise :class:`InputsRejectedError` when any input was rejected.
-        storage_options: fsspec options of a URL ``out``.
         staging: The local folder of a URL ``out`` for the journal and the shards on their way up
             (None: under ~/.cache/stoker/pack-staging).
         progress: Show a progress bar on stderr.
@@ -90,8 +99,15 @@ def pack(
             (:mod:`~stoker.tools.pack.csvlist`).
         masks: A mask tree parallel to ``src`` (same relative paths and stems): a segmentation
             pack, each image stored with its mask (:mod:`~stoker.tools.pack.masks`).
-        num_classes: With ``masks``: mask values must be below it (or ``ignore_index``).
-        ignore_index: With ``masks``: the "no class" pixel value (255).
+        num_classes: Masks: mask values must be below it (or ``ignore_index``).
+        ignore_index: Masks: the "no class" pixel value (255).
+        source: The reader of SRC by name (``"auto"``: the first that recognizes it).
+        image_column: A table's image column (parquet; None: the one image column).
+        target_column: A table's target column, or comma-separated float columns (None: decided).
+        train_list: A file naming the train split's images (one name, path or stem a line):
+            the official split; images in neither list are skipped.
+        val_list: A file naming the val split's images (the rest is train without ``train_list``).
+        storage_options: fsspec options of a URL ``out`` or a URL ``src``.
 
     Returns:
         The :class:`PackResult`.
@@ -104,12 +120,14 @@ def pack(
     """
     if not 0 <= part < parts:
         raise UsageError(f"--part {part}/{parts} should be I/N with 0 <= I < N, e.g. 0/4")
-    if masks is None and (num_classes is not None or ignore_index != IGNORE_INDEX):
+    mask_flags = num_classes is not None or ignore_index != IGNORE_INDEX
+    if masks is None and mask_flags and not (is_url(src) or Path(src).is_file() or source != "auto"):
         raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS)")
     if masks is not None and targets != "auto":
         raise UsageError("--targets is for a CSV's columns; with --masks the target is the mask")
     if num_classes is not None and not 1 <= num_classes <= 256:
         raise UsageError(f"--num-classes must be in 1..256 (masks are uint8), got {num_classes}")
+    default_short_side = short_side is None
     if short_side is None:
         short_side = 0 if masks is not None else 256
     try:
@@ -138,9 +156,10 @@ def pack(
         raise UsageError(f"--engine must be local or ray, got {engine!r}")
     if engine != "ray" and ray_address:
         raise UsageError("--ray-address needs --engine ray")
-    src = Path(src)
-    if not src.exists():
-        raise UsageError(f"SRC {src} does not exist")
+    if not is_url(src):
+        src = Path(src)
+        if not src.exists():
+            raise UsageError(f"SRC {src} does not exist")
     remote: Remote | None = None
     if is_url(out):
         if parts > 1:
@@ -155,24 +174,33 @@ def pack(
         remote = Remote(store, local)
         _check_out(src, local, "--staging")
     else:
-        if staging or storage_options:
+        if staging or (storage_options and not is_url(src)):
             raise UsageError("--staging and --storage-option are for a URL OUT (s3://bucket/ds, ...)")
         local = Path(out)
         _check_out(src, local)
     t0 = time.perf_counter()
-    source = scan(
+    scanned = scan(
         src,
         seed=seed,
         val_fraction=val_fraction,
+        source=source,
         targets=targets,
         masks=Path(masks) if masks is not None else None,
         num_classes=num_classes,
         ignore_index=ignore_index,
+        image_column=image_column,
+        target_column=target_column,
+        train_list=Path(train_list) if train_list is not None else None,
+        val_list=Path(val_list) if val_list is not None else None,
+        storage_options=dict(storage_options or {}) if is_url(src) else {},
     )
+    if scanned.target.kind != "mask" and mask_flags:
+        raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS, or a source of masks)")
+    if scanned.target.kind == "mask" and default_short_side and settings.short_side:
+        settings = dataclasses.replace(settings, short_side=0)  # segmentation crops: keep the size
     _make_out(local, "--staging" if remote else "OUT")
     identity = _settings_identity(
-        src,
-        source,
+        scanned,
         settings,
         seed=seed,
         shard_size=shard_size,
@@ -198,12 +226,12 @@ def pack(
             from .ray_engine import session
 
             with session(ray_address, min(workers, usable_cores())):
-                result = _run(local, source, identity, t0, job)
+                result = _run(local, scanned, identity, t0, job)
         else:
-            result = _run(local, source, identity, t0, job)
+            result = _run(local, scanned, identity, t0, job)
     except OSError as e:
         raise _write_failed(e, local) from None
-    return _checked(result, strict)
+    return _checked(result, strict, local, scanned.reader.describe_path_rule())
 
 
 def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
@@ -227,17 +255,53 @@ def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
         raise _write_failed(e, out) from None
     inputs = sum(s["num_inputs"] for s in (read_settings(out) or {}).get("splits", {}).values())
     settings = read_settings(out) or {}
-    targets = describe_targets(Target.from_json(settings["target"]) if "target" in settings else Target(), settings)
+    target = Target.from_json(settings["target"]) if "target" in settings else Target()
+    targets, found = describe_targets(target, settings, totals)
     result = PackResult(
-        out=str(out), inputs=inputs, splits=totals, run={}, seconds=time.perf_counter() - t0, targets=targets
+        out=str(out),
+        inputs=inputs,
+        splits=totals,
+        run={},
+        seconds=time.perf_counter() - t0,
+        targets=targets,
+        targets_found=found,
     )
-    return _checked(result, strict)
+    return _checked(result, strict, out)
 
 
-def _checked(result: PackResult, strict: bool) -> PackResult:
+def _checked(result: PackResult, strict: bool, out: Path, path_rule: str = "") -> PackResult:
+    if result.parts == 1:
+        failed = _mostly_rejected(out, result, path_rule)
+        if failed:
+            raise InputsRejectedError(failed, result)
     if strict and result.rejected and not result.up_to_date and result.parts == 1:
         raise InputsRejectedError(f"{result.rejected} input(s) rejected (--strict); see rejects.jsonl", result)
     return result
+
+
+def _mostly_rejected(out: Path, result: PackResult, path_rule: str) -> str | None:
+    """The one line of a pack that packed nothing, or rejected most inputs for one reason (the
+    reason, an example, and the rule their paths follow when they were not found), else None."""
+    total = result.packed + result.rejected
+    if not result.rejected or (result.packed and result.rejected * 2 <= total):
+        return None
+    try:
+        rows = [json.loads(line) for line in (out / REJECTS_NAME).read_text(encoding="utf-8").splitlines()]
+    except (OSError, ValueError):
+        return None
+    reasons = collections.Counter(r["reason"] for r in rows)
+    if not reasons:
+        return None
+    reason, n = reasons.most_common(1)[0]
+    if result.packed and n * 2 <= total:
+        return None  # many rejects, but for many reasons: the summary and rejects.jsonl say them
+    example = next(r["path"] for r in rows if r["reason"] == reason)
+    what = "nothing was packed: " if not result.packed else ""
+    rule = f"; {path_rule}" if path_rule and "No such file" in reason else ""
+    return (
+        f"{what}{n:,} of {total:,} inputs were rejected for one reason: {reason} (e.g. {example}){rule}; "
+        f"see {result.out.rstrip('/')}/{REJECTS_NAME}"
+    )
 
 
 def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> PackResult:
@@ -272,9 +336,15 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
         write_tables(out, splits)
     else:
         remote.publish_manifests(out, splits)
-    targets = describe_targets(source.target, {"classes": source.classes})
+    targets, found = describe_targets(source.target, {"classes": source.classes}, totals)
     return PackResult(
-        out=where, inputs=inputs, splits=totals, run=run, seconds=time.perf_counter() - t0, targets=targets
+        out=where,
+        inputs=inputs,
+        splits=totals,
+        run=run,
+        seconds=time.perf_counter() - t0,
+        targets=targets,
+        targets_found=found,
     )
 
 
@@ -285,17 +355,21 @@ def write_tables(out: Path, splits: list[str]) -> None:
         write_split_table(out / split)
 
 
-def describe_targets(target: Target, settings: dict) -> str:
-    """The summary's ``targets:`` line: the kind, and the classes of a class or multi-label pack."""
+def describe_targets(target: Target, settings: dict, totals: dict | None = None) -> tuple[str, str]:
+    """The summary's ``targets:`` line (the kind; the classes of a class or multi-label pack; what
+    the kind says of its statistics, train's) and a ``found`` line (a mask pack: the values found)."""
     if target.spec.named_classes:
         n = len(settings.get("classes") or [])
-        return f"{target.kind}, {n:,} class{'es' if n != 1 else ''}"
-    return target.describe()
+        return f"{target.kind}, {n:,} class{'es' if n != 1 else ''}", ""
+    stats_json = next((t["target_stats"] for t in (totals or {}).values() if "target_stats" in t), None)
+    if stats_json is None:
+        return target.describe(), ""
+    return target.spec.describe_stats(target, TargetStats.from_json(stats_json))
 
 
-def _check_out(src: Path, out: Path, what: str = "OUT") -> None:
-    rs, ro = src.resolve(), out.resolve()
-    if rs.is_dir() and (ro == rs or rs in ro.parents):  # it would pack its own output
+def _check_out(src: Path | str, out: Path, what: str = "OUT") -> None:
+    rs, ro = (None if is_url(src) else Path(src).resolve()), out.resolve()
+    if rs is not None and rs.is_dir() and (ro == rs or rs in ro.parents):  # it would pack its own output
         raise UsageError(f"{what} {out} is inside SRC {src}; put it elsewhere")
     if out.exists() and not out.is_dir():
         raise UsageError(f"cannot write to {what} {out}: it exists and is not a folder")
@@ -317,7 +391,6 @@ def _make_out(out: Path, what: str = "OUT") -> None:
 
 
 def _settings_identity(
-    src: Path,
     source: Source,
     settings: Settings,
     *,
@@ -331,13 +404,13 @@ def _settings_identity(
     extra = {}
     if source.target.spec.format > 1:  # a class pack's identity is as it always was
         extra["target"] = source.target.to_json()
-    if source.mask_base is not None:
-        extra.update(masks=str(source.mask_base.resolve()), mask_classes=settings.mask_classes)
+    if source.target.kind == "mask":
+        extra["mask_classes"] = settings.mask_classes
     return {
         **extra,
+        **source.reader.identity(),  # "source": what SRC is (and "masks": a mask tree)
         "journal_format": 1,
         "stoker_version": __version__,
-        "source": str(src.resolve()),
         "seed": seed,
         "short_side": settings.short_side,
         "max_side": settings.max_side,

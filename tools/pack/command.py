@@ -60,12 +60,12 @@ from stoker.pipeline.storage import parse_storage_options
 
 from ..common.units import parse_part, parse_size
 from .api import merge_parts, pack
-from .csvlist import TARGET_MODES
-from .items import MAX_LABEL
 from .result import PackResult
 from .sanitize import MAX_BYTES, PIL_MAX_PIXELS
+from .sources import MAX_LABEL
+from .sources.csvlist import TARGET_MODES
 
-HELP = "pack an image folder or CSV into WebDataset shards + DALI .idx + stoker.json"
+HELP = "pack an image folder, CSV or parquet table into WebDataset shards + DALI .idx + stoker.json"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,8 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "src",
         nargs="?",
         metavar="SRC",
-        help="image folder, train/+val/ tree, or CSV/TSV of path,label (integer labels must be in "
-        f"0..{MAX_LABEL:,}; other rows are rejected)",
+        help="image folder, train/+val/ tree, CSV/TSV of path,label (integer labels must be in "
+        f"0..{MAX_LABEL:,}; other rows are rejected) or of image,mask pairs, or a parquet table (file, folder "
+        "or URL; pip install stoker[parquet])",
     )
     p.add_argument(
         "out",
@@ -130,6 +131,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="segmentation: a mask tree parallel to SRC (same relative paths and stems, usually .png)",
     )
     g.add_argument(
+        "--image-column",
+        metavar="NAME",
+        help="a parquet SRC's image column (default: its one image column)",
+    )
+    g.add_argument(
+        "--target-column",
+        metavar="NAME[,NAME...]",
+        help="a parquet SRC's target column: a class, float, list or mask column; several names: a vector "
+        "of floats (default: a second image column as the mask, else the label-named or only other column)",
+    )
+    g.add_argument(
         "--num-classes",
         type=int,
         default=None,
@@ -142,6 +154,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=IGNORE_INDEX,
         metavar="V",
         help=f"with --masks: the mask value no loss counts (default {IGNORE_INDEX})",
+    )
+    g = p.add_argument_group("source")
+    g.add_argument(
+        "--source",
+        default="auto",
+        metavar="NAME",
+        help="the reader of SRC: folder, train-val, csv, pairs, mask-tree, parquet, or one registered by a "
+        "plugin (default auto: recognized from SRC)",
+    )
+    g.add_argument(
+        "--train-list",
+        metavar="FILE",
+        help="the official train split: a file naming one image a line (relative path, with or without "
+        "its extension, or file stem: Pascal VOC's ImageSets/Segmentation/train.txt); unlisted images are skipped",
+    )
+    g.add_argument(
+        "--val-list",
+        metavar="FILE",
+        help="the official val split, named the same way (without --train-list, the other images are train)",
     )
     g = p.add_argument_group("shards")
     g.add_argument(
@@ -190,7 +221,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     g.add_argument("--json", action="store_true", help="print the result as JSON (PackResult.to_dict())")
-    g = p.add_argument_group("object storage (OUT is a URL)")
+    g = p.add_argument_group("object storage (OUT or SRC is a URL)")
     g.add_argument(
         "--storage-option",
         action="append",
@@ -226,6 +257,11 @@ def main(args: argparse.Namespace) -> int:
                 masks=args.masks,
                 num_classes=args.num_classes,
                 ignore_index=args.ignore_index,
+                source=args.source,
+                image_column=args.image_column,
+                target_column=args.target_column,
+                train_list=args.train_list,
+                val_list=args.val_list,
                 short_side=args.short_side,
                 max_side=args.max_side,
                 quality=args.quality,

@@ -11,15 +11,16 @@ from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+
 from stoker.errors import CheckFailedError, UsageError
 from stoker.pipeline.shards.manifest import idx_path
 from stoker.pipeline.shards.writer import ShardWriter, shard_name
 
-from .items import Item, Source, display_path
 from .journal import Journal, journal_path, local_shard_ok, part_status, shard_record, state_dir
 from .remote import Remote
-from .sanitize import Sanitized, Settings, sanitize, sanitize_job
-from .source import part_range
+from .sanitize import Sanitized, Settings, sanitize_item
+from .sources import Item, Job, Source, display_path
 
 CHUNK = 8  # images per worker task: amortizes inter-process overhead
 
@@ -36,8 +37,8 @@ def _worker_init() -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _sanitize_chunk(chunk: list[tuple[str, str | None]], settings: Settings) -> list[Sanitized]:
-    return [sanitize_job(sanitize, job, settings) for job in chunk]
+def _sanitize_chunk(chunk: list[Job], settings: Settings) -> list[Sanitized]:
+    return [sanitize_item(job, settings) for job in chunk]
 
 
 class _Sanitizer:
@@ -66,7 +67,7 @@ class _Sanitizer:
     def results(self, items: list[Item]) -> Iterator[Sanitized]:
         if self.pool is None:  # one at a time: a shard is written as soon as its images are ready
             for job in self.source.jobs(items):
-                yield sanitize_job(sanitize, job, self.settings)
+                yield sanitize_item(job, self.settings)
             return
         fn = partial(_sanitize_chunk, settings=self.settings)
         chunks = (self.source.jobs(items[i : i + CHUNK]) for i in range(0, len(items), CHUNK))
@@ -164,10 +165,12 @@ def _pack_part_locked(
         return stats
     writer: ShardWriter | None = None
     rejects: list[tuple[str, str]] = []
+    target = source.target
+    seen = target.spec.accumulator(target)  # what the packer saw of the targets, journaled per shard
 
     def close(end_pos: int) -> None:
         """Finish the open shard (if any) and journal it with the rejects of its range."""
-        nonlocal writer, nshards, rejects
+        nonlocal writer, nshards, rejects, seen
         info = None
         if writer is not None:
             writer.__exit__(None, None, None)
@@ -176,8 +179,9 @@ def _pack_part_locked(
             nshards += 1
             stats["shards"] += 1
             stats["bytes"] += info.bytes
-        journal.append(shard_record(info, end_pos, rejects))
+        journal.append(shard_record(info, end_pos, rejects, seen.state() if seen is not None and info else None))
         rejects = []
+        seen = target.spec.accumulator(target)
         if remote is not None and info is not None:  # journaled first: a kill mid-upload re-uploads
             remote.publish(split_dir, info.name)
 
@@ -214,6 +218,10 @@ def _pack_part_locked(
                 if writer is None:  # entered and exited by hand: shards roll over mid-loop
                     writer = ShardWriter(out / split / shard_name(split, nshards, part, parts)).__enter__()
                 writer.write(f"{i:09d}", comps)
+                if seen is not None and target.spatial:
+                    seen.add_counts(res.mask_counts)  # the sanitizer counted the mask's pixels
+                elif seen is not None:
+                    seen.add(np.asarray(it.target, np.float32))  # the values as stored
                 stats["packed"] += 1
                 stats["copied"] += res.copied
             if writer is not None or rejects:
@@ -266,6 +274,11 @@ def _restore(
                     f"SRC changed since it was packed; delete {split_dir.parent} and pack again"
                 )
     return len(damaged)
+
+
+def part_range(n: int, part: int, parts: int) -> tuple[int, int]:
+    """Contiguous slice ``[start, end)`` of ``n`` items for part ``part`` of ``parts``."""
+    return n * part // parts, n * (part + 1) // parts
 
 
 def _lock(path: Path, what: str):

@@ -15,6 +15,7 @@ an uninterrupted run leave identical files.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -25,10 +26,10 @@ from typing import Any
 from stoker.errors import UsageError
 from stoker.pipeline.fsutil import atomic_write
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path
-from stoker.pipeline.shards.targets import Target
+from stoker.pipeline.shards.packstate import PACK_STATE_DIR, SETTINGS_NAME, journal_name
+from stoker.pipeline.shards.targets import StatsAccumulator, Target
 
-STATE_DIR = ".stoker-pack"
-SETTINGS_NAME = "settings.json"
+STATE_DIR = PACK_STATE_DIR  # named once, in pipeline/shards: the Loader reads it too
 REJECTS_NAME = "rejects.jsonl"
 
 
@@ -37,7 +38,7 @@ def state_dir(out: Path) -> Path:
 
 
 def journal_path(out: Path, split: str, part: int, parts: int) -> Path:
-    return state_dir(out) / f"{split}-p{part}of{parts}.jsonl"
+    return state_dir(out) / journal_name(split, part, parts)
 
 
 def read_settings(out: Path) -> dict | None:
@@ -103,8 +104,14 @@ class Journal:
             raise
 
 
-def shard_record(info: ShardInfo, end: int, rejects: list[tuple[str, str]]) -> dict:
-    return {"shard": asdict(info) if info else None, "end": end, "rejects": [list(r) for r in rejects]}
+def shard_record(info: ShardInfo, end: int, rejects: list[tuple[str, str]], stats: dict | None = None) -> dict:
+    """A journal line: the finished shard (None: only rejects in this range), where the range
+    ends, its rejects, and (float and mask splits) the partial sums of its targets' statistics
+    (:meth:`~stoker.pipeline.shards.targets.StatsAccumulator.state`)."""
+    record = {"shard": asdict(info) if info else None, "end": end, "rejects": [list(r) for r in rejects]}
+    if stats is not None:
+        record["stats"] = stats
+    return record
 
 
 def part_status(records: list[dict]) -> tuple[int, int, bool]:
@@ -176,12 +183,13 @@ def _plan(out: Path, shard_ok: ShardCheck | None = None) -> tuple[dict[str, Mani
         info = settings["splits"][split]
         pack = {k: v for k, v in settings.items() if k not in ("splits", "classes", "journal_format", "target")}
         pack.update(split=split, num_inputs=info["num_inputs"], rejected=len(split_rejects), skipped=info["skipped"])
+        target = Target.from_json(settings["target"]) if "target" in settings else Target()
         m = Manifest(
             num_samples=sum(s.num_samples for s in shards),
             classes=list(settings["classes"]),
             shards=shards,
             pack=pack,
-            target=Target.from_json(settings["target"]) if "target" in settings else Target(),
+            target=_with_stats(target, [r for records in per_part for r in records if r.get("shard")]),
         )
         manifests[split] = m
         totals[split] = {
@@ -191,8 +199,21 @@ def _plan(out: Path, shard_ok: ShardCheck | None = None) -> tuple[dict[str, Mani
             "shards": len(shards),
             "bytes": sum(s.bytes for s in shards),
         }
+        if m.target.stats is not None:
+            totals[split]["target_stats"] = m.target.stats.to_json()
     text = "".join(json.dumps({"path": path, "reason": reason}, ensure_ascii=False) + "\n" for path, reason in rejects)
     return manifests, text, totals
+
+
+def _with_stats(target: Target, shard_records: list[dict]) -> Target:
+    """``target`` with the statistics its split's shards journaled, merged (every part, every
+    engine, every resumed run); as it was when a shard's are missing (a journal of an older stoker)."""
+    seen = target.spec.accumulator(target)
+    if seen is None or not shard_records or any("stats" not in r for r in shard_records):
+        return target
+    for r in shard_records:
+        seen.merge(StatsAccumulator.from_state(r["stats"]))
+    return dataclasses.replace(target, stats=seen.result(target.ignore_index))
 
 
 def local_shard_ok(tar: Path, size: int) -> bool:

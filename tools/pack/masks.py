@@ -50,16 +50,18 @@ def sanitize_mask(
     num_classes: int = 0,
     ignore_index: int = 255,
     max_pixels: int,
-) -> tuple[bytes | None, str | None]:
+) -> tuple[bytes | None, str | None, tuple[tuple[int, int], ...]]:
     """The stored PNG of the mask file ``data`` for an image whose file is ``stored`` (w, h) with
     EXIF ``orientation`` (``transpose``: the PIL transpose making it upright) and is stored at
-    ``target`` (w, h, upright); or ``(None, reason)``. Never raises for a bad mask."""
+    ``target`` (w, h, upright), its reason ``None`` and the pixel count of each value it stores
+    (``((value, count), ...)``: the split's class shares); or ``(None, reason, ())``. Never raises
+    for a bad mask."""
     from PIL import Image
 
     if not data:
-        return None, "mask is an empty file"
+        return None, "mask is an empty file", ()
     if data[:2] == b"\xff\xd8":
-        return None, "JPEG mask: JPEG is lossy, its values are not exact class indices; save masks as PNG"
+        return None, "JPEG mask: JPEG is lossy, its values are not exact class indices; save masks as PNG", ()
     old = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = None  # the pixel count is checked below, before decoding
     try:
@@ -67,10 +69,10 @@ def sanitize_mask(
             im = Image.open(io.BytesIO(data))
             w, h = im.size
             if w * h > max_pixels:
-                return None, f"mask has too many pixels ({w}x{h})"
+                return None, f"mask has too many pixels ({w}x{h})", ()
             im.load()
         except Exception as e:  # noqa: BLE001 - any decoder failure is a reject reason
-            return None, f"mask does not decode: {' '.join(str(e).split())[:100] or type(e).__name__}"
+            return None, f"mask does not decode: {' '.join(str(e).split())[:100] or type(e).__name__}", ()
     finally:
         Image.MAX_IMAGE_PIXELS = old
     swap = orientation in (5, 6, 7, 8)
@@ -80,17 +82,21 @@ def sanitize_mask(
     elif (w, h) == upright:
         follows_file = False  # drawn on the upright picture
     else:
-        return None, f"mask is {w}x{h}, its image {stored[0]}x{stored[1]}"
+        return None, f"mask is {w}x{h}, its image {stored[0]}x{stored[1]}", ()
     values, why = _indices(im)
     if values is None:
-        return None, why
+        return None, why, ()
     if num_classes:
         bad = (values >= num_classes) & (values != ignore_index)
         if bad.any():
             y, x = (int(v) for v in np.argwhere(bad)[0])
-            return None, (
-                f"mask value {int(values[y, x])} at ({x}, {y}) is not below --num-classes {num_classes} "
-                f"({ignore_index} is ignored)"
+            return (
+                None,
+                (
+                    f"mask value {int(values[y, x])} at ({x}, {y}) is not below --num-classes {num_classes} "
+                    f"({ignore_index} is ignored)"
+                ),
+                (),
             )
     m = Image.fromarray(values, "L")
     if follows_file:
@@ -103,7 +109,8 @@ def sanitize_mask(
         m = m.resize(target, Image.Resampling.NEAREST)
     buf = io.BytesIO()
     m.save(buf, "PNG", optimize=False, compress_level=6)
-    return buf.getvalue(), None
+    counts = np.bincount(np.asarray(m).reshape(-1), minlength=256)
+    return buf.getvalue(), None, tuple((int(v), int(counts[v])) for v in np.flatnonzero(counts))
 
 
 __all__ = ["sanitize_mask"]

@@ -22,8 +22,8 @@ from typing import Any
 
 from stoker.errors import InputFailedError, MissingExtraError, RayError
 
-from .items import Item, Source
-from .sanitize import Sanitized, Settings, sanitize, sanitize_job
+from .sanitize import Sanitized, Settings, sanitize_item
+from .sources import Item, Job, Source
 
 MAX_RETRIES = 3  # times Ray reruns a task whose worker died
 PROBE_TIMEOUT = 10.0  # seconds to connect to --ray-address before giving up
@@ -83,15 +83,14 @@ def _probe(address: str) -> None:
         ) from None
 
 
-def _run_chunk(fn: Callable[..., Sanitized], chunk: list[tuple], settings: Settings) -> list[Sanitized]:
-    """The Ray task: sanitize a chunk of ``(image path, mask path or None)`` inputs (``fn`` is
-    :func:`sanitize`)."""
+def _run_chunk(fn: Callable[..., Sanitized], chunk: list[Job], settings: Settings) -> list[Sanitized]:
+    """The Ray task: sanitize a chunk of inputs (``fn`` is :func:`~.sanitize.sanitize_item`)."""
     out = []
     for job in chunk:
         try:
-            out.append(sanitize_job(fn, job, settings))
+            out.append(fn(job, settings))
         except Exception as e:  # noqa: BLE001 - name the input on the driver
-            raise InputFailedError(job[0], f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+            raise InputFailedError(job.where, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
     return out
 
 
@@ -102,7 +101,7 @@ class RaySanitizer:
 
     def __init__(self, settings: Settings, source: Source, *, chunk: int | None = None):
         self.settings, self.source, self.chunk = settings, source, chunk or CHUNK
-        self.fn = sanitize  # looked up now: the function the tasks run, replaceable in tests
+        self.fn = sanitize_item  # looked up now: the function the tasks run, replaceable in tests
 
     def __enter__(self) -> RaySanitizer:
         return self
@@ -124,7 +123,7 @@ class RaySanitizer:
                     break
             while pending:
                 ref, chunk = pending.popleft()
-                res = self._get(ray, ref, [path for path, _ in chunk])
+                res = self._get(ray, ref, [job.where for job in chunk])
                 nxt = next(chunks, None)
                 if nxt is not None:
                     pending.append((task.remote(fn_ref, nxt, settings_ref), nxt))

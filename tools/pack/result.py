@@ -26,7 +26,8 @@ class PackResult(Result):
         part: The part packed, of ``parts`` (1: the whole list).
         up_to_date: OUT already held this pack; nothing was written.
         targets: What the samples' targets are, in words (``"class, 6 classes"``,
-            ``"float, 1 column"``, ``"mask, 21 classes, 255 ignored"``).
+            ``"float, 1 column (age: mean 47.2, std 17.9, 18..80)"``, ``"mask, 21 classes, 255 ignored"``).
+        targets_found: Masks: the values the masks hold (``"classes 0..20 found"``).
     """
 
     out: str
@@ -38,6 +39,7 @@ class PackResult(Result):
     parts: int = 1
     up_to_date: bool = False
     targets: str = ""
+    targets_found: str = ""
 
     @property
     def packed(self) -> int:
@@ -57,7 +59,7 @@ class PackResult(Result):
     def notes(self) -> list[str]:
         """The lines ``stoker pack`` prints on stderr: shards restored, splits left empty."""
         lines = [f"restored {self.restored} missing or damaged shard(s) of {self.out}"] if self.restored else []
-        if self.up_to_date or self.parts > 1:
+        if self.up_to_date or self.parts > 1 or not self.packed:  # nothing packed: the pack's error says why
             return lines
         for split, t in self.splits.items():  # never an empty split without a word
             if not t["samples"]:
@@ -89,6 +91,8 @@ class PackResult(Result):
         ]
         if self.targets:
             lines.append(f"targets: {self.targets}")
+        if self.targets_found:
+            lines.append(f"masks: {self.targets_found}")
         if self.run:  # not after a merge
             n = sum(r["packed"] + r["rejected"] for r in self.run.values())
             rate = n / self.seconds if self.seconds > 0 else 0.0

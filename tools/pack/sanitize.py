@@ -30,9 +30,12 @@ import os
 import stat
 import warnings
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .masks import sanitize_mask
+
+if TYPE_CHECKING:
+    from .sources.base import Job
 
 # Extensions looked at when scanning a folder; everything else is skipped silently.
 IMAGE_EXTS = frozenset(".jpg .jpeg .jpe .jfif .png .bmp .gif .webp .tif .tiff .ppm .pgm .pbm .pnm .tga".split())
@@ -102,6 +105,7 @@ class Sanitized(NamedTuple):
     copied: bool = False
     reason: str | None = None
     mask: bytes | None = None
+    mask_counts: tuple = ()  # ((value, pixels), ...) of the stored mask: the split's class shares
 
 
 def target_size(width: int, height: int, short_side: int, max_side: int) -> tuple[int, int]:
@@ -199,32 +203,39 @@ def read_input(path: str, max_bytes: int = MAX_BYTES) -> tuple[bytes | None, str
 
 
 def sanitize(path: str, settings: Settings, mask: str | None = None) -> Sanitized:
-    """Read ``path`` and return its sanitized JPEG (with ``mask``, its mask's PNG too), or a
-    reject reason. Never raises for a bad input (only for bugs)."""
+    """Read the file ``path`` and return its sanitized JPEG (with the file ``mask``, its mask's PNG
+    too), or a reject reason. Never raises for a bad input (only for bugs)."""
     data, reason = read_input(path, settings.max_bytes)
+    read_mask = None if mask is None else lambda: read_input(mask, settings.max_bytes)
+    return _sanitize_read(data, reason, read_mask, settings)
+
+
+def sanitize_item(job: Job, settings: Settings) -> Sanitized:
+    """The sanitized JPEG (and mask PNG) of one input, its bytes read by its source's reader
+    (:class:`~.sources.base.Job`), or a reject reason. Never raises for a bad input."""
+    reader = job.reader
+    data, reason = reader.read(job.rel, settings.max_bytes)
+    read_mask = None if job.mask is None else lambda: reader.read_mask(job.mask, settings.max_bytes)
+    return _sanitize_read(data, reason, read_mask, settings)
+
+
+def _sanitize_read(data: bytes | None, reason: str | None, read_mask, settings: Settings) -> Sanitized:
     if data is None:
         return Sanitized(None, reason=reason)
     res, geometry = _sanitize_bytes(data, settings)
-    if mask is None or res.jpg is None:
+    if read_mask is None or res.jpg is None:
         return res
-    mask_data, reason = read_input(mask, settings.max_bytes)
+    mask_data, reason = read_mask()
     if mask_data is None:
         return Sanitized(None, reason=f"mask {reason}")
-    png, why = sanitize_mask(
+    png, why, counts = sanitize_mask(
         mask_data,
         **geometry,
         num_classes=settings.mask_classes,
         ignore_index=settings.ignore_index,
         max_pixels=settings.max_pixels,
     )
-    return res._replace(mask=png) if png is not None else Sanitized(None, reason=why)
-
-
-def sanitize_job(fn, job: tuple[str, str | None], settings: Settings) -> Sanitized:
-    """``fn(path, settings)``, or with a mask ``fn(path, settings, mask)``: one ``(image path,
-    mask path or None)`` input (``fn`` is :func:`sanitize`; tests hand in others)."""
-    path, mask = job
-    return fn(path, settings) if mask is None else fn(path, settings, mask)
+    return res._replace(mask=png, mask_counts=counts) if png is not None else Sanitized(None, reason=why)
 
 
 def sanitize_bytes(data: bytes, settings: Settings) -> Sanitized:

@@ -45,6 +45,7 @@ from stoker.errors import CheckFailedError, ManifestError, MostSkippedError, Usa
 from stoker.pipeline.shards.idx import MAX_CLASSES
 from stoker.pipeline.shards.kinds import get_kind, kind_names
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, iter_skips, write_skips
+from stoker.pipeline.shards.packstate import unfinished_pack
 from stoker.pipeline.shards.table import write_split_table
 from stoker.pipeline.shards.targets import IGNORE_INDEX, StatsAccumulator, Target
 
@@ -282,6 +283,9 @@ def index(
         RayError: The Ray cluster cannot be reached, or a task failed (rerun to resume).
     """
     tars = _tars([shards] if isinstance(shards, (str, Path)) else shards)
+    unfinished = unfinished_pack(tars[0].parent)  # indexing it would serve only the shards finished so far
+    if unfinished:
+        raise UsageError(f"{tars[0].parent} is not finished: {unfinished}")
     classes = _checked_classes(classes) if classes is not None else None
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:

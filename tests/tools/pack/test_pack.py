@@ -14,7 +14,7 @@ from stoker.pipeline.shards.manifest import Manifest, check_shards
 from stoker.tools.cli import main as cli
 from stoker.tools.common.synth import make_image_folder
 from stoker.tools.pack.sanitize import Settings, sanitize
-from stoker.tools.pack.source import scan
+from stoker.tools.pack.sources import scan
 
 CLASSES = ("circles", "rings", "squares")  # sorted: class index = position
 
@@ -242,12 +242,12 @@ def test_parts_then_merge_equal_plain_pack(tmp_path, capsys):
 _BLOCKING_PACK = """
 import sys, time
 import stoker.tools.pack.engine as engine
-real = engine.sanitize
-def blocking(path, settings):
-    if path.endswith(sys.argv[1]):
+real = engine.sanitize_item
+def blocking(job, settings):
+    if job.where.endswith(sys.argv[1]):
         time.sleep(3600)
-    return real(path, settings)
-engine.sanitize = blocking
+    return real(job, settings)
+engine.sanitize_item = blocking
 from stoker.tools.cli import main
 sys.exit(main(sys.argv[2:]))
 """

@@ -23,7 +23,7 @@ from stoker.pipeline.storage import (
 from stoker.tools.cli import main as cli
 from stoker.tools.common.synth import make_image_folder
 from stoker.tools.pack import ray_engine
-from stoker.tools.pack.source import scan
+from stoker.tools.pack.sources import scan
 from storage_servers import dead_endpoint
 
 CLASSES = ("circles", "rings", "squares")
@@ -279,23 +279,23 @@ def local_ray():
     ray.shutdown()
 
 
-def _crash_once(path, settings, *, marker):
-    """sanitize, but the first call anywhere kills its worker process (a lost node)."""
-    from stoker.tools.pack.sanitize import sanitize
+def _crash_once(job, settings, *, marker):
+    """sanitize_item, but the first call anywhere kills its worker process (a lost node)."""
+    from stoker.tools.pack.sanitize import sanitize_item
 
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
-        return sanitize(path, settings)
+        return sanitize_item(job, settings)
     os._exit(1)
 
 
-def _fail_on(path, settings, *, bad):
-    from stoker.tools.pack.sanitize import sanitize
+def _fail_on(job, settings, *, bad):
+    from stoker.tools.pack.sanitize import sanitize_item
 
-    if path.endswith(bad):
+    if job.where.endswith(bad):
         raise RuntimeError("simulated failure")
-    return sanitize(path, settings)
+    return sanitize_item(job, settings)
 
 
 def test_ray_engine_to_s3_is_byte_identical_to_local(tmp_path, s3, src_and_local, local_ray):
@@ -310,7 +310,7 @@ def test_ray_engine_to_s3_is_byte_identical_to_local(tmp_path, s3, src_and_local
 def test_ray_task_whose_worker_dies_is_retried(tmp_path, src_and_local, local_ray, monkeypatch):
     src, local = src_and_local
     marker = tmp_path / "crashed"
-    monkeypatch.setattr(ray_engine, "sanitize", functools.partial(_crash_once, marker=str(marker)))
+    monkeypatch.setattr(ray_engine, "sanitize_item", functools.partial(_crash_once, marker=str(marker)))
     assert pack(src, tmp_path / "out", *SHARD, "--engine", "ray") == 0
     assert marker.exists()  # a worker did die
     assert local_tree(tmp_path / "out") == local
@@ -321,7 +321,7 @@ def test_ray_job_failing_midway_resumes_on_rerun(tmp_path, src_and_local, local_
     rels = [it.rel for it in scan(src, seed=0, val_fraction=0.25).splits["train"]]
     bad = rels[len(rels) - 2]  # late in the list: earlier shards are finished first
     monkeypatch.setattr(ray_engine, "CHUNK", 2)
-    monkeypatch.setattr(ray_engine, "sanitize", functools.partial(_fail_on, bad=bad))
+    monkeypatch.setattr(ray_engine, "sanitize_item", functools.partial(_fail_on, bad=bad))
     out = tmp_path / "out"
     assert pack(src, out, *SHARD, "--engine", "ray") == 1
     err = capsys.readouterr().err.strip()

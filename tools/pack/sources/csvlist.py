@@ -1,7 +1,9 @@
 """CSV/TSV lists of ``path,target`` rows: the rules ``stoker pack`` reads them by.
 
 Rows are ``path,label`` (one target column) or ``path,v1,v2,...`` (several); tab-separated when
-the file is ``.tsv`` or its first line holds a tab. Paths are relative to the CSV's folder.
+the file is ``.tsv`` or its first line holds a tab, ``;``-separated when its first line has a ``;``
+before any comma (European spreadsheets; there a number's decimal comma, ``47,5`` or ``1.234,5``, is
+read as a decimal point). Paths are relative to the CSV's folder.
 
 * The file must be UTF-8 (a BOM is fine); otherwise a one-line error names the file and how to
   convert it (``iconv -f latin1 -t utf-8``).
@@ -21,7 +23,7 @@ the file is ``.tsv`` or its first line holds a tab. Paths are relative to the CS
 
 * Classes: when every label is an ASCII integer (``-?[0-9]+``) labels are kept as they are
   (class ``i`` is index ``i``; names ``"0".."max"``); a label below 0 or above
-  :data:`~.items.MAX_LABEL` is a reject ``"label <x> out of range 0..1000000"``. When every
+  :data:`~.base.MAX_LABEL` is a reject ``"label <x> out of range 0..1000000"``. When every
   label is a name (``cat``, ``n01440764``) names are sorted and the index is the position.
   Labels that mix both kinds are a one-line error naming an example of each.
 * Rejects, each listed with a reason: an empty path or target cell (``"empty path"``,
@@ -43,8 +45,8 @@ from pathlib import Path
 from stoker.errors import UsageError
 from stoker.pipeline.shards.targets import MAX_COLUMNS, Target, finite_number
 
-from .items import MAX_LABEL, Item
-from .sanitize import IMAGE_EXTS
+from ..sanitize import IMAGE_EXTS
+from .base import MAX_LABEL, FileReader, Item, Scan
 
 TARGET_MODES = ("auto", "class", "float", "multilabel")
 _PATH_WORDS = {"path", "file", "filename", "filepath", "file_path", "image", "img", "image_path", "image_name"}
@@ -93,16 +95,43 @@ def _is_header(row: list[str], below: list[str] | None) -> bool:
     )
 
 
-def _rows(path: Path) -> tuple[str, list[tuple[int, list[str]]], list[str] | None]:
-    """``(delimiter, data rows (line number, cells), header cells or None)``."""
+_DECIMAL_COMMA = re.compile(r"-?[0-9]+,[0-9]+")
+_GROUPED_DECIMAL = re.compile(r"-?[0-9]{1,3}(\.[0-9]{3})+(,[0-9]+)?")
+
+
+def _delimiter(path: Path, first_line: str) -> str:
+    """Tab for a .tsv or a first line with a tab; ``;`` when the first line has one before any comma
+    (European spreadsheets: ``path;age``, ``a.jpg;47,5``); else a comma."""
+    if path.suffix.lower() == ".tsv" or "\t" in first_line:
+        return "\t"
+    if ";" in first_line and ("," not in first_line or first_line.index(";") < first_line.index(",")):
+        return ";"
+    return ","
+
+
+def _decimal_point(cell: str) -> str:
+    """A ``;``-delimited file's number with a decimal comma (``47,5``, ``1.234,5``) as ``47.5``."""
+    c = cell.strip()
+    if _GROUPED_DECIMAL.fullmatch(c):
+        return c.replace(".", "").replace(",", ".")
+    if _DECIMAL_COMMA.fullmatch(c):
+        return c.replace(",", ".")
+    return cell
+
+
+def csv_rows(path: Path) -> tuple[str, list[tuple[int, list[str]]], list[str] | None]:
+    """``(delimiter, data rows (line number, cells), header cells or None)``; in a ``;``-delimited
+    file, decimal commas of the target cells are read as decimal points."""
     text = read_text(path)
     first_line = text.split("\n", 1)[0]
-    delim = "\t" if path.suffix.lower() == ".tsv" or "\t" in first_line else ","
+    delim = _delimiter(path, first_line)
     rows = [
         (n, r)
         for n, r in enumerate(csv.reader(text.splitlines(), delimiter=delim), start=1)
         if r and any(c.strip() for c in r)
     ]
+    if delim == ";":
+        rows = [(n, r[:1] + [_decimal_point(c) for c in r[1:]]) for n, r in rows]
     header = None
     if rows and _is_header(rows[0][1], rows[1][1] if len(rows) > 1 else None):
         header = [c.strip() for c in rows[0][1]]
@@ -115,9 +144,14 @@ def scan_csv(path: Path, rejects: list[tuple[str, str]], targets: str = "auto") 
     target kind)``; bad rows are appended to ``rejects``."""
     if targets not in TARGET_MODES:
         raise UsageError(f"--targets {targets!r} must be one of {', '.join(TARGET_MODES)}")
-    delim, rows, header = _rows(path)
+    delim, rows, header = csv_rows(path)
     width = max((len(r) for _, r in rows), default=2) if header is None else len(header)
     for lineno, r in rows:
+        if len(r) < 2 and delim == "," and ";" in r[0]:
+            raise UsageError(
+                f"{path}: line {lineno} has no ',' but a ';' ({r[0]!r}): for a ;-delimited file, put the ';' "
+                "on the first line too (a header such as path;label), or save it with commas"
+            )
         if len(r) < 2:
             raise UsageError(f"{path}: line {lineno} should be 'path{delim}label', got {delim.join(r)!r}")
         if len(r) < width:
@@ -242,4 +276,25 @@ def _label_items(path: Path, good: list[tuple[str, list[str]]], rejects: list) -
     return classes, items
 
 
-__all__ = ["TARGET_MODES", "read_text", "scan_csv"]
+class CsvReader(FileReader):
+    """A CSV/TSV list of ``path,label`` or ``path,v1,v2,...`` rows (paths relative to its folder)."""
+
+    name, priority = "csv", 40
+    summary = "a CSV/TSV of path,label (or path,values) rows, paths relative to its folder"
+    path_rule = "paths in a CSV are relative to the CSV's folder ({base})"
+
+    def __init__(self, src, options):
+        super().__init__(src, options)
+        self.base = self.src.parent
+
+    @classmethod
+    def recognizes(cls, src, options) -> bool:
+        return isinstance(src, Path) and src.is_file() and src.suffix.lower() in (".csv", ".tsv", ".txt")
+
+    def scan(self) -> Scan:
+        rejects: list[tuple[str, str]] = []
+        classes, items, target = scan_csv(self.src, rejects, self.options.targets)
+        return Scan(classes, {"train": items}, {"train": 0}, {"train": rejects}, target)
+
+
+__all__ = ["TARGET_MODES", "CsvReader", "csv_rows", "read_text", "scan_csv"]

@@ -1,0 +1,35 @@
+"""What ``stoker pack`` reads: pack sources as readers in one registry.
+
+=================  ======================================================================
+``base``           :class:`SourceReader` (what a reader says: name, recognition, scan, read),
+                   :class:`Item`, :class:`Scan`, :class:`Source`, :class:`SourceOptions`
+``registry``       :func:`register_reader`, :func:`scan` (the reader, split lists, val split,
+                   shuffle), auto-detection by priority
+``walk``           the folder walk the folder readers share (symlinks, loops, rejects)
+``folder``         an ImageFolder tree
+``trainval``       a ``train/`` + ``val/`` tree
+``csvlist``        a CSV/TSV of ``path,label`` or ``path,values`` rows
+``masktree``       images and a parallel mask tree (``--masks``)
+=================  ======================================================================
+"""
+
+from .base import MAX_LABEL, SPLITS, FileReader, Item, Job, Scan, Source, SourceOptions, SourceReader, display_path
+from .registry import choose_reader, reader_names, readers, register_reader, scan
+
+__all__ = [
+    "MAX_LABEL",
+    "SPLITS",
+    "FileReader",
+    "Item",
+    "Job",
+    "Scan",
+    "Source",
+    "SourceOptions",
+    "SourceReader",
+    "choose_reader",
+    "display_path",
+    "reader_names",
+    "readers",
+    "register_reader",
+    "scan",
+]

@@ -1,0 +1,78 @@
+"""The ImageFolder reader: one subfolder per class (``SRC/<class>/.../*.jpg``), class index =
+position of the folder name in sorted order; folders are walked by :mod:`.walk`'s rules."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from stoker.errors import UsageError
+
+from ..sanitize import IMAGE_EXTS
+from .base import FileReader, Item, Scan, SourceOptions
+from .walk import Walker, class_dirs, hidden, is_dir, loose_files, scandir_sorted
+
+
+def scan_class_folders(
+    root: Path,
+    split_root: Path,
+    classes: list[str],
+    skipped: list[int],
+    rejects: list[tuple[str, str]],
+    other_splits: tuple[Path, ...] = (),
+) -> list[Item]:
+    """The items of the class folders of ``split_root`` (paths relative to ``root``)."""
+    items = []
+    index = {c: i for i, c in enumerate(classes)}
+    names = class_dirs(split_root)
+    walker = Walker(root, split_root, names, skipped, other_splits)
+    for cls in names:
+        items.extend(Item(rel, index[cls]) for rel in walker.walk(cls))
+    rejects.extend(walker.rejects)
+    return items
+
+
+def check_class_targets(options: SourceOptions) -> None:
+    if options.targets not in ("auto", "class"):
+        raise UsageError(
+            f"--targets {options.targets} needs a CSV of path,values (a folder's subfolders are classes; "
+            "a mask tree is --masks)"
+        )
+
+
+def no_class_folders(src: Path) -> None:
+    """A folder that yielded no image: a one-line error when it holds loose images (not an
+    ImageFolder), else nothing (the caller says it holds no images)."""
+    loose = [
+        e.name
+        for e in scandir_sorted(src)
+        if not is_dir(e) and not hidden(e.name) and os.path.splitext(e.name)[1].lower() in IMAGE_EXTS
+    ]
+    if loose:
+        raise UsageError(
+            f"SRC {src} holds {len(loose):,} images but no class folders; put them in one subfolder "
+            f"per class, list them in a CSV of path,label, or give their masks with --masks"
+        )
+
+
+class FolderReader(FileReader):
+    """An ImageFolder tree: one subfolder per class."""
+
+    name, priority = "folder", 60
+    summary = "an ImageFolder tree: one subfolder per class"
+
+    @classmethod
+    def recognizes(cls, src, options) -> bool:
+        return isinstance(src, Path) and src.is_dir()
+
+    def scan(self) -> Scan:
+        check_class_targets(self.options)
+        src = self.src
+        classes = class_dirs(src)
+        skipped = [loose_files(src)]
+        rejects: list[tuple[str, str]] = []
+        items = scan_class_folders(src, src, classes, skipped, rejects)
+        return Scan(classes, {"train": items}, {"train": skipped[0]}, {"train": rejects})
+
+    def nothing_found(self) -> None:
+        no_class_folders(self.src)
