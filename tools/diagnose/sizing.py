@@ -181,8 +181,9 @@ def fit_batch(
         avail = available(device) if memory is None else memory
         fit = BatchFit(requested, requested, per, fixed, avail, per_s)
         limit = _share(device) * avail
-        by_memory = max(1, int((limit - fixed) // per))
-        by_time = max(1, int(step_limit_s // per_s)) if step_limit_s else requested
+        # never below the probes' batch of 2: BatchNorm on a 1x1 map (a ResNet at a small crop) refuses 1
+        by_memory = max(lo, int((limit - fixed) // per))
+        by_time = max(lo, int(step_limit_s // per_s)) if step_limit_s else requested
         batch = min(requested, by_memory, by_time)
         if batch >= requested:
             return fit
