@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._lazy import lazy_exports
 from .errors import (
     CheckFailedError,
     CheckpointError,
@@ -38,29 +39,16 @@ from .errors import (
 __version__ = "0.2.0"
 
 _LAZY = {
-    "Loader": "stoker.pipeline.loader",
-    "Normalize": "stoker.model.normalize",
-    "with_normalize": "stoker.model.normalize",
-    "pack": "stoker.tools.pack.api",
-    "merge_parts": "stoker.tools.pack.api",
-    "verify": "stoker.tools.verify.command",
-    "index": "stoker.tools.verify.indexing",
+    "Loader": "pipeline.loader",
+    "Normalize": "model.normalize",
+    "with_normalize": "model.normalize",
+    "pack": "tools.pack.api",
+    "merge_parts": "tools.pack.api",
+    "verify": "tools.verify.command",
+    "index": "tools.verify.indexing",
 }
 
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stoker' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once: later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 if TYPE_CHECKING:

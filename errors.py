@@ -28,6 +28,12 @@ class UsageError(StokerError):
     exit_code = 2
 
 
+class ArgumentError(UsageError, ValueError):
+    """A bad argument value (``batch_size=0``, ``crop=(0, 3)``, an unknown backend): a
+    ``ValueError`` to Python callers, a one-line usage error (exit 2) to the ``stoker`` command,
+    which therefore never re-wraps the library's argument checks."""
+
+
 class CheckFailedError(StokerError):
     """The command ran but found problems (verify, ``--strict``, a diverging loss): exit 1."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._lazy import lazy_exports
+from stoker._lazy import lazy_exports
 
 _EXPORTS = {
     "IMAGENET_MEAN": "normalize",

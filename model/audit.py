@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from stoker.errors import ArgumentError
+
 # A head this wide in front of a Linear is almost always ``flatten`` of a feature map.
 _FLATTEN_HEAD_MIN_IN = 4096
 
@@ -223,12 +225,12 @@ def audit_model(
             ``dominant_share`` is out of range.
     """
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise ArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     input_size = tuple(int(s) for s in input_size)
     if not input_size or any(s <= 0 for s in input_size):
-        raise ValueError(f"input_size must be positive sizes like (3, 224, 224), got {input_size}")
+        raise ArgumentError(f"input_size must be positive sizes like (3, 224, 224), got {input_size}")
     if not 0.0 < dominant_share <= 1.0:
-        raise ValueError(f"dominant_share must be in (0, 1], got {dominant_share}")
+        raise ArgumentError(f"dominant_share must be in (0, 1], got {dominant_share}")
 
     owned: dict = {}
     total = trainable = 0

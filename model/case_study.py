@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stoker.errors import ArgumentError
+
 from .blocks import InceptionBlock
 
 
@@ -33,9 +35,9 @@ class ReportNet(nn.Module):
     def __init__(self, num_outputs: int = 1, *, image_size: int = 224, in_channels: int = 3) -> None:
         super().__init__()
         if image_size < 8 or image_size % 8:
-            raise ValueError(f"image_size={image_size} must be a positive multiple of 8")
+            raise ArgumentError(f"image_size={image_size} must be a positive multiple of 8")
         if num_outputs < 1:
-            raise ValueError(f"num_outputs={num_outputs} must be >= 1")
+            raise ArgumentError(f"num_outputs={num_outputs} must be >= 1")
         self.image_size = image_size
         self.block = InceptionBlock(in_channels)
         self.pool = nn.MaxPool2d(8)
@@ -44,7 +46,7 @@ class ReportNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-2:] != (self.image_size, self.image_size):
-            raise ValueError(
+            raise ArgumentError(
                 f"ReportNet(image_size={self.image_size}) needs {self.image_size}x{self.image_size} "
                 f"input, got {tuple(x.shape[-2:])}"
             )

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stoker.errors import ArgumentError
+
 from .blocks import ConvBNReLU, InceptionBlock
 from .case_study import ReportNet
 
@@ -37,9 +39,9 @@ class InceptionNet(nn.Module):
     ) -> None:
         super().__init__()
         if num_classes < 1:
-            raise ValueError(f"num_classes={num_classes} must be >= 1")
+            raise ArgumentError(f"num_classes={num_classes} must be >= 1")
         if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout={dropout} must be in [0, 1)")
+            raise ArgumentError(f"dropout={dropout} must be in [0, 1)")
         self.stem = (
             nn.Sequential(ConvBNReLU(in_channels, 32, 3, stride=2), ConvBNReLU(32, 64, 3, stride=2))
             if stem
@@ -70,7 +72,7 @@ class InceptionSegNet(nn.Module):
     def __init__(self, num_classes: int, *, in_channels: int = 3) -> None:
         super().__init__()
         if num_classes < 1:
-            raise ValueError(f"num_classes={num_classes} must be >= 1")
+            raise ArgumentError(f"num_classes={num_classes} must be >= 1")
         self.stem = nn.Sequential(ConvBNReLU(in_channels, 32, 3, stride=2), ConvBNReLU(32, 64, 3, stride=2))
         self.block = InceptionBlock(64)
         self.classifier = nn.Conv2d(InceptionBlock.out_channels, num_classes, 1)
@@ -130,7 +132,7 @@ def build_model(
         return ReportNet(num_classes, image_size=image_size or 224, in_channels=in_channels)
     names = torchvision_archs()
     if arch not in names:
-        raise ValueError(f"unknown arch {arch!r}: choose from {', '.join(STOKER_ARCHS + tuple(names))}")
+        raise ArgumentError(f"unknown arch {arch!r}: choose from {', '.join(STOKER_ARCHS + tuple(names))}")
     import torchvision
 
     kwargs: dict = {"weights": None, "num_classes": num_classes}
@@ -146,7 +148,7 @@ def _segmentation_model(arch: str, num_classes: int, in_channels: int) -> nn.Mod
         return InceptionSegNet(num_classes, in_channels=in_channels)
     names = torchvision_archs("segment")
     if arch not in names:
-        raise ValueError(f"unknown segmentation arch {arch!r}: choose from inception, {', '.join(names)}")
+        raise ArgumentError(f"unknown segmentation arch {arch!r}: choose from inception, {', '.join(names)}")
     net = torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=num_classes)
     return SegmentationOutput(_in_channels(net, in_channels))
 
@@ -170,7 +172,7 @@ def _in_channels(net: nn.Module, in_channels: int) -> nn.Module:
                 )
                 setattr(parent, name, conv)
                 return net
-    raise ValueError(f"{type(net).__name__} has no 3-channel convolution to build for {in_channels} channel(s)")
+    raise ArgumentError(f"{type(net).__name__} has no 3-channel convolution to build for {in_channels} channel(s)")
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from stoker.errors import ArgumentError
+
 #: ImageNet channel statistics in the 0..1 scale (torchvision's convention).
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -41,21 +43,23 @@ class Normalize(nn.Module):
         mean_t = torch.as_tensor(mean, dtype=torch.float32).flatten()
         std_t = torch.as_tensor(std, dtype=torch.float32).flatten()
         if mean_t.numel() != std_t.numel() or mean_t.numel() == 0:
-            raise ValueError(f"mean={tuple(mean)} and std={tuple(std)} must have the same, non-zero length")
+            raise ArgumentError(f"mean={tuple(mean)} and std={tuple(std)} must have the same, non-zero length")
         if not bool((std_t > 0).all()):
-            raise ValueError(f"std={tuple(std)} must be > 0 everywhere")
+            raise ArgumentError(f"std={tuple(std)} must be > 0 everywhere")
         self.register_buffer("mean", (mean_t * 255).view(1, -1, 1, 1))
         self.register_buffer("std", (std_t * 255).view(1, -1, 1, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.uint8:
-            raise ValueError(
+            raise ArgumentError(
                 f"Normalize takes uint8 batches (0..255, what stoker's Loader yields), got {x.dtype}: a float batch "
                 "(ToTensor's 0..1, or already normalized) would be normalized twice; feed the uint8 batch, or call "
                 "the network without Normalize (model.net)"
             )
         if x.dim() != 4 or x.shape[1] != self.mean.shape[1]:
-            raise ValueError(f"Normalize expects an N x {self.mean.shape[1]} x H x W batch, got shape {tuple(x.shape)}")
+            raise ArgumentError(
+                f"Normalize expects an N x {self.mean.shape[1]} x H x W batch, got shape {tuple(x.shape)}"
+            )
         # .float() and the broadcast arithmetic keep x's memory format (channels_last stays).
         y = (x.float() - self.mean) / self.std
         dev = x.device.type
@@ -132,7 +136,7 @@ def with_normalize(
             twice).
     """
     if has_normalize(net):
-        raise ValueError(
+        raise ArgumentError(
             f"{type(net).__name__} already normalizes its input (it holds a stoker Normalize): wrapping it "
             "again would normalize twice; use it as it is"
         )
@@ -177,7 +181,7 @@ class TargetUnits(nn.Module):
         mean_t = torch.as_tensor(mean, dtype=torch.float32).flatten()
         std_t = torch.as_tensor(std, dtype=torch.float32).flatten()
         if mean_t.numel() != std_t.numel() or mean_t.numel() == 0 or not bool((std_t > 0).all()):
-            raise ValueError(f"mean={tuple(mean)} and std={tuple(std)} must have one length, std > 0")
+            raise ArgumentError(f"mean={tuple(mean)} and std={tuple(std)} must have one length, std > 0")
         self.register_buffer("mean", mean_t)
         self.register_buffer("std", std_t)
 

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from stoker.errors import ArgumentError
+
 from .nets import count_parameters
 from .normalize import has_normalize, with_normalize
 from .train.runtime import make_scaler, resolve_amp, resolve_device
@@ -68,9 +70,9 @@ def measure_model(
         ``params``, ``peak_mem_mb`` (CUDA, else None), ``loss`` (last, finite check).
     """
     if batch_size < 1 or image_size < 1:
-        raise ValueError(f"batch_size={batch_size} and image_size={image_size} must be >= 1")
+        raise ArgumentError(f"batch_size={batch_size} and image_size={image_size} must be >= 1")
     if seconds < 0 or steps_min < 1 or warmup_steps < 1:
-        raise ValueError(
+        raise ArgumentError(
             f"seconds={seconds}, steps_min={steps_min}, warmup_steps={warmup_steps}: need >= 0, >= 1, >= 1"
         )
     dev = resolve_device(str(device))

@@ -1,7 +1,8 @@
 """Which JPEG bytes every decoder of the Loader reads the same way.
 
 ``stoker pack`` copies a JPEG byte for byte only when :func:`jpeg_copy_safe` says so;
-everything else is re-encoded. ``stoker verify`` uses the same test on stored samples.
+everything else is re-encoded (``stoker verify`` decodes stored samples instead:
+:mod:`stoker.tools.verify.imagecheck`).
 The rule is deliberately narrow, the subset that libjpeg-turbo (DALI's CPU decoder
 ``fn.decoders.image`` / ``image_slice``, and Pillow for the ``pil`` backend), nvJPEG and
 browsers all decode identically:

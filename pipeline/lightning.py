@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import MissingExtraError, UsageError
+from stoker.errors import ArgumentError, MissingExtraError, UsageError
 
 from .fsutil import PathLike
 
@@ -86,7 +86,7 @@ class StokerDataModule(pl.LightningDataModule):
         super().__init__()
         for name in ("rank", "world_size", "train", "path"):
             if name in loader_kwargs:
-                raise ValueError(
+                raise ArgumentError(
                     f"StokerDataModule sets {name}= itself (from the trainer and the split names); drop it"
                 )
         self.root = Path(root)

@@ -34,16 +34,17 @@ from typing import Any
 
 import numpy as np
 
-from stoker.errors import LoaderError, NoBatchError
+from stoker.errors import ArgumentError, LoaderError, NoBatchError
 
 from . import order
 from .augment import RATIO, SCALE, CropSpec
 from .augment.apply import TrainRecipe
-from .backends import runner_class
+from .backends import Backend, resolve_backend
 from .backends.base import DecodeSettings, Runner, loadable
+from .backends.decoders import DECODER_NAMES
 from .cache import ShardCache, is_url
 from .dataloader_compat import LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
-from .deps import BACKEND_NAMES, DECODER_NAMES, resolve_backend, usable_cores
+from .deps import usable_cores
 from .fsutil import PathLike
 from .loader_checks import (
     DECODES,
@@ -52,14 +53,11 @@ from .loader_checks import (
     check_cache_limit,
     check_every_rank_has_a_batch,
     check_stored_size,
-    resolve_decode,
     torch_device,
 )
 from .prefetch import fetched_windows, group_by_window
 from .shards.samples import SampleIndex, open_split
 from .shards.targets import StatsAccumulator, TargetStats
-
-BACKENDS = BACKEND_NAMES
 
 
 def _dist_defaults() -> tuple[int, int]:
@@ -84,7 +82,8 @@ class Loader:
         batch_size: samples per batch (the last val batch may be smaller).
         train: RandomResizedCrop + flip and a fresh permutation each epoch; else the val
             transform (shorter side to ``crop/crop_pct``, center crop) in stored order.
-        crop: output side in pixels, or ``(height, width)``.
+        crop: output side in pixels, or ``(height, width)``, or the whole crop recipe
+            (:class:`~.augment.CropSpec`, what the commands pass).
         scale, ratio: the train crop's area share and aspect ranges (torchvision's
             ``RandomResizedCrop``; default ``(0.08, 1)`` and ``(3/4, 4/3)``).
         crop_pct: val: the shorter side is resized to ``min(crop) / crop_pct`` before the
@@ -106,11 +105,13 @@ class Loader:
         rank, world_size: this process's share; default from ``torch.distributed`` when
             initialized, else 0 / 1.
         backend: ``"dali"``, ``"nvjpeg"`` (batched GPU decode without DALI, by ``decoder``),
-            ``"pil"`` or ``"auto"``: DALI when installed, else nvjpeg on a CUDA device where a
-            GPU JPEG decoder works, else pil. :attr:`backend_reason` says why.
+            ``"pil"``, a backend registered by name (:func:`~.backends.register_backend`), a
+            configured one (``get_backend("nvjpeg", overlap=False)``), or ``"auto"``: DALI when
+            installed, else nvjpeg on a CUDA device where a GPU JPEG decoder works, else pil
+            (:func:`~.backends.resolve_backend`). :attr:`backend_reason` says why.
         decoder: the nvjpeg backend's JPEG decoder: ``"nvimgcodec"`` (hardware decoder and
             region decode), ``"torchcodec"``, ``"torchvision"``, or ``"auto"``: the first whose
-            probe decode works on the device (:func:`stoker.pipeline.deps.resolve_decoder`).
+            probe decode works on the device (:func:`stoker.pipeline.backends.decoders.resolve_decoder`).
         decode: ``"mixed"`` (nvJPEG + hardware decoder, GPU resize), ``"cpu"``, or ``"auto"``
             (mixed when ``device`` is CUDA and the backend is DALI or nvjpeg, which only
             decodes on the GPU).
@@ -172,12 +173,12 @@ class Loader:
         *,
         batch_size: int,
         train: bool = True,
-        crop: int | tuple[int, int] = 224,
+        crop: int | tuple[int, int] | CropSpec = 224,
         device: str | Any = "cpu",
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
-        backend: str = "auto",
+        backend: str | Backend = "auto",
         decoder: str = "auto",
         decode: str = "auto",
         threads: int | None = None,
@@ -203,10 +204,17 @@ class Loader:
     ):
 
         if dataloader_kwargs:
-            raise ValueError(habit_message(dataloader_kwargs))
+            raise ArgumentError(habit_message(dataloader_kwargs))
 
-        #: the crop recipe: size (height, width), scale, ratio, the val resize
-        self.crops = CropSpec.of(crop, scale=scale, ratio=ratio, crop_pct=crop_pct, val_resize=val_resize)
+        #: the crop recipe: size (height, width), scale, ratio, the val resize (given whole as ``crop=``,
+        #: or made of ``crop``, ``scale``, ``ratio``, ``crop_pct`` and ``val_resize``)
+        if isinstance(crop, CropSpec):
+            if (scale, ratio, crop_pct, val_resize) != (SCALE, RATIO, None, None):
+                raise ArgumentError("crop= is a whole CropSpec: give scale=, ratio=, crop_pct=, val_resize= in it")
+            self.crops = crop
+            crop = crop.size
+        else:
+            self.crops = CropSpec.of(crop, scale=scale, ratio=ratio, crop_pct=crop_pct, val_resize=val_resize)
         remote = is_url(path)
         check_arguments(
             path=path,
@@ -225,18 +233,20 @@ class Loader:
             hw_decoder_load=hw_decoder_load,
         )
         if decoder not in DECODER_NAMES:
-            raise ValueError(f"decoder={decoder!r} must be one of {DECODER_NAMES}")
+            raise ArgumentError(f"decoder={decoder!r} must be one of {DECODER_NAMES}")
         self.device = torch_device(device)
         # which backend, and why (also what `stoker diagnose` reports)
-        backend, self.backend_reason = resolve_backend(backend, str(self.device), decoder=decoder)
-        decode = resolve_decode(backend, decode, self.device, device)
+        #: the configured backend (:class:`~.backends.Backend`); :attr:`backend` is its name
+        self.backend_config, self.backend_reason = resolve_backend(backend, self.device, decoder=decoder)
+        decode = self.backend_config.resolve_decode(decode, self.device)
+        backend = self.backend_config.name
         default_rank, default_world = _dist_defaults()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world if world_size is None else world_size
         if not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ValueError(f"world_size={self.world_size!r} must be a positive integer")
+            raise ArgumentError(f"world_size={self.world_size!r} must be a positive integer")
         if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank={self.rank!r} must be in [0, world_size={self.world_size})")
+            raise ArgumentError(f"rank={self.rank!r} must be in [0, world_size={self.world_size})")
 
         self.path: Path | str = str(path).rstrip("/") if remote else Path(path)
         self.shuffle, self.block_shards = shuffle, block_shards
@@ -265,7 +275,7 @@ class Loader:
         #: samples the loader draws from (manifest skips and samples without image/cls removed)
         self.num_samples = len(self.index.valid)
         if self.num_samples == 0:
-            raise ValueError(f"{self.path} has no loadable samples")
+            raise ArgumentError(f"{self.path} has no loadable samples")
         check_every_rank_has_a_batch(self)
         #: the train batches' per-sample augmentation and mixing (:mod:`.augment.apply`)
         self.recipe = TrainRecipe.of(
@@ -400,16 +410,16 @@ class Loader:
         on the same number of ranks only.
         """
         if not isinstance(state, dict):
-            raise ValueError(f"state must be the dict Loader.state_dict() returned, not {type(state).__name__}")
+            raise ArgumentError(f"state must be the dict Loader.state_dict() returned, not {type(state).__name__}")
         missing = {"seed", "epoch", "position"} - set(state)
         if missing:
-            raise ValueError(f"state is missing {sorted(missing)}")
+            raise ArgumentError(f"state is missing {sorted(missing)}")
         saved_world = state.get("world_size", self.world_size)
         if not isinstance(saved_world, int) or saved_world < 1:
-            raise ValueError(f"state['world_size']={saved_world!r} must be a positive integer")
+            raise ArgumentError(f"state['world_size']={saved_world!r} must be a positive integer")
         elastic = saved_world != self.world_size
         if elastic and self.shuffle == "block":
-            raise ValueError(
+            raise ArgumentError(
                 f"state was saved with world_size={saved_world}, this loader has world_size={self.world_size}: "
                 "shuffle='block' resumes on the same number of ranks only (shuffle='global' resumes on any)"
             )
@@ -419,9 +429,9 @@ class Loader:
             mine = f"shuffle={self.shuffle!r}" + (
                 f", block_shards={self.block_shards}" if self.shuffle == "block" else ""
             )
-            raise ValueError(f"state was saved with {saved}, this loader has {mine} (another sample order)")
+            raise ArgumentError(f"state was saved with {saved}, this loader has {mine} (another sample order)")
         if state.get("num_samples", self.num_samples) != self.num_samples:
-            raise ValueError(
+            raise ArgumentError(
                 f"state was saved for num_samples={state['num_samples']}, {self.path} has {self.num_samples}"
             )
         seed = _non_negative(state["seed"], "state['seed']")
@@ -431,10 +441,10 @@ class Loader:
         if elastic:  # the saved ranks handed out offset .. offset + W * position of the epoch
             offset, position = (offset + saved_world * position, 0) if self.train else (0, 0)
         if self.train and offset > self.num_samples:
-            raise ValueError(f"state['offset']={offset} is past the {self.num_samples} samples of {self.path}")
+            raise ArgumentError(f"state['offset']={offset} is past the {self.num_samples} samples of {self.path}")
         stop = self._epoch_stop(offset)
         if position > stop:
-            raise ValueError(
+            raise ArgumentError(
                 f"state['position']={position} is past the end of rank {self.rank}'s epoch "
                 f"({stop} samples): the state is from another split or batch size"
             )
@@ -454,7 +464,7 @@ class Loader:
     def __iter__(self) -> LoaderIterator:
         self._close_active()  # an abandoned iteration: drain it (the next one starts the epoch over)
         if self._closed:
-            raise ValueError(f"this Loader of {self.path} was closed; create a new one")
+            raise ArgumentError(f"this Loader of {self.path} was closed; create a new one")
         it = LoaderIterator(self)
         self._active = weakref.ref(it)
         return it
@@ -582,6 +592,12 @@ class Loader:
         return self._target_stats
 
     @property
+    def runner(self) -> Runner | None:
+        """The decode backend's runner (made at the first iteration; ``None`` before): its own
+        figures, e.g. the nvjpeg runner's ``stage_totals``."""
+        return self._runner
+
+    @property
     def num_workers(self) -> int:
         """The decode threads / pillow worker processes (``threads``; a DataLoader's name for it)."""
         return self.threads
@@ -638,18 +654,18 @@ class Loader:
 
     def _get_runner(self) -> Runner:
         if self._runner is None:
-            self._runner = runner_class(self.backend)(self.decode_settings())
+            self._runner = self.backend_config.make_runner(self.decode_settings())
         return self._runner
 
     def decode_settings(self) -> DecodeSettings:
         """What this Loader's decode backend is given (a runner of another backend can be made
-        from it too: ``runner_class("nvjpeg")(loader.decode_settings())``)."""
+        from it too: ``get_backend("nvjpeg").make_runner(loader.decode_settings())``)."""
         return DecodeSettings(
             index=self.index,
             path=str(self.path),
             device=self.device,
             batch_size=self.batch_size,
-            crop=self.crops.size,
+            crops=self.crops,
             train=self.train,
             channels_last=self.channels_last,
             threads=self.threads,
@@ -660,10 +676,6 @@ class Loader:
             decoder=self.decoder,
             stand_in=self._stand_in,
             channels=self.channels,
-            scale=self.crops.scale,
-            ratio=self.crops.ratio,
-            crop_pct=self.crops.crop_pct,
-            val_resize=self.crops.val_resize,
         )
 
     def __repr__(self) -> str:
@@ -710,9 +722,9 @@ def _non_negative(value: Any, name: str) -> int:
     try:
         value = operator.index(value)
     except TypeError:
-        raise ValueError(f"{name}={value!r} must be a non-negative integer") from None
+        raise ArgumentError(f"{name}={value!r} must be a non-negative integer") from None
     if value < 0:
-        raise ValueError(f"{name}={value!r} must be a non-negative integer")
+        raise ArgumentError(f"{name}={value!r} must be a non-negative integer")
     return value
 
 
@@ -724,7 +736,6 @@ __all__ = [
     "LoaderDataset",
     "LoaderSampler",
     "LoaderBatchSampler",
-    "BACKENDS",
     "DECODES",
     "SHUFFLES",
 ]

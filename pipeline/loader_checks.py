@@ -10,9 +10,10 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from stoker.errors import NoBatchError
+from stoker.errors import ArgumentError, NoBatchError
 
 from . import order
+from .backends.registry import DECODES
 from .dataloader_compat import habit_message
 from .deps import has_cuda
 
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from .loader import Loader
 
 SHUFFLES = order.SHUFFLES
-DECODES = ("auto", "mixed", "cpu")
 CPU_RESIZES = ("pillow", "dali")
 
 
@@ -43,25 +43,25 @@ def check_arguments(
 ) -> None:
     """The Loader's scalar arguments, each a one-line ``ValueError`` when wrong."""
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
+        raise ArgumentError(f"batch_size={batch_size!r} must be a positive integer")
     if channels not in (1, 3):
-        raise ValueError(f"channels={channels!r} must be 3 (RGB) or 1 (grayscale)")
+        raise ArgumentError(f"channels={channels!r} must be 3 (RGB) or 1 (grayscale)")
     if decode not in DECODES:
-        raise ValueError(f"decode={decode!r} must be one of {DECODES}")
+        raise ArgumentError(f"decode={decode!r} must be one of {DECODES}")
     if cpu_resize not in CPU_RESIZES:
-        raise ValueError(f"cpu_resize={cpu_resize!r} must be one of {CPU_RESIZES}")
+        raise ArgumentError(f"cpu_resize={cpu_resize!r} must be one of {CPU_RESIZES}")
     if threads is not None and (not isinstance(threads, int) or threads < 0):
-        raise ValueError(f"threads={threads!r} must be a non-negative integer")
+        raise ArgumentError(f"threads={threads!r} must be a non-negative integer")
     if not isinstance(prefetch, int) or prefetch < 1:
-        raise ValueError(f"prefetch={prefetch!r} must be a positive integer")
+        raise ArgumentError(f"prefetch={prefetch!r} must be a positive integer")
     if isinstance(shuffle, bool):  # a DataLoader habit: the order is ours, not a flag
-        raise ValueError(habit_message({"shuffle": shuffle}))
+        raise ArgumentError(habit_message({"shuffle": shuffle}))
     if shuffle not in SHUFFLES:
-        raise ValueError(f"shuffle={shuffle!r} must be one of {SHUFFLES}")
+        raise ArgumentError(f"shuffle={shuffle!r} must be one of {SHUFFLES}")
     if not isinstance(block_shards, int) or block_shards < 1:
-        raise ValueError(f"block_shards={block_shards!r} must be a positive integer")
+        raise ArgumentError(f"block_shards={block_shards!r} must be a positive integer")
     if cache_limit is not None and (not isinstance(cache_limit, int) or cache_limit < 1):
-        raise ValueError(f"cache_limit={cache_limit!r} must be a positive number of bytes")
+        raise ArgumentError(f"cache_limit={cache_limit!r} must be a positive number of bytes")
     if not remote:
         given = [
             k
@@ -69,9 +69,9 @@ def check_arguments(
             if v is not None
         ]
         if given:
-            raise ValueError(f"{given[0]}= is for a URL (s3://, gs://, https://, file://); {path} is a local path")
+            raise ArgumentError(f"{given[0]}= is for a URL (s3://, gs://, https://, file://); {path} is a local path")
     if not 0.0 <= float(hw_decoder_load) <= 1.0:
-        raise ValueError(f"hw_decoder_load={hw_decoder_load!r} must be in [0, 1]")
+        raise ArgumentError(f"hw_decoder_load={hw_decoder_load!r} must be in [0, 1]")
 
 
 def torch_device(device: Any):
@@ -81,32 +81,12 @@ def torch_device(device: Any):
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device={device!r} is not a torch device") from None
+        raise ArgumentError(f"device={device!r} is not a torch device") from None
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device={device!r}: only 'cpu' and 'cuda' are supported")
+        raise ArgumentError(f"device={device!r}: only 'cpu' and 'cuda' are supported")
     if dev.type == "cuda" and not has_cuda():
-        raise ValueError(f"device={device!r} but torch sees no CUDA device (use device='cpu')")
+        raise ArgumentError(f"device={device!r} but torch sees no CUDA device (use device='cpu')")
     return dev
-
-
-def resolve_decode(backend: str, decode: str, dev: Any, device: Any) -> str:
-    """``"mixed"`` or ``"cpu"`` for ``decode`` on the resolved ``backend`` and device: ``auto`` is
-    mixed where the backend decodes on the GPU; the combinations that cannot run are refused."""
-    if decode == "auto":  # nvjpeg always decodes on the GPU: say so
-        decode = "mixed" if backend in ("dali", "nvjpeg") and dev.type == "cuda" else "cpu"
-    if backend == "nvjpeg" and decode != "mixed":
-        raise ValueError(
-            "backend='nvjpeg' decodes on the GPU: use decode='auto' (or 'mixed'), "
-            "or backend='dali'/'pil' for CPU decode"
-        )
-    if decode == "mixed":
-        if backend == "pil":
-            raise ValueError("decode='mixed' needs backend='dali' or 'nvjpeg'")
-        if dev.type != "cuda":
-            raise ValueError(
-                f"decode='mixed' decodes on the GPU but device={device!r}: use device='cuda' or decode='cpu'"
-            )
-    return decode
 
 
 def check_every_rank_has_a_batch(loader: Loader) -> None:
@@ -117,7 +97,7 @@ def check_every_rank_has_a_batch(loader: Loader) -> None:
     if order.num_batches(share, loader.batch_size, drop_last=loader.drop_last) > 0:
         return
     if share == 0:
-        raise ValueError(
+        raise ArgumentError(
             f"world_size={loader.world_size} is larger than the {loader.num_samples} "
             f"loadable samples of {loader.path}: rank {last} would get none "
             f"(use fewer processes or a larger split)"
@@ -138,7 +118,7 @@ def check_cache_limit(loader: Loader) -> None:
         return
     if loader.shuffle == "global":
         if sum(sizes) > limit:
-            raise ValueError(
+            raise ArgumentError(
                 f"cache_limit={limit:,} is smaller than {loader.path} ({sum(sizes):,} bytes), "
                 "which shuffle='global' keeps cached whole: use shuffle='block' or a larger "
                 "cache_limit"
@@ -153,7 +133,7 @@ def check_cache_limit(loader: Loader) -> None:
         default=0,
     )
     if need > limit:
-        raise ValueError(
+        raise ArgumentError(
             f"cache_limit={limit:,} is smaller than two windows of block_shards="
             f"{loader.block_shards} ({need:,} bytes of {loader.path}): raise cache_limit "
             "or lower block_shards"
@@ -191,6 +171,5 @@ __all__ = [
     "check_cache_limit",
     "check_every_rank_has_a_batch",
     "check_stored_size",
-    "resolve_decode",
     "torch_device",
 ]

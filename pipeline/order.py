@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from stoker.errors import ArgumentError
+
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     """A permutation of ``range(num_samples)`` that depends only on ``(seed, epoch)``."""
@@ -42,10 +44,10 @@ def rank_indices(
     ranks, no padding; rank sizes differ by at most one.
     """
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} is outside world_size={world_size}")
+        raise ArgumentError(f"rank={rank} is outside world_size={world_size}")
     if train:
         if not 0 <= offset <= num_samples:
-            raise ValueError(f"offset={offset} is outside the epoch's {num_samples} samples")
+            raise ArgumentError(f"offset={offset} is outside the epoch's {num_samples} samples")
         per_rank = (num_samples - offset) // world_size
         rest = epoch_permutation(num_samples, seed, epoch)[offset:]
         return rest[rank : per_rank * world_size : world_size]
@@ -81,7 +83,7 @@ def block_rank_range(num_samples: int, *, rank: int, world_size: int, train: boo
     ``num_samples % world_size`` of the sequence, different ones each epoch, are left out).
     val: every sample exactly once, piece sizes differing by at most one."""
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} is outside world_size={world_size}")
+        raise ArgumentError(f"rank={rank} is outside world_size={world_size}")
     if train:
         q = num_samples // world_size
         return rank * q, (rank + 1) * q
@@ -109,7 +111,7 @@ def block_plan(
         the shard numbers it holds (the windows' samples follow each other in ``indices``).
     """
     if block_shards < 1:
-        raise ValueError(f"block_shards={block_shards} must be a positive integer")
+        raise ArgumentError(f"block_shards={block_shards} must be a positive integer")
     bounds = _shard_bounds(shard_counts)
     num_samples = int(bounds[-1])
     shards = block_shard_order(len(bounds) - 1, seed, epoch, train)

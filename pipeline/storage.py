@@ -311,23 +311,6 @@ class Store:
             else:
                 self.fs.put_file(str(local), dest)
 
-    def put_bytes(self, data: bytes, rel: str) -> None:
-        """Write ``data`` to ``rel`` atomically for readers (see :meth:`put_file`)."""
-        dest = self._path(rel)
-        with storage_errors(self.url_of(rel)):
-            if self.atomic_put:
-                self.fs.pipe_file(dest, data)
-                return
-            self.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
-            tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
-            try:
-                self.fs.pipe_file(tmp, data)
-                self.fs.mv(tmp, dest)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    self.fs.rm_file(tmp)
-                raise
-
     def get_file(self, rel: str, local: Path) -> None:
         """Download ``rel`` to ``local`` through ``local.tmp``: a crash never leaves a partial ``local``."""
         tmp = local.with_name(f"{local.name}.tmp-{uuid.uuid4().hex[:8]}")

@@ -188,3 +188,19 @@ def test_checkpoints_hold_the_bare_state_dict_and_predict_like_validation(tmp_pa
     raw = [bytes(e) for e in idx.images(val.indices())[0]]
     assert torch.equal(predict.preprocess(raw), images)  # the val transform, pixel for pixel
     assert predict(raw).shape == (len(raw), 2)
+
+
+def test_a_bad_argument_is_a_value_error_to_python_and_one_line_to_the_command(tmp_path, capsys):
+    from helpers import write_split
+    from stoker.errors import ArgumentError, UsageError
+    from stoker.pipeline import Loader
+    from stoker.tools.cli import main as cli
+
+    write_split(tmp_path / "train", num_samples=8, samples_per_shard=8)
+    with pytest.raises(ArgumentError, match="batch_size=0") as e:
+        Loader(tmp_path / "train", batch_size=0)
+    assert isinstance(e.value, ValueError) and isinstance(e.value, UsageError) and e.value.exit_code == 2
+    # the command prints the library's own check, no re-wrapping in between
+    assert cli(["train", str(tmp_path), "--out", str(tmp_path / "r"), "--crop", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "crop=0 must be a positive" in err

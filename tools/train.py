@@ -30,7 +30,9 @@ import sys
 
 # no torch in these imports: `stoker --help` stays instant
 from stoker.errors import CheckFailedError, StokerError, UsageError
-from stoker.model.train.config import AMP_CHOICES, CHANNELS, MIXUP_MODES, OPTIMIZERS, REMODES, SHUFFLES, TASKS
+from stoker.model.train.config import AMP_CHOICES, CHANNELS, MIXUP_MODES, OPTIMIZERS, REMODES, TASKS
+
+from .common.loader_flags import add_crop_flags, add_decode_flags, add_storage_flags, floats
 
 HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)"
 
@@ -85,42 +87,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--mean",
-        type=_floats,
+        type=floats,
         default=None,
         metavar="M[,M,M]",
         help="normalization mean per channel, 0..1 scale (default: ImageNet's; their average for 1 channel)",
     )
-    p.add_argument("--std", type=_floats, default=None, metavar="S[,S,S]", help="normalization std, as --mean")
+    p.add_argument("--std", type=floats, default=None, metavar="S[,S,S]", help="normalization std, as --mean")
     p.add_argument("--epochs", type=int, default=5, help="epochs to train")
     p.add_argument("--batch-size", type=int, default=64, help="per process (default: %(default)s)")
-    p.add_argument(
-        "--crop",
-        type=_crop,
-        default=224,
-        metavar="PX|H,W",
-        help="training/validation crop: a side, or height,width (default: %(default)s)",
-    )
-    p.add_argument(
-        "--scale",
-        type=_floats,
-        default=(0.08, 1.0),
-        metavar="LO,HI",
-        help="the random crop's share of the image area (default: 0.08,1)",
-    )
-    p.add_argument(
-        "--ratio",
-        type=_floats,
-        default=(3 / 4, 4 / 3),
-        metavar="LO,HI",
-        help="the random crop's aspect range, width/height (default: 0.75,1.333)",
-    )
-    p.add_argument(
-        "--crop-pct",
-        type=float,
-        default=None,
-        metavar="F",
-        help="val: the crop's share of the resized shorter side (timm's crop_pct; default 0.875)",
-    )
+    add_crop_flags(p)
     g = p.add_argument_group("augmentation per sample, on the device (timm's names)")
     g.add_argument(
         "--aa",
@@ -137,19 +112,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--mixup", type=float, default=0.0, metavar="ALPHA", help="MixUp alpha (0: off; timm: 0.8)")
     g.add_argument("--cutmix", type=float, default=0.0, metavar="ALPHA", help="CutMix alpha (0: off; timm: 1.0)")
-    g.add_argument("--cutmix-minmax", type=_floats, default=None, metavar="LO,HI", help="CutMix box size range (timm)")
+    g.add_argument("--cutmix-minmax", type=floats, default=None, metavar="LO,HI", help="CutMix box size range (timm)")
     g.add_argument("--mixup-prob", type=float, default=1.0, help="probability of mixing a batch (default: 1)")
     g.add_argument(
         "--mixup-switch-prob", type=float, default=0.5, help="CutMix instead of MixUp when both (default: 0.5)"
     )
     g.add_argument("--mixup-mode", choices=MIXUP_MODES, default="batch", help="how lambda is drawn (default: batch)")
-    p.add_argument(
-        "--val-resize",
-        type=float,
-        default=None,
-        metavar="PX",
-        help="val: the shorter side before the center crop, instead of --crop-pct (torchvision's Resize)",
-    )
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="SGD (Nesterov) or AdamW")
     p.add_argument(
         "--lr", type=float, default=None, help="peak learning rate (default: sgd 0.1 x global batch/256, adamw 1e-3)"
@@ -177,8 +145,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels-last", action="store_true", help="model and batches in channels_last memory format")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
-    p.add_argument("--backend", default="auto", help="Loader backend: auto, dali, nvjpeg, pil (default: auto)")
-    p.add_argument("--threads", type=int, default=None, help="Loader decode threads (default: the Loader's choice)")
+    add_decode_flags(p)
     p.add_argument(
         "--torch-threads", type=int, default=None, help="torch intra-op threads (CPU training; default: torch's choice)"
     )
@@ -217,28 +184,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", action="store_true", help="write RUN/curves.png (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    g = p.add_argument_group("data in object storage (DATA is an s3://, gs://, https:// ... URL)")
-    g.add_argument(
-        "--storage-option",
-        action="append",
-        default=None,
-        metavar="K=V",
-        help="fsspec storage option, repeatable (e.g. endpoint_url=http://minio:9000)",
-    )
-    g.add_argument(
-        "--cache-dir",
-        default=None,
-        help="local shard cache, DIR/train and DIR/val (default: ~/.cache/stoker/shards/...)",
-    )
-    g.add_argument("--cache-limit", default=None, metavar="SIZE", help="bytes the cache may keep, e.g. 50GB")
-    g.add_argument(
-        "--shuffle",
-        choices=SHUFFLES,
-        default="global",
-        help="global: a fresh permutation of the whole split (default); block: shards per rank, "
-        "samples shuffled within windows of --block-shards (for a bounded cache)",
-    )
-    g.add_argument("--block-shards", type=int, default=4, help="shards per window with --shuffle block")
+    add_storage_flags(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -248,25 +194,22 @@ def main(args: argparse.Namespace) -> int:
 
     from .common.units import parse_size
 
-    try:
-        if args.resume and args.resume_from:
-            raise ValueError("give --resume (RUN/last.pt) or --resume-from CKPT, not both")
-        config = TrainConfig.from_any({**vars(args), "resume": args.resume_from or args.resume})
-        config.storage_options = parse_storage_options(args.storage_option) or None
-        config.cache_limit = parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    if args.resume and args.resume_from:
+        raise UsageError("give --resume (RUN/last.pt) or --resume-from CKPT, not both")
+    config = TrainConfig.from_any({**vars(args), "resume": args.resume_from or args.resume})
+    config.storage_options = parse_storage_options(args.storage_option) or None
+    config.cache_limit = parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None
     try:
         summary = train(config)
     except (ManifestError, KeyboardInterrupt):
         raise
     except CheckpointError as e:
         raise CheckFailedError(str(e)) from None
-    except StokerError:  # already one line with its exit code (storage, cache, labels)
+    except StokerError:  # already one line with its exit code (bad arguments, storage, cache, labels)
         raise
     except FloatingPointError as e:  # a diverging loss: the run failed, the request was fine
         raise CheckFailedError(str(e)) from None
-    except (ValueError, FileNotFoundError) as e:
+    except FileNotFoundError as e:  # DATA without train/
         raise UsageError(str(e)) from None
     if summary["world_size"] > 1 and _rank() != 0:
         return 0
@@ -277,23 +220,6 @@ def main(args: argparse.Namespace) -> int:
     if summary["interrupted"]:
         return 128 + int(getattr(signal, summary["interrupted"]))
     return 0
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
-
-
-def _crop(text: str):
-    try:
-        sides = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a side or height,width in pixels") from None
-    if len(sides) not in (1, 2):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a side or height,width in pixels")
-    return sides[0] if len(sides) == 1 else tuple(sides)
 
 
 def _rank() -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import lazy_exports
+from stoker._lazy import lazy_exports
 
 _EXPORTS = {
     "TrainConfig": "config",

@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stoker.errors import ArgumentError
+from stoker.pipeline.order import SHUFFLES  # the Loader's sample orders, named once (numpy, no torch)
+
 #: ``--arch auto``: the network of each task (the inception block, as a per-pixel net to segment)
 DEFAULT_ARCH = {"classify": "inception", "regress": "inception", "multilabel": "inception", "segment": "inception"}
 #: ``--amp``: ``auto`` resolves per device (:func:`stoker.model.train.runtime.resolve_amp`).
@@ -26,8 +29,6 @@ CHANNELS = (1, 3)
 #: ``--remode``: random erasing's fill; ``--mixup-mode``: how MixUp/CutMix draw lambda (timm's)
 REMODES = ("const", "rand", "pixel")
 MIXUP_MODES = ("batch", "pair", "elem")
-#: the Loader's sample orders (see stoker.pipeline.Loader)
-SHUFFLES = ("global", "block")
 
 # The run directory.
 LAST = "last.pt"
@@ -42,7 +43,7 @@ RUN_FILES = (CONFIG, METRICS, LAST, BEST, PLOT)
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     """Raise ValueError naming ``name=value`` and the choices unless ``value`` is one of them."""
     if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+        raise ArgumentError(f"{name}={value!r} is not one of {', '.join(choices)}")
 
 
 @dataclass
@@ -111,6 +112,8 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     backend: str = "auto"
+    decoder: str = "auto"
+    decode: str = "auto"
     threads: int | None = None
     torch_threads: int | None = None
     log_every: int = 20
@@ -131,45 +134,46 @@ class TrainConfig:
         """Raise ValueError naming the first bad value."""
         for name in ("epochs", "batch_size", "log_every"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+                raise ArgumentError(f"{name}={getattr(self, name)} must be >= 1")
         crop = self.crop if isinstance(self.crop, (list, tuple)) else [self.crop]
         if not crop or not all(isinstance(c, int) and c >= 1 for c in crop) or len(crop) > 2:
-            raise ValueError(f"crop={self.crop!r} must be a positive side or (height, width)")
+            raise ArgumentError(f"crop={self.crop!r} must be a positive side or (height, width)")
         if self.channels is not None:
             check_choice("channels", self.channels, CHANNELS)
         check_choice("remode", self.remode, REMODES)
         check_choice("mixup_mode", self.mixup_mode, MIXUP_MODES)
         for name in ("reprob", "mixup_prob", "mixup_switch_prob"):
             if not 0.0 <= float(getattr(self, name)) <= 1.0:
-                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1]")
+                raise ArgumentError(f"{name}={getattr(self, name)} must be in [0, 1]")
         for name in ("mixup", "cutmix"):
             if float(getattr(self, name)) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (an alpha; 0: off)")
+                raise ArgumentError(f"{name}={getattr(self, name)} must be >= 0 (an alpha; 0: off)")
         for name in ("mean", "std"):
             v = getattr(self, name)
             if v is not None and len(v) != (self.channels or 3):
-                raise ValueError(f"{name}={tuple(v)} needs {self.channels or 3} value(s), one per channel")
+                raise ArgumentError(f"{name}={tuple(v)} needs {self.channels or 3} value(s), one per channel")
         if self.ckpt_every < 0:
-            raise ValueError(f"ckpt_every={self.ckpt_every} must be >= 0 (0: at epoch ends only)")
+            raise ArgumentError(f"ckpt_every={self.ckpt_every} must be >= 0 (0: at epoch ends only)")
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("shuffle", self.shuffle, SHUFFLES)
         check_choice("task", self.task, TASKS)
         check_choice("amp", self.amp, AMP_CHOICES)
         if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"lr={self.lr} must be > 0")
+            raise ArgumentError(f"lr={self.lr} must be > 0")
         if self.weight_decay is not None and self.weight_decay < 0:
-            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0")
+            raise ArgumentError(f"weight_decay={self.weight_decay} must be >= 0")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
+            raise ArgumentError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
         if self.warmup_epochs < 0:
-            raise ValueError(f"warmup_epochs={self.warmup_epochs} must be >= 0")
+            raise ArgumentError(f"warmup_epochs={self.warmup_epochs} must be >= 0")
         if self.torch_threads is not None and self.torch_threads < 1:
-            raise ValueError(f"torch_threads={self.torch_threads} must be >= 1")
+            raise ArgumentError(f"torch_threads={self.torch_threads} must be >= 1")
         if self.model is not None and self.arch not in ("auto", None):
-            raise ValueError(f"give --arch {self.arch} or --model {self.model}, not both")
+            raise ArgumentError(f"give --arch {self.arch} or --model {self.model}, not both")
         if self.model is not None and ":" not in str(self.model):
-            raise ValueError(f"model={self.model!r} must look like 'file.py:FUNCTION' or 'package.module:FUNCTION'")
+            raise ArgumentError(f"model={self.model!r} must look like 'file.py:FUNCTION' or 'package.module:FUNCTION'")
         if self.num_classes is not None and self.num_classes < 1:
-            raise ValueError(f"num_classes={self.num_classes} must be >= 1")
+            raise ArgumentError(f"num_classes={self.num_classes} must be >= 1")
 
     def peak_lr(self, global_batch: int) -> float:
         """``lr``, or the default for the optimizer: SGD 0.1 x ``global_batch``/256, AdamW 1e-3."""

@@ -267,7 +267,9 @@ def train(
     Args:
         config: A :class:`TrainConfig`, or a dict of its fields.
         loader_factory: ``factory(path, *, batch_size, train, crop, device, seed, rank,
-            world_size, backend, threads, drop_last, channels_last)`` returning an object with
+            world_size, backend, decoder, decode, threads, drop_last, channels_last, channels)``
+            (``crop``: the recipe, whole, a :class:`~stoker.pipeline.augment.CropSpec` whose
+            ``size`` is ``(height, width)``) returning an object with
             the :class:`stoker.pipeline.Loader` interface (``set_epoch``, ``__iter__`` yielding
             ``(uint8 images [N,3,H,W] on the device, int64 labels)``, ``__len__``,
             ``state_dict``, ``load_state_dict``). Default: the Loader.

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from stoker import __version__
-from stoker.errors import CheckpointError, NoBatchError
+from stoker.errors import ArgumentError, CheckpointError
 from stoker.pipeline.fsutil import atomic_write
 from stoker.pipeline.storage import redact_options
 
@@ -29,6 +29,7 @@ from ..inference import bare_state_dict
 from ..nets import build_model, count_parameters
 from ..normalize import default_stats, with_normalize, with_target_units
 from .config import CONFIG, DEFAULT_ARCH, LAST, METRICS, RUN_FILES, TrainConfig
+from .data import make_loaders, split_dirs, standardize
 from .runtime import (
     Dist,
     init_distributed,
@@ -41,18 +42,6 @@ from .runtime import (
 )
 from .step import TrainStep, make_optimizer, make_scheduler
 from .tasks import resolve_task
-
-#: fewer steps an epoch than this, or val samples, and the run says so at its start
-FEW_STEPS = 10
-FEW_VAL = 50
-
-
-def _samples(loader: Any) -> int:
-    """The loadable samples of a loader's split (0 when it cannot say: a user's loader)."""
-    try:
-        return len(loader.dataset)
-    except (AttributeError, TypeError):
-        return 0
 
 
 class Run:
@@ -125,12 +114,15 @@ class Run:
         cfg = self.cfg
         self._check_run_dir()
         self._start_runtime()
-        train_dir, val_dir = self._split_dirs()
+        train_dir, val_dir = split_dirs(cfg)
         classes, num_classes = self._task(train_dir)
         self.channels = cfg.channels or 3
         net = self._build_net()  # a bad --arch or --model fails before any I/O
-        self._make_loaders(train_dir, val_dir)
-        self._standardize()
+        data = make_loaders(
+            cfg, self.factory, train_dir, val_dir, task=self.task, dist=self.dist, device=self.device, log=self.log
+        )
+        self.train_loader, self.val_loader, self.steps_per_epoch = data.train, data.val, data.steps_per_epoch
+        self.task, self.target_units = standardize(self.task, self.train_loader, cfg.standardize_targets, log=self.log)
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self.warmup_steps = min(round(cfg.warmup_epochs * self.steps_per_epoch), max(0, self.total_steps - 1))
         global_batch = cfg.batch_size * self.dist.world_size
@@ -198,28 +190,6 @@ class Run:
             self.arch, self.num_outputs, image_size=min(crop), in_channels=self.channels, task=self.task.name
         )
 
-    def _standardize(self) -> None:
-        """A regression learns standardized targets (the train split's mean and std per column, from
-        its manifest or read once from its targets) unless ``standardize_targets`` is off; then a
-        line says when the targets are far from unit scale."""
-        self.target_units = None
-        if self.task.name != "regress" or self.task.case_study:
-            return
-        stats = getattr(self.train_loader, "target_stats", None)
-        if stats is None or not stats.mean:
-            self.log("no statistics of the float targets: training on them as they are (not standardized)")
-            return
-        span = ", ".join(f"mean {m:.4g}, std {d:.4g}" for m, d in zip(stats.mean[:4], stats.std[:4], strict=True))
-        if self.cfg.standardize_targets:
-            self.target_units = {"mean": list(stats.mean), "std": list(stats.scale)}
-            self.task = dataclasses.replace(self.task, scale=stats.scale)
-            self.log(f"targets standardized ({span}); val figures in the targets' units")
-        elif any(abs(m) > 3 * d or not 0.1 <= d <= 10 for m, d in zip(stats.mean, stats.scale, strict=True)):
-            self.log(
-                f"targets are far from unit scale ({span}) and --no-standardize-targets keeps them so: "
-                "the network starts far from them and may not learn; drop the flag to standardize them"
-            )
-
     def _check_run_dir(self) -> None:
         """A run directory that already holds a run is continued (``--resume``) or replaced
         (``--overwrite``, its run files removed), never silently written over."""
@@ -229,7 +199,7 @@ class Run:
         if not held or cfg.resume:
             return
         if not cfg.overwrite:
-            raise ValueError(
+            raise ArgumentError(
                 f"{self.out} already holds a run ({', '.join(held)}): continue it with --resume, replace it "
                 "with --overwrite, or give another --out"
             )
@@ -250,17 +220,6 @@ class Run:
             torch.set_num_threads(cfg.torch_threads)
         seed_everything(cfg.seed, deterministic=cfg.deterministic)
 
-    def _split_dirs(self) -> tuple[str, str]:
-        from stoker.pipeline.storage import is_url
-
-        if is_url(self.cfg.data):  # object storage: the manifests say what is there
-            base = self.cfg.data.rstrip("/")
-            return f"{base}/train", f"{base}/val"
-        data = Path(self.cfg.data)
-        if not (data / "train").is_dir():
-            raise FileNotFoundError(f"{data}: no train/ directory (expected DATA/train and optionally DATA/val)")
-        return str(data / "train"), str(data / "val")
-
     def _task(self, train_dir: str) -> tuple[list[str] | None, int]:
         """Resolve the task from the train manifest's targets (:func:`.tasks.resolve_task`); the
         class names and their count (``num_classes`` overrides the manifest's)."""
@@ -279,138 +238,10 @@ class Run:
         try:
             self.task = resolve_task(cfg.task, target, names, num_classes=cfg.num_classes)
         except ValueError as e:
-            raise ValueError(f"{train_dir}: {e}") from None
+            raise ArgumentError(f"{train_dir}: {e}") from None
         self.num_outputs = self.task.num_outputs
         classes = None if cfg.num_classes is not None else names
         return classes, cfg.num_classes or len(names) or self.num_outputs
-
-    def _has_split(self, split: str) -> bool:
-        from stoker.pipeline.storage import is_url
-
-        if not is_url(split):
-            return Path(split).is_dir()
-        from stoker.errors import ManifestError
-        from stoker.pipeline.cache import read_manifest
-
-        try:
-            read_manifest(split, self.cfg.storage_options)
-        except ManifestError:
-            return False
-        return True
-
-    def _make_loaders(self, train_dir: str, val_dir: str) -> None:
-        from stoker.pipeline.storage import is_url
-
-        cfg = self.cfg
-        kw = dict(
-            batch_size=cfg.batch_size,
-            crop=tuple(cfg.crop) if isinstance(cfg.crop, (list, tuple)) else cfg.crop,
-            channels=self.channels,
-            scale=tuple(cfg.scale),
-            ratio=tuple(cfg.ratio),
-            crop_pct=cfg.crop_pct,
-            val_resize=cfg.val_resize,
-            device=str(self.device),
-            seed=cfg.seed,
-            rank=self.dist.rank,
-            world_size=self.dist.world_size,
-            backend=cfg.backend,
-            threads=cfg.threads,
-            channels_last=cfg.channels_last,
-        )
-        if cfg.shuffle != "global":
-            kw.update(shuffle=cfg.shuffle, block_shards=cfg.block_shards)
-        remote = is_url(train_dir)
-        if remote:
-            kw.update(storage_options=cfg.storage_options, cache_limit=cfg.cache_limit)
-
-        def cache(split: str) -> dict:  # one cache folder per split: their shard names may coincide
-            return {"cache_dir": str(Path(cfg.cache_dir) / split) if cfg.cache_dir else None} if remote else {}
-
-        try:
-            recipe = self._augmentation()
-            self.train_loader = self.factory(train_dir, train=True, drop_last=None, **kw, **recipe, **cache("train"))
-        except NoBatchError as e:  # the Loader's own advice names drop_last, which train does not take
-            raise ValueError(
-                f"{train_dir}: --batch-size {cfg.batch_size} is larger than a rank's share of the "
-                f"split ({e.share} samples over {self.dist.world_size} rank(s)); use --batch-size {e.share} or less"
-            ) from None
-        self.val_loader = (
-            self.factory(val_dir, train=False, drop_last=False, **kw, **cache("val"))
-            if self._has_split(val_dir)
-            else None
-        )
-        if self.val_loader is None:
-            self.log(
-                f"no val split in {cfg.data} ({val_dir} is missing): training without validation, so no best.pt; "
-                "pack with --val-fraction 0.1 (or a val/ folder) to get one"
-            )
-        self.train_loader.set_epoch(0)
-        self.steps_per_epoch = len(self.train_loader)
-        if self.steps_per_epoch < 1:
-            raise ValueError(
-                f"{train_dir}: too few samples for one batch of {cfg.batch_size} "
-                f"x {self.dist.world_size} rank(s); lower --batch-size"
-            )
-        self._say_when_small()
-
-    def _say_when_small(self) -> None:
-        """One line when an epoch is a handful of steps, or a val figure rests on a handful of
-        samples: a run that cannot learn, or a figure that means little, is said at the start."""
-        cfg, world = self.cfg, self.dist.world_size
-        if self.steps_per_epoch < FEW_STEPS:
-            n = _samples(self.train_loader)
-            share = n // world if n else cfg.batch_size * self.steps_per_epoch
-            fits = max(1, share // FEW_STEPS)
-            batch = 1 << (fits.bit_length() - 1)  # a power of two giving >= FEW_STEPS steps
-            dropped = share - self.steps_per_epoch * cfg.batch_size
-            self.log(
-                f"an epoch is only {self.steps_per_epoch} step(s) ({share} samples per process at --batch-size "
-                f"{cfg.batch_size}" + (f", {dropped} left out each epoch" if dropped > 0 else "") + "): too few "
-                f"updates to learn from; use --batch-size {batch} (>= {FEW_STEPS} steps an epoch) or more data"
-            )
-        if self.val_loader is not None:
-            n = _samples(self.val_loader)
-            if n and n < FEW_VAL:
-                self.log(
-                    f"val figures rest on {n} samples: a few samples swing them (R², mIoU, top-1); "
-                    "pack with a larger --val-fraction for figures to trust"
-                )
-
-    def _augmentation(self) -> dict:
-        """The train Loader's ``augment=`` and ``mixing=`` from the timm-named settings (none: {})."""
-        cfg = self.cfg
-        out: dict[str, Any] = {}
-        if cfg.aa or cfg.reprob or cfg.color_jitter:
-            from stoker.pipeline.augment import build_augment
-
-            mean, std = default_stats(cfg.channels or 3, cfg.mean, cfg.std)
-            out["augment"] = build_augment(
-                cfg.aa,
-                reprob=cfg.reprob,
-                remode=cfg.remode,
-                recount=cfg.recount,
-                color_jitter=cfg.color_jitter,
-                ignore_index=self.task.ignore_index if self.task.ignore_index is not None else 255,
-                mean=mean,
-                std=std,
-            )
-        if cfg.mixup or cfg.cutmix or cfg.cutmix_minmax:
-            from stoker.pipeline.augment import build_mixing
-
-            if self.task.name != "classify":
-                raise ValueError(f"--mixup/--cutmix mix class targets; this run's task is {self.task.name}")
-            out["mixing"] = build_mixing(
-                cfg.mixup,
-                cfg.cutmix,
-                cfg.cutmix_minmax,
-                cfg.mixup_prob,
-                cfg.mixup_switch_prob,
-                cfg.mixup_mode,
-                cfg.label_smoothing,
-                self.num_outputs,
-            )
-        return out
 
     def _make_model(self, net: nn.Module, *, lr: float, weight_decay: float) -> None:
         cfg = self.cfg

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from stoker.errors import ArgumentError
+
 from .config import AMP_CHOICES, check_choice
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": torch.float32}
@@ -31,10 +33,10 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"device={device!r} is not a device (try auto, cpu, cuda, cuda:1)") from None
+        raise ArgumentError(f"device={device!r} is not a device (try auto, cpu, cuda, cuda:1)") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r}: torch sees no CUDA device here")
+            raise ArgumentError(f"device={device!r}: torch sees no CUDA device here")
         if dev.index is None:
             dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
     return dev

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from stoker.errors import ArgumentError
+
 from ..case_study import regress_loss, regress_stats
 from .config import TASKS
 from .runtime import Dist, all_reduce_sum
@@ -94,18 +96,18 @@ def resolve_task(requested: str, target, classes: list, *, num_classes: int | No
     kind = target.kind
     name = TASK_OF_KIND[kind] if requested == "auto" else requested
     if name not in TASKS[1:]:
-        raise ValueError(f"task={requested!r} is not one of {', '.join(TASKS)}")
+        raise ArgumentError(f"task={requested!r} is not one of {', '.join(TASKS)}")
     n_classes = num_classes or len(classes)
     if name == "regress" and kind == "class":  # the case study: one output onto the label value
         return Task("regress", 1, "top1", case_study=True)
     if TASK_OF_KIND[kind] != name:
-        raise ValueError(
+        raise ArgumentError(
             f"--task {name} needs {_kind_of(name)} targets, but the split's are {target.describe()} "
             f"(use --task {TASK_OF_KIND[kind]} or --task auto)"
         )
     if name == "classify":
         if n_classes < 2:
-            raise ValueError(f"{n_classes} class(es); classification needs at least 2")
+            raise ArgumentError(f"{n_classes} class(es); classification needs at least 2")
         return Task("classify", n_classes, "top1")
     if name == "regress":
         return Task("regress", target.width, "r2")
@@ -114,7 +116,9 @@ def resolve_task(requested: str, target, classes: list, *, num_classes: int | No
     found = len(target.stats.class_share) if target.stats is not None and target.stats.class_share else 0
     n_classes = num_classes or target.num_classes or found or len(classes)
     if not n_classes:
-        raise ValueError("the masks' class count is not in the manifest: pass --num-classes (pack with --num-classes)")
+        raise ArgumentError(
+            "the masks' class count is not in the manifest: pass --num-classes (pack with --num-classes)"
+        )
     return Task("segment", n_classes, "miou", ignore_index=target.ignore_index)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from stoker.errors import ArgumentError
+
 
 @dataclass(frozen=True)
 class TrainRecipe:
@@ -26,7 +28,7 @@ class TrainRecipe:
         ``num_classes`` classes; a policy name is parsed; a setting that cannot apply is a
         one-line ValueError."""
         if (augment is not None or mixing is not None) and not train:
-            raise ValueError("augment= and mixing= are for train Loaders (val batches are not augmented)")
+            raise ArgumentError("augment= and mixing= are for train Loaders (val batches are not augmented)")
         if isinstance(augment, str):
             from .chain import build_augment
 
@@ -34,14 +36,14 @@ class TrainRecipe:
                 augment, ignore_index=target.ignore_index if target.ignore_index is not None else 255
             )
         if augment is not None and not callable(augment):
-            raise ValueError(f"augment={augment!r} must be a transform of stoker.pipeline.augment or a policy name")
+            raise ArgumentError(f"augment={augment!r} must be a transform of stoker.pipeline.augment or a policy name")
         if mixing is not None:
             if target.kind != "class":
-                raise ValueError(
+                raise ArgumentError(
                     f"mixing= (MixUp/CutMix) mixes class targets; the targets of {path} are {target.describe()}"
                 )
             if getattr(mixing, "num_classes", num_classes) != num_classes:
-                raise ValueError(f"mixing has num_classes={mixing.num_classes}, {path} has {num_classes}")
+                raise ArgumentError(f"mixing has num_classes={mixing.num_classes}, {path} has {num_classes}")
         return cls(augment, mixing, target.spatial)
 
     def __call__(self, batch: Any, *, seed: int, epoch: int) -> tuple:

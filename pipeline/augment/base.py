@@ -13,6 +13,8 @@ import math
 import numpy as np
 import torch
 
+from stoker.errors import ArgumentError
+
 from .crops import uniforms
 from .params import check_batch, stream_seed
 
@@ -48,7 +50,7 @@ class BatchTransform:
         ids = check_batch(images, ids, masks)
         for name, v in (("seed", seed), ("epoch", epoch)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise ValueError(f"{name} must be an int, got {v!r}")
+                raise ArgumentError(f"{name} must be an int, got {v!r}")
         if len(ids) == 0:
             out, moved = images.clone(), None if masks is None else masks.clone()
         else:
@@ -70,13 +72,13 @@ def _choice(u: np.ndarray, k: int) -> np.ndarray:
 
 def _int(name: str, v, lo: int, hi: float = math.inf) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
-        raise ValueError(f"{name}={v!r} must be an integer in [{lo}, {hi}]")
+        raise ArgumentError(f"{name}={v!r} must be an integer in [{lo}, {hi}]")
     return int(v)
 
 
 def _prob(name: str, v) -> float:
     if not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
-        raise ValueError(f"{name}={v!r} must be a probability in [0, 1]")
+        raise ArgumentError(f"{name}={v!r} must be a probability in [0, 1]")
     return float(v)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from stoker.errors import ArgumentError
+
 from .base import BatchTransform, _prob
 from .erasing import IMAGENET_MEAN, IMAGENET_STD, RandomErasing
 from .jitter import ColorJitter
@@ -21,7 +23,7 @@ class BatchAugment(BatchTransform):
         streams = [t.stream for t in self.transforms]
         dup = {s for s in streams if streams.count(s) > 1}
         if dup:
-            raise ValueError(f"two transforms share the random stream {sorted(dup)[0]!r}: pass stream= to one")
+            raise ArgumentError(f"two transforms share the random stream {sorted(dup)[0]!r}: pass stream= to one")
         self.stream = "+".join(streams)
 
     def apply(self, images, ids, *, seed, epoch, masks):
@@ -72,7 +74,7 @@ def build_augment(
     if color_jitter is not None and (aa is None or force_color_jitter):
         cj = (float(color_jitter),) * 3 if isinstance(color_jitter, (int, float)) else tuple(color_jitter)
         if len(cj) not in (3, 4):
-            raise ValueError(f"color_jitter={color_jitter!r} must be a number or 3 or 4 numbers")
+            raise ArgumentError(f"color_jitter={color_jitter!r} must be a number or 3 or 4 numbers")
         if any(cj):
             out.append(ColorJitter(*cj))
     if _prob("reprob", reprob) > 0:

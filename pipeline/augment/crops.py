@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stoker.errors import ArgumentError
+
 SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 ATTEMPTS = 10  # torchvision's RandomResizedCrop tries 10 times, then falls back to a center crop
@@ -66,20 +68,20 @@ class CropSpec:
             or len(size) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in size)
         ):
-            raise ValueError(f"crop={crop!r} must be a positive integer or (height, width)")
+            raise ArgumentError(f"crop={crop!r} must be a positive integer or (height, width)")
         if max(size) > MAX_CROP:
-            raise ValueError(f"crop={crop!r} is larger than any sensible training input (at most {MAX_CROP})")
+            raise ArgumentError(f"crop={crop!r} is larger than any sensible training input (at most {MAX_CROP})")
         scale, ratio = _pair(scale, "scale"), _pair(ratio, "ratio")
         if not 0 < scale[0] <= scale[1] <= 1:
-            raise ValueError(f"scale={scale!r} must satisfy 0 < low <= high <= 1 (a share of the image's area)")
+            raise ArgumentError(f"scale={scale!r} must satisfy 0 < low <= high <= 1 (a share of the image's area)")
         if not 0 < ratio[0] <= ratio[1]:
-            raise ValueError(f"ratio={ratio!r} must satisfy 0 < low <= high (width / height)")
+            raise ArgumentError(f"ratio={ratio!r} must satisfy 0 < low <= high (width / height)")
         if crop_pct is not None and val_resize is not None:
-            raise ValueError("give crop_pct= or val_resize=, not both (both set the val resize)")
+            raise ArgumentError("give crop_pct= or val_resize=, not both (both set the val resize)")
         if crop_pct is not None and not 0 < crop_pct <= 1:
-            raise ValueError(f"crop_pct={crop_pct!r} must be in (0, 1] (the crop's share of the resized short side)")
+            raise ArgumentError(f"crop_pct={crop_pct!r} must be in (0, 1] (the crop's share of the resized short side)")
         if val_resize is not None and not val_resize >= min(size):
-            raise ValueError(f"val_resize={val_resize!r} must be at least the crop's shorter side ({min(size)})")
+            raise ArgumentError(f"val_resize={val_resize!r} must be at least the crop's shorter side ({min(size)})")
         return cls(tuple(size), scale, ratio, VAL_CROP_FRACTION if crop_pct is None else float(crop_pct), val_resize)
 
 
@@ -87,7 +89,7 @@ def _pair(value, name: str) -> tuple[float, float]:
     try:
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r} must be a (low, high) pair of numbers") from None
+        raise ArgumentError(f"{name}={value!r} must be a (low, high) pair of numbers") from None
     return lo, hi
 
 

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from stoker.errors import ArgumentError
+
 from .base import BatchTransform, _choice, _int, _prob
 from .crops import uniforms
 from .params import normals, stream_seed
@@ -49,12 +51,12 @@ class RandomErasing(BatchTransform):
     ):
         self.probability = _prob("probability", probability)
         if not 0 < min_area <= max_area <= 1:
-            raise ValueError(f"RandomErasing area ({min_area}, {max_area}) must satisfy 0 < min <= max <= 1")
+            raise ArgumentError(f"RandomErasing area ({min_area}, {max_area}) must satisfy 0 < min <= max <= 1")
         max_aspect = max_aspect or 1 / min_aspect if min_aspect > 0 else max_aspect
         if not (min_aspect > 0 and max_aspect and max_aspect >= min_aspect):
-            raise ValueError(f"RandomErasing aspect ({min_aspect}, {max_aspect}) must satisfy 0 < min <= max")
+            raise ArgumentError(f"RandomErasing aspect ({min_aspect}, {max_aspect}) must satisfy 0 < min <= max")
         if mode not in ("const", "rand", "pixel"):
-            raise ValueError(f"RandomErasing mode={mode!r}: expected 'const', 'rand' or 'pixel'")
+            raise ArgumentError(f"RandomErasing mode={mode!r}: expected 'const', 'rand' or 'pixel'")
         self.min_count = _int("min_count", min_count, 1)
         self.max_count = _int("max_count", max_count or min_count, self.min_count)
         self.area, self.log_aspect = (min_area, max_area), (math.log(min_aspect), math.log(max_aspect))
@@ -88,7 +90,7 @@ class RandomErasing(BatchTransform):
 
     def apply(self, images, ids, *, seed, epoch, masks):
         if masks is not None:
-            raise ValueError("RandomErasing does not apply to masks: erase images only (drop reprob for masks)")
+            raise ArgumentError("RandomErasing does not apply to masks: erase images only (drop reprob for masks)")
         _, c, h, w = images.shape
         boxes, z = self.plan(ids, seed=seed, epoch=epoch, height=h, width=w)
         mean, std = (v if len(v) == c else np.full(c, v.mean()) for v in (self.mean, self.std))

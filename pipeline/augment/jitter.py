@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from stoker.errors import ArgumentError
+
 from .base import BatchTransform
 from .ops import apply_ops
 
@@ -17,15 +19,15 @@ def _jitter_range(value, name: str, center: float = 1.0, bound=(0.0, math.inf), 
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if value < 0:
-            raise ValueError(f"ColorJitter {name}={value!r} must be >= 0")
+            raise ArgumentError(f"ColorJitter {name}={value!r} must be >= 0")
         lo, hi = center - value, center + value
         lo = max(lo, 0.0) if clip_zero else lo
     elif isinstance(value, Sequence) and len(value) == 2:
         lo, hi = float(value[0]), float(value[1])
     else:
-        raise ValueError(f"ColorJitter {name}={value!r} must be a number or (min, max)")
+        raise ArgumentError(f"ColorJitter {name}={value!r} must be a number or (min, max)")
     if not bound[0] <= lo <= hi <= bound[1]:
-        raise ValueError(f"ColorJitter {name}={value!r}: range ({lo}, {hi}) must be increasing within {bound}")
+        raise ArgumentError(f"ColorJitter {name}={value!r}: range ({lo}, {hi}) must be increasing within {bound}")
     return None if lo == hi == center else (lo, hi)
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from stoker.errors import ArgumentError
+
 from .crops import uniforms
 from .params import check_batch, normals, stream_seed
 
@@ -99,17 +101,17 @@ class Mixing:
             ("label_smoothing", label_smoothing, 0.0, 1.0),
         ):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-                raise ValueError(f"Mixing {name}={v!r} must be a number in [{lo}, {hi}]")
+                raise ArgumentError(f"Mixing {name}={v!r} must be a number in [{lo}, {hi}]")
         if cutmix_minmax is not None:
             if len(cutmix_minmax) != 2 or not 0.0 < cutmix_minmax[0] < cutmix_minmax[1] <= 1.0:
-                raise ValueError(f"Mixing cutmix_minmax={cutmix_minmax!r} must be (lo, hi) with 0 < lo < hi <= 1")
+                raise ArgumentError(f"Mixing cutmix_minmax={cutmix_minmax!r} must be (lo, hi) with 0 < lo < hi <= 1")
             cutmix_alpha = 1.0
         if not (mixup_alpha > 0 or cutmix_alpha > 0):
-            raise ValueError("Mixing needs mixup_alpha > 0, cutmix_alpha > 0 or cutmix_minmax")
+            raise ArgumentError("Mixing needs mixup_alpha > 0, cutmix_alpha > 0 or cutmix_minmax")
         if mode not in MODES:
-            raise ValueError(f"Mixing mode={mode!r}: expected one of {', '.join(MODES)}")
+            raise ArgumentError(f"Mixing mode={mode!r}: expected one of {', '.join(MODES)}")
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-            raise ValueError(f"Mixing num_classes={num_classes!r} must be a positive integer")
+            raise ArgumentError(f"Mixing num_classes={num_classes!r} must be a positive integer")
         self.mixup_alpha, self.cutmix_alpha = float(mixup_alpha), float(cutmix_alpha)
         self.cutmix_minmax = None if cutmix_minmax is None else (float(cutmix_minmax[0]), float(cutmix_minmax[1]))
         self.prob, self.switch_prob, self.mode = float(prob), float(switch_prob), mode
@@ -154,7 +156,7 @@ class Mixing:
             lo_h, hi_h = int(h * self.cutmix_minmax[0]), int(h * self.cutmix_minmax[1])
             lo_w, hi_w = int(w * self.cutmix_minmax[0]), int(w * self.cutmix_minmax[1])
             if hi_h <= lo_h or hi_w <= lo_w:
-                raise ValueError(f"cutmix_minmax={self.cutmix_minmax} leaves no box size for {h}x{w} images")
+                raise ArgumentError(f"cutmix_minmax={self.cutmix_minmax} leaves no box size for {h}x{w} images")
             ch = lo_h + (u[:, 0] * (hi_h - lo_h)).astype(np.int64)
             cw = lo_w + (u[:, 1] * (hi_w - lo_w)).astype(np.int64)
             yl = (u[:, 2] * (h - ch + 1)).astype(np.int64)
@@ -190,17 +192,17 @@ class Mixing:
             >>> images, soft = mix(images, labels, ids, seed=0, epoch=epoch)
         """
         if masks is not None:
-            raise ValueError("MixUp/CutMix do not apply to masks: mix images and class targets only")
+            raise ArgumentError("MixUp/CutMix do not apply to masks: mix images and class targets only")
         ids = check_batch(images, ids)
         n, _, h, w = images.shape
         if n % 2:
-            raise ValueError(f"MixUp/CutMix need an even batch size (timm's rule; use drop_last), got {n}")
+            raise ArgumentError(f"MixUp/CutMix need an even batch size (timm's rule; use drop_last), got {n}")
         t = torch.as_tensor(targets)
         if t.shape != (n,) or (n and (t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex())):
-            raise ValueError(f"targets must be {n} integer class indices, got {t.dtype} {tuple(t.shape)}")
+            raise ArgumentError(f"targets must be {n} integer class indices, got {t.dtype} {tuple(t.shape)}")
         t = t.to(images.device, torch.int64)
         if n and (int(t.min()) < 0 or int(t.max()) >= self.num_classes):
-            raise ValueError(
+            raise ArgumentError(
                 f"targets must be class indices in [0, {self.num_classes}), got {int(t.min())}..{int(t.max())}"
             )
         p = self.sample(ids, seed=seed, epoch=epoch, height=h, width=w)
@@ -260,7 +262,7 @@ def build_mixing(
     for alias, name, given in (("mixup_alpha", "mixup", mixup), ("cutmix_alpha", "cutmix", cutmix)):
         value = {"mixup_alpha": mixup_alpha, "cutmix_alpha": cutmix_alpha}[alias]
         if value is not None and given and value != given:
-            raise ValueError(f"{name}={given} and {alias}={value} name one setting: give one of them")
+            raise ArgumentError(f"{name}={given} and {alias}={value} name one setting: give one of them")
     mixup = mixup if mixup_alpha is None else mixup_alpha
     cutmix = cutmix if cutmix_alpha is None else cutmix_alpha
     if not (mixup > 0 or cutmix > 0 or cutmix_minmax is not None):

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from stoker.errors import ArgumentError
+
 from .geometric import (
     affine,
     geometric_matrices,
@@ -95,10 +97,10 @@ def apply_ops(
     check_batch(images, masks=masks)
     n, _, h, w = images.shape
     if len(kernel) != n:
-        raise ValueError(f"apply_ops needs one kernel per sample ({n}), got {len(kernel)}")
+        raise ArgumentError(f"apply_ops needs one kernel per sample ({n}), got {len(kernel)}")
     unknown = set(kernel) - set(KERNELS) - {None}
     if unknown:
-        raise ValueError(f"unknown kernel {sorted(unknown)[0]!r}; expected one of {', '.join(KERNELS)}")
+        raise ArgumentError(f"unknown kernel {sorted(unknown)[0]!r}; expected one of {', '.join(KERNELS)}")
     args = _param(0.0 if arg is None else arg, n, "arg")
     names = np.asarray([k or "" for k in kernel])
     # every sample takes one kernel, applied to its input rows: the output needs a copy of the

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from stoker.errors import ArgumentError
+
 KERNELS = (
     "shear_x",
     "shear_y",
@@ -57,24 +59,24 @@ def check_batch(images: torch.Tensor, ids=None, masks: torch.Tensor | None = Non
     """Validate a batch: uint8 ``[N, 1 or 3, H, W]`` images, ``N`` integer ids, uint8 ``[N, H, W]``
     masks on the images' device. Returns the ids as int64 numpy (``None`` if none were given)."""
     if not isinstance(images, torch.Tensor):
-        raise ValueError(f"images must be a torch.Tensor, got {type(images).__name__}")
+        raise ArgumentError(f"images must be a torch.Tensor, got {type(images).__name__}")
     if images.dtype != torch.uint8:
-        raise ValueError(f"images must be uint8 [N, C, H, W] (convert floats after augmenting), got {images.dtype}")
+        raise ArgumentError(f"images must be uint8 [N, C, H, W] (convert floats after augmenting), got {images.dtype}")
     if images.ndim != 4 or images.shape[1] not in (1, 3):
-        raise ValueError(f"images must be [N, C, H, W] with C = 1 or 3, got shape {tuple(images.shape)}")
+        raise ArgumentError(f"images must be [N, C, H, W] with C = 1 or 3, got shape {tuple(images.shape)}")
     if masks is not None:
         if not isinstance(masks, torch.Tensor) or masks.dtype != torch.uint8:
-            raise ValueError(f"masks must be a uint8 tensor [N, H, W], got {getattr(masks, 'dtype', type(masks))}")
+            raise ArgumentError(f"masks must be a uint8 tensor [N, H, W], got {getattr(masks, 'dtype', type(masks))}")
         n, _, h, w = images.shape
         if tuple(masks.shape) != (n, h, w) or masks.device != images.device:
-            raise ValueError(
+            raise ArgumentError(
                 f"masks must be [N, H, W] = {(n, h, w)} on {images.device}, got {tuple(masks.shape)} on {masks.device}"
             )
     if ids is None:
         return None
     arr = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids)
     if arr.ndim != 1 or len(arr) != images.shape[0] or (arr.size and arr.dtype.kind not in "iu"):
-        raise ValueError(f"ids must be {images.shape[0]} integer sample positions, got {arr.dtype} {arr.shape}")
+        raise ArgumentError(f"ids must be {images.shape[0]} integer sample positions, got {arr.dtype} {arr.shape}")
     return arr.astype(np.int64)
 
 
@@ -86,10 +88,10 @@ def _param(value, n: int, name: str, *, lo: float = -math.inf, hi: float = math.
     if arr.ndim == 0:
         arr = np.full(n, float(arr))
     if arr.shape != (n,):
-        raise ValueError(f"{name} must be a number or {n} values (one per sample), got shape {arr.shape}")
+        raise ArgumentError(f"{name} must be a number or {n} values (one per sample), got shape {arr.shape}")
     bad = ~((arr >= lo) & (arr <= hi))
     if bad.any():
-        raise ValueError(f"{name}={float(arr[bad][0]):g} is outside [{lo:g}, {hi:g}]")
+        raise ArgumentError(f"{name}={float(arr[bad][0]):g} is outside [{lo:g}, {hi:g}]")
     return arr
 
 
@@ -113,7 +115,7 @@ def _fill_values(fill, channels: int) -> list[float]:
     if len(vals) == 1:
         vals = vals * channels
     if len(vals) != channels or not all(0.0 <= v <= 255.0 for v in vals):
-        raise ValueError(f"fill={fill!r} must be None, one value or {channels} values in [0, 255]")
+        raise ArgumentError(f"fill={fill!r} must be None, one value or {channels} values in [0, 255]")
     return vals
 
 

@@ -13,6 +13,8 @@ import math
 import numpy as np
 import torch
 
+from stoker.errors import ArgumentError
+
 from .base import BatchTransform, _choice, _int
 from .ops import apply_ops
 from .params import Fill
@@ -191,7 +193,7 @@ class AutoAugment(_Layered):
         super().__init__(fill, ignore_index, stream)
         name = getattr(policy, "value", policy)  # torchvision's AutoAugmentPolicy.IMAGENET works too
         if name != "imagenet":
-            raise ValueError(f"AutoAugment policy={policy!r}: only 'imagenet' is implemented")
+            raise ArgumentError(f"AutoAugment policy={policy!r}: only 'imagenet' is implemented")
         self.policy = name
 
     def plan(self, ids, *, seed, epoch, height, width):

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from stoker.errors import ArgumentError
+
 from .base import BatchTransform, _choice, _int, _prob
 from .params import Fill, normals
 from .policies import _AA_IMAGENET, _ENHANCE, _GEOM, _PLAIN, TrivialAugmentWide, _Layered
@@ -98,14 +100,14 @@ def timm_kernel(name: str, level: np.ndarray, negate: np.ndarray, *, width: int,
     if base in _ENHANCE:
         inc = np.maximum(0.1, 1.0 + sgn * (lv * 0.9))
         return _ENHANCE[base], inc if name.endswith("Increasing") else lv * 1.8 + 0.1
-    raise ValueError(f"timm op {name!r} is not supported (no batch kernel for it)")
+    raise ArgumentError(f"timm op {name!r} is not supported (no batch kernel for it)")
 
 
 class _Timm(_Layered):
     def __init__(self, magnitude_std, magnitude_max, translate_pct, fill, ignore_index, stream):
         super().__init__(fill, ignore_index, stream)
         if not (isinstance(magnitude_std, (int, float)) and magnitude_std >= 0):
-            raise ValueError(f"magnitude_std={magnitude_std!r} must be >= 0 (inf: uniform in [0, magnitude])")
+            raise ArgumentError(f"magnitude_std={magnitude_std!r} must be >= 0 (inf: uniform in [0, magnitude])")
         self.magnitude_std = math.inf if magnitude_std > 100 else float(magnitude_std)  # timm: > 100 means inf
         self.magnitude_max = None if magnitude_max is None else _int("magnitude_max", magnitude_max, 0)
         self.upper = float(self.magnitude_max or _LEVEL_DENOM)  # timm: `magnitude_max or 10`
@@ -167,7 +169,9 @@ class TimmRandAugment(_Timm):
     ):
         super().__init__(magnitude_std, magnitude_max, translate_pct, fill, ignore_index, stream)
         if not isinstance(magnitude, (int, float)) or not 0 <= magnitude <= self.upper:
-            raise ValueError(f"magnitude={magnitude!r} must be in [0, {self.upper:g}] (timm's mmax raises the bound)")
+            raise ArgumentError(
+                f"magnitude={magnitude!r} must be in [0, {self.upper:g}] (timm's mmax raises the bound)"
+            )
         self.magnitude, self.num_layers, self.prob = float(magnitude), _int("num_layers", num_layers, 0), prob
         _prob("prob", prob)
         self.increasing = bool(increasing)
@@ -177,7 +181,7 @@ class TimmRandAugment(_Timm):
         if choice_weights is not None:
             w = np.asarray(choice_weights, np.float64)
             if w.shape != (len(self.transforms),) or (w < 0).any() or (w > 0).sum() < self.num_layers:
-                raise ValueError(
+                raise ArgumentError(
                     f"choice_weights={list(choice_weights)} needs {len(self.transforms)} weights >= 0, "
                     f"at least num_layers={self.num_layers} of them > 0"
                 )
@@ -221,7 +225,7 @@ class TimmAutoAugment(_Timm):
     ):
         super().__init__(magnitude_std, None, translate_pct, fill, ignore_index, stream)
         if policy not in _POSTERIZE_AS:
-            raise ValueError(f"timm AutoAugment policy={policy!r}: expected one of {', '.join(_POSTERIZE_AS)}")
+            raise ArgumentError(f"timm AutoAugment policy={policy!r}: expected one of {', '.join(_POSTERIZE_AS)}")
         self.policy, self.table = policy, timm_policy(policy)
 
     def plan(self, ids, *, seed, epoch, height, width):
@@ -252,16 +256,16 @@ def _sections(aa: str, keys: dict) -> dict:
             continue
         match = re.fullmatch(r"([a-z]+)(\d.*)", c)
         if not match:
-            raise ValueError(f"aa={aa!r}: section {c!r} is not a key followed by a number (e.g. m9, mstd0.5)")
+            raise ArgumentError(f"aa={aa!r}: section {c!r} is not a key followed by a number (e.g. m9, mstd0.5)")
         key, val = match.groups()
         if key not in keys:
-            raise ValueError(f"aa={aa!r}: unknown section {c!r} (known: {', '.join(sorted(keys))})")
+            raise ArgumentError(f"aa={aa!r}: unknown section {c!r} (known: {', '.join(sorted(keys))})")
         if key in out:
-            raise ValueError(f"aa={aa!r}: section {key!r} given twice")
+            raise ArgumentError(f"aa={aa!r}: section {key!r} given twice")
         try:
             out[key] = keys[key](val)
         except ValueError:
-            raise ValueError(f"aa={aa!r}: section {c!r}: {val!r} is not a valid {keys[key].__name__}") from None
+            raise ArgumentError(f"aa={aa!r}: section {c!r}: {val!r} is not a valid {keys[key].__name__}") from None
     return out
 
 
@@ -269,32 +273,32 @@ def rand_augment_transform(config_str: str, **kwargs) -> TimmRandAugment:
     """timm's ``rand_augment_transform`` string (``rand-m9-n3-mstd0.5-inc1``, ``rand-mstd1-tweights``,
     timm < 0.9's ``rand-m9-w0``) as a :class:`TimmRandAugment`; ``kwargs`` go to it (fill, ...)."""
     if config_str.split("-")[0] != "rand":
-        raise ValueError(f"aa={config_str!r}: a RandAugment string starts with 'rand-'")
+        raise ArgumentError(f"aa={config_str!r}: a RandAugment string starts with 'rand-'")
     sec = _sections(config_str, {**_RAND_KEYS, "t": str})
     inc = bool(sec.pop("inc", 0))
     args = dict(increasing=inc, magnitude=sec.get("m", 10), num_layers=sec.get("n", 2), prob=sec.get("p", 0.5))
     args.update(magnitude_std=sec.get("mstd", 0.0), magnitude_max=sec.get("mmax"))
     if "t" in sec and "w" in sec:
-        raise ValueError(f"aa={config_str!r}: give either t<name> or w0, not both")
+        raise ArgumentError(f"aa={config_str!r}: give either t<name> or w0, not both")
     if sec.get("t") == "weights":
         args.update(transforms=tuple(_TIMM_WEIGHTED), choice_weights=tuple(_TIMM_WEIGHTED.values()))
     elif "t" in sec:
-        raise ValueError(f"aa={config_str!r}: transform set 't{sec['t']}' is not supported (only 'tweights')")
+        raise ArgumentError(f"aa={config_str!r}: transform set 't{sec['t']}' is not supported (only 'tweights')")
     if "w" in sec:
         if sec["w"] != 0:
-            raise ValueError(f"aa={config_str!r}: only the weight set w0 exists")
+            raise ArgumentError(f"aa={config_str!r}: only the weight set w0 exists")
         args.update(choice_weights=_TIMM_W0)
     try:
         return TimmRandAugment(**args, **kwargs)
     except ValueError as e:
-        raise ValueError(f"aa={config_str!r}: {e}") from None
+        raise ArgumentError(f"aa={config_str!r}: {e}") from None
 
 
 def auto_augment_transform(config_str: str, **kwargs) -> TimmAutoAugment:
     """timm's ``auto_augment_transform`` string (``original``, ``v0r-mstd0.5``, ...) as a :class:`TimmAutoAugment`."""
     policy = config_str.split("-")[0]
     if policy not in TIMM_AA_POLICIES:
-        raise ValueError(f"aa={config_str!r}: unknown AutoAugment policy {policy!r} ({', '.join(TIMM_AA_POLICIES)})")
+        raise ArgumentError(f"aa={config_str!r}: unknown AutoAugment policy {policy!r} ({', '.join(TIMM_AA_POLICIES)})")
     return TimmAutoAugment(policy, magnitude_std=_sections(config_str, {"mstd": float}).get("mstd", 0.0), **kwargs)
 
 
@@ -312,7 +316,7 @@ def parse_aa(aa: str, *, fill: Fill = None, ignore_index: int = 255) -> BatchTra
         ValueError: one line naming the part of ``aa`` that does not parse or is out of range.
     """
     if not isinstance(aa, str) or not aa:
-        raise ValueError(f"aa={aa!r} must be a non-empty string such as 'rand-m9-mstd0.5-inc1'")
+        raise ArgumentError(f"aa={aa!r} must be a non-empty string such as 'rand-m9-mstd0.5-inc1'")
     name = aa.split("-")[0]
     kw = {"ignore_index": ignore_index} if fill is None else {"fill": fill, "ignore_index": ignore_index}
     if name == "rand":
@@ -321,11 +325,11 @@ def parse_aa(aa: str, *, fill: Fill = None, ignore_index: int = 255) -> BatchTra
         return auto_augment_transform(aa, **kw)
     if name in _TA_NAMES:
         if aa != name:
-            raise ValueError(f"aa={aa!r}: {name} takes no sections")
+            raise ArgumentError(f"aa={aa!r}: {name} takes no sections")
         return TrivialAugmentWide(**kw)
     if name in ("augmix", "3a"):
-        raise ValueError(f"aa={aa!r}: timm's {name} is not supported on batches (use rand-..., original or ta_wide)")
-    raise ValueError(f"aa={aa!r}: unknown policy {name!r} (rand-..., {', '.join(TIMM_AA_POLICIES + _TA_NAMES)})")
+        raise ArgumentError(f"aa={aa!r}: timm's {name} is not supported on batches (use rand-..., original or ta_wide)")
+    raise ArgumentError(f"aa={aa!r}: unknown policy {name!r} (rand-..., {', '.join(TIMM_AA_POLICIES + _TA_NAMES)})")
 
 
 __all__ = [

@@ -15,31 +15,35 @@
 ``resize``         the pillow decode-and-resize stage (``pil``, and ``dali`` on the CPU)
 ``producer``       the producer thread ``dali`` and ``nvjpeg`` prepare batches ahead in, and
                    a stage running ahead in a thread of its own
+``registry``       every backend describing itself (:class:`~.registry.Backend`: name, where
+                   it decodes, ``available(device)``, options, runner), the ``auto`` choice
+                   and every name list; :func:`~.registry.register_backend` adds one
 =================  ======================================================================
 
-A backend is chosen by name (:func:`runner_class`); its module is imported only then, so an
-unused backend's dependencies are never loaded.
+A backend's runner module is imported only when that backend runs, so an unused backend's
+dependencies are never loaded.
 """
 
 from __future__ import annotations
 
-import importlib
+from .registry import (
+    DECODES,
+    Backend,
+    backend_names,
+    backends,
+    get_backend,
+    register_backend,
+    resolve_backend,
+    runner_class,
+)
 
-#: backend name -> (module, runner class)
-RUNNERS = {
-    "dali": (".dali", "DaliRunner"),
-    "nvjpeg": (".nvjpeg", "NvjpegRunner"),
-    "pil": (".pil", "PilRunner"),
-}
-
-
-def runner_class(backend: str) -> type:
-    """The runner class of ``backend`` (``"dali"``, ``"nvjpeg"`` or ``"pil"``), imported on demand."""
-    try:
-        module, name = RUNNERS[backend]
-    except KeyError:
-        raise ValueError(f"backend={backend!r} must be one of {', '.join(map(repr, RUNNERS))}") from None
-    return getattr(importlib.import_module(module, __name__), name)
-
-
-__all__ = ["RUNNERS", "runner_class"]
+__all__ = [
+    "DECODES",
+    "Backend",
+    "backend_names",
+    "backends",
+    "get_backend",
+    "register_backend",
+    "resolve_backend",
+    "runner_class",
+]

@@ -30,7 +30,8 @@ class DecodeSettings:
         path: the split, for messages.
         device: where batches land (a ``torch.device``).
         batch_size: the largest batch (DALI sizes its pipeline by it).
-        crop: output ``(height, width)`` in pixels.
+        crops: the crop recipe, whole (:class:`~stoker.pipeline.augment.CropSpec`): the output
+            size (:attr:`crop`), the train crop's ``scale`` and ``ratio``, the val resize.
         train: train augmentation (random crops and flips) or the val center crop.
         channels_last: images in ``torch.channels_last`` memory format (NCHW shape).
         threads: decode threads / worker processes.
@@ -39,22 +40,20 @@ class DecodeSettings:
         cpu_resize: with CPU decode in DALI, ``"pillow"`` or ``"dali"``.
         hw_decoder_load: share of JPEGs for the hardware decoder (``decode="mixed"``).
         decoder: the nvjpeg backend's JPEG decoder: ``"nvimgcodec"``, ``"torchcodec"``,
-            ``"torchvision"`` or ``"auto"`` (:func:`stoker.pipeline.deps.resolve_decoder`).
+            ``"torchvision"`` or ``"auto"`` (:func:`stoker.pipeline.backends.decoders.resolve_decoder`).
         overlap: nvjpeg reads and decodes the next batch in a thread of its own while this one
             is resized.
         region_decode: nvjpeg decodes only the crop boxes' regions where the decoder can.
         stand_in: for a train batch none of whose samples is loadable, the samples to decode
             instead (the Loader's rule: the next loadable ones of this rank's epoch order).
         channels: 3 (RGB) or 1 (grayscale).
-        scale, ratio: the random resized crop's area and aspect ranges (train).
-        crop_pct, val_resize: the val center crop (:func:`stoker.pipeline.augment.center_crop`).
     """
 
     index: SampleIndex
     path: str
     device: Any
     batch_size: int
-    crop: tuple[int, int]
+    crops: augment.CropSpec
     train: bool
     channels_last: bool
     threads: int
@@ -64,13 +63,34 @@ class DecodeSettings:
     hw_decoder_load: float
     stand_in: Callable[[np.ndarray], np.ndarray] | None
     channels: int = 3
-    scale: tuple[float, float] = augment.SCALE
-    ratio: tuple[float, float] = augment.RATIO
-    crop_pct: float = augment.VAL_CROP_FRACTION
-    val_resize: float | None = None
     decoder: str = "auto"
     overlap: bool = True
     region_decode: bool = True
+
+    @property
+    def crop(self) -> tuple[int, int]:
+        """The output ``(height, width)`` in pixels."""
+        return self.crops.size
+
+    @property
+    def scale(self) -> tuple[float, float]:
+        """The train crop's area range (a share of the image)."""
+        return self.crops.scale
+
+    @property
+    def ratio(self) -> tuple[float, float]:
+        """The train crop's aspect range (width / height)."""
+        return self.crops.ratio
+
+    @property
+    def crop_pct(self) -> float:
+        """The val center crop's share of the resized shorter side."""
+        return self.crops.crop_pct
+
+    @property
+    def val_resize(self) -> float | None:
+        """The val shorter side before the center crop, in pixels (instead of ``crop_pct``)."""
+        return self.crops.val_resize
 
     @property
     def masks(self) -> bool:

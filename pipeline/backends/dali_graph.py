@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from stoker.errors import ArgumentError
+
 
 def build_pipeline(
     source: Callable,
@@ -56,11 +58,11 @@ def build_pipeline(
     from nvidia.dali import fn, pipeline_def, types
 
     if decode not in ("cpu", "mixed"):
-        raise ValueError(f"decode={decode!r} must be 'cpu' or 'mixed'")
+        raise ArgumentError(f"decode={decode!r} must be 'cpu' or 'mixed'")
     if layout not in ("CHW", "HWC"):
-        raise ValueError(f"layout={layout!r} must be 'CHW' or 'HWC'")
+        raise ArgumentError(f"layout={layout!r} must be 'CHW' or 'HWC'")
     if channels not in (1, 3):
-        raise ValueError(f"channels={channels!r} must be 1 or 3")
+        raise ArgumentError(f"channels={channels!r} must be 1 or 3")
     crop_h, crop_w = (crop, crop) if isinstance(crop, int) else crop
     interp_type = {"linear": types.INTERP_LINEAR, "cubic": types.INTERP_CUBIC, "nn": types.INTERP_NN}[interp]
 

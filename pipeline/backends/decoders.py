@@ -17,9 +17,10 @@ find the culprit). With ``boxes`` (``[N, 4]`` ``(x, y, w, h)``, a decoder with `
 output is that region of its image only; the runner shifts its crop boxes to match.
 
 :func:`probe` says whether a decoder works on a device (imported, and a tiny embedded JPEG
-decoded there to the right pixels), once per process; :func:`stoker.pipeline.deps.resolve_decoder`
-picks one for ``decoder="auto"``. This module imports no optional package at its top and
-nothing of stoker's but :mod:`.resize`.
+decoded there to the right pixels), once per process; :func:`resolve_decoder` picks one for
+``decoder="auto"``, and :func:`gpu_decode` is what the backend registry asks of the nvjpeg
+backend. This module imports no optional package at its top and nothing of stoker's but
+:mod:`.resize` and the dependency guards (:mod:`stoker.pipeline.deps`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from stoker.errors import ArgumentError
+
+from .. import deps
 from .resize import MODES
 
 #: a 16x8 baseline RGB JPEG (287 bytes), red, for the probe decodes
@@ -180,7 +184,7 @@ class Decoder:
 
     def _no_boxes(self, boxes) -> None:
         if boxes is not None:
-            raise ValueError(f"decoder {self.name!r} decodes whole images only (boxes given)")
+            raise ArgumentError(f"decoder {self.name!r} decodes whole images only (boxes given)")
 
 
 class TorchvisionDecoder(Decoder):
@@ -236,7 +240,7 @@ class NvimgcodecDecoder(Decoder):
 
     def __init__(self, *, hw_decoder_load: float = 0.65, threads: int = 0):
         if not 0.0 <= float(hw_decoder_load) <= 1.0:
-            raise ValueError(f"hw_decoder_load={hw_decoder_load!r} must be in [0, 1]")
+            raise ArgumentError(f"hw_decoder_load={hw_decoder_load!r} must be in [0, 1]")
         self.hw_decoder_load = float(hw_decoder_load)
         self.threads = int(threads)
         self._decoders: dict = {}  # (device type, index) -> nvimgcodec.Decoder, made on first use
@@ -315,7 +319,7 @@ def make(name: str, *, hw_decoder_load: float = 0.65, threads: int = 0) -> Decod
     """A new decoder ``name`` (one of :data:`NAMES`); ``hw_decoder_load`` and ``threads`` are
     nvImageCodec's (the others take none)."""
     if name not in CLASSES:
-        raise ValueError(f"decoder={name!r} must be one of {', '.join(map(repr, NAMES))}")
+        raise ArgumentError(f"decoder={name!r} must be one of {', '.join(map(repr, NAMES))}")
     if name == "nvimgcodec":
         return NvimgcodecDecoder(hw_decoder_load=hw_decoder_load, threads=threads)
     return CLASSES[name]()
@@ -364,17 +368,90 @@ def probe(name: str, device: str = "cuda") -> tuple[bool, str]:
     return decoder.available(device)
 
 
+# ---- which decoder: the probes and the choice ----------------------------------------------
+#: ``decoder=`` values: ``"auto"`` first, then :data:`NAMES`
+DECODER_NAMES = ("auto", *NAMES)
+
+
+@functools.cache
+def gpu_jpeg_decode(device: str = "cuda") -> tuple[bool, str]:
+    """``(works, why)``: can torchvision decode a JPEG on the GPU ``device`` (``"cuda"``: the
+    current one, or ``"cuda:N"``)? Probed once per process and device (cached) by decoding a
+    tiny embedded JPEG there; never raises."""
+    if not deps.has_cuda():
+        return False, "torch sees no CUDA device"
+    return probe("torchvision", device)
+
+
+def _probe(name: str, device: str) -> tuple[bool, str]:
+    """Decoder ``name``'s probe on ``device``; torchvision's on CUDA is :func:`gpu_jpeg_decode`."""
+    if name == "torchvision" and device.startswith("cuda"):
+        return gpu_jpeg_decode(device)
+    return probe(name, device)
+
+
+def resolve_decoder(requested: str, device) -> tuple[str, str]:
+    """The nvjpeg backend's decoder for ``requested`` on ``device`` (``"cpu"``, ``"cuda"``,
+    ``"cuda:N"`` or a ``torch.device``), and why: ``(name, reason)``.
+
+    ``"auto"`` on a CUDA device picks the first of nvImageCodec (hardware decoder, region
+    decode), TorchCodec and torchvision whose probe decode works there (each probed once per
+    process); on the CPU, torchvision's CPU decode (libjpeg-turbo), probing nothing.
+
+    Raises:
+        ValueError: an unknown name, or an explicit decoder that cannot decode on ``device``
+            (the message says why).
+    """
+    if requested not in DECODER_NAMES:
+        raise ArgumentError(f"decoder={requested!r} must be one of {DECODER_NAMES}")
+    device = str(device)
+    if requested != "auto":
+        works, why = _probe(requested, device)
+        if not works:
+            raise ArgumentError(f"decoder={requested!r} cannot decode JPEGs on {device} ({why}); use decoder='auto'")
+        return requested, "requested"
+    if device.split(":", 1)[0] != "cuda":
+        return "torchvision", "the device is the CPU: torchvision's CPU decode (libjpeg-turbo)"
+    failed = []
+    for name in NAMES:
+        works, why = _probe(name, device)
+        if works:
+            return name, why + (f" (not {'; '.join(failed)})" if failed else "")
+        failed.append(f"{name}: {why}")
+    return "torchvision", f"no decoder's probe worked on {device} ({'; '.join(failed)})"
+
+
+def gpu_decode(device: str, decoder: str | None) -> tuple[bool, str]:
+    """``(works, why)`` of the nvjpeg backend on ``device``: torchvision's probe, or (``decoder``
+    given) that decoder's choice there, reason included (what the backend registry asks:
+    :class:`~.registry.NvjpegBackend`)."""
+    if decoder is None:
+        return gpu_jpeg_decode(device)
+    try:
+        name, why = resolve_decoder(decoder, device)
+    except ValueError as e:
+        return False, str(e)
+    works, probe = _probe(name, device)  # "auto" may have ended on a failing torchvision
+    if not works:
+        return False, probe
+    return True, probe if why == "requested" else why
+
+
 __all__ = [
     "CLASSES",
     "Decoder",
     "NAMES",
     "NvimgcodecDecoder",
+    "DECODER_NAMES",
     "PROBE_JPEG",
     "TorchcodecDecoder",
     "TorchvisionDecoder",
     "decode_batch",
     "decode_cpu",
     "decode_jpegs",
+    "gpu_decode",
+    "gpu_jpeg_decode",
     "make",
     "probe",
+    "resolve_decoder",
 ]

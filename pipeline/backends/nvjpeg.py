@@ -2,7 +2,7 @@
 
 Bytes come from the memory-mapped shards (:mod:`.samples`) exactly as for the other
 backends; one batched call of a :mod:`.decoders` decoder (nvImageCodec, TorchCodec or
-torchvision, picked by :func:`stoker.pipeline.deps.resolve_decoder`) decodes a batch, only
+torchvision, picked by :func:`stoker.pipeline.backends.decoders.resolve_decoder`) decodes a batch, only
 the crop boxes' regions where the decoder can; the crop boxes and flips are :mod:`.augment`'s,
 so a sample gets the same crop as with ``dali`` and ``pil``; the crops are resized together on
 the device with pillow's antialiased bilinear weights (:func:`.gpu_resize.crop_resize`) into one
@@ -34,7 +34,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import deps
 from . import decoders, producer
 from .base import (
     Batch,
@@ -120,7 +119,7 @@ class NvjpegRunner(ProducerThread):
         self.stage_sync = bool(stage_sync)
         hw = settings.hw_decoder_load if hw_decoder_load is None else hw_decoder_load
         if decoder is None or isinstance(decoder, str):
-            name, self.decoder_reason = deps.resolve_decoder(
+            name, self.decoder_reason = decoders.resolve_decoder(
                 decoder or getattr(settings, "decoder", "auto"), self.device
             )
             self.decoder = decoders.make(name, hw_decoder_load=hw, threads=settings.threads)

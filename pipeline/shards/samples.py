@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker.errors import IdxFormatError
+from stoker.errors import ArgumentError, IdxFormatError
 
 from ..fsutil import PathLike
 from .idx import IMAGE_EXTS, MAX_CLS_BYTES, bad_idx, idx_fields, idx_lines, read_idx, sample_key
@@ -336,7 +336,7 @@ class SampleIndex:
         if kind == "class":
             return self.labels(idx)
         if kind == "mask":
-            raise ValueError("a mask split's targets are images: use masks()")
+            raise ArgumentError("a mask split's targets are images: use masks()")
         raws = self._members(idx)
         member = self.target.member
         if kind == "float":
@@ -385,7 +385,7 @@ class SampleIndex:
     def meta(self, i: int) -> bytes:
         """The raw ``json`` component (``b""`` when absent); needs ``with_json=True``."""
         if not self.with_json:
-            raise ValueError("meta() needs SampleIndex(..., with_json=True)")
+            raise ArgumentError("meta() needs SampleIndex(..., with_json=True)")
         m = self._map(self.shard_of(i))
         off = int(self.json_off[i])
         return bytes(m[off : off + int(self.json_size[i])])

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker.errors import TargetError
+from stoker.errors import ArgumentError, TargetError
 
 TARGET_KINDS = ("class", "float", "multilabel", "mask")
 #: the member each kind is packed as
@@ -72,7 +72,7 @@ class TargetStats:
 
     def _like(self, x):
         if not self.mean:
-            raise ValueError("these statistics have no mean/std (not a float target's)")
+            raise ArgumentError("these statistics have no mean/std (not a float target's)")
         shape = (-1,) if len(self.mean) > 1 else ()
         if isinstance(x, np.ndarray):
             return np.asarray(self.mean, np.float32).reshape(shape), np.asarray(self.scale, np.float32).reshape(shape)
@@ -87,7 +87,7 @@ class TargetStats:
     @classmethod
     def from_json(cls, d: dict) -> TargetStats:
         if not isinstance(d, dict) or not isinstance(d.get("count"), int):
-            raise ValueError(f"target stats must be an object with a count, got {d!r}")
+            raise ArgumentError(f"target stats must be an object with a count, got {d!r}")
         return cls(count=d["count"], **{k: tuple(float(v) for v in d.get(k) or ()) for k in _STAT_LISTS})
 
 
@@ -212,9 +212,9 @@ class Target:
 
     def __post_init__(self) -> None:
         if self.kind not in TARGET_KINDS:
-            raise ValueError(f"target kind {self.kind!r} is not one of {', '.join(TARGET_KINDS)}")
+            raise ArgumentError(f"target kind {self.kind!r} is not one of {', '.join(TARGET_KINDS)}")
         if self.kind == "float" and not 1 <= len(self.columns) <= MAX_COLUMNS:
-            raise ValueError(f"a float target has 1 to {MAX_COLUMNS} columns, got {len(self.columns)}")
+            raise ArgumentError(f"a float target has 1 to {MAX_COLUMNS} columns, got {len(self.columns)}")
 
     @classmethod
     def of(cls, kind: str, **kw: Any) -> Target:
@@ -246,7 +246,7 @@ class Target:
     @classmethod
     def from_json(cls, d: dict) -> Target:
         if not isinstance(d, dict) or "kind" not in d:
-            raise ValueError(f"target must be an object with a kind, got {d!r}")
+            raise ArgumentError(f"target must be an object with a kind, got {d!r}")
         return cls(
             kind=str(d["kind"]),
             member=str(d.get("member", MEMBERS.get(str(d["kind"]), "cls"))),
@@ -294,7 +294,7 @@ def _numbers(raw: bytes, member: str) -> np.ndarray:
         if ext == "npy":
             a = np.lib.format.read_array(io.BytesIO(raw), allow_pickle=False)
             if a.dtype.kind not in "biuf":
-                raise ValueError(f"dtype {a.dtype} is not numeric")
+                raise ArgumentError(f"dtype {a.dtype} is not numeric")
             return np.asarray(a).reshape(-1)
         if ext == "json":
             v = json.loads(raw)
@@ -302,7 +302,7 @@ def _numbers(raw: bytes, member: str) -> np.ndarray:
         text = raw.decode("utf-8").replace(",", " ").replace("|", " ").split()
         return np.asarray([float(t) for t in text], np.float64)
     except (ValueError, TypeError, UnicodeDecodeError, OSError) as e:
-        raise ValueError(" ".join(str(e).split())[:120] or type(e).__name__) from None
+        raise ArgumentError(" ".join(str(e).split())[:120] or type(e).__name__) from None
 
 
 def parse_float(raw: bytes, member: str, width: int | None) -> np.ndarray | str:

@@ -14,6 +14,8 @@ import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from stoker.errors import ArgumentError
+
 from .idx import Component, Sample, write_idx
 from .manifest import ShardInfo, idx_path
 
@@ -62,7 +64,7 @@ class ShardWriter:
     def write(self, key: str, components: Mapping[str, bytes]) -> None:
         """Append one sample; ``key`` must have no dot or slash (WebDataset's rule)."""
         if not key or "." in key or "/" in key:
-            raise ValueError(f"sample key {key!r} must be non-empty without '.' or '/'")
+            raise ArgumentError(f"sample key {key!r} must be non-empty without '.' or '/'")
         sample: Sample = []
         for ext in sorted(components):
             data = components[ext]

@@ -23,7 +23,7 @@ class FakeLoader:
         *,
         batch_size: int,
         train: bool,
-        crop: int,
+        crop: Any,
         device: str = "cpu",
         seed: int = 0,
         rank: int | None = None,
@@ -38,7 +38,8 @@ class FakeLoader:
         signum: int = signal.SIGTERM,
         **recipe: Any,  # the crop recipe (channels, scale, ratio, crop_pct, val_resize): the real Loader's
     ) -> None:
-        self.path, self.batch_size, self.train, self.crop = path, batch_size, train, crop
+        side = crop.size[0] if hasattr(crop, "size") else crop  # the recipe, whole (a CropSpec), or a side
+        self.path, self.batch_size, self.train, self.crop = path, batch_size, train, side
         self.device, self.seed = torch.device(device), seed
         self.rank, self.world_size = rank or 0, world_size or 1
         self.drop_last = train if drop_last is None else drop_last

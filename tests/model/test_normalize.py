@@ -90,6 +90,8 @@ def test_the_wrapper_keeps_timms_parameter_groups():
     # other attributes of the network answer through the wrapper; the checkpoint loads into a bare one
     assert model.num_classes == 3 and model.get_classifier() is model.net.head
     again = load_bare_weights(vit(), {"state_dict": model.state_dict()})
-    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.net.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.net.state_dict().values(), strict=True)
+    )
     with pytest.raises(AttributeError):
         model.no_such_attribute  # noqa: B018

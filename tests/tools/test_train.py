@@ -217,6 +217,8 @@ def test_cli_choices_are_the_configs():
     import argparse
 
     from stoker.model.train import config
+    from stoker.pipeline.backends import DECODES, backend_names
+    from stoker.pipeline.backends.decoders import DECODER_NAMES
     from stoker.tools import train as train_cli
 
     p = argparse.ArgumentParser()
@@ -230,6 +232,9 @@ def test_cli_choices_are_the_configs():
         "channels": config.CHANNELS,
         "remode": config.REMODES,
         "mixup_mode": config.MIXUP_MODES,
+        "backend": backend_names(),
+        "decoder": DECODER_NAMES,
+        "decode": DECODES,
     }
 
 

@@ -44,7 +44,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stoker.errors import UsageError
+from stoker.pipeline.backends import backend_names, backends
 
+from ..common.loader_flags import add_crop_flags
 from ..common.results import Result
 from .peers import ffcv_bench
 from .runners import torchvision_loader
@@ -53,13 +55,14 @@ __all__ = ["bench", "BenchResult", "summarize", "torchvision_loader", "ALL", "LA
 
 HELP = "side-by-side loader throughput: torchvision, webdataset, DALI reader, FFCV, stoker"
 
-ALL = ("torchvision", "wds", "dali-reader", "ffcv", "stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling")
-STOKER = ("stoker-dali", "stoker-pil", "stoker-nvjpeg")
+#: one row per decode backend of the registry (stoker.pipeline.backends)
+STOKER = tuple(f"stoker-{name}" for name in backend_names(auto=False))
+ALL = ("torchvision", "wds", "dali-reader", "ffcv", *STOKER, "ceiling")
 #: the pipelines of a split that is not of classes: the usual Dataset of its kind, stoker, the ceiling
 OF_KIND = {
-    "mask": ("torchvision-seg", "stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling"),
-    "float": ("torchvision-csv", "stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling"),
-    "multilabel": ("stoker-dali", "stoker-pil", "stoker-nvjpeg", "ceiling"),
+    "mask": ("torchvision-seg", *STOKER, "ceiling"),
+    "float": ("torchvision-csv", *STOKER, "ceiling"),
+    "multilabel": (*STOKER, "ceiling"),
 }
 #: the peers that read a class split's cls members (or an ImageFolder) only
 CLASS_ONLY = ("torchvision", "wds", "dali-reader", "ffcv")
@@ -72,9 +75,9 @@ LABELS = {
     "wds": "(2) webdataset+PIL",
     "dali-reader": "(3) DALI fn.readers.webdataset",
     "ffcv": "(4) FFCV",
-    "stoker-dali": "(5) stoker Loader (dali)",
-    "stoker-pil": "(5) stoker Loader (pil)",
-    "stoker-nvjpeg": "(5) stoker Loader (nvjpeg, GPU)",
+    **{
+        f"stoker-{b.name}": f"(5) stoker Loader ({b.name}{', GPU' if 'cpu' not in b.where else ''})" for b in backends()
+    },
     "stoker-dali-dali-resize": "(5) stoker Loader (dali, fn.resize)",
     "ceiling": "decode-only ceiling",
 }
@@ -98,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--masks", metavar="MASKS", help="a mask split's original mask folder, for (1)")
     p.add_argument("--channels", type=int, choices=(1, 3), default=3, help="3 (RGB, default) or 1 (grayscale)")
     p.add_argument("--batch-size", type=int, default=64, help="default 64")
-    p.add_argument("--crop", type=int, default=224, help="default 224")
+    add_crop_flags(p, recipe=False)
     p.add_argument("--epochs", type=int, default=3, help="measured epochs per pipeline (default 3)")
     p.add_argument(
         "--seconds", type=float, default=30.0, help="stop a pipeline's measurement after this long (default 30)"
@@ -147,6 +150,17 @@ def _measure(kind: str, cfg: dict, python: str = sys.executable) -> dict:
     return {"error": tail[:200]}
 
 
+def _stoker_runs(kind: str, why: bool = False):
+    """Can the Loader row ``stoker-<backend>`` run here (on the GPU when the backend decodes only
+    there)? With ``why``: the registry's reason."""
+    from stoker.pipeline.backends import get_backend
+
+    backend = get_backend(kind.removeprefix("stoker-"))
+    device = "cpu" if "cpu" in backend.where else "cuda"
+    ok, reason = backend.available(device, decoder="auto")
+    return reason if why else ok
+
+
 def _ffcv_python(ffcv_python: str | None) -> str | None:
     for py in [ffcv_python] if ffcv_python else [sys.executable]:
         try:
@@ -173,7 +187,7 @@ class BenchResult(Result):
         data: The packed split measured.
         images: The original ImageFolder, or None.
         batch_size: Batch size of every pipeline.
-        crop: Crop side of every pipeline.
+        crop: Crop of every pipeline: a side, or ``(height, width)``.
         workers: Workers / threads per pipeline.
         epochs: Measured epochs per pipeline (at most).
         seconds_limit: Time limit per pipeline.
@@ -190,7 +204,7 @@ class BenchResult(Result):
     data: str
     images: str | None
     batch_size: int
-    crop: int
+    crop: int | tuple
     workers: int
     epochs: int
     seconds_limit: float
@@ -316,7 +330,7 @@ def _plan(
     only: Sequence[str], *, images: str | None, ffcv_python: str | None, masks: str | None = None, target: str = "class"
 ) -> tuple[list, list]:
     """``([(kind, python), ...] to run, [notes on the kinds skipped])``."""
-    from stoker.pipeline.deps import HAS_DALI, has_cuda
+    from stoker.pipeline.deps import HAS_DALI
 
     notes, plan = [], []
     for kind in only:
@@ -328,10 +342,10 @@ def _plan(
             notes.append(f"{LABELS[kind]}: skipped (give --images IMAGES --masks MASKS, the original folders)")
         elif kind == "torchvision-csv" and not (images and Path(images).is_file()):
             notes.append(f"{LABELS[kind]}: skipped (give --images CSV, the original list of path,value)")
-        elif kind in ("dali-reader", "stoker-dali", "stoker-dali-dali-resize") and not HAS_DALI:
+        elif kind in ("dali-reader", "stoker-dali-dali-resize") and not HAS_DALI:
             notes.append(f"{LABELS[kind]}: skipped (nvidia-dali not installed)")
-        elif kind == "stoker-nvjpeg" and not has_cuda():
-            notes.append(f"{LABELS[kind]}: skipped (torch sees no CUDA device; it decodes on the GPU)")
+        elif kind in STOKER and not _stoker_runs(kind):
+            notes.append(f"{LABELS[kind]}: skipped ({_stoker_runs(kind, why=True)})")
         elif kind == "ffcv":
             py = _ffcv_python(ffcv_python) if images else None
             if not images:
@@ -353,7 +367,7 @@ def bench(
     *,
     images: str | Path | None = None,
     batch_size: int = 64,
-    crop: int = 224,
+    crop: int | tuple[int, int] = 224,
     epochs: int = 3,
     seconds: float = 30.0,
     warmup: int = 3,
@@ -412,7 +426,8 @@ def bench(
     if masks and not Path(masks).is_dir():
         raise UsageError(f"--masks {masks} is not a directory")
     images, masks = (str(images) if images else None), (str(masks) if masks else None)
-    for name, value in (("batch_size", batch_size), ("crop", crop), ("epochs", epochs), ("repeat", repeat)):
+    sides = [crop] if isinstance(crop, int) else list(crop)
+    for name, value in (("batch_size", batch_size), ("crop", min(sides)), ("epochs", epochs), ("repeat", repeat)):
         if value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     only = [k for k in only or () if k] or list(OF_KIND.get(target, ALL))

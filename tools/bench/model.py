@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from stoker.errors import UsageError
+from stoker.errors import ArgumentError, UsageError
 
 from ..common.results import Result
 
@@ -162,10 +162,10 @@ def bench_model(
     seconds = seconds if seconds is not None else (5.0 if gpu else 1.0)
     for a in amps:
         if a not in _AMP_NAMES:
-            raise ValueError(f"amp {a!r} is not one of fp32, bf16, fp16")
+            raise ArgumentError(f"amp {a!r} is not one of fp32, bf16, fp16")
     for name, value in (("channels_last", channels_last), ("compile", compile)):
         if value not in _BOTH:
-            raise ValueError(f"{name} {value!r} is not one of {', '.join(_BOTH)}")
+            raise ArgumentError(f"{name} {value!r} is not one of {', '.join(_BOTH)}")
     for m in models:
         build_model(m, num_classes, image_size=image_size)  # unknown names fail before any timing
 
@@ -238,22 +238,19 @@ def main(args: argparse.Namespace) -> int:
     amps = [a.strip() for a in args.amp.split(",") if a.strip()] if args.amp else None
     if not models:
         raise UsageError("--models is empty")
-    try:
-        result = bench_model(
-            models,
-            device=args.device,
-            batch_size=args.batch_size,
-            image_size=args.image_size,
-            num_classes=args.num_classes,
-            amps=amps,
-            channels_last=args.channels_last,
-            compile=args.compile,
-            seconds=args.seconds,
-            steps_min=args.steps_min,
-            warmup_steps=args.warmup_steps,
-            progress=args.progress,
-        )
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    result = bench_model(
+        models,
+        device=args.device,
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        num_classes=args.num_classes,
+        amps=amps,
+        channels_last=args.channels_last,
+        compile=args.compile,
+        seconds=args.seconds,
+        steps_min=args.steps_min,
+        warmup_steps=args.warmup_steps,
+        progress=args.progress,
+    )
     print(json.dumps(result.to_dict(), indent=1) if args.json else result.format_table())
     return 0

@@ -195,7 +195,7 @@ def reader_pipeline(
     index_paths: list,
     *,
     batch_size: int,
-    crop: int,
+    crop,
     threads: int = 2,
     seed: int = 0,
     decode: str = "cpu",
@@ -208,6 +208,8 @@ def reader_pipeline(
     from nvidia.dali import fn, pipeline_def, types
 
     from stoker.pipeline.augment.crops import RATIO, SCALE, VAL_CROP_FRACTION
+
+    hw = [crop, crop] if isinstance(crop, int) else list(crop)  # a side or (height, width)
 
     @pipeline_def
     def reader_graph():
@@ -226,15 +228,13 @@ def reader_pipeline(
             images = fn.decoders.image_random_crop(
                 jpegs, device=decode, output_type=types.RGB, random_area=list(SCALE), random_aspect_ratio=list(RATIO)
             )
-            images = fn.resize(images, size=[crop, crop])
+            images = fn.resize(images, size=hw)
             mirror = fn.random.coin_flip()
         else:
             images = fn.decoders.image(jpegs, device=decode, output_type=types.RGB)
-            images = fn.resize(images, resize_shorter=round(crop / VAL_CROP_FRACTION))
+            images = fn.resize(images, resize_shorter=round(min(hw) / VAL_CROP_FRACTION))
             mirror = 0
-        images = fn.crop_mirror_normalize(
-            images, dtype=types.UINT8, output_layout="CHW", crop=[crop, crop], mirror=mirror
-        )
+        images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW", crop=hw, mirror=mirror)
         return images, labels
 
     return reader_graph(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed)
@@ -325,18 +325,26 @@ RUNNERS = {
     "torchvision-csv": _run_torchvision_csv,
     "wds": _run_wds,
     "dali-reader": _run_dali_reader,
-    "stoker-dali": lambda c: _run_stoker(c, "dali"),
-    "stoker-pil": lambda c: _run_stoker(c, "pil"),
-    "stoker-nvjpeg": lambda c: _run_stoker(c, "nvjpeg", device="cuda"),
     "stoker-dali-dali-resize": lambda c: _run_stoker(c, "dali", cpu_resize="dali"),
     "ceiling": _run_ceiling,
 }
 
 
+def _runner(kind: str):
+    """The measurement of ``kind``: a row above, or ``stoker-<backend>`` for any registered backend
+    (on the GPU when it decodes only there)."""
+    if kind in RUNNERS or not kind.startswith("stoker-"):
+        return RUNNERS[kind]
+    from stoker.pipeline.backends import get_backend
+
+    backend = get_backend(kind.removeprefix("stoker-"))
+    return lambda c: _run_stoker(c, backend.name, device="cpu" if "cpu" in backend.where else "cuda")
+
+
 def main(argv: list[str]) -> int:
     """Entry point of one measurement subprocess: prints ``RESULT {json}``."""
     cfg = json.loads(argv[0])
-    print("RESULT " + json.dumps(RUNNERS[cfg["kind"]](cfg)), flush=True)
+    print("RESULT " + json.dumps(_runner(cfg["kind"])(cfg)), flush=True)
     return 0
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from stoker.errors import DiagnoseError, UsageError
 
+from ..common.loader_flags import add_crop_flags, add_decode_flags, add_storage_flags, crop_spec
 from .engine import run_diagnosis
 from .inputs import (
     backend_choice,
@@ -72,13 +73,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DATA",
         help="stoker shards (split folder or `stoker pack` OUT, local or a URL) or an ImageFolder",
     )
-    p.add_argument(
-        "--storage-option",
-        action="append",
-        default=None,
-        metavar="K=V",
-        help="fsspec storage option for a URL DATA, repeatable",
-    )
     g = p.add_mutually_exclusive_group()
     g.add_argument(
         "--arch",
@@ -93,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "num_classes= when it takes it) returns an nn.Module taking normalized float NCHW input",
     )
     p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
-    p.add_argument("--crop", type=int, default=224, help="image side the loader produces (default 224)")
+    add_crop_flags(p)
     p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
     p.add_argument(
         "--seconds",
@@ -115,14 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="measure channels_last (auto: when the model has convolutions)",
     )
-    p.add_argument(
-        "--backend",
-        choices=("auto", "dali", "nvjpeg", "pil"),
-        default="auto",
-        help="stoker Loader backend (auto: DALI when installed, else nvjpeg on a CUDA device, else pil)",
-    )
-    p.add_argument("--decode", choices=("auto", "mixed", "cpu"), default="auto", help="stoker Loader decode")
-    p.add_argument("--threads", type=int, default=None, help="stoker Loader threads (default: its own)")
+    add_decode_flags(p)
     p.add_argument(
         "--workers",
         type=int,
@@ -137,6 +124,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="ImageFolder: images packed into a temporary folder to measure stoker (default 256; 0 skips)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON (every figure) on stdout")
+    add_storage_flags(p, cache=False, order=False)
 
 
 @dataclasses.dataclass
@@ -175,14 +163,21 @@ class Diagnosis:
         return format_report(self.report)
 
 
-def _check_settings(batch_size: int, crop: int, seconds: float, threads: int | None) -> None:
-    for name, value in (("batch-size", batch_size), ("crop", crop)):
-        if value < 1:
-            raise UsageError(f"--{name} {value} must be >= 1")
+def _check_settings(batch_size: int, crop, seconds: float, threads: int | None):
+    """The crop recipe (a ``CropSpec`` from a side, ``(height, width)`` or a ``CropSpec``), once the
+    scalar settings are checked; each bad value a one-line UsageError."""
+    from stoker.pipeline.augment import CropSpec
+
+    if batch_size < 1:
+        raise UsageError(f"--batch-size {batch_size} must be >= 1")
     if seconds <= 0:
         raise UsageError(f"--seconds {seconds} must be > 0")
     if threads is not None and threads < 1:
         raise UsageError(f"--threads {threads} must be >= 1")
+    try:
+        return crop if isinstance(crop, CropSpec) else CropSpec.of(crop)
+    except ValueError as e:
+        raise UsageError(f"--crop: {e}") from None
 
 
 def diagnose(
@@ -192,12 +187,13 @@ def diagnose(
     arch: str = "inception",
     model=None,
     batch_size: int = 64,
-    crop: int = 224,
+    crop=224,
     device: str | None = None,
     seconds: float = 5.0,
     amp: str = "auto",
     channels_last: str = "auto",
     backend: str = "auto",
+    decoder: str = "auto",
     decode: str = "auto",
     threads: int | None = None,
     workers: int | None = None,
@@ -216,14 +212,16 @@ def diagnose(
         model: Your network instead of ``arch``: an ``nn.Module`` taking normalized float NCHW
             input, or ``"package.module:factory"`` / ``"path/to/file.py:factory"``.
         batch_size: Batch size of the loader and the model.
-        crop: Image side the loader produces.
+        crop: What the loader produces: a side, ``(height, width)``, or the whole recipe (a
+            :class:`~stoker.pipeline.augment.CropSpec`, its train crop's scale and ratio too).
         device: ``"cuda"``, ``"cuda:1"`` or ``"cpu"`` (None: cuda when available).
         seconds: Least time of each measurement (each also takes at least 5 steps, at most 3x
             ``seconds``; the model's variants are measured while the run stays within 12x).
         amp: Autocast to measure: ``"auto"`` (what ``stoker train --amp auto`` uses), ``"bf16"``,
             ``"fp16"`` or ``"off"``.
         channels_last: ``"auto"`` (when the model has convolutions), ``"on"`` or ``"off"``.
-        backend: stoker Loader backend (``"auto"``, ``"dali"``, ``"nvjpeg"``, ``"pil"``).
+        backend: stoker Loader backend (``"auto"`` or a name of :func:`stoker.pipeline.backends.backend_names`).
+        decoder: the nvjpeg backend's GPU JPEG decoder (``"auto"``: the Loader's own choice).
         decode: stoker Loader decode (``"auto"``, ``"mixed"``, ``"cpu"``).
         threads: stoker Loader threads (None: its own default).
         workers: DataLoader workers of the torchvision pipeline (None: the usable cores).
@@ -238,13 +236,14 @@ def diagnose(
     """
     from stoker.pipeline.deps import usable_cores
 
-    from .sizing import fit_batch
+    from .sizing import STEP_FLOOR_S, fit_batch
     from .timing import CAP, MIN_STEPS
 
-    _check_settings(batch_size, crop, seconds, threads)
+    crops = _check_settings(batch_size, crop, seconds, threads)
+    crop = crops.size[0] if crops.size[0] == crops.size[1] else crops.size  # for the model: a side or (h, w)
     kind, path = resolve_data(data, storage_options)
     device = resolve_device(device)
-    chosen = backend_choice(backend, device)
+    chosen = backend_choice(backend, device, decoder)
     say = progress or (lambda line: None)
     cores = usable_cores()
     # Cheap facts first, then the user's model (a bad --model fails before any loader starts).
@@ -253,17 +252,21 @@ def diagnose(
         raise UsageError(f"--batch-size {batch_size} is larger than the {num_samples} samples in {path}")
     net = build_net(arch, model, num_classes, crop, task)
     # Never OOM-killed: the batch that fits this machine's memory (and the run's time), said in one line.
-    fit = fit_batch(net, batch_size, crop=crop, device=device, task=task, step_limit_s=CAP * seconds / MIN_STEPS)
+    # a step may take what lets a figure's MIN_STEPS fit its time (at least STEP_FLOOR_S, so a busy
+    # machine does not shrink a small model's batch)
+    step_limit = max(CAP * seconds / MIN_STEPS, STEP_FLOOR_S)
+    fit = fit_batch(net, batch_size, crop=crop, device=device, task=task, step_limit_s=step_limit)
     if fit.why:
         say(fit.why)
         batch_size = fit.batch
     loader_kw = dict(
         batch_size=batch_size,
         train=True,
-        crop=crop,
+        crop=crops,
         device=device,
         seed=0,
         backend=backend,
+        decoder=decoder,
         decode=decode,
         threads=threads,
     )
@@ -370,18 +373,23 @@ def diagnose(
 def main(args: argparse.Namespace) -> int:
     from stoker.pipeline.storage import parse_storage_options
 
+    try:
+        crops = crop_spec(args)
+    except ValueError as e:
+        raise UsageError(f"--crop: {e}") from None
     result = diagnose(
         args.data,
         storage_options=parse_storage_options(args.storage_option) or None,
         arch=args.arch,
         model=args.model,
         batch_size=args.batch_size,
-        crop=args.crop,
+        crop=crops,
         device=args.device,
         seconds=args.seconds,
         amp=args.amp,
         channels_last=args.channels_last,
         backend=args.backend,
+        decoder=args.decoder,
         decode=args.decode,
         threads=args.threads,
         workers=args.workers,

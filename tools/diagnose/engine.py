@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from stoker.errors import DiagnoseError
+from stoker.errors import ArgumentError, DiagnoseError
 
 #: The run's time budget, in multiples of ``seconds``: the model's variants are measured while they fit in it.
 BUDGET = 12
@@ -47,7 +47,7 @@ def run_diagnosis(
     model,
     *,
     batch_size: int,
-    crop: int,
+    crop,
     device="cpu",
     seconds: float = 5.0,
     amp: str = "auto",
@@ -68,7 +68,7 @@ def run_diagnosis(
         model: The network (taking normalized float input); measured in place, so pass a
             model you do not mind being trained a few steps.
         batch_size: The loader's batch size (the synthetic model batch uses the same).
-        crop: Image side of the batches.
+        crop: Image side of the batches, or ``(height, width)``.
         device: Where the model runs.
         seconds: Least time of each measurement; each also takes at least
             :data:`~stoker.tools.diagnose.measure.MIN_STEPS` steps, up to
@@ -104,20 +104,21 @@ def run_diagnosis(
     from stoker.model.audit import audit_model
     from stoker.model.train.runtime import resolve_amp as train_amp
 
-    from .measure import environment, measure_end_to_end, measure_loader, measure_model_alone, measure_transfer
+    from .measure import environment, hw_of, measure_end_to_end, measure_loader, measure_model_alone, measure_transfer
     from .report import caveats_of, judge, next_steps
     from .timing import CAP, MIN_STEPS
 
     if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
-    if crop < 1:
-        raise ValueError(f"crop={crop} must be >= 1")
+        raise ArgumentError(f"batch_size={batch_size} must be >= 1")
+    h, w = hw_of(crop)
+    if min(h, w) < 1:
+        raise ArgumentError(f"crop={crop} must be >= 1")
     if seconds <= 0:
-        raise ValueError(f"seconds={seconds} must be > 0")
+        raise ArgumentError(f"seconds={seconds} must be > 0")
     if amp not in ("auto", "bf16", "fp16", "off"):
-        raise ValueError(f"amp={amp!r} must be 'auto', 'bf16', 'fp16' or 'off'")
+        raise ArgumentError(f"amp={amp!r} must be 'auto', 'bf16', 'fp16' or 'off'")
     if channels_last not in ("auto", "on", "off"):
-        raise ValueError(f"channels_last={channels_last!r} must be 'auto', 'on' or 'off'")
+        raise ArgumentError(f"channels_last={channels_last!r} must be 'auto', 'on' or 'off'")
     say = progress or (lambda line: None)
     device = torch.device(device)
     budget = BUDGET * seconds if budget_s is None else budget_s
@@ -125,7 +126,7 @@ def run_diagnosis(
     env = environment()
 
     say("auditing the model's parameters and FLOPs")
-    audit = audit_model(model, input_size=(3, crop, crop))
+    audit = audit_model(model, input_size=(3, h, w))
 
     say(f"loader alone (at least {seconds:g} s and {MIN_STEPS} batches)")
     loader_r = measure_loader(loader, seconds=seconds, warmup_batches=warmup_batches)
@@ -236,7 +237,7 @@ def run_diagnosis(
         "environment": env,
         "settings": {
             "batch_size": batch_size,
-            "crop": crop,
+            "crop": crop if isinstance(crop, int) else f"{h}x{w}",
             "device": str(device),
             "seconds": seconds,
             "min_steps": MIN_STEPS,

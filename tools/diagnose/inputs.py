@@ -116,19 +116,17 @@ def resolve_device(arg: str | None) -> str:
         raise UsageError(f"--device: {e}") from None
 
 
-def backend_choice(requested: str, device: str) -> dict:
-    """Which Loader backend this setup uses for ``requested`` on ``device``, and why
-    (:func:`stoker.pipeline.deps.resolve_backend`); a backend that cannot run here is a
-    :class:`UsageError` naming the fix."""
-    import torch
-
-    from stoker.pipeline.deps import resolve_backend
+def backend_choice(requested: str, device: str, decoder: str = "auto") -> dict:
+    """Which Loader backend this setup uses for ``requested`` on ``device``, and why: the
+    Loader's own choice (:func:`stoker.pipeline.backends.resolve_backend`, with the Loader's
+    ``decoder``); a backend that cannot run here is a :class:`UsageError` naming the fix."""
+    from stoker.pipeline.backends import resolve_backend
 
     try:
-        name, why = resolve_backend(requested, torch.device(device).type)
+        backend, why = resolve_backend(requested, device, decoder=decoder)
     except ValueError as e:
         raise UsageError(f"--backend: {e}") from None
-    return {"name": name, "why": why if requested == "auto" else f"--backend {requested}"}
+    return {"name": backend.name, "why": why if requested == "auto" else f"--backend {requested}"}
 
 
 def pack_sample(root: Path, n: int, tmp: Path) -> Path:
@@ -171,14 +169,14 @@ def count_data(kind: str, path: Path) -> tuple[int, int, Any]:
     return num_classes, count, None
 
 
-def loader_hints(manifest, crop: int) -> list:
+def loader_hints(manifest, crop) -> list:
     """Estimated loader-side steps read from the shards' manifest (pack settings)."""
     pack = manifest.pack or {}
     if "short_side" not in pack:  # not made by `stoker pack`: sizes unknown
         return []
     from stoker.pipeline.augment.crops import VAL_CROP_FRACTION
 
-    target = round(crop / VAL_CROP_FRACTION)  # what a val resize needs; train crops need no more
+    target = round((crop if isinstance(crop, int) else min(crop)) / VAL_CROP_FRACTION)  # a val resize's need
     side = pack.get("short_side") or (round(0.75 * pack["max_side"]) if pack.get("max_side") else 0)
     if side and side <= 1.5 * target:
         return []
@@ -199,7 +197,7 @@ def loader_hints(manifest, crop: int) -> list:
     ]
 
 
-def build_net(arch: str, model, num_classes: int, crop: int, task=None):
+def build_net(arch: str, model, num_classes: int, crop, task=None):
     """The network to measure: ``model`` (an ``nn.Module``, or a ``MODULE:FACTORY`` spec), else
     stoker's or torchvision's ``arch`` (``"report"``: the report's network, one regressed output),
     with ``num_classes`` outputs, per pixel when ``task`` segments."""
@@ -212,21 +210,19 @@ def build_net(arch: str, model, num_classes: int, crop: int, task=None):
     from stoker.model.nets import build_model
 
     try:
+        side = crop if isinstance(crop, int) else min(crop)
         if arch == "report":  # as in the report: one regressed output, Linear sized by the crop
-            return build_model("report", 1, image_size=crop)
-        return build_model(arch, num_classes, image_size=crop, task=task.name if task is not None else "classify")
+            return build_model("report", 1, image_size=side)
+        return build_model(arch, num_classes, image_size=side, task=task.name if task is not None else "classify")
     except ValueError as e:
         raise UsageError(f"--arch: {e}") from None
 
 
 def stoker_loader(split: Path, **kw):
-    """stoker's Loader on ``split`` (a bad setting is a UsageError)."""
+    """stoker's Loader on ``split`` (a bad setting is the Loader's ArgumentError: one line, exit 2)."""
     from stoker.pipeline import Loader
 
-    try:
-        return Loader(str(split), **kw)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    return Loader(str(split), **kw)
 
 
 def describe_loader(loader) -> dict:

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from stoker.errors import ArgumentError
 from stoker.model.train import runtime
 
 from .timing import CAP, MIN_STEPS, NOISY, WINDOWS, Clock, warm_up
@@ -86,9 +87,9 @@ def measure_loader(loader: Iterable, *, seconds: float = 5.0, warmup_batches: in
         :func:`stability`, and the last batch's ``batch_shape``, ``dtype`` and ``device``.
     """
     if seconds <= 0:
-        raise ValueError(f"seconds={seconds} must be > 0")
+        raise ArgumentError(f"seconds={seconds} must be > 0")
     if warmup_batches < 0:
-        raise ValueError(f"warmup_batches={warmup_batches} must be >= 0")
+        raise ArgumentError(f"warmup_batches={warmup_batches} must be >= 0")
     it = _batches(loader)
     x = None
     for _ in range(warmup_batches):
@@ -111,7 +112,14 @@ def measure_loader(loader: Iterable, *, seconds: float = 5.0, warmup_batches: in
     }
 
 
-def synthetic_targets(task, batch_size: int, crop: int, generator: torch.Generator) -> torch.Tensor:
+def hw_of(crop) -> tuple[int, int]:
+    """``(height, width)`` of a crop given as a side, ``(height, width)`` or a ``CropSpec``."""
+    if hasattr(crop, "size"):
+        return tuple(crop.size)
+    return (crop, crop) if isinstance(crop, int) else (int(crop[0]), int(crop[1]))
+
+
+def synthetic_targets(task, batch_size: int, crop, generator: torch.Generator) -> torch.Tensor:
     """A batch of random targets of ``task``'s kind (:class:`stoker.model.train.tasks.Task`; ``None``:
     class labels in ``[0, 1000)``, what :func:`_loss` folds onto any head)."""
     n = batch_size
@@ -124,7 +132,7 @@ def synthetic_targets(task, batch_size: int, crop: int, generator: torch.Generat
         return torch.rand((n, k) if k > 1 else (n,), generator=generator)
     if task.name == "multilabel":
         return (torch.rand((n, k), generator=generator) < 0.3).float()
-    return torch.randint(0, k, (n, crop, crop), generator=generator).to(torch.uint8)  # segment: masks
+    return torch.randint(0, k, (n, *hw_of(crop)), generator=generator).to(torch.uint8)  # segment: masks
 
 
 def _loss(out, labels: torch.Tensor) -> torch.Tensor:
@@ -167,7 +175,7 @@ class _EndToEndStep:
         from stoker.model.train.step import TrainStep
 
         if amp not in (None, "bf16", "fp16"):
-            raise ValueError(f"amp={amp!r} must be None, 'bf16' or 'fp16'")
+            raise ArgumentError(f"amp={amp!r} must be None, 'bf16' or 'fp16'")
         self.device = torch.device(device)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.model = model.to(self.device, memory_format=self.memory_format).train()
@@ -233,7 +241,7 @@ def measure_model_alone(
     try:
         step = _EndToEndStep(copy.deepcopy(model), device=device, amp=amp, channels_last=channels_last, task=task)
         gen = torch.Generator().manual_seed(0)
-        x = torch.randint(0, 256, (batch_size, 3, crop, crop), dtype=torch.uint8, generator=gen).to(device)
+        x = torch.randint(0, 256, (batch_size, 3, *hw_of(crop)), dtype=torch.uint8, generator=gen).to(device)
         y = synthetic_targets(task, batch_size, crop, gen).to(device)
         first = warm_up(lambda: step(x, y), warmup, seconds, device)
         clock = Clock(seconds=seconds, device=device)
@@ -355,7 +363,8 @@ def dist_version(*names: str) -> str | None:
 
 def environment() -> dict:
     """Versions and hardware facts that explain the figures."""
-    from stoker.pipeline.deps import HAS_DALI, gpu_jpeg_decode, pillow_info, usable_cores
+    from stoker.pipeline.backends.decoders import gpu_jpeg_decode
+    from stoker.pipeline.deps import HAS_DALI, pillow_info, usable_cores
 
     cores = usable_cores()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

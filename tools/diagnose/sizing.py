@@ -103,6 +103,9 @@ def available(device) -> int:
     return host_available()
 
 
+#: a step may always take this long (seconds) before the batch is lowered for time
+STEP_FLOOR_S = 5.0
+
 #: the backward pass holds gradients of activations beside the saved ones, and kernels their
 #: workspaces: the saved bytes a sample are counted this many times
 BACKWARD_FACTOR = 1.3
@@ -139,7 +142,7 @@ def fit_batch(
     model: nn.Module,
     requested: int,
     *,
-    crop: int,
+    crop,
     device,
     task=None,
     step_limit_s: float | None = None,
@@ -149,14 +152,15 @@ def fit_batch(
     ``device`` has (and takes at most ``step_limit_s``), measured from steps at batch 2 and 4 of a
     copy of the model (the caller's is left as it is). ``memory``: the bytes available (default:
     :func:`available`)."""
-    from .measure import _EndToEndStep, synthetic_targets
+    from .measure import _EndToEndStep, hw_of, synthetic_targets
 
     device = torch.device(device)
+    size = "x".join(map(str, hw_of(crop)))
     step = _EndToEndStep(copy.deepcopy(model), device=device, task=task)
     gen = torch.Generator().manual_seed(0)
 
     def measure(batch: int) -> tuple[int, float]:
-        x = torch.randint(0, 256, (batch, 3, crop, crop), dtype=torch.uint8, generator=gen).to(device)
+        x = torch.randint(0, 256, (batch, 3, *hw_of(crop)), dtype=torch.uint8, generator=gen).to(device)
         y = synthetic_targets(task, batch, crop, gen).to(device)
         with _SavedBytes() as saved:
             t0 = time.perf_counter()
@@ -181,22 +185,22 @@ def fit_batch(
         avail = available(device) if memory is None else memory
         fit = BatchFit(requested, requested, per, fixed, avail, per_s)
         limit = _share(device) * avail
-        # never below the probes' batch of 2: BatchNorm on a 1x1 map (a ResNet at a small crop) refuses 1
-        by_memory = max(lo, int((limit - fixed) // per))
-        by_time = max(lo, int(step_limit_s // per_s)) if step_limit_s else requested
-        batch = min(requested, by_memory, by_time)
+        by_memory = max(1, int((limit - fixed) // per))
+        by_time = max(1, int(step_limit_s // per_s)) if step_limit_s else requested
+        # never below the batches the probes ran (a batch of 1 trips BatchNorm after a global pool)
+        batch = max(min(requested, lo), min(requested, by_memory, by_time))
         if batch >= requested:
             return fit
         gb = lambda b: f"{b / 1e9:.1f} GB" if b >= 1e8 else f"{b / 1e6:.0f} MB"  # noqa: E731
         where = "the GPU has" if device.type == "cuda" else "the host has"
         if by_memory <= by_time:
             why = (
-                f"batch {requested} would need ~{gb(fit.peak(requested))} at {crop}x{crop} ({gb(per)} a sample), "
+                f"batch {requested} would need ~{gb(fit.peak(requested))} at {size} ({gb(per)} a sample), "
                 f"{where} {gb(avail)} available: measuring at batch {batch}"
             )
         else:
             why = (
-                f"a step at batch {requested} would take ~{per_s * requested:.0f} s at {crop}x{crop}: measuring at "
+                f"a step at batch {requested} would take ~{per_s * requested:.0f} s at {size}: measuring at "
                 f"batch {batch} so the run ends in time (per-image figures hold; a longer --seconds measures more)"
             )
         return BatchFit(batch, requested, per, fixed, avail, per_s, why)
@@ -206,4 +210,4 @@ def fit_batch(
             torch.cuda.empty_cache()
 
 
-__all__ = ["BatchFit", "available", "fit_batch", "host_available"]
+__all__ = ["STEP_FLOOR_S", "BatchFit", "available", "fit_batch", "host_available"]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from stoker.errors import ArgumentError
 from stoker.model.throughput import synchronize
 
 #: Timed batches/steps every figure needs before advice may rest on it.
@@ -35,7 +36,7 @@ class Clock:
 
     def __init__(self, *, seconds: float, device, min_steps: int = MIN_STEPS, cap: float = CAP) -> None:
         if seconds <= 0:
-            raise ValueError(f"seconds={seconds} must be > 0")
+            raise ArgumentError(f"seconds={seconds} must be > 0")
         self.seconds, self.min_steps, self.max_seconds = seconds, min_steps, cap * seconds
         self.device = None if device is None else torch.device(device)  # a loader's is known at its first batch
         self.window = seconds / WINDOWS

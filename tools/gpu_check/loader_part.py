@@ -17,19 +17,20 @@ from .proc import Skip, one_line, time_left
 
 
 def _measure_loader(ctx: dict, backend: str, device: str, *, seconds: float | None = None, **runner_kw: Any) -> dict:
-    """One Loader row; ``runner_kw`` given: its runner is an nvjpeg one made with them (a
-    ``backend="pil"`` Loader's on the CPU, where the Loader refuses nvjpeg)."""
+    """One Loader row; ``runner_kw`` given: the nvjpeg backend configured with them (on the CPU,
+    the smoke run's :func:`_nvjpeg_on_cpu`)."""
     from stoker.pipeline import Loader
-    from stoker.pipeline.backends.nvjpeg import NvjpegRunner
+    from stoker.pipeline.backends import get_backend
 
     from ..bench.peers.timing import epochs, timed
 
+    chosen: Any = backend
+    if runner_kw:
+        chosen = get_backend("nvjpeg", **runner_kw) if device.startswith("cuda") else _nvjpeg_on_cpu(**runner_kw)
     loader = Loader(
-        ctx["split"], batch_size=ctx["batch_size"], crop=ctx["crop"], backend=backend, device=device, train=True
+        ctx["split"], batch_size=ctx["batch_size"], crop=ctx["crop"], backend=chosen, device=device, train=True
     )
     try:
-        if runner_kw:
-            loader._runner = NvjpegRunner(loader.decode_settings(), **runner_kw)
 
         def epoch(e):
             loader.set_epoch(e)
@@ -37,7 +38,7 @@ def _measure_loader(ctx: dict, backend: str, device: str, *, seconds: float | No
 
         cfg = {"warmup": 3 if not ctx["smoke"] else 1, "seconds": seconds or ctx["loader_seconds"]}
         r = timed(epochs(epoch, 10**6), cfg)
-        runner = loader._runner
+        runner = loader.runner
         r.update({"backend": loader.backend, "device": device, "gpu_fallbacks": getattr(runner, "gpu_fallbacks", None)})
         if hasattr(runner, "stage_totals"):  # the nvjpeg runner: where its time went, warm-up included
             tot = runner.stage_totals
@@ -50,6 +51,21 @@ def _measure_loader(ctx: dict, backend: str, device: str, *, seconds: float | No
         loader.close()
 
 
+def _nvjpeg_on_cpu(**options: Any):
+    """The nvjpeg backend as the smoke run (no GPU) needs it, configured with ``options``: its
+    runner's code on the CPU with CPU decoders (a backend of its own, never registered, so never
+    a ``--backend`` choice)."""
+    from stoker.pipeline.backends.registry import NvjpegBackend
+
+    class NvjpegOnCpu(NvjpegBackend):
+        where = ("cpu",)
+
+        def available(self, device, *, decoder=None):
+            return True, "the smoke run: the nvjpeg runner's code with CPU decoders"
+
+    return NvjpegOnCpu(**options)
+
+
 def _nvjpeg_stages(ctx: dict, device: str, batches: int = 8) -> dict:
     """Where the nvjpeg backend's time goes, one synchronized stage at a time on one thread
     (no overlap, first batch not counted): reading bytes, decoding (the decoder ``auto`` picks,
@@ -59,8 +75,8 @@ def _nvjpeg_stages(ctx: dict, device: str, batches: int = 8) -> dict:
     from stoker.model.throughput import synchronize
     from stoker.pipeline import augment
     from stoker.pipeline.backends import decoders
+    from stoker.pipeline.backends.decoders import resolve_decoder
     from stoker.pipeline.backends.nvjpeg import crop_resize
-    from stoker.pipeline.deps import resolve_decoder
     from stoker.pipeline.shards.samples import open_split
 
     name, _ = resolve_decoder("auto", device)
@@ -114,7 +130,7 @@ def variant_plan(cuda: bool, available: dict[str, bool], auto: str) -> list[dict
 def _variants(ctx: dict, device: str, out: list, save: Callable[[], None]) -> None:
     """Measure each of :func:`variant_plan`'s rows into ``out`` while the part's time box allows."""
     from stoker.pipeline.backends import decoders
-    from stoker.pipeline.deps import resolve_decoder
+    from stoker.pipeline.backends.decoders import resolve_decoder
 
     auto, _ = resolve_decoder("auto", device)
     available = {n: decoders.probe(n, device)[0] for n in decoders.NAMES}

@@ -32,21 +32,16 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
     import torch
 
     from stoker.model.train.runtime import gpu_bf16
-    from stoker.pipeline.backends import decoders
-    from stoker.pipeline.deps import (
-        HAS_DALI,
-        gpu_jpeg_decode,
-        pillow_info,
-        resolve_backend,
-        resolve_decoder,
-        usable_cores,
-    )
+    from stoker.pipeline.backends import decoders, resolve_backend
+    from stoker.pipeline.backends.decoders import gpu_jpeg_decode, resolve_decoder
+    from stoker.pipeline.deps import HAS_DALI, pillow_info, usable_cores
 
     from ..diagnose.measure import dist_version
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
-    backend, why = resolve_backend("auto", device)
+    chosen, why = resolve_backend("auto", device, decoder="auto")  # the Loader's own choice
+    backend = chosen.name
     works, probe = gpu_jpeg_decode()
     decoder, decoder_why = resolve_decoder("auto", device)
     return {

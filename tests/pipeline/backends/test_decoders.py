@@ -19,6 +19,15 @@ from stoker.pipeline.backends.decoders import Decoder, decode_cpu, decode_jpegs
 from stoker.pipeline.backends.nvjpeg import NvjpegRunner
 from stoker.tools.common.synth import CLASSES, draw, encode
 
+
+def choose(requested, device, decoder=None):
+    """The registry's choice as ``(name, why)``."""
+    from stoker.pipeline.backends import resolve_backend
+
+    backend, why = resolve_backend(requested, device, decoder=decoder)
+    return backend.name, why
+
+
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec (the backend's note)
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 
@@ -46,7 +55,7 @@ def probes(monkeypatch):
             return ok, f"{name} {'works' if ok else 'is broken'} on {device}"
 
         monkeypatch.setattr(decoders, "probe", probe)
-        monkeypatch.setattr(deps, "gpu_jpeg_decode", lambda device="cuda": probe("torchvision", device))
+        monkeypatch.setattr(decoders, "gpu_jpeg_decode", lambda device="cuda": probe("torchvision", device))
         return calls
 
     return set_
@@ -63,7 +72,7 @@ def probes(monkeypatch):
 )
 def test_auto_picks_nvimgcodec_then_torchcodec_then_torchvision_on_cuda(probes, works, expected):
     probes(**works)
-    name, why = deps.resolve_decoder("auto", "cuda:1")
+    name, why = decoders.resolve_decoder("auto", "cuda:1")
     assert name == expected
     if works:
         assert why.startswith(f"{expected} works on cuda:1")
@@ -73,21 +82,21 @@ def test_auto_picks_nvimgcodec_then_torchcodec_then_torchvision_on_cuda(probes, 
 
 def test_auto_on_the_cpu_is_torchvision_without_probing(probes):
     calls = probes(nvimgcodec=True)
-    assert deps.resolve_decoder("auto", "cpu") == (
+    assert decoders.resolve_decoder("auto", "cpu") == (
         "torchvision",
         "the device is the CPU: torchvision's CPU decode (libjpeg-turbo)",
     )
-    assert deps.resolve_decoder("auto", torch.device("cpu"))[0] == "torchvision"
+    assert decoders.resolve_decoder("auto", torch.device("cpu"))[0] == "torchvision"
     assert calls == []
 
 
 def test_explicit_decoders_and_their_errors(probes):
     probes(nvimgcodec=True)
-    assert deps.resolve_decoder("nvimgcodec", "cuda") == ("nvimgcodec", "requested")
+    assert decoders.resolve_decoder("nvimgcodec", "cuda") == ("nvimgcodec", "requested")
     with pytest.raises(ValueError, match=r"^decoder='torchcodec' cannot decode JPEGs on cuda \(torchcodec is broken"):
-        deps.resolve_decoder("torchcodec", "cuda")
+        decoders.resolve_decoder("torchcodec", "cuda")
     with pytest.raises(ValueError, match=r"^decoder='nvdec' must be one of \('auto', 'nvimgcodec', 'torchcodec', "):
-        deps.resolve_decoder("nvdec", "cuda")
+        decoders.resolve_decoder("nvdec", "cuda")
     with pytest.raises(ValueError, match="decoder='nvdec' must be one of"):
         decoders.make("nvdec")
     with pytest.raises(ValueError, match=r"hw_decoder_load=1.5 must be in \[0, 1\]"):
@@ -98,16 +107,16 @@ def test_the_backend_choice_names_the_decoder_when_asked(probes, monkeypatch):
     monkeypatch.setattr(deps, "HAS_DALI", False)
     monkeypatch.setattr(deps, "has_cuda", lambda: True)
     probes(nvimgcodec=True)  # torchvision's GPU decode broken, nvImageCodec fine
-    assert deps.resolve_backend("auto", "cuda")[0] == "pil"  # without decoder=: as before, torchvision's probe
-    backend, why = deps.resolve_backend("auto", "cuda", decoder="auto")
+    assert choose("auto", "cuda")[0] == "pil"  # without decoder=: as before, torchvision's probe
+    backend, why = choose("auto", "cuda", decoder="auto")
     assert backend == "nvjpeg" and why == "nvidia-dali is not installed; nvimgcodec works on cuda"
-    assert deps.resolve_backend("nvjpeg", "cuda", decoder="nvimgcodec") == ("nvjpeg", "requested")
+    assert choose("nvjpeg", "cuda", decoder="nvimgcodec") == ("nvjpeg", "requested")
     with pytest.raises(ValueError, match=r"but decoder='torchcodec' cannot decode JPEGs on this GPU"):
-        deps.resolve_backend("nvjpeg", "cuda", decoder="torchcodec")
+        choose("nvjpeg", "cuda", decoder="torchcodec")
     with pytest.raises(ValueError, match="decoder='x' must be one of"):
-        deps.resolve_backend("auto", "cuda", decoder="x")
+        choose("auto", "cuda", decoder="x")
     probes()  # nothing decodes
-    backend, why = deps.resolve_backend("auto", "cuda", decoder="auto")
+    backend, why = choose("auto", "cuda", decoder="auto")
     assert backend == "pil" and "no GPU JPEG decoder does work here" in why
 
 

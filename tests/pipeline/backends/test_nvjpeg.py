@@ -21,6 +21,15 @@ from stoker.pipeline.shards.manifest import Manifest
 from stoker.pipeline.shards.writer import ShardWriter
 from stoker.tools.common.synth import CLASSES, draw, encode
 
+
+def choose(requested, device, decoder=None):
+    """The registry's choice as ``(name, why)``."""
+    from stoker.pipeline.backends import resolve_backend
+
+    backend, why = resolve_backend(requested, device, decoder=decoder)
+    return backend.name, why
+
+
 # torchvision 0.29 deprecates its image decoders in favour of TorchCodec (the backend's note)
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 
@@ -77,7 +86,7 @@ def env(monkeypatch):
         monkeypatch.setattr(deps, "HAS_DALI", dali)
         monkeypatch.setattr(deps, "has_cuda", lambda: cuda)
         monkeypatch.setattr(
-            deps, "gpu_jpeg_decode", lambda device="cuda": probe if cuda else (False, "torch sees no CUDA device")
+            decoders, "gpu_jpeg_decode", lambda device="cuda": probe if cuda else (False, "torch sees no CUDA device")
         )
 
     return set_
@@ -96,7 +105,7 @@ def env(monkeypatch):
 )
 def test_auto_picks_dali_then_nvjpeg_then_pil(env, dali, cuda, probe_ok, device, expected):
     env(dali, cuda, (probe_ok, "nvJPEG says hello" if probe_ok else "RuntimeError: no nvjpeg"))
-    backend, why = deps.resolve_backend("auto", device)
+    backend, why = choose("auto", device)
     assert backend == expected
     assert ("nvidia-dali is installed" in why) == dali
     if expected == "pil" and device == "cuda":
@@ -108,36 +117,36 @@ def test_auto_picks_dali_then_nvjpeg_then_pil(env, dali, cuda, probe_ok, device,
 def test_explicit_backends_and_their_fixes(env):
     env(False, False)
     with pytest.raises(ValueError, match="device='cuda', or backend='pil'"):
-        deps.resolve_backend("nvjpeg", "cpu")
+        choose("nvjpeg", "cpu")
     with pytest.raises(ValueError, match="torch sees no CUDA device"):
-        deps.resolve_backend("nvjpeg", "cuda")
+        choose("nvjpeg", "cuda")
     with pytest.raises(ValueError, match="nvidia-dali is not installed"):
-        deps.resolve_backend("dali", "cpu")
+        choose("dali", "cpu")
     with pytest.raises(ValueError, match="must be one of"):
-        deps.resolve_backend("ffcv", "cpu")
-    assert deps.resolve_backend("pil", "cpu") == ("pil", "requested")
+        choose("ffcv", "cpu")
+    assert choose("pil", "cpu") == ("pil", "requested")
     env(False, True, (False, "RuntimeError: nvjpeg missing"))
     with pytest.raises(
         ValueError,
         match=r"cannot decode JPEGs on this GPU \(RuntimeError: nvjpeg missing\); "
         r"use backend='pil'",
     ):
-        deps.resolve_backend("nvjpeg", "cuda")
+        choose("nvjpeg", "cuda")
     env(True, True)
-    assert deps.resolve_backend("nvjpeg", "cuda") == ("nvjpeg", "requested")
-    assert deps.resolve_backend("nvjpeg", "cuda:1") == ("nvjpeg", "requested")
+    assert choose("nvjpeg", "cuda") == ("nvjpeg", "requested")
+    assert choose("nvjpeg", "cuda:1") == ("nvjpeg", "requested")
     with pytest.raises(ValueError, match="device 'mps': only 'cpu' and 'cuda'"):
-        deps.resolve_backend("auto", "mps")
-    assert deps.resolve_backend("dali", "cuda") == ("dali", "requested")
+        choose("auto", "mps")
+    assert choose("dali", "cuda") == ("dali", "requested")
 
 
 def test_probe_without_cuda_says_so(monkeypatch):
     monkeypatch.setattr(deps, "has_cuda", lambda: False)
-    deps.gpu_jpeg_decode.cache_clear()
+    decoders.gpu_jpeg_decode.cache_clear()
     try:
-        assert deps.gpu_jpeg_decode() == (False, "torch sees no CUDA device")
+        assert decoders.gpu_jpeg_decode() == (False, "torch sees no CUDA device")
     finally:
-        deps.gpu_jpeg_decode.cache_clear()
+        decoders.gpu_jpeg_decode.cache_clear()
 
 
 def test_probe_jpeg_is_the_red_picture_it_claims():
@@ -145,7 +154,7 @@ def test_probe_jpeg_is_the_red_picture_it_claims():
 
     from PIL import Image
 
-    im = Image.open(io.BytesIO(base64.b64decode(deps._PROBE_JPEG)))
+    im = Image.open(io.BytesIO(base64.b64decode(decoders.PROBE_JPEG)))
     assert im.size == (16, 8) and im.mode == "RGB"
     assert 170 <= np.asarray(im)[..., 0].mean() <= 230
 
@@ -511,8 +520,8 @@ def test_abandoned_overlapped_iteration_stops_both_threads(split):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", decoders.NAMES)
 def test_gpu_path_matches_the_cpu_path(split, name):
-    deps.gpu_jpeg_decode.cache_clear()
-    works, why = deps.gpu_jpeg_decode()
+    decoders.gpu_jpeg_decode.cache_clear()
+    works, why = decoders.gpu_jpeg_decode()
     assert works, why
     decoders.probe.cache_clear()
     works, why = decoders.probe(name, "cuda")
@@ -555,8 +564,8 @@ def test_gpu_rejects_fall_back_on_a_gpu(tmp_path):
 @pytest.mark.gpu
 def test_loader_auto_on_cuda_without_dali_is_nvjpeg(split, monkeypatch):
     monkeypatch.setattr(deps, "HAS_DALI", False)
-    deps.gpu_jpeg_decode.cache_clear()
-    assert deps.resolve_backend("auto", "cuda")[0] == "nvjpeg"
+    decoders.gpu_jpeg_decode.cache_clear()
+    assert choose("auto", "cuda")[0] == "nvjpeg"
     loader = Loader(split, batch_size=8, crop=CROP, device="cuda", channels_last=True)  # the Loader's own choice
     assert loader.backend == "nvjpeg"
     images, labels = run(loader, 0)

@@ -41,9 +41,10 @@ def make_loader(cfg: dict):
         writer = DatasetWriter(beton + ".tmp", fields, num_workers=cfg["workers"])
         writer.from_indexed_dataset(ImageFolder(cfg["images"]))
         os.replace(beton + ".tmp", beton)
-    side = cfg["crop"]
+    crop = cfg["crop"]  # a side or [height, width]
+    size = (crop, crop) if isinstance(crop, int) else tuple(crop)
     pipelines = {
-        "image": [RandomResizedCropRGBImageDecoder((side, side)), RandomHorizontalFlip(), ToTensor(), ToTorchImage()],
+        "image": [RandomResizedCropRGBImageDecoder(size), RandomHorizontalFlip(), ToTensor(), ToTorchImage()],
         "label": [IntDecoder(), ToTensor()],
     }
     return Loader(

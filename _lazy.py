@@ -1,4 +1,6 @@
-"""Package attributes imported on first use (PEP 562), so a torch-free submodule loads without torch."""
+"""Package attributes imported on first use (PEP 562): ``stoker``, ``stoker.pipeline``, ``stoker.model``
+and ``stoker.model.train`` name their public API without importing torch or DALI until it is used
+(``stoker --help`` stays instant, a torch-free submodule loads without torch)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from typing import Any
 
 
 def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for ``package``: ``exports`` maps a name to the submodule defining it."""
+    """``(__getattr__, __dir__)`` for ``package``: ``exports`` maps a name to the submodule defining it
+    (relative to ``package``: ``"loader"``, ``"pipeline.loader"``)."""
 
     def __getattr__(name: str) -> Any:
         if name not in exports:
