@@ -84,7 +84,7 @@ def _child(conn: socket.socket) -> None:
     """Run one command in this forked child, send its status, exit. Never returns."""
     code = 1
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server ignores it; subprocess needs it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.setsid()  # its own group: killed as a whole when the client goes away
         header, fds, _, _ = socket.recv_fds(conn, 8, 3)
         request = json.loads(_recv_exactly(conn, int.from_bytes(header, "big")))
@@ -141,10 +141,11 @@ def serve(path: str) -> None:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(16)
-    server.settimeout(2.0)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves
+    server.settimeout(1.0)
+    signal.signal(signal.SIGTERM, lambda *_: _exit())
     print("ready", flush=True)
     while os.getppid() == parent:
+        _reap()
         try:
             conn, _ = server.accept()
         except TimeoutError:
@@ -154,6 +155,23 @@ def serve(path: str) -> None:
             server.close()
             _child(conn)
         conn.close()
+    _exit()
+
+
+def _reap(block: bool = False) -> None:
+    """Wait for the finished children (so their CPU time counts in the test session's)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _exit() -> None:
+    _reap(block=True)
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ language, a skip without a reason and a marker that points at nothing fail.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from docs_forkserver import CLIENT
-from docs_pages import Block, block_problems, parse_page
+from docs_pages import Block, block_problems, console_script, parse_page
 from docs_runner import ABSOLUTE_ROOTS, BlockFailed, EarlierFailed, PageRun, Workdir, client_bin
 from docs_setups import SETUPS
 from stoker.pipeline.deps import has_cuda
@@ -45,7 +47,11 @@ def docs_bin(tmp_path_factory):
     ready = server.stdout.readline().strip() == "ready"
     yield folder, (str(socket_path) if ready else None)
     server.terminate()
-    server.wait(timeout=30)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
 
 
 @pytest.fixture(scope="session")
@@ -108,6 +114,33 @@ def test_page_markers(page):
         pytest.fail("\n".join(problems), pytrace=False)
 
 
+def _help_examples() -> list:
+    """Each line of each command's ``examples:`` (what ``stoker CMD --help`` shows) that runs it."""
+    from stoker.tools.cli import COMMANDS
+
+    found = []
+    for name, module in COMMANDS.items():
+        doc = importlib.import_module(f"stoker.tools.{module}").__doc__ or ""
+        lines = [line.strip() for line in doc.partition("examples:")[2].splitlines() if f"stoker {name}" in line]
+        found += [pytest.param(name, line, id=f"{name}:{i}") for i, line in enumerate(lines)]
+    return found
+
+
+@pytest.mark.parametrize("command, line", _help_examples())
+def test_help_examples_parse(command, line):
+    """An example ``stoker CMD --help`` shows is a command line its parser takes (the commands
+    themselves run on the pages, above)."""
+    from stoker.tools.cli import get_args_parser
+
+    words = shlex.split(line, comments=True)
+    words = words[: words.index(">")] if ">" in words else words
+    try:
+        args = get_args_parser().parse_args(words[words.index(command) :])
+    except SystemExit:
+        pytest.fail(f"stoker {command} --help shows an example its parser refuses: {line}", pytrace=False)
+    assert args.command == command
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "examples").glob("*.py")), ids=lambda p: p.name)
 def test_example_imports(path):
     """Each recipe in examples/ imports (the tests of the integrations run them)."""
@@ -163,6 +196,12 @@ def test_replace_markers_rewrite_the_block_and_must_match(tmp_path):
     assert "write replace markers as" in block_problems(unreasoned)[0]
     run = PageRun(page, tmp_path / "run", setups={}, shell_env=lambda w: {}, cuda=False)
     assert run.rewrite(block) == f"stoker train {tmp_path / 'run'}/fast/x --epochs 1\n"
+
+
+def test_a_console_block_runs_its_prompt_lines(tmp_path):
+    page = _page(tmp_path, "```console\n$ stoker --version\nstoker 0.2.0\n$ echo done\ndone\n```\n")
+    (block,) = page.blocks
+    assert block.runs and console_script(block.text) == "stoker --version\necho done\n"
 
 
 def test_absolute_paths_and_the_cuda_device_are_rewritten(tmp_path):
