@@ -145,7 +145,7 @@ class PageRun:
         try:
             with self._inside(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                 exec(compiled, self.work.names)
-        except Exception:
+        except (Exception, SystemExit):  # a snippet's sys.exit() is its failure, not the session's
             raise BlockFailed(
                 self._message(block, code, "raised", out.getvalue() + traceback.format_exc(limit=-8))
             ) from None

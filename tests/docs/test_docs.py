@@ -70,6 +70,9 @@ def page_runs(tmp_path_factory, docs_bin):
 
     def get(page) -> PageRun:
         if page.path not in runs:
+            for done in runs.values():  # the tests come in page order: the others are done
+                done.close()
+            runs.clear()
             root = tmp_path_factory.mktemp(Path(page.path).stem)
             runs[page.path] = PageRun(page, root, setups=SETUPS, shell_env=shell_env, cuda=has_cuda())
         return runs[page.path]
