@@ -15,6 +15,7 @@ its parent (the test session) is gone.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import runpy
@@ -118,6 +119,10 @@ def _child(conn: socket.socket) -> None:
     except BaseException:
         traceback.print_exc()
     finally:
+        try:
+            atexit._run_exitfuncs()  # as a process's exit would: worker pools joined, files flushed
+        except BaseException:
+            traceback.print_exc()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
