@@ -195,7 +195,7 @@ class PageRun:
         lines = [f"{block.id}: the {block.lang} block failed: {how}", "", "the block as the page has it:"]
         lines += ["    " + line for line in block.text.rstrip().splitlines()]
         if code != block.text:
-            lines += ["", "as it ran (the page's replace markers, absolute paths under the page's folder, no CUDA):"]
+            lines += ["", "as it ran (its replace markers; absolute paths under the page's folder; CUDA as the CPU):"]
             lines += ["    " + line for line in code.rstrip().splitlines()]
         tail = output.rstrip().splitlines()[-TAIL:]
         lines += ["", f"output (last {len(tail)} lines):"] + ["    " + line for line in tail]

@@ -10,7 +10,8 @@ leaves to the reader (``my_net``, ``epochs``). To add one: write a function taki
 
 Data is tiny (tens to a few hundred images of at most 96 px): enough for the pages' batch sizes,
 cheap to decode. The generators are the package's own (:mod:`stoker.tools.common.synth`) and the
-tests' (``helpers.write_split``).
+tests' (``helpers.write_split``). Every setup is in this one module (a registry of short
+functions, data first, then the reader's own things), so a page's names are found in one place.
 """
 
 from __future__ import annotations
@@ -90,21 +91,31 @@ def api_src(work: Workdir) -> None:
     make_image_folder(work.root / "src", per_class=8, min_side=32, max_side=64)
 
 
-@setup("ages")
-def ages(work: Workdir) -> None:
-    """``ages/targets.csv`` (``path,age``, 18 to 80) and ``ages/images/``: 100 pictures whose colour
-    temperature is the age."""
+def _ages(root: Path) -> Path:
+    """``root/targets.csv`` (``path,age``, 18 to 80) and ``root/images/``: 100 pictures whose colour
+    temperature is the age; returns the CSV."""
     from stoker.tools.common.synth import make_regression_csv
 
-    make_regression_csv(work.root / "ages", n=100, low=18, high=80, column="age", min_side=40, max_side=96)
+    return make_regression_csv(root, n=100, low=18, high=80, column="age", min_side=40, max_side=96)
+
+
+def _seg(root: Path) -> tuple[Path, Path]:
+    """``root/images`` and ``root/masks``: 40 grayscale pictures of textured shapes, 4 classes."""
+    from stoker.tools.common.synth import make_segmentation_tree
+
+    return make_segmentation_tree(root, n=40, min_side=48, max_side=96)
+
+
+@setup("ages")
+def ages(work: Workdir) -> None:
+    """``ages/targets.csv`` and ``ages/images/`` (the Regression page's CSV: ages 18 to 80)."""
+    _ages(work.root / "ages")
 
 
 @setup("seg")
 def seg(work: Workdir) -> None:
-    """``seg/images`` and ``seg/masks``: 40 grayscale pictures of textured shapes, 4 classes."""
-    from stoker.tools.common.synth import make_segmentation_tree
-
-    make_segmentation_tree(work.root / "seg", n=40, min_side=48, max_side=96)
+    """``seg/images`` and ``seg/masks`` (the Segmentation page's pictures and masks, 4 classes)."""
+    _seg(work.root / "seg")
 
 
 @setup("scans")
@@ -123,13 +134,10 @@ def scans(work: Workdir) -> None:
 def packed_tasks(work: Workdir) -> None:
     """``ages-packed/`` (float targets, 80 + 20) and ``seg-packed/`` (masks, 4 classes, 32 + 8):
     what the Regression and Segmentation pages pack."""
-    from stoker.tools.common.synth import make_regression_csv, make_segmentation_tree
     from stoker.tools.pack.api import pack
 
-    sources = work.root / ".sources"
-    csv = make_regression_csv(sources / "ages", n=100, low=18, high=80, column="age", min_side=40, max_side=96)
-    pack(csv, work.root / "ages-packed", val_fraction=0.2, workers=1)
-    pictures, masks = make_segmentation_tree(sources / "seg", n=40, min_side=48, max_side=96)
+    pack(_ages(work.root / ".sources" / "ages"), work.root / "ages-packed", val_fraction=0.2, workers=1)
+    pictures, masks = _seg(work.root / ".sources" / "seg")
     pack(pictures, work.root / "seg-packed", masks=masks, num_classes=4, val_fraction=0.2, workers=1)
 
 
@@ -164,12 +172,6 @@ def _flat_sample(folder: Path, n: int = 24) -> Path:
         size = (rng.randint(48, 96), rng.randint(48, 96))
         (folder / f"n0{i % 3}_{i:05d}.JPEG").write_bytes(encode(draw(cls, size, rng)))
     return folder
-
-
-@setup("imagenet-sample")
-def imagenet_sample(work: Workdir) -> None:
-    """``~/data/imagenet-sample``: a flat folder of 24 ``<synset>_<n>.JPEG`` photos."""
-    _flat_sample(work.home / "data" / "imagenet-sample")
 
 
 @setup("foreign-shards")
