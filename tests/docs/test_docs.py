@@ -86,6 +86,7 @@ def page_runs(tmp_path_factory, docs_bin):
         run.close()
 
 
+@pytest.mark.slow  # end to end: about 80 s for all the pages on 2 cores
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.id)
 def test_block(block: Block, page_runs):
     problems = block_problems(block)
