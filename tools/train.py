@@ -14,9 +14,9 @@ and exit; --resume continues exactly where the run stopped, mid-epoch included.
 
 examples:
   stoker train data/ --out runs/a --epochs 10 --batch-size 128 --crop 160
-  stoker train ages/ --out runs/age                       # float targets: regression
-  stoker train ages/ --out runs/mine --model nets.py:make_net   # your own network
-  stoker train seg/ --out runs/seg --channels 1 --crop 256 --arch deeplabv3_mobilenet_v3_large
+  stoker train ages-packed/ --out runs/age                # float targets (stoker pack ages.csv ages-packed)
+  stoker train ages-packed/ --out runs/mine --model nets.py:make_net   # your own network
+  stoker train seg-packed/ --out runs/seg --channels 1 --crop 256 --arch deeplabv3_mobilenet_v3_large
   stoker train data/ --out runs/a --epochs 10 --batch-size 128 --crop 160 --resume
   stoker train data/ --out runs/p --epochs 16 --progressive 160:192:11-13 --val-crop 256 --pixel-cache /dev/shm/px
   torchrun --nproc_per_node 2 -m stoker train data/ --out runs/ddp

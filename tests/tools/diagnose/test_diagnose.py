@@ -714,6 +714,17 @@ def test_fit_batch_keeps_a_batch_that_fits():
     assert fit.batch == 8 and fit.why is None and fit.per_sample > 0
 
 
+def test_fit_batch_never_measures_a_batch_of_one():
+    # a ResNet at crop 32 ends in 1x1 maps, where BatchNorm refuses a training batch of 1: a step
+    # budget too short for even one sample still measures at the probes' batch of 2
+    from torchvision.models import resnet18
+
+    from stoker.tools.diagnose.sizing import fit_batch
+
+    fit = fit_batch(resnet18(num_classes=10), 8, crop=32, device="cpu", memory=8_000_000_000, step_limit_s=1e-6)
+    assert fit.batch == 2 and "measuring at batch 2" in fit.why
+
+
 def test_a_csv_or_a_folder_of_photos_is_told_to_pack_first(capsys, tmp_path):
     from stoker.tools.common.synth import make_regression_csv
 

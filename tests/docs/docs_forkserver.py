@@ -1,0 +1,183 @@
+"""The ``stoker`` command of the docs tests' shell blocks, without paying the imports each time.
+
+Every ``stoker`` command that touches torch spends ~3 s importing torch, torchvision and DALI
+before it does anything; the docs run a few dozen of them. This server imports them once, then
+forks one child per command (the zygote pattern): the ``stoker`` and ``python`` on the shell
+blocks' PATH are a small client (:data:`CLIENT`) that sends its argv, working directory,
+environment and its stdin/stdout/stderr file descriptors over a Unix socket and exits with the
+child's status. The child runs the module as ``python -m`` would (``stoker``: its ``__main__``,
+what the console script runs). Without the server (``STOKER_DOCS_FORKSERVER`` unset or
+unreachable) the client runs ``python -m ...`` itself.
+
+Run as ``python docs_forkserver.py SOCKET``; it prints ``ready`` once listening and exits when
+its parent (the test session) is gone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import signal
+import socket
+import sys
+import threading
+import traceback
+
+#: the shell blocks' ``stoker`` and ``python`` (``{python}``: this interpreter): ``stoker ARGS`` and
+#: ``python -m stoker[.MODULE] ARGS`` go to the server, any other python command to the interpreter
+CLIENT = """#!{python} -S
+# The docs tests' `stoker` (and `python`): this checkout's commands, forked from a server that
+# imported torch once (tests/docs/docs_forkserver.py).
+import json, os, socket, sys
+
+args = sys.argv[1:]
+if os.path.basename(sys.argv[0]) == "stoker":
+    module, path0 = "stoker", None  # the console script: its folder, not the cwd, on sys.path
+elif args[:1] == ["-m"] and len(args) > 1 and args[1].split(".")[0] == "stoker":
+    module, args, path0 = args[1], args[2:], os.getcwd()  # python -m: the cwd first on sys.path
+else:
+    os.execv(sys.executable, [sys.executable, *args])
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    sock.connect(os.environ.get("STOKER_DOCS_FORKSERVER") or "")
+except OSError:
+    os.execv(sys.executable, [sys.executable, "-m", module, *args])
+request = {{"module": module, "argv": args, "path0": path0, "cwd": os.getcwd(), "env": dict(os.environ)}}
+request = json.dumps(request).encode()
+socket.send_fds(sock, [len(request).to_bytes(8, "big")], [0, 1, 2])
+sock.sendall(request)
+status = b""
+while len(status) < 4:
+    chunk = sock.recv(4 - len(status))
+    if not chunk:
+        sys.exit("stoker: the docs fork server's child died without an exit status")
+    status += chunk
+sys.exit(int.from_bytes(status, "big", signed=True))
+"""
+
+#: imported once by the server (what a command would import first); a missing one is skipped
+WARM = (
+    "torch",
+    "torchvision",
+    "numpy",
+    "PIL.Image",
+    "nvidia.dali",
+    "stoker.tools.cli",
+    "stoker.pipeline.loader",
+    "stoker.model.train.loop",
+    "stoker.tools.diagnose.command",
+)
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("the client went away")
+        data += chunk
+    return data
+
+
+def _child(conn: socket.socket) -> None:
+    """Run one command in this forked child, send its status, exit. Never returns."""
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.setsid()  # its own group: killed as a whole when the client goes away
+        header, fds, _, _ = socket.recv_fds(conn, 8, 3)
+        request = json.loads(_recv_exactly(conn, int.from_bytes(header, "big")))
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.argv = [request["module"], *request["argv"]]
+        if request["path0"]:
+            sys.path.insert(0, request["path0"])
+
+        def watch() -> None:  # a client killed (a test's timeout) takes its command with it
+            try:
+                conn.recv(1)
+            finally:
+                os.killpg(0, signal.SIGKILL)
+
+        threading.Thread(target=watch, daemon=True).start()
+        try:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        if code is None:
+            code = 0
+        elif not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()  # as a process's exit would: worker pools joined, files flushed
+        except BaseException:
+            traceback.print_exc()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        try:
+            conn.sendall(int(code).to_bytes(4, "big", signed=True))
+        finally:
+            os._exit(int(code) & 0xFF)
+
+
+def serve(path: str) -> None:
+    import importlib
+
+    for name in WARM:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    parent = os.getppid()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(16)
+    server.settimeout(1.0)
+    signal.signal(signal.SIGTERM, lambda *_: _exit())
+    print("ready", flush=True)
+    while os.getppid() == parent:
+        _reap()
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            continue
+        conn.settimeout(None)
+        if os.fork() == 0:
+            server.close()
+            _child(conn)
+        conn.close()
+    _exit()
+
+
+def _reap(block: bool = False) -> None:
+    """Wait for the finished children (so their CPU time counts in the test session's)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _exit() -> None:
+    _reap(block=True)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
