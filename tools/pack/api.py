@@ -360,7 +360,8 @@ def describe_targets(target: Target, settings: dict, totals: dict | None = None)
     the kind says of its statistics, train's) and a ``found`` line (a mask pack: the values found)."""
     if target.spec.named_classes:
         n = len(settings.get("classes") or [])
-        return f"{target.kind}, {n:,} class{'es' if n != 1 else ''}", ""
+        alone = " (one class: nothing for a classifier to learn; stoker train refuses it)" if n == 1 else ""
+        return f"{target.kind}, {n:,} class{'es' if n != 1 else ''}{alone}", ""
     stats_json = next((t["target_stats"] for t in (totals or {}).values() if "target_stats" in t), None)
     if stats_json is None:
         return target.describe(), ""

@@ -290,3 +290,16 @@ def test_a_source_from_outside_runs_through_pack_the_loader_and_train(zip_source
     )  # fmt: skip
     assert rc == 0, err
     assert json.loads(out)["steps"] == 3
+
+
+def test_a_folder_of_images_beside_its_csv_is_told_to_pack_the_csv_and_one_class_is_said(tmp_path):
+    from stoker.tools.common.synth import make_regression_csv
+
+    csv = make_regression_csv(tmp_path / "ages", n=12, low=18, high=80, column="age", min_side=32, max_side=48)
+    rc, _, err = run("pack", tmp_path / "ages", tmp_path / "out", "-q", "--workers", "1")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "holds targets.csv beside a single folder of images (images/): pack the CSV" in err
+    assert f"stoker pack {csv} OUT" in err and not (tmp_path / "out" / "train").exists()
+    csv.unlink()  # one class folder alone packs, and the summary says what it is worth
+    rc, out, _ = run("pack", tmp_path / "ages", tmp_path / "out", "-q", "--workers", "1")
+    assert rc == 0 and "targets: class, 1 class (one class: nothing for a classifier to learn" in out

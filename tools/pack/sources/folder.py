@@ -40,6 +40,23 @@ def check_class_targets(options: SourceOptions) -> None:
         )
 
 
+def targets_beside(src: Path, classes: list[str]) -> None:
+    """One class folder beside a CSV is a folder of images and their targets, not an ImageFolder:
+    a one-line error naming the CSV to pack (it would be packed as one class, silently)."""
+    if len(classes) != 1:
+        return
+    tables = [
+        e.name
+        for e in scandir_sorted(src)
+        if not is_dir(e) and not hidden(e.name) and os.path.splitext(e.name)[1].lower() in (".csv", ".tsv")
+    ]
+    if tables:
+        raise UsageError(
+            f"SRC {src} holds {tables[0]} beside a single folder of images ({classes[0]}/): pack the "
+            f"CSV for its targets (stoker pack {Path(src) / tables[0]} OUT), or add one folder per class"
+        )
+
+
 def no_class_folders(src: Path) -> None:
     """A folder that yielded no image: a one-line error when it holds loose images (not an
     ImageFolder), else nothing (the caller says it holds no images)."""
@@ -71,6 +88,7 @@ class FolderReader(FileReader):
         classes = class_dirs(src)
         skipped = [loose_files(src)]
         rejects: list[tuple[str, str]] = []
+        targets_beside(src, classes)
         items = scan_class_folders(src, src, classes, skipped, rejects)
         return Scan(classes, {"train": items}, {"train": skipped[0]}, {"train": rejects})
 
