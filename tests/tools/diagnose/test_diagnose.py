@@ -666,6 +666,16 @@ def test_a_mask_split_without_a_class_count_is_one_line(capsys, tmp_path):
 
     images, masks = make_segmentation_tree(tmp_path / "src", n=8, seed=2, min_side=40, max_side=64)
     pack(images, tmp_path / "data", masks=masks, workers=1)
+    # the packer counted the values the masks hold: the class count comes from them
+    from stoker.tools.diagnose.inputs import count_data
+
+    outputs, samples, task = count_data("shards", tmp_path / "data" / "train")
+    assert task.name == "segment" and outputs == 4 and samples == 8  # values 0..3 in the masks
+    # a manifest without them (an older pack, or one written by hand) cannot say: one line
+    manifest = tmp_path / "data" / "train" / "stoker.json"
+    d = json.loads(manifest.read_text())
+    del d["target"]["stats"]
+    manifest.write_text(json.dumps(d))
     rc, _, err = _cli(capsys, tmp_path / "data", "--batch-size", 4)
     assert rc == 2 and err.count("\n") == 1 and "repack with --num-classes N" in err
 
