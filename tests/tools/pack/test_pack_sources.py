@@ -225,6 +225,24 @@ def test_official_split_lists_choose_the_splits(tmp_path):
     assert rc == 2 and "--val-list and --val-fraction both choose the val split: give one" in err
 
 
+def test_images_in_no_list_are_skipped_even_without_a_mask(tmp_path):
+    # VOC: JPEGImages holds every photo, SegmentationClass and the lists only the segmented ones
+    from stoker.tools.common.synth import make_segmentation_tree
+
+    images, masks = make_segmentation_tree(tmp_path / "voc", n=8, seed=0, min_side=32, max_side=40)
+    for stem in ("00006", "00007"):
+        (masks / f"{stem}.png").unlink()
+    (tmp_path / "train.txt").write_text("00000\n00001\n00002\n00007\n")
+    (tmp_path / "val.txt").write_text("00003\n")
+    rc, out, err = run(
+        "pack", images, tmp_path / "out", "--masks", masks, "-q", "--workers", "1",
+        "--train-list", tmp_path / "train.txt", "--val-list", tmp_path / "val.txt",
+    )  # fmt: skip
+    assert rc == 0, err
+    assert "train          3         1        3" in out and "val            1         0        0" in out
+    assert rejects(tmp_path / "out") == {"00007.png": f"no mask: expected 00007.png in {masks}"}
+
+
 def test_a_semicolon_csv_with_decimal_commas_reads_right(tmp_path):
     (tmp_path / "im").mkdir()
     rows = ["path;age"]

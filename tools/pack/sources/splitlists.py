@@ -4,10 +4,11 @@ for any reader whose SRC has no split of its own.
 
 A list names one image a line (blank lines and ``#`` comments skipped): its path relative to SRC,
 that path without its extension, or its file stem (``2007_000032``). Listed images go to the
-list's split; with ``--train-list``, images in no list are skipped (counted in train's *skipped*);
-with ``--val-list`` alone the others are train. Rejects: a line naming no image of SRC (``listed
-in val.txt line 3 but not in SRC``), an image in both lists. A stem that names several images is
-a one-line error (write their relative paths).
+list's split; with ``--train-list``, images in no list are skipped (counted in train's *skipped*),
+even those the scan rejected (VOC's ``JPEGImages`` holds 17,125 photos, its segmentation lists
+the 2,913 that have masks); with ``--val-list`` alone the others are train. Rejects: a line
+naming no image of SRC (``listed in val.txt line 3 but not in SRC``), an image in both lists. A
+stem that names several images is a one-line error (write their relative paths).
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from stoker.errors import UsageError
 
 from .base import Item, Scan
 from .csvlist import read_text
+
+
+def _keys(rel: str) -> set[str]:
+    """The names a list line may give ``rel`` by: its path, the path without its extension, its stem."""
+    stem = posixpath.splitext(rel)[0]
+    return {rel, stem, posixpath.basename(stem)}
 
 
 def _names(path: Path) -> list[tuple[int, str]]:
@@ -41,12 +48,12 @@ def apply_split_lists(found: Scan, train_list: Path | None, val_list: Path | Non
     items = found.splits["train"]
     by_key: dict[str, list[int]] = {}
     for i, it in enumerate(items):
-        stem = posixpath.splitext(it.rel)[0]
-        keys = {it.rel, stem, posixpath.basename(stem)}
-        for key in keys:
+        for key in _keys(it.rel):
             by_key.setdefault(key, []).append(i)
+    scan_rejected = {key for rel, _ in found.rejects.get("train", []) for key in _keys(rel)}
     chosen: dict[int, str] = {}
-    rejects = {"train": list(found.rejects.get("train", [])), "val": []}
+    listed: set[str] = set()
+    rejects: dict[str, list[tuple[str, str]]] = {"train": [], "val": []}
     twice: set[int] = set()
     for split, lst in (("train", train_list), ("val", val_list)):
         if lst is None:
@@ -54,11 +61,13 @@ def apply_split_lists(found: Scan, train_list: Path | None, val_list: Path | Non
         for lineno, name in _names(lst):
             key = name.replace("\\", "/")
             key = key[2:] if key.startswith("./") else key
+            listed.add(key)
             hits = by_key.get(key, [])
             exact = [i for i in hits if items[i].rel in (key,) or posixpath.splitext(items[i].rel)[0] == key]
             hits = exact or hits
             if not hits:
-                rejects[split].append((name, f"listed in {lst.name} line {lineno} but not in SRC"))
+                if key not in scan_rejected:  # else the scan's reject says why (no mask, say)
+                    rejects[split].append((name, f"listed in {lst.name} line {lineno} but not in SRC"))
                 continue
             if len(hits) > 1:
                 some = ", ".join(items[i].rel for i in hits[:3])
@@ -72,9 +81,12 @@ def apply_split_lists(found: Scan, train_list: Path | None, val_list: Path | Non
             chosen[i] = split
     for i in sorted(twice):
         rejects["train"].append((items[i].rel, f"listed in both {train_list.name} and {val_list.name}"))
+    # what the scan rejected stays a reject when it is listed (or nothing is left out)
+    kept = [r for r in found.rejects.get("train", []) if train_list is None or _keys(r[0]) & listed]
+    skipped = len(found.rejects.get("train", [])) - len(kept)
+    rejects["train"] = kept + rejects["train"]
     train: list[Item] = []
     val: list[Item] = []
-    skipped = 0
     for i, it in enumerate(items):
         split = chosen.get(i, None if train_list is not None else "train")
         if i in twice:
