@@ -145,7 +145,9 @@ def packed_tasks(work: Workdir) -> None:
 def pack_sources(work: Workdir) -> None:
     """What the Packing page packs: ``photos/`` (an ImageFolder), ``labels.csv`` (``path,label``)
     and ``ages.csv`` (``path,age``, whole years) of the pictures in ``pictures/``, ``images/`` with
-    their ``masks/``, and ``/path/to/imagenet-sample`` (a flat folder of ``<synset>_<n>.JPEG``)."""
+    their ``masks/``, ``pairs.csv`` (``image,mask`` rows, Cityscapes' names), ``beans/`` (a
+    parquet repository as Hugging Face ``datasets`` writes it), ``VOC2012/`` (Pascal VOC's
+    layout) and ``/path/to/imagenet-sample`` (a flat folder of ``<synset>_<n>.JPEG``)."""
     from stoker.tools.common.synth import make_segmentation_tree
 
     make_image_folder(work.root / "photos", per_class=10, min_side=32, max_side=64)
@@ -160,7 +162,93 @@ def pack_sources(work: Workdir) -> None:
     ages = "".join(f"{name},{20 + i}\n" for i, (name, _) in enumerate(rows))
     (work.root / "ages.csv").write_text("path,age\n" + ages)
     make_segmentation_tree(work.root, n=20, min_side=48, max_side=96)
+    _mask_pairs(work.root, n=12)
+    _parquet_repo(work.root / "beans")
+    _voc(work.root / "VOC2012", n=16)
     _flat_sample(work.root / "path" / "to" / "imagenet-sample")
+
+
+def _mask_pairs(root: Path, n: int) -> Path:
+    """``root/pairs.csv``: ``image,mask`` rows of ``leftImg8bit/aachen/*_leftImg8bit.png`` pictures
+    and their ``gtFine/aachen/*_gtFine_labelIds.png`` masks (4 classes), Cityscapes' names."""
+    from PIL import Image
+
+    from stoker.tools.common.synth import draw_segmentation
+
+    rng = random.Random(5)
+    images, masks = root / "leftImg8bit" / "aachen", root / "gtFine" / "aachen"
+    images.mkdir(parents=True)
+    masks.mkdir(parents=True)
+    rows = ["image,mask"]
+    for k in range(n):
+        stem = f"aachen_000000_{k:06d}"
+        picture, mask = draw_segmentation((48, 40), rng)
+        Image.fromarray(picture, "L").save(images / f"{stem}_leftImg8bit.png")
+        Image.fromarray(mask, "L").save(masks / f"{stem}_gtFine_labelIds.png")
+        rows.append(f"leftImg8bit/aachen/{stem}_leftImg8bit.png,gtFine/aachen/{stem}_gtFine_labelIds.png")
+    (root / "pairs.csv").write_text("\n".join(rows) + "\n")
+    return root / "pairs.csv"
+
+
+def _voc(root: Path, n: int) -> Path:
+    """Pascal VOC's segmentation layout: ``root/JPEGImages/2007_<k>.jpg``, their palette masks in
+    ``root/SegmentationClass`` (4 classes, 255 on the shapes' edges) for all but the last 4, and
+    ``root/ImageSets/Segmentation/{train,val}.txt`` listing 8 and 4 stems (the others in no list)."""
+    import numpy as np
+    from PIL import Image
+
+    from stoker.tools.common.synth import draw_segmentation
+
+    rng = random.Random(7)
+    images, masks, lists = root / "JPEGImages", root / "SegmentationClass", root / "ImageSets" / "Segmentation"
+    for folder in (images, masks, lists):
+        folder.mkdir(parents=True)
+    stems = [f"2007_{k:06d}" for k in range(n)]
+    for k, stem in enumerate(stems):
+        picture, mask = draw_segmentation((56, 48), rng)
+        Image.fromarray(picture, "L").convert("RGB").save(images / f"{stem}.jpg", quality=90)
+        if k < n - 4:
+            edges = np.zeros_like(mask, bool)
+            edges[:, 1:] |= mask[:, 1:] != mask[:, :-1]
+            m = Image.fromarray(np.where(edges, 255, mask).astype(np.uint8), "P")
+            m.putpalette([0, 0, 0, 128, 0, 0, 0, 128, 0, 128, 128, 0] + [224, 224, 192] * 252)
+            m.save(masks / f"{stem}.png")
+    (lists / "train.txt").write_text("".join(f"{s}\n" for s in stems[:8]))
+    (lists / "val.txt").write_text("".join(f"{s}\n" for s in stems[8 : n - 4]))
+    return root
+
+
+def _parquet_repo(root: Path) -> Path:
+    """``root/data/{train,validation,test}-00000-of-00001.parquet``: a dataset repository as
+    Hugging Face ``datasets`` writes beans (an ``image`` of bytes and path, a ``labels``
+    ClassLabel of 3 classes, an ``image_file_path``), 12 + 6 + 3 rows."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    names = ["angular_leaf_spot", "bean_rust", "healthy"]
+    features = {
+        "image_file_path": {"_type": "Value", "dtype": "string"},
+        "image": {"_type": "Image"},
+        "labels": {"_type": "ClassLabel", "names": names},
+    }
+    metadata = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    rng = random.Random(6)
+    (root / "data").mkdir(parents=True)
+    for split, n in (("train", 12), ("validation", 6), ("test", 3)):
+        paths = [f"{split}/{names[k % 3]}/{split}.{k}.jpg" for k in range(n)]
+        rows = [{"bytes": encode(draw(CLASSES[k % 3], (48, 40), rng)), "path": p} for k, p in enumerate(paths)]
+        table = pa.table(
+            {
+                "image_file_path": pa.array(paths),
+                "image": pa.array(rows, image),
+                "labels": pa.array([k % 3 for k in range(n)], pa.int64()),
+            }
+        )
+        pq.write_table(table.replace_schema_metadata(metadata), root / "data" / f"{split}-00000-of-00001.parquet")
+    return root
 
 
 def _flat_sample(folder: Path, n: int = 24) -> Path:
