@@ -12,6 +12,9 @@ folder's ``home/`` (so ``~/data/...`` is generated data), and before a block run
 3. without a CUDA device, :data:`PY_CUDA` / :data:`SH_CUDA` read the CUDA device as the CPU
    (``device="cuda"``, ``.cuda()``, ``torch.autocast("cuda", ...)``, ``--device cuda``).
 
+A page's registrations (a pack source, a target kind or a decode backend of its own, registered
+in a python block) are undone when the page is done: the next page sees the package's own.
+
 A failure names the page and line, the block as it ran and the tail of its output.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import io
 import os
 import re
@@ -43,6 +47,8 @@ PY_CUDA = (
 )
 #: without CUDA: the same for a shell block's ``--device cuda``
 SH_CUDA = ((re.compile(r"--device(\s+|=)cuda(?::\d+)?\b"), r"--device\1cpu"),)
+#: the modules of the registries a page may add to (``_REGISTRY``, ``_plugins_loaded``), restored after it
+REGISTRIES = ("stoker.tools.pack.sources.registry", "stoker.pipeline.shards.kinds", "stoker.pipeline.backends.registry")
 #: seconds a shell block may take before it is killed and fails
 TIMEOUT = 60
 #: lines of output a failure shows
@@ -77,6 +83,8 @@ class PageRun:
         self.work.names.update({"__name__": "__docs__", "__builtins__": __builtins__})
         self.done: dict[int, str | None] = {}  # block line -> None (passed) or the failure
         self._setups, self._set_up, self._setup_failed = setups, False, ""
+        for name in REGISTRIES:
+            self.work.cleanups.append(_restorer(importlib.import_module(name)))
 
     def run(self, block: Block) -> None:
         """Run ``block``, after the page's earlier blocks (run now if not yet run)."""
@@ -201,6 +209,18 @@ class PageRun:
         lines += ["", f"output (last {len(tail)} lines):"] + ["    " + line for line in tail]
         lines += ["", f"working folder: {self.work.root}"]
         return "\n".join(lines)
+
+
+def _restorer(module) -> Callable[[], None]:
+    """What puts ``module``'s registry back as it is now (a reader a page registered is gone)."""
+    saved, loaded = dict(module._REGISTRY), module._plugins_loaded
+
+    def restore() -> None:
+        module._REGISTRY.clear()
+        module._REGISTRY.update(saved)
+        module._plugins_loaded = loaded
+
+    return restore
 
 
 def client_bin(folder: Path, client: str) -> Path:

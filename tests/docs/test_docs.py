@@ -230,3 +230,18 @@ def test_absolute_paths_and_the_cuda_device_are_rewritten(tmp_path):
     on_gpu = PageRun(page, root, setups={}, shell_env=lambda w: {}, cuda=True)
     assert on_gpu.rewrite(shell) == f"stoker train {root}/data/x --device cuda\n"
     assert set(ABSOLUTE_ROOTS) >= {"fast", "data", "tmp"}
+
+
+def test_a_reader_a_page_registers_is_gone_after_the_page(tmp_path):
+    from stoker.tools.pack.sources import reader_names
+
+    page = _page(
+        tmp_path,
+        "```python\nfrom stoker.tools.pack.sources import FileReader, register_reader\n\n"
+        "@register_reader\nclass PageReader(FileReader):\n    name = 'docs-page-reader'\n```\n",
+    )
+    run = PageRun(page, tmp_path / "run", setups={}, shell_env=lambda w: {}, cuda=False)
+    run.run(page.blocks[0])
+    assert "docs-page-reader" in reader_names()
+    run.close()
+    assert "docs-page-reader" not in reader_names() and "parquet" in reader_names()
