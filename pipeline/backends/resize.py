@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 
 import numpy as np
 
@@ -62,13 +63,21 @@ def resize_into(out: np.ndarray, k: int, im, crop, flip: bool, box=None, chw: bo
     out[k] = hwc.transpose(2, 0, 1) if chw else hwc
 
 
+def decode_failures() -> tuple[type[BaseException], ...]:
+    """What pillow raises for an image that does not decode (a sample to skip and count), as
+    against a bug or an API change (a TypeError, say), which must raise and not drop every sample."""
+    from PIL import Image
+
+    return (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
+
+
 def _pack(core, rawmode: str, nbytes: int) -> bytes:
     """The pixels of a pillow core image packed as ``rawmode`` (what ``Image.tobytes`` does, in
     one encoder call of the right size)."""
     from PIL import Image
 
     encoder = Image.core.raw_encoder(core.mode, rawmode)
-    encoder.setimage(core)
+    encoder.setimage(core, (0, 0, *core.size))  # extents: required since Pillow 13
     parts = []
     while True:
         _, status, data = encoder.encode(max(nbytes, 1))

@@ -26,7 +26,7 @@ from ..backends import producer
 from ..backends.base import Batch, DecodeSettings, decode_masks, plan_batch, targets_of
 from ..backends.gpu_resize import filter_regions
 from ..backends.pil import BatchItems, EpochItems, batch_loader
-from ..backends.resize import MODES, resize_into
+from ..backends.resize import MODES, decode_failures, resize_into
 from ..backends.slots import SlotPool, copy_out
 from .store import PixelStore
 
@@ -59,7 +59,7 @@ def crop_stored(out: np.ndarray, k: int, pixels: np.ndarray, box, flip: bool, cr
     mode = MODES[c]
     region = Image.core.new(mode, (x1 - x0, y1 - y0))  # the rows and columns the filter reads, unpacked
     decoder = Image.core.raw_decoder(mode, mode, w * c, 1)
-    decoder.setimage(region)
+    decoder.setimage(region, (0, 0, *region.size))  # extents: required since Pillow 13
     decoder.decode(pixels.reshape(-1)[(y0 * w + x0) * c : (y1 * w) * c])
     x, y, bw, bh = box
     resize_into(out, k, region, crop, flip, box=(x - x0, y - y0, bw, bh), chw=chw)
@@ -103,6 +103,7 @@ class PixelBatches:
         fresh = iter(decode_masks(plan.keep(~cached)) if s.masks else ())
         good = np.zeros(n, bool)
         decoded = kept = 0
+        failures = decode_failures()
         for j in range(n):
             i, box, flip = int(plan.ids[j]), boxes[j], flips[j]
             try:
@@ -117,7 +118,7 @@ class PixelBatches:
                     decoded += 1
                     store.put(i, im.tobytes(), mask)
                     resize_into(out, kept, im, s.crop, flip, box=box, chw=chw)
-            except Exception:  # noqa: BLE001 - any decoder failure means: skip and count
+            except failures:  # a damaged image: skipped and counted
                 continue
             if mask_out is not None:
                 crop_mask(mask, box, flip, mask_out[kept])

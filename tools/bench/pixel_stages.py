@@ -69,7 +69,7 @@ def pixel_stages(split: str, *, crop: int = 224, batch_size: int = 64, epochs: i
                     (x0, y0), (x1, y1) = lo[j].tolist(), hi[j].tolist()
                     region = Image.core.new("RGB", (x1 - x0, y1 - y0))
                     decoder = Image.core.raw_decoder("RGB", "RGB", w * 3, 1)
-                    decoder.setimage(region)
+                    decoder.setimage(region, (0, 0, *region.size))
                     decoder.decode(px.reshape(-1)[(y0 * w + x0) * 3 : (y1 * w) * 3])
                     t1 = clock()
                     flip = bool(plan.flips[j])
