@@ -34,6 +34,7 @@ from .errors import (
     StorageError,
     TargetError,
     UsageError,
+    WorkerDiedError,
 )
 
 __version__ = "0.2.0"
@@ -72,6 +73,7 @@ __all__ = [
     "StorageError",
     "TargetError",
     "UsageError",
+    "WorkerDiedError",
     "__version__",
     "index",
     "merge_parts",

@@ -111,6 +111,11 @@ class LoaderError(StokerError, RuntimeError):
     """A Loader used in a way it cannot serve (an iterator replaced by a newer one)."""
 
 
+class WorkerDiedError(StokerError, RuntimeError):
+    """A worker process died (killed, out of memory, a crash in native code): exit 1, one line
+    naming what it was working on, its exit signal and how to resume."""
+
+
 class NoBatchError(StokerError, ValueError):
     """A batch size larger than a rank's share of the split, with ``drop_last``: no batch at all.
     :attr:`share` is the rank's share (what a batch size must not exceed)."""
@@ -165,5 +170,6 @@ __all__ = [
     "TarFormatError",
     "TargetError",
     "UsageError",
+    "WorkerDiedError",
     "WriteFailedError",
 ]

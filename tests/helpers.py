@@ -74,3 +74,25 @@ def run_epoch(loader, epoch=None):
         images.append(x)
         labels.append(y)
     return images, labels
+
+
+# Work for stoker's worker processes in tests (a module they can import by name).
+def square(x: int) -> int:
+    return x * x
+
+
+def buggy(x: int) -> int:
+    """A bug in the work itself: raises TypeError on 3."""
+    return x * x if x != 3 else x + "3"
+
+
+def block_on(x: int, target: int, pidfile: str) -> int:
+    """``x * x``, except that ``target`` writes its worker's pid to ``pidfile`` and blocks."""
+    if x == target:
+        with open(pidfile + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(pidfile + ".tmp", pidfile)
+        import time
+
+        time.sleep(3600)
+    return x * x

@@ -8,6 +8,8 @@ resize of one sample are :mod:`.resize`.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -117,23 +119,21 @@ class EpochItems:
 def batch_loader(dataset, sampler, settings: DecodeSettings):
     """A torch DataLoader whose items are whole batches (``dataset[item]`` for each item of
     ``sampler``), made by ``settings.threads`` persistent worker processes (none: in this one)."""
-    import sys
-
     import torch
+
+    from ..workers import check_not_bootstrapping, start_method
 
     workers = settings.threads
     kw = {}
     if workers > 0:
-        # fork is cheapest, but forking a process where DALI's native threads run can
-        # deadlock the child (a lock held mid-fork): use a fork server then.
-        methods = torch.multiprocessing.get_all_start_methods()
-        method = "fork" if "fork" in methods and "nvidia.dali.backend_impl" not in sys.modules else None
-        if method is None and "forkserver" in methods:
-            method = "forkserver"
+        check_not_bootstrapping()
+        # workers start from a fork server, never a fork of this process: it may run threads
+        # (fsspec's IO loop for a URL split, DALI's, torch's) whose held locks a fork would copy
         kw = {
             "prefetch_factor": max(1, settings.prefetch),
             "persistent_workers": True,
-            "multiprocessing_context": method,
+            "multiprocessing_context": start_method(),
+            "worker_init_fn": functools.partial(_worker_init, env=dict(os.environ), cwd=os.getcwd()),
         }
     return torch.utils.data.DataLoader(
         dataset,
@@ -144,6 +144,35 @@ def batch_loader(dataset, sampler, settings: DecodeSettings):
         collate_fn=_identity,
         **kw,
     )
+
+
+def worker_batches(it: Iterator) -> Iterator:
+    """The items of a DataLoader iterator; a worker process that died (killed, out of memory, a
+    crash in a codec) is a :class:`~stoker.errors.LoaderError` naming it, not torch's traceback.
+    torch notices a dead worker within its status interval (5 s)."""
+    from stoker.errors import LoaderError
+
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except RuntimeError as e:
+            if not str(e).startswith("DataLoader worker"):
+                raise
+            why = " ".join(str(e).split()).rstrip(". ")
+            raise LoaderError(
+                f"a decode worker process died ({why}): this Loader cannot go on; make a new one and "
+                "load_state_dict() its last state_dict() to resume mid-epoch"
+            ) from None
+        yield item
+
+
+def _worker_init(_worker_id: int, env: dict[str, str], cwd: str) -> None:
+    from ..workers import as_parent, die_with_parent
+
+    die_with_parent()
+    as_parent(env, cwd)
 
 
 class PilRunner:
@@ -173,7 +202,7 @@ class PilRunner:
             # pinned memory some versions wait 5 s per worker in it (80 s with 16 workers, seen on
             # an H200). Registered after it, ours runs first and stops them at once.
             producer.stop_at_exit(self)
-        for k, ((images, masks, bad), ids) in enumerate(zip(it, batches, strict=True)):
+        for k, ((images, masks, bad), ids) in enumerate(zip(worker_batches(it), batches, strict=True)):
             if pool is not None:  # copied out of the slot: it is written again later
                 images, masks = (copy_out(v, pin=s.device.type == "cuda") for v in pool.views(k % slots, images))
             targets, consumed, nbad = self._targets(ids, masks, bad), len(ids), int(bad.sum())
@@ -200,4 +229,4 @@ class PilRunner:
         self.dl = None
 
 
-__all__ = ["BatchItems", "EpochItems", "PilBatches", "PilRunner", "batch_loader"]
+__all__ = ["BatchItems", "EpochItems", "PilBatches", "PilRunner", "batch_loader", "worker_batches"]

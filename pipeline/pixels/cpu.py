@@ -25,7 +25,7 @@ from ..augment import CropSpec, crop_mask
 from ..backends import producer
 from ..backends.base import Batch, DecodeSettings, decode_masks, plan_batch, targets_of
 from ..backends.gpu_resize import filter_regions
-from ..backends.pil import BatchItems, EpochItems, batch_loader
+from ..backends.pil import BatchItems, EpochItems, batch_loader, worker_batches
 from ..backends.resize import MODES, decode_failures, resize_into
 from ..backends.slots import SlotPool, copy_out
 from .store import PixelStore
@@ -186,7 +186,7 @@ class PixelRunner:
         it = iter(self.dl)
         if self.dl.num_workers:
             producer.stop_at_exit(self)  # before torch's own exit hook for the workers (see pil.py)
-        for k, ((images, masks, bad, decoded), ids) in enumerate(zip(it, batches, strict=True)):
+        for k, ((images, masks, bad, decoded), ids) in enumerate(zip(worker_batches(it), batches, strict=True)):
             if pool is not None:  # copied out of the slot: it is written again later
                 views = pool.views(k % slots, images, crops.size)
                 images, masks = (copy_out(v, pin=s.device.type == "cuda") for v in views)

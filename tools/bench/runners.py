@@ -332,18 +332,17 @@ def _decode_all(job):
 
 def _run_ceiling(cfg):
     """Every image decoded once per epoch by `workers` processes, nothing else."""
-    from multiprocessing import get_context
-
     from stoker.pipeline.shards.samples import SampleIndex
+    from stoker.pipeline.workers import Workers
 
     n = len(SampleIndex(cfg["data"]))
     w = cfg["workers"]
     parts = [(cfg["data"], n * k // w, n * (k + 1) // w) for k in range(w)]
-    with get_context("fork").Pool(w) as pool:
-        pool.map(_decode_all, [(cfg["data"], lo, min(hi, lo + 20)) for _, lo, hi in parts])  # warm-up
+    with Workers(w, doing="decoding", resume="rerun the benchmark") as pool:
+        list(pool.map(_decode_all, [(cfg["data"], lo, min(hi, lo + 20)) for _, lo, hi in parts]))  # warm-up
         t0, cpu0, done = time.perf_counter(), tree_cpu(), 0
         for e in range(10**6):
-            pool.map(_decode_all, parts)
+            list(pool.map(_decode_all, parts))
             done += n
             elapsed = time.perf_counter() - t0
             # at least `epochs` epochs and 1 s (tiny data), at most `seconds`

@@ -22,6 +22,7 @@ from stoker.errors import InputsRejectedError, StokerError, UsageError, WriteFai
 from stoker.pipeline.shards.table import write_split_table
 from stoker.pipeline.shards.targets import IGNORE_INDEX, Target, TargetStats
 from stoker.pipeline.storage import Store, default_cache_dir, is_url, url_key
+from stoker.pipeline.workers import check_not_bootstrapping
 
 from .engine import pack_part
 from .journal import REJECTS_NAME, claim, merge, merged_totals, read_settings
@@ -118,6 +119,7 @@ def pack(
         WriteFailedError: Writing ``out`` failed (disk full, ...); rerun the same call.
         CheckFailedError: A shard deleted since it was packed rebuilds differently (SRC changed).
     """
+    check_not_bootstrapping()  # before the part's lock: a worker importing an unguarded script would wait on it
     if not 0 <= part < parts:
         raise UsageError(f"--part {part}/{parts} should be I/N with 0 <= I < N, e.g. 0/4")
     mask_flags = num_classes is not None or ignore_index != IGNORE_INDEX

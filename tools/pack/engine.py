@@ -4,7 +4,6 @@ rebuild journaled shards that were deleted or damaged since. Resumes from the jo
 
 from __future__ import annotations
 
-import collections
 import json
 import sys
 from collections.abc import Iterator
@@ -23,29 +22,15 @@ from .sanitize import Sanitized, Settings, sanitize_item
 from .sources import Item, Job, Source, display_path
 
 CHUNK = 8  # images per worker task: amortizes inter-process overhead
-
-
-def _worker_init() -> None:
-    """Workers leave Ctrl-C to the main process and die with it, even on kill -9."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _sanitize_chunk(chunk: list[Job], settings: Settings) -> list[Sanitized]:
-    return [sanitize_item(job, settings) for job in chunk]
+RESUME = "rerun the same command to resume (finished shards are kept)"
 
 
 class _Sanitizer:
-    """Sanitizes items in order: in this process (workers=1), or in a process pool with
-    a bounded window of chunks in flight, so memory stays flat however long the list.
+    """Sanitizes items in order: in this process (workers=1), or in worker processes
+    (:class:`~stoker.pipeline.workers.Workers`) with a bounded window of chunks in flight,
+    so memory stays flat however long the list.
 
-    The pool is forked on ``__enter__``, before the progress bar starts its thread.
+    The workers start on ``__enter__``, before the progress bar starts its thread.
     """
 
     def __init__(self, settings: Settings, workers: int, source: Source):
@@ -53,35 +38,26 @@ class _Sanitizer:
 
     def __enter__(self) -> _Sanitizer:
         if self.workers > 1:
-            import multiprocessing as mp
+            from stoker.pipeline.workers import Workers
 
-            ctx = mp.get_context("spawn" if sys.platform == "darwin" else "fork")
-            self.pool = ctx.Pool(self.workers, _worker_init)
+            self.pool = Workers(self.workers, doing="sanitizing", resume=RESUME, chunk=CHUNK)
         return self
 
     def __exit__(self, *exc) -> None:
         if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
+            self.pool.close(kill=True)  # a finished run has nothing in flight; an error or Ctrl-C stops now
 
     def results(self, items: list[Item]) -> Iterator[Sanitized]:
         if self.pool is None:  # one at a time: a shard is written as soon as its images are ready
             for job in self.source.jobs(items):
                 yield sanitize_item(job, self.settings)
             return
-        fn = partial(_sanitize_chunk, settings=self.settings)
-        chunks = (self.source.jobs(items[i : i + CHUNK]) for i in range(0, len(items), CHUNK))
-        pending: collections.deque = collections.deque()
-        for c in chunks:
-            pending.append(self.pool.apply_async(fn, (c,)))
-            if len(pending) >= 4 * self.workers:
-                break
-        while pending:
-            res = pending.popleft().get()
-            nxt = next(chunks, None)
-            if nxt is not None:
-                pending.append(self.pool.apply_async(fn, (nxt,)))
-            yield from res
+        jobs = (job for i in range(0, len(items), CHUNK) for job in self.source.jobs(items[i : i + CHUNK]))
+        yield from self.pool.map(partial(sanitize_item, settings=self.settings), jobs, name=_job_name)
+
+
+def _job_name(job: Job) -> str:
+    return job.where
 
 
 def _sanitizer(settings: Settings, workers: int, source: Source, engine: str):

@@ -148,24 +148,21 @@ def run_shard_jobs(
     return [results[k] for k in range(len(jobs))]
 
 
-def fork_method() -> str:
-    """``fork`` (cheapest), unless DALI's native threads run in this process: a fork could
-    copy a held lock into the child, so use a fork server then."""
-    return "forkserver" if "nvidia.dali.backend_impl" in sys.modules else "fork"
-
-
 def _call(item: tuple) -> tuple[int, dict]:
     fn, k, job = item
     return k, fn(*job)
 
 
-def _local_results(fn, jobs, keys, workers, _names, _what) -> Iterator[tuple[int, dict]]:
+def _local_results(fn, jobs, keys, workers, names, what) -> Iterator[tuple[int, dict]]:
     items = [(fn, k, job) for k, job in zip(keys, jobs, strict=True)]
     if workers > 1 and len(items) > 1:
-        import multiprocessing as mp
+        from stoker.pipeline.workers import Workers
 
-        with mp.get_context(fork_method()).Pool(min(workers, len(items))) as pool:
-            yield from pool.imap_unordered(_call, items)
+        name_of = dict(zip(keys, names, strict=True))
+        resume = "rerun the same command to resume (finished shards are kept)"
+        with Workers(min(workers, len(items)), doing=what, resume=resume, window=2) as pool:
+            for _, result in pool.map(_call, items, ordered=False, name=lambda item: name_of[item[1]]):
+                yield result
     else:
         yield from map(_call, items)
 

@@ -20,9 +20,14 @@ import contextlib
 import io
 import json
 import os
-import resource
 import sys
 import time
+
+try:
+    from .timing import tree_cpu
+except ImportError:  # run by file path: import its neighbour by path
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from timing import tree_cpu
 
 
 def target(w: int, h: int, short_side: int) -> tuple[int, int]:
@@ -52,6 +57,7 @@ def encode(job: tuple[str, int, int]) -> bytes:
 def pack(items: list, out: str, workers: int, short_side: int, quality: int) -> int:
     """Write ``items`` (``[path, label]``) as webdataset shards ``out/plain-%06d.tar``; returns the count."""
     import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
 
     import webdataset as wds
 
@@ -60,8 +66,9 @@ def pack(items: list, out: str, workers: int, short_side: int, quality: int) -> 
     n = 0
     with contextlib.ExitStack() as stack:
         if workers > 1:
-            pool = stack.enter_context(mp.get_context("fork").Pool(workers))
-            results = pool.imap(encode, jobs, chunksize=8)
+            # a fork server, not fork (this process may run threads); a dead worker raises, never hangs
+            pool = stack.enter_context(ProcessPoolExecutor(workers, mp.get_context("forkserver")))
+            results = pool.map(encode, jobs, chunksize=8)
         else:
             results = map(encode, jobs)
         sink = stack.enter_context(wds.ShardWriter(os.path.join(out, "plain-%06d.tar"), maxsize=256e6, verbose=0))
@@ -72,10 +79,10 @@ def pack(items: list, out: str, workers: int, short_side: int, quality: int) -> 
 
 
 def cpu_seconds() -> float:
-    """CPU time of this process and its reaped children (the pool workers): images per
-    CPU-second is the per-core cost, unlike wall time unaffected by other load."""
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+    """CPU time of this process and its descendants, the pool's workers included (alive, or
+    reaped by the fork server): images per CPU-second is the per-core cost, unlike wall time
+    unaffected by other load."""
+    return tree_cpu()
 
 
 def pillow() -> dict:

@@ -27,14 +27,19 @@ def tree_pids(root: int) -> list[int]:
 
 
 def tree_cpu() -> float:
-    """CPU seconds (user+system) of this process and its live descendants."""
+    """CPU seconds (user+system) of this process and its descendants: this process and the
+    children it reaped from ``getrusage`` (exact), the live descendants and the children they
+    reaped (a fork server's finished workers) from /proc (in clock ticks)."""
+    import resource
+
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in tree_pids(os.getpid()):
+    for pid in tree_pids(os.getpid())[1:]:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+            total += sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
         except (OSError, IndexError, ValueError):
             pass
     return total

@@ -1,0 +1,234 @@
+"""Work in worker processes, one way for all of stoker (pack, verify, index, bench, the pil backend).
+
+* Workers start from a clean process: ``forkserver`` (``spawn`` where that is all there is),
+  never a fork of this process. A fork copies every lock another thread holds at that moment
+  (fsspec's IO loop, pyarrow's and torch's pools, DALI's), and the child can deadlock or crash
+  on it; Python 3.14 makes ``forkserver`` the Linux default for this reason.
+* A worker that dies (the kernel's OOM killer, a segfault in a codec, ``kill -9``) is noticed
+  within seconds (:class:`concurrent.futures.ProcessPoolExecutor` watches its processes) and
+  becomes one :class:`~stoker.errors.WorkerDiedError` line naming the item it was working on,
+  its exit signal and the way to resume.
+* Workers ignore Ctrl-C (the main process handles it) and die with their parent, even on
+  ``kill -9`` (Linux ``PR_SET_PDEATHSIG``).
+* At most ``window`` tasks are in flight, so memory stays flat however long the input.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from stoker.errors import UsageError, WorkerDiedError
+
+_NO_TASK = -1
+_table: Any = None  # in a worker: the shared (pid, task, item) table
+_slot = -1  # in a worker: its row of the table
+
+
+def start_method() -> str:
+    """``forkserver`` where the platform has it, else ``spawn``; never ``fork``."""
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def context() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context every stoker worker starts from (:func:`start_method`)."""
+    return multiprocessing.get_context(start_method())
+
+
+def check_not_bootstrapping() -> None:
+    """Refuse to start workers from a worker's own start-up: a worker imports the main script
+    (the spawn and fork-server rule), so a script that calls stoker at its top level would
+    start workers from each of them. Raises :class:`~stoker.errors.UsageError` saying the fix."""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise UsageError(
+            "stoker's worker processes import your main script, and its top level starts stoker's workers "
+            'again: put the code that calls stoker under `if __name__ == "__main__":`'
+        )
+
+
+def die_with_parent() -> None:
+    """Leave Ctrl-C to the main process, and die when the parent does, even on ``kill -9``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def as_parent(env: dict[str, str], cwd: str) -> None:
+    """In a worker: the parent's environment and working folder as they are now. A fork server
+    forks workers from itself, with what the parent had when the server started (credentials
+    set later, a chdir since, would be missing)."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+
+
+def _init(table, counter, env: dict[str, str], cwd: str) -> None:
+    global _table, _slot
+    die_with_parent()
+    as_parent(env, cwd)
+    with counter.get_lock():
+        _slot = counter.value
+        counter.value += 1
+    _table = table
+
+
+def _mark(task: int, item: int) -> None:
+    row = 3 * _slot
+    _table[row : row + 3] = [os.getpid(), task, item]
+
+
+def _run(task: int, fn: Callable, items: list) -> list:
+    """One task in a worker: ``fn`` on each item, each marked in the table before it starts."""
+    out = []
+    for j, item in enumerate(items):
+        _mark(task, j)
+        out.append(fn(item))
+    _mark(_NO_TASK, 0)
+    return out
+
+
+def signal_name(exitcode: int | None) -> str:
+    """``SIGKILL`` for -9, ``exit status 3`` for 3."""
+    if exitcode is None:
+        return "no exit status"
+    if exitcode < 0:
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+class Workers:
+    """A pool of ``workers`` processes mapping a function over items, chunked, with a bounded window.
+
+    Args:
+        workers: how many processes.
+        doing: what a worker does to an item, for the error line (``"sanitizing"``).
+        resume: what the user does after a worker died (``"rerun the same command to resume"``).
+        chunk: items per task (amortizes inter-process overhead).
+        window: tasks in flight per worker.
+    """
+
+    def __init__(self, workers: int, *, doing: str, resume: str, chunk: int = 1, window: int = 4):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        check_not_bootstrapping()
+        self.workers, self.doing, self.resume, self.chunk, self.window = workers, doing, resume, chunk, window
+        ctx = context()
+        self._table = ctx.Array("q", 3 * workers, lock=False)
+        self._table[:] = [0, _NO_TASK, 0] * workers
+        init = (self._table, ctx.Value("i", 0), dict(os.environ), os.getcwd())
+        self._pool = ProcessPoolExecutor(workers, ctx, initializer=_init, initargs=init)
+        self._procs: dict[int, Any] = {}
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(kill=exc[0] is not None)
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the workers: at once when ``kill`` (an error or Ctrl-C), else once idle."""
+        if kill:
+            self._procs.update(getattr(self._pool, "_processes", None) or {})
+            for p in self._procs.values():
+                if p.exitcode is None:
+                    p.kill()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def map(
+        self, fn: Callable, items: Iterable, *, ordered: bool = True, name: Callable[[Any], str] = str
+    ) -> Iterator[Any]:
+        """``fn(item)`` for each item, in their order (``ordered``) or as they finish (then each
+        result comes as ``(position, result)``). ``fn`` must be picklable (a module-level function
+        or a ``functools.partial`` of one). ``name(item)`` names the item in the error line."""
+        chunks = _chunks(iter(items), self.chunk)
+        pending: collections.deque = collections.deque()
+        held: dict[int, list] = {}  # task -> its items, while in flight
+        starts: dict[int, int] = {}  # task -> position of its first item
+        position, task = 0, 0
+
+        def submit() -> bool:
+            nonlocal position, task
+            c = next(chunks, None)
+            if c is None:
+                return False
+            held[task], starts[task] = c, position
+            pending.append((task, self._pool.submit(_run, task, fn, c)))
+            self._procs.update(self._pool._processes or {})  # for the exit status, if one dies
+            position, task = position + len(c), task + 1
+            return True
+
+        while len(pending) < self.window * self.workers and submit():
+            pass
+        try:
+            while pending:
+                if ordered:
+                    t, fut = pending.popleft()
+                else:
+                    from concurrent.futures import FIRST_COMPLETED, wait
+
+                    done, _ = wait([f for _, f in pending], return_when=FIRST_COMPLETED)
+                    t, fut = next((t, f) for t, f in pending if f in done)
+                    pending.remove((t, fut))
+                results = fut.result()
+                first = starts.pop(t)
+                del held[t]
+                submit()
+                if ordered:
+                    yield from results
+                else:
+                    yield from enumerate(results, start=first)
+        except BrokenProcessPool:
+            raise WorkerDiedError(self._death_line(held, name)) from None
+
+    def _death_line(self, held: dict[int, list], name: Callable[[Any], str]) -> str:
+        """Which worker died, on what, with which signal, and what to do."""
+        for p in self._procs.values():
+            p.join(timeout=5)
+        dead = [p for p in self._procs.values() if p.exitcode not in (None, 0)]
+        # the pool terminates (SIGTERM) the others once one has died: the first cause is another signal
+        dead.sort(key=lambda p: p.exitcode == -signal.SIGTERM)
+        rows = {self._table[3 * k]: (self._table[3 * k + 1], self._table[3 * k + 2]) for k in range(self.workers)}
+        what = ""
+        if dead:
+            task, item = rows.get(dead[0].pid, (_NO_TASK, 0))
+            if task in held and item < len(held[task]):
+                what = f" while {self.doing} {name(held[task][item])}"
+        how = signal_name(dead[0].exitcode) if dead else "no exit status"
+        hint = {
+            "SIGKILL": ", as the kernel's out-of-memory killer sends",
+            "exit status 1": ": its error is above",
+        }.get(how, "")
+        return f"a worker process died ({how}{hint}){what}; {self.resume}"
+
+
+def _chunks(items: Iterator, size: int) -> Iterator[list]:
+    while True:
+        c = list(itertools.islice(items, size))
+        if not c:
+            return
+        yield c
+
+
+__all__ = [
+    "Workers",
+    "as_parent",
+    "check_not_bootstrapping",
+    "context",
+    "die_with_parent",
+    "signal_name",
+    "start_method",
+]

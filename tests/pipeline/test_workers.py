@@ -1,0 +1,126 @@
+"""stoker's worker processes (:mod:`stoker.pipeline.workers`): started clean, ordered results, a
+bug raises, a dead worker is an error in seconds naming its item, and started from a process that
+already runs fsspec's, pyarrow's and torch's threads they neither hang nor crash."""
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from helpers import block_on, buggy, square, write_split
+from stoker.errors import LoaderError, WorkerDiedError
+from stoker.pipeline.workers import Workers, start_method
+
+
+def test_workers_never_fork_and_keep_the_order_of_the_items():
+    assert start_method() in ("forkserver", "spawn")
+    with Workers(2, doing="squaring", resume="rerun", chunk=3) as pool:
+        assert list(pool.map(square, range(20))) == [x * x for x in range(20)]
+        unordered = list(pool.map(square, range(10, 20), ordered=False))
+    assert sorted(unordered) == [(k, (10 + k) ** 2) for k in range(10)]
+
+
+def test_a_bug_in_the_work_raises_its_own_error_with_the_workers_traceback():
+    with Workers(2, doing="squaring", resume="rerun") as pool, pytest.raises(TypeError) as e:
+        list(pool.map(buggy, range(6)))
+    assert "buggy" in str(e.value.__cause__)  # the traceback from the worker
+
+
+def test_the_workers_see_the_environment_and_folder_of_now(tmp_path, monkeypatch):
+    with Workers(1, doing="warming", resume="rerun") as pool:  # the fork server starts here
+        list(pool.map(square, [1]))
+    monkeypatch.setenv("STOKER_TEST_LATE", "set after the fork server started")
+    monkeypatch.chdir(tmp_path)
+    with Workers(1, doing="reading", resume="rerun") as pool:
+        assert list(pool.map(os.getenv, ["STOKER_TEST_LATE"])) == ["set after the fork server started"]
+        assert list(pool.map(os.path.abspath, ["x"])) == [str(tmp_path / "x")]
+
+
+def test_a_killed_worker_is_one_line_naming_its_item_within_seconds(tmp_path):
+    pidfile = tmp_path / "pid"
+    fn = functools.partial(block_on, target=7, pidfile=str(pidfile))
+
+    def kill_when_blocked():
+        while not pidfile.exists():
+            time.sleep(0.02)
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_blocked, daemon=True)
+    killer.start()
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDiedError) as e, Workers(2, doing="squaring", resume="rerun it", chunk=2) as pool:
+        list(pool.map(fn, range(12), name=lambda x: f"item-{x}"))
+    assert time.monotonic() - t0 < 15
+    assert str(e.value) == (
+        "a worker process died (SIGKILL, as the kernel's out-of-memory killer sends) while squaring item-7; rerun it"
+    )
+
+
+def test_a_killed_pil_worker_is_a_loader_error_not_a_hang(tmp_path):
+    from stoker.pipeline.loader import Loader
+
+    write_split(tmp_path / "train", num_samples=64, samples_per_shard=16)
+    loader = Loader(tmp_path / "train", batch_size=4, crop=32, backend="pil", threads=2, device="cpu")
+    it = iter(loader)
+    next(it)
+    workers = loader._runner.dl._iterator._workers  # torch's worker processes
+    os.kill(workers[0].pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(LoaderError, match=r"a decode worker process died \(DataLoader worker \(pid"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 30
+    loader.close()
+
+
+# Run as a script: a process that already runs fsspec's IO loop, pyarrow's pools and torch's
+# threads packs and loads ROUNDS times with worker processes.
+THREADED = """
+import sys
+from pathlib import Path
+
+import fsspec.asyn
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from stoker.pipeline.loader import Loader
+from stoker.tools.pack import pack
+
+if __name__ == "__main__":
+    src, work, rounds = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    fsspec.asyn.get_loop()  # fsspec's IO thread
+    pq.write_table(pa.table({"x": np.arange(100_000)}), work / "t.parquet")
+    assert pq.read_table(work / "t.parquet", use_threads=True).num_rows == 100_000  # pyarrow's pools
+    torch.set_num_threads(2)
+    torch.randn(256, 256) @ torch.randn(256, 256)  # torch's intra-op threads
+    for k in range(rounds):
+        out = work / f"out{k}"
+        assert pack(src, out, workers=2, samples_per_shard=8).packed == 24
+        loader = Loader(out / "train", batch_size=8, crop=32, backend="pil", threads=2, device="cpu", train=False)
+        assert sum(len(y) for _, y in loader) == 24
+        loader.close()
+    print("rounds", rounds)
+"""
+
+
+def test_pack_and_loader_from_a_threaded_process_20_times_never_hang_or_crash(tmp_path):
+    from stoker.tools.common.synth import make_image_folder
+
+    src = make_image_folder(tmp_path / "src", classes=("circles", "rings"), per_class=12, min_side=32, max_side=64)
+    (tmp_path / "threaded.py").write_text(THREADED)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "threaded.py"), str(src), str(tmp_path), "20"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rounds 20" in proc.stdout
+    assert "Segmentation" not in proc.stderr and "died" not in proc.stderr

@@ -1,0 +1,147 @@
+"""A worker process that dies (kill -9, the OOM killer, a crash in a codec) ends `stoker pack`,
+`stoker verify` and `stoker index` within seconds with one line naming what it was working on,
+its signal and how to resume; the rerun finishes as if nothing happened."""
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stoker.tools.cli import main as cli
+from stoker.tools.common.synth import make_image_folder
+
+# Imported by the stoker command below and by its worker processes (PYTHONPATH): the work of one
+# input or shard blocks forever, after writing its worker's pid, so the test can kill that worker.
+BLOCKMOD = """
+import os, time
+from stoker.tools.pack.sanitize import sanitize_item as _sanitize_item
+from stoker.tools.verify.command import _verify_job
+from stoker.tools.verify.indexing import index_one as _index_one
+
+
+def _block(what):
+    if os.environ["BLOCK_ON"] in repr(what):
+        pidfile = os.environ["BLOCK_PIDFILE"]
+        with open(pidfile + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(pidfile + ".tmp", pidfile)
+        time.sleep(3600)
+
+
+def sanitize_item(job, settings):
+    _block(job.rel)
+    return _sanitize_item(job, settings)
+
+
+def verify_job(*args):
+    _block(args)
+    return _verify_job(*args)
+
+
+def index_one(*args):
+    _block(args)
+    return _index_one(*args)
+"""
+
+BLOCKING_STOKER = """
+import sys
+import blockmod
+import stoker.tools.pack.engine as engine
+import stoker.tools.verify.command as command
+import stoker.tools.verify.indexing as indexing
+engine.sanitize_item = blockmod.sanitize_item
+command._verify_job = blockmod.verify_job
+indexing.index_one = blockmod.index_one
+from stoker.tools.cli import main
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def tree_sha(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def run_and_kill_the_blocked_worker(tmp_path: Path, block_on: str, argv: list[str]) -> tuple[int, str, float]:
+    """Run ``stoker ARGV`` with the work on ``block_on`` blocking, kill -9 the worker that holds
+    it; ``(exit status, stderr, seconds from the kill to the exit)``."""
+    (tmp_path / "blockmod.py").write_text(BLOCKMOD)
+    (tmp_path / "blocking_stoker.py").write_text(BLOCKING_STOKER)
+    pidfile = tmp_path / "blocked.pid"
+    env = {
+        **os.environ,
+        "BLOCK_ON": block_on,
+        "BLOCK_PIDFILE": str(pidfile),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [sys.executable, str(tmp_path / "blocking_stoker.py"), *argv]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not pidfile.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no worker reached the blocking input"
+            time.sleep(0.05)
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        return proc.returncode, err, time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dead-workers") / "src"
+    make_image_folder(root, classes=("circles", "rings"), per_class=12, min_side=32, max_side=96)
+    return root
+
+
+def test_a_killed_pack_worker_ends_the_pack_in_seconds_and_the_rerun_is_byte_identical(tmp_path, src):
+    block = sorted((src / "rings").iterdir())[5].name
+    argv = ["pack", str(src), str(tmp_path / "out"), "-q", "--workers", "2", "--samples-per-shard", "4"]
+    rc, err, seconds = run_and_kill_the_blocked_worker(tmp_path, block, argv)
+    assert rc == 1, err
+    assert seconds < 15
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "a worker process died (SIGKILL" in lines[0]
+    assert f"while sanitizing {src / 'rings' / block};" in lines[0]
+    assert "rerun the same command to resume" in lines[0]
+    assert not (tmp_path / "out" / "train" / "stoker.json").exists()  # nothing looks finished
+
+    assert cli(argv) == 0  # the rerun resumes
+    assert cli(["pack", str(src), str(tmp_path / "clean"), "-q", "--workers", "2", "--samples-per-shard", "4"]) == 0
+    assert tree_sha(tmp_path / "out") == tree_sha(tmp_path / "clean")
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, src) -> Path:
+    out = tmp_path_factory.mktemp("dead-workers-packed") / "out"
+    assert cli(["pack", str(src), str(out), "-q", "--workers", "1", "--samples-per-shard", "4"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("command", ["verify", "index"])
+def test_a_killed_verify_or_index_worker_names_its_shard_and_the_rerun_finishes(tmp_path, packed, command):
+    split = tmp_path / "train"
+    subprocess.run(["cp", "-r", str(packed / "train"), str(split)], check=True)
+    argv = [command, str(split), "-q", "--workers", "2"]
+    rc, err, seconds = run_and_kill_the_blocked_worker(tmp_path, "train-000002.tar", argv)
+    assert rc == 1, err
+    assert seconds < 15
+    doing = {"verify": "verifying", "index": "indexing"}[command]
+    assert "a worker process died (SIGKILL" in err and f"while {doing} train-000002.tar" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert cli(argv) == 0
