@@ -2,18 +2,44 @@
 against ``torch.utils.data.DataLoader``: ``loader.dataset`` (``len``, ``classes``,
 ``class_to_idx``), ``loader.sampler`` and ``loader.batch_sampler`` (whose ``set_epoch`` sets
 the Loader's epoch, as DistributedSampler's does), and the one-line answer to a DataLoader
-argument passed out of habit."""
+argument passed out of habit. The views read a :class:`LoaderLike` (what the Loader is to
+them), not the Loader class: the loader imports this module."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+import numpy as np
 
 from stoker.errors import LoaderError
 
-if TYPE_CHECKING:
-    from .loader import Loader
+from .order import EpochBatches, SampleOrder
+from .shards.samples import SampleIndex
+
+
+class LoaderLike(Protocol):
+    """What the views read of a :class:`~.loader.Loader` (which has all of it)."""
+
+    path: Path | str
+    num_samples: int
+    index: SampleIndex
+    order: SampleOrder
+    epoch: int
+    batch_size: int
+    drop_last: bool
+
+    @property
+    def offset(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def indices(self, epoch: int | None = None) -> np.ndarray: ...
+
+    def epoch_batches(self) -> EpochBatches: ...
 
 
 class LoaderDataset:
@@ -21,7 +47,7 @@ class LoaderDataset:
     ``dataset.classes`` or ``dataset.class_to_idx``. Samples are decoded in whole batches by
     the Loader, so there is no per-sample ``dataset[i]``."""
 
-    def __init__(self, loader: Loader):
+    def __init__(self, loader: LoaderLike):
         self._loader = loader
 
     def __len__(self) -> int:
@@ -72,7 +98,7 @@ class LoaderDataset:
 class LoaderSampler:
     """``loader.sampler``: this rank's sample positions for the current epoch, in order."""
 
-    def __init__(self, loader: Loader):
+    def __init__(self, loader: LoaderLike):
         self._loader = loader
 
     def set_epoch(self, epoch: int) -> None:

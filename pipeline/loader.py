@@ -273,7 +273,7 @@ class Loader(DataLoaderSurface):
             batch_size=self.batch_size,
             drop_last=self.drop_last,
         )
-        check_every_rank_has_a_batch(self)
+        check_every_rank_has_a_batch(self.order, num_samples=self.num_samples, path=self.path)
         #: the train batches' per-sample augmentation and mixing (:mod:`.augment.apply`)
         self.recipe = TrainRecipe.of(
             augment,
@@ -284,7 +284,7 @@ class Loader(DataLoaderSurface):
             path=self.path,
         )
         self.augment, self.mixing = self.recipe.augment, self.recipe.mixing
-        check_stored_size(self)
+        check_stored_size(self.crops, self.index.manifest, train=self.train, crop=self.crop, path=self.path)
         #: the decoded-pixel tier (:class:`~.pixels.PixelCache`), or ``None``; its store opens here
         #: for a local split (the size check), at the first batch for a URL's (its shards local then)
         self.pixel_cache = PixelCache.of(pixel_cache)
@@ -292,7 +292,14 @@ class Loader(DataLoaderSurface):
         self._initial_crops = self.crops  # what a state saved mid-epoch at another crop differs from
         self._crop_schedule = None
         if self.cache is not None:
-            check_cache_limit(self)
+            check_cache_limit(
+                self.cache.cache_limit,
+                self.order,
+                self.index,
+                seed=self.seed,
+                block_shards=self.block_shards,
+                path=self.path,
+            )
         #: samples excluded up front (``pack["skip"]`` or missing image/cls component)
         self.skipped_in_manifest = self.index.num_skipped
         #: samples dropped at run time this epoch (failed the header guard or decoding)
@@ -386,7 +393,7 @@ class Loader(DataLoaderSurface):
             return
         self.crops = crops
         self.crop = crops.size[0] if crops.size[0] == crops.size[1] else crops.size
-        check_stored_size(self)
+        check_stored_size(self.crops, self.index.manifest, train=self.train, crop=self.crop, path=self.path)
 
     # ---- resume --------------------------------------------------------------------------
     def state_dict(self) -> dict:

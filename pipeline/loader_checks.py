@@ -2,24 +2,25 @@
 
 Every bad argument is a ``ValueError`` whose message names the value and the fix; a setting that
 would train on nothing (a rank with no batch) is refused on every rank alike; a pack that stored
-the images smaller than the Loader needs them is said once.
+the images smaller than the Loader needs them is said once. Each check takes the values it checks
+(the order, the index, the crop recipe, ...), never the Loader: the loader imports this module.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stoker.errors import ArgumentError, NoBatchError
 
 from . import order
+from .augment import CropSpec
 from .backends.registry import DECODES
 from .dataloader_compat import habit_message
 from .deps import has_cuda
 from .prefetch import group_by_window
-
-if TYPE_CHECKING:
-    from .loader import Loader
+from .shards.manifest import Manifest
+from .shards.samples import SampleIndex
 
 SHUFFLES = order.SHUFFLES
 CPU_RESIZES = ("pillow", "dali")
@@ -110,44 +111,49 @@ def rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
     return rank, world_size
 
 
-def check_every_rank_has_a_batch(loader: Loader) -> None:
+def check_every_rank_has_a_batch(sample_order: order.SampleOrder, *, num_samples: int, path: Any) -> None:
     """A rank with no batch would train or evaluate on nothing without a word (and leave
-    DDP's collectives unmatched): refuse such settings on every rank alike."""
-    last = loader.world_size - 1  # the rank with the smallest share
-    share = loader.order.share(last)
-    if order.num_batches(share, loader.batch_size, drop_last=loader.drop_last) > 0:
+    DDP's collectives unmatched): refuse such settings on every rank alike (``sample_order``
+    holds the world size, batch size and ``drop_last``; ``num_samples``: the split's loadable
+    samples)."""
+    world_size, batch_size = sample_order.world_size, sample_order.batch_size
+    last = world_size - 1  # the rank with the smallest share
+    share = sample_order.share(last)
+    if order.num_batches(share, batch_size, drop_last=sample_order.drop_last) > 0:
         return
     if share == 0:
         raise ArgumentError(
-            f"world_size={loader.world_size} is larger than the {loader.num_samples} "
-            f"loadable samples of {loader.path}: rank {last} would get none "
+            f"world_size={world_size} is larger than the {num_samples} "
+            f"loadable samples of {path}: rank {last} would get none "
             f"(use fewer processes or a larger split)"
         )
     raise NoBatchError(
         share,
-        f"batch_size={loader.batch_size} with drop_last=True leaves rank {last} no batch: "
-        f"its share is {share} samples ({loader.num_samples} over world_size="
-        f"{loader.world_size}); use batch_size<={share} or drop_last=False",
+        f"batch_size={batch_size} with drop_last=True leaves rank {last} no batch: "
+        f"its share is {share} samples ({num_samples} over world_size="
+        f"{world_size}); use batch_size<={share} or drop_last=False",
     )
 
 
-def check_cache_limit(loader: Loader) -> None:
-    """``cache_limit`` must hold what the loader pins at once: the whole split in global
+def check_cache_limit(
+    limit: int | None, sample_order: order.SampleOrder, index: SampleIndex, *, seed: int, block_shards: int, path: Any
+) -> None:
+    """``cache_limit`` (``limit``) must hold what the loader pins at once: the whole split in global
     mode, the largest current + next window pair of this rank's first epoch in block mode."""
-    limit, sizes = loader.cache.cache_limit, [s.bytes for s in loader.index.manifest.shards]
+    sizes = [s.bytes for s in index.manifest.shards]
     if limit is None:
         return
-    windows = loader.order.windows(loader.seed, 0)
+    windows = sample_order.windows(seed, 0)
     if windows is None:
         if sum(sizes) > limit:
             raise ArgumentError(
-                f"cache_limit={limit:,} is smaller than {loader.path} ({sum(sizes):,} bytes), "
+                f"cache_limit={limit:,} is smaller than {path} ({sum(sizes):,} bytes), "
                 "which shuffle='global' keeps cached whole: use shuffle='block' or a larger "
                 "cache_limit"
             )
         return
-    first = loader.order.batches(loader.seed, 0, 0, 0, loader.order.stop(), loader.index.valid_at)  # epoch 0
-    chunks = group_by_window(list(first), windows, loader.index)
+    first = sample_order.batches(seed, 0, 0, 0, sample_order.stop(), index.valid_at)  # epoch 0
+    chunks = group_by_window(list(first), windows, index)
     need = max(
         (
             sum(sizes[s] for s in set(a) | set(b))
@@ -158,27 +164,27 @@ def check_cache_limit(loader: Loader) -> None:
     if need > limit:
         raise ArgumentError(
             f"cache_limit={limit:,} is smaller than two windows of block_shards="
-            f"{loader.block_shards} ({need:,} bytes of {loader.path}): raise cache_limit "
+            f"{block_shards} ({need:,} bytes of {path}): raise cache_limit "
             "or lower block_shards"
         )
 
 
-def check_stored_size(loader: Loader) -> None:
-    """Say once when the pack stored the images smaller than this Loader needs them: every
-    crop (train) or val image would be upsampled, which is almost always a mistake."""
-    short = int(loader.index.manifest.pack.get("short_side") or 0)
+def check_stored_size(crops: CropSpec, manifest: Manifest, *, train: bool, crop: Any, path: Any) -> None:
+    """Say once when the pack stored the images smaller than the crop recipe ``crops`` needs them
+    (``crop``: the size as the Loader was given it): every crop (train) or val image would be
+    upsampled, which is almost always a mistake."""
+    short = int(manifest.pack.get("short_side") or 0)
     if not short:
         return
-    crops = loader.crops
-    if loader.train:
+    if train:
         need = min(crops.size)
     else:
         need = crops.val_resize or min(crops.size) / crops.crop_pct
     if need <= short:
         return
-    what = "every crop is upsampled" if loader.train else "every val image is resized up"
+    what = "every crop is upsampled" if train else "every val image is resized up"
     warnings.warn(
-        f"stoker Loader {loader.path}: crop={loader.crop} needs a shorter side of {need:.0f}px, but the split was "
+        f"stoker Loader {path}: crop={crop} needs a shorter side of {need:.0f}px, but the split was "
         f"packed with --short-side {short} (no stored image is larger): {what}; repack with --short-side "
         f"{int(-(-need // 1))} or more (0 keeps the original sizes)",
         UserWarning,

@@ -26,7 +26,7 @@ import json
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -34,10 +34,34 @@ from stoker.errors import ArgumentError, TargetError
 
 from .stats import IGNORE_INDEX, StatsAccumulator, TargetStats
 
-if TYPE_CHECKING:
-    from .targets import Target
-
 Where = Callable[[int], str]
+
+
+class TargetFields(Protocol):
+    """What a kind reads of a split's target: the fields of :class:`~.targets.Target` (which
+    imports this module, so a kind names the fields, not that class)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def member(self) -> str: ...
+
+    @property
+    def columns(self) -> tuple[str, ...]: ...
+
+    @property
+    def num_classes(self) -> int | None: ...
+
+    @property
+    def ignore_index(self) -> int | None: ...
+
+    @property
+    def stats(self) -> TargetStats | None: ...
+
+    @property
+    def width(self) -> int: ...
+
 
 #: the most float columns a target may have (a wider one is a mistake, e.g. a CSV of pixels)
 MAX_COLUMNS = 4096
@@ -130,7 +154,7 @@ def bad_target(where: str, why: str, split_dir: Any) -> TargetError:
     return TargetError(f"{where}: {why} (run `stoker index {split_dir}` to skip such samples)")
 
 
-def check_mask(target: Target, raw: bytes, image_wh: tuple[int, int] | None) -> str | None:
+def check_mask(target: TargetFields, raw: bytes, image_wh: tuple[int, int] | None) -> str | None:
     """Why ``raw`` is not a mask of ``target`` (a one-channel PNG of the image's size, each value a
     declared class or the ignored one), or None."""
     from PIL import Image
@@ -182,23 +206,25 @@ class TargetKind:
         ``ignore_index``)."""
         return {}
 
-    def validate(self, target: Target) -> None:
+    def validate(self, target: TargetFields) -> None:
         """Raise :class:`~stoker.errors.ArgumentError` when ``target``'s fields do not fit the kind."""
 
-    def accumulator(self, target: Target):
+    def accumulator(self, target: TargetFields):
         """A :class:`~.targets.StatsAccumulator` for what pack and index record of these targets
         (``None``: nothing)."""
         return None
 
-    def encode(self, target: Target, value: Any) -> bytes:
+    def encode(self, target: TargetFields, value: Any) -> bytes:
         """The member bytes pack writes for one sample's parsed ``value``."""
         raise NotImplementedError
 
-    def meta(self, target: Target, value: Any, classes: Sequence[str]) -> dict[str, Any]:
+    def meta(self, target: TargetFields, value: Any, classes: Sequence[str]) -> dict[str, Any]:
         """What a packed sample's ``json`` member records of its target (readable: class names)."""
         return {}
 
-    def decode(self, target: Target, raws: Sequence, *, classes: Sequence[str], where: Where, split: Any) -> np.ndarray:
+    def decode(
+        self, target: TargetFields, raws: Sequence, *, classes: Sequence[str], where: Where, split: Any
+    ) -> np.ndarray:
         """A batch of targets as the Loader yields them (on the CPU) from the members' bytes
         ``raws`` (zero-copy uint8 views). A sample whose target does not parse is a
         :class:`~stoker.errors.TargetError` naming ``where(k)`` and the fix."""
@@ -206,7 +232,7 @@ class TargetKind:
 
     def check(
         self,
-        target: Target,
+        target: TargetFields,
         raw: bytes,
         *,
         num_classes: int,
@@ -217,19 +243,19 @@ class TargetKind:
         ``stoker verify`` and ``stoker index`` hold every sample to."""
         raise NotImplementedError
 
-    def describe(self, target: Target) -> str:
+    def describe(self, target: TargetFields) -> str:
         """``"float, 3 columns (x, y, z)"``: for summaries."""
         return self.name
 
-    def describe_stats(self, target: Target, stats: TargetStats) -> tuple[str, str]:
+    def describe_stats(self, target: TargetFields, stats: TargetStats) -> tuple[str, str]:
         """``(targets line, found line)`` of a pack's summary, with what it saw of the targets."""
         return self.describe(target), ""
 
-    def batch_shape(self, target: Target, n: int, crop: tuple[int, int], num_classes: int) -> tuple[int, ...]:
+    def batch_shape(self, target: TargetFields, n: int, crop: tuple[int, int], num_classes: int) -> tuple[int, ...]:
         """The shape of a batch of ``n`` of these targets (an empty val batch is made of it)."""
         return (n,)
 
-    def num_classes(self, target: Target, classes: Sequence[str]) -> int:
+    def num_classes(self, target: TargetFields, classes: Sequence[str]) -> int:
         """The classes its values span (0 when it has none)."""
         return len(classes) if self.named_classes else 0
 
@@ -467,6 +493,7 @@ __all__ = [
     "FloatKind",
     "MaskKind",
     "MultilabelKind",
+    "TargetFields",
     "TargetKind",
     "bad_target",
     "ensure_kind",

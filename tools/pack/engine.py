@@ -18,8 +18,8 @@ from stoker.pipeline.shards.writer import ShardWriter, shard_name
 
 from .journal import Journal, journal_path, local_shard_ok, part_status, shard_record, state_dir
 from .remote import Remote
-from .sanitize import Sanitized, Settings, sanitize_item
-from .sources import Item, Job, Source, display_path
+from .sanitize import Sanitized, Settings
+from .sources import Item, Job, Source, display_path, sanitize_item
 
 CHUNK = 8  # images per worker task: amortizes inter-process overhead
 RESUME = "rerun the same command to resume (finished shards are kept)"

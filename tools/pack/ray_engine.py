@@ -22,8 +22,8 @@ from typing import Any
 
 from stoker.errors import InputFailedError, MissingExtraError, RayError
 
-from .sanitize import Sanitized, Settings, sanitize_item
-from .sources import Item, Job, Source
+from .sanitize import Sanitized, Settings
+from .sources import Item, Job, Source, sanitize_item
 
 MAX_RETRIES = 3  # times Ray reruns a task whose worker died
 PROBE_TIMEOUT = 10.0  # seconds to connect to --ray-address before giving up
@@ -84,7 +84,7 @@ def _probe(address: str) -> None:
 
 
 def _run_chunk(fn: Callable[..., Sanitized], chunk: list[Job], settings: Settings) -> list[Sanitized]:
-    """The Ray task: sanitize a chunk of inputs (``fn`` is :func:`~.sanitize.sanitize_item`)."""
+    """The Ray task: sanitize a chunk of inputs (``fn`` is :func:`~.sources.base.sanitize_item`)."""
     out = []
     for job in chunk:
         try:

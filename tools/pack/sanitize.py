@@ -30,12 +30,9 @@ import os
 import stat
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from .masks import sanitize_mask
-
-if TYPE_CHECKING:
-    from .sources.base import Job
 
 # Extensions looked at when scanning a folder; everything else is skipped silently.
 IMAGE_EXTS = frozenset(".jpg .jpeg .jpe .jfif .png .bmp .gif .webp .tif .tiff .ppm .pgm .pbm .pnm .tga".split())
@@ -207,15 +204,6 @@ def sanitize(path: str, settings: Settings, mask: str | None = None) -> Sanitize
     too), or a reject reason. Never raises for a bad input (only for bugs)."""
     data, reason = read_input(path, settings.max_bytes)
     read_mask = None if mask is None else lambda: read_input(mask, settings.max_bytes)
-    return _sanitize_read(data, reason, read_mask, settings)
-
-
-def sanitize_item(job: Job, settings: Settings) -> Sanitized:
-    """The sanitized JPEG (and mask PNG) of one input, its bytes read by its source's reader
-    (:class:`~.sources.base.Job`), or a reject reason. Never raises for a bad input."""
-    reader = job.reader
-    data, reason = reader.read(job.rel, settings.max_bytes)
-    read_mask = None if job.mask is None else lambda: reader.read_mask(job.mask, settings.max_bytes)
     return _sanitize_read(data, reason, read_mask, settings)
 
 

@@ -281,7 +281,7 @@ def local_ray():
 
 def _crash_once(job, settings, *, marker):
     """sanitize_item, but the first call anywhere kills its worker process (a lost node)."""
-    from stoker.tools.pack.sanitize import sanitize_item
+    from stoker.tools.pack.sources import sanitize_item
 
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -291,7 +291,7 @@ def _crash_once(job, settings, *, marker):
 
 
 def _fail_on(job, settings, *, bad):
-    from stoker.tools.pack.sanitize import sanitize_item
+    from stoker.tools.pack.sources import sanitize_item
 
     if job.where.endswith(bad):
         raise RuntimeError("simulated failure")

@@ -2,7 +2,8 @@
 
 =================  ======================================================================
 ``base``           :class:`SourceReader` (what a reader says: name, recognition, scan, read),
-                   :class:`Item`, :class:`Scan`, :class:`Source`, :class:`SourceOptions`
+                   :class:`Item`, :class:`Scan`, :class:`Source`, :class:`SourceOptions`,
+                   :class:`Job` and :func:`sanitize_item` (a worker's input, read and sanitized)
 ``registry``       :func:`register_reader`, :func:`scan` (the reader, split lists, val split,
                    shuffle), auto-detection by priority
 ``walk``           the folder walk the folder readers share (symlinks, loops, rejects)
@@ -13,7 +14,19 @@
 =================  ======================================================================
 """
 
-from .base import MAX_LABEL, SPLITS, FileReader, Item, Job, Scan, Source, SourceOptions, SourceReader, display_path
+from .base import (
+    MAX_LABEL,
+    SPLITS,
+    FileReader,
+    Item,
+    Job,
+    Scan,
+    Source,
+    SourceOptions,
+    SourceReader,
+    display_path,
+    sanitize_item,
+)
 from .registry import choose_reader, reader_names, readers, register_reader, scan
 
 __all__ = [
@@ -31,5 +44,6 @@ __all__ = [
     "reader_names",
     "readers",
     "register_reader",
+    "sanitize_item",
     "scan",
 ]

@@ -20,6 +20,8 @@ from typing import Any, ClassVar, NamedTuple
 
 from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
 
+from ..sanitize import Sanitized, Settings, _sanitize_read, read_input
+
 SPLITS = ("train", "val")
 MAX_LABEL = 1_000_000  # integer labels above this are rejects: a class list that long is a typo
 
@@ -158,13 +160,9 @@ class FileReader(SourceReader):
         self.mask_base: Path | None = None
 
     def read(self, rel: str, max_bytes: int) -> tuple[bytes | None, str | None]:
-        from ..sanitize import read_input
-
         return read_input(os.path.join(self.base, rel), max_bytes)
 
     def read_mask(self, rel: str, max_bytes: int) -> tuple[bytes | None, str | None]:
-        from ..sanitize import read_input
-
         return read_input(os.path.join(self.mask_base, rel), max_bytes)
 
     def where(self, rel: str) -> str:
@@ -208,6 +206,16 @@ class Source:
         return h.hexdigest()
 
 
+def sanitize_item(job: Job, settings: Settings) -> Sanitized:
+    """The sanitized JPEG (and mask PNG) of one input, its bytes read by its source's reader
+    (:class:`Job`), or a reject reason. Never raises for a bad input. It lives with the sources:
+    :mod:`~stoker.tools.pack.sanitize` knows bytes and paths, not readers."""
+    reader = job.reader
+    data, reason = reader.read(job.rel, settings.max_bytes)
+    read_mask = None if job.mask is None else lambda: reader.read_mask(job.mask, settings.max_bytes)
+    return _sanitize_read(data, reason, read_mask, settings)
+
+
 def display_path(rel: str) -> str:
     """``rel`` as valid UTF-8 text: bytes of a non-UTF-8 file name become ``\\xNN``."""
     try:
@@ -228,4 +236,5 @@ __all__ = [
     "SourceOptions",
     "SourceReader",
     "display_path",
+    "sanitize_item",
 ]
