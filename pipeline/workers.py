@@ -38,9 +38,20 @@ def start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+#: imported once by the fork server instead of by every worker, when this process has them already
+_PRELOAD = ("numpy", "PIL.Image", "torch", "stoker.pipeline.backends.pil", "stoker.tools.pack.sanitize")
+
+
 def context() -> multiprocessing.context.BaseContext:
-    """The multiprocessing context every stoker worker starts from (:func:`start_method`)."""
-    return multiprocessing.get_context(start_method())
+    """The multiprocessing context every stoker worker starts from (:func:`start_method`).
+
+    The fork server (one per process, shared with any other user of ``forkserver``) preloads the
+    heavy modules this process already imported, so a worker starts in ~0.05 s, not the ~1.5 s
+    of importing torch; it never imports the main script (only the workers do, as with spawn)."""
+    ctx = multiprocessing.get_context(start_method())
+    if ctx.get_start_method() == "forkserver":  # read when the server starts; a running one is kept
+        ctx.set_forkserver_preload([__name__, *(m for m in _PRELOAD if m in sys.modules)])
+    return ctx
 
 
 def check_not_bootstrapping() -> None:

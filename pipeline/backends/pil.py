@@ -121,7 +121,7 @@ def batch_loader(dataset, sampler, settings: DecodeSettings):
     ``sampler``), made by ``settings.threads`` persistent worker processes (none: in this one)."""
     import torch
 
-    from ..workers import check_not_bootstrapping, start_method
+    from ..workers import check_not_bootstrapping, context
 
     workers = settings.threads
     kw = {}
@@ -132,7 +132,7 @@ def batch_loader(dataset, sampler, settings: DecodeSettings):
         kw = {
             "prefetch_factor": max(1, settings.prefetch),
             "persistent_workers": True,
-            "multiprocessing_context": start_method(),
+            "multiprocessing_context": context(),
             "worker_init_fn": functools.partial(_worker_init, env=dict(os.environ), cwd=os.getcwd()),
         }
     return torch.utils.data.DataLoader(

@@ -19,7 +19,7 @@ from stoker.tools.common.synth import make_image_folder
 # input or shard blocks forever, after writing its worker's pid, so the test can kill that worker.
 BLOCKMOD = """
 import os, time
-from stoker.tools.pack.sanitize import sanitize_item as _sanitize_item
+from stoker.tools.pack.sources import sanitize_item as _sanitize_item
 from stoker.tools.verify.command import _verify_job
 from stoker.tools.verify.indexing import index_one as _index_one
 
