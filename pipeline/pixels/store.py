@@ -242,12 +242,32 @@ class PixelStore:
 
     def _no_room(self, short: int, free: int) -> str:
         samples = self.cacheable
-        return (
+        head = (
             f"pixel cache {self.root}: the decoded pixels of {samples:,} samples need {format_bytes(short)} more, "
-            f"{format_bytes(free)} is free there: free space, give another folder (node-local disk or /dev/shm), "
-            f"or cache what fits with a budget (pixel_cache_budget= / --pixel-cache-budget, e.g. "
-            f"{format_bytes(max(free * 0.9, 0))})"
+            f"{format_bytes(free)} is free there"
         )
+        budget = self._fitting_budget(free)
+        if budget is None:  # not even the first sample fits: a budget would cache nothing
+            first = int(self.offsets[1] + self.mask_offsets[1]) if self.num_samples else 0
+            return (
+                f"{head}, no room for even one sample ({format_bytes(first)}): free space, or point the cache "
+                f"at a folder on another disk (node-local disk or /dev/shm)"
+            )
+        return (
+            f"{head}: free space, give another folder (node-local disk or /dev/shm), or cache what fits with "
+            f"a budget (--pixel-cache-budget {format_bytes(budget).replace(' ', '')} / pixel_cache_budget={budget})"
+        )
+
+    def _fitting_budget(self, free: int) -> int | None:
+        """A budget that fits in ``free`` bytes (90% of it, with what the store already holds) and
+        caches at least one sample, rounded down to what :func:`format_bytes` writes exactly (so
+        the flag's text is that budget); None when no budget of at least one sample fits."""
+        held = sum(os.path.getsize(self.dir / n) for n in ("pixels.bin", "masks.bin") if (self.dir / n).exists())
+        budget = held + int(free * 0.9)
+        scale = 10 ** max(len(str(budget)) - 2, 0)  # two significant digits: 36864 -> 36000 ("36.0 kB")
+        budget = budget // scale * scale
+        first = int(self.offsets[1] + self.mask_offsets[1]) if self.num_samples else 0
+        return budget if budget >= 1 and budget >= first else None
 
     def _check_markers(self) -> None:
         """After a reboot, markers beyond the seal may name pixels the disk never got: cleared.

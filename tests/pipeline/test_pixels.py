@@ -189,6 +189,39 @@ def test_pixels_that_do_not_fit_are_one_line_with_the_size_they_need(split, tmp_
     assert "\n" not in msg and f"40 samples need {need} more, 41.0 kB is free" in msg and "budget" in msg
 
 
+def test_the_advised_budget_is_one_the_check_accepts_and_that_fits(split, tmp_path, monkeypatch):
+    from stoker.tools.common.units import parse_size
+
+    real = os.statvfs
+    free = {"blocks": 10}
+
+    class Tiny:
+        f_frsize = 4096
+
+        @property
+        def f_bavail(self):
+            return free["blocks"]
+
+    monkeypatch.setattr(store_module.os, "statvfs", lambda p: Tiny() if "px" in str(p) else real(p))
+    with pytest.raises(PixelCacheError) as e:
+        make(split, pixel_cache=tmp_path / "px")
+    msg = str(e.value)
+    flag, value = msg.split("--pixel-cache-budget ")[1].split(" / pixel_cache_budget=")
+    budget = int(value.rstrip(")"))
+    assert parse_size(flag, "--pixel-cache-budget") == budget and 0 < budget <= 41_000
+    tier = make(split, pixel_cache=PixelCache(tmp_path / "px", budget=budget))  # accepted, and it fits
+    assert tier.pixel_store.cacheable >= 1
+    tier.close()
+    for blocks in (0, 1):  # no room at all, or less than one sample: no budget (0 B is refused) but where to go
+        free["blocks"] = blocks
+        with pytest.raises(PixelCacheError) as e:
+            make(split, pixel_cache=tmp_path / f"px{blocks}")
+        msg = str(e.value)
+        assert "\n" not in msg and "pixel-cache-budget" not in msg and "pixel_cache_budget" not in msg
+        assert "no room for even one sample" in msg
+        assert "point the cache at a folder on another disk (node-local disk or /dev/shm)" in msg
+
+
 def test_a_budget_caches_the_first_samples_that_fit_and_decodes_the_rest(split, tmp_path):
     index = open_split(split)
     _, wh = index.images(np.arange(40))

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from stoker.errors import ArgumentError, UsageError
+from stoker.errors import ArgumentError, CheckFailedError, UsageError
 
 from ..common.results import Result
 
@@ -144,7 +144,8 @@ def bench_model(
         ``error`` row instead of figures.
 
     Raises:
-        ValueError: An unknown amp, choice or model name (before any timing).
+        ValueError: An unknown amp, choice or model name, or a device this machine does not have
+            (before any timing).
     """
     import torch
     from tqdm import tqdm
@@ -154,6 +155,7 @@ def bench_model(
     from stoker.model.train.runtime import resolve_device
 
     dev = resolve_device(device)
+    _check_available(dev, device)
     gpu = dev.type == "cuda"
     batch_size = batch_size or (256 if gpu else 16)
     image_size = image_size or (224 if gpu else 64)
@@ -189,7 +191,8 @@ def bench_model(
                 warmup_steps=warmup_steps,
             )
             row.update({k: r[k] for k in ("images_per_s", "step_ms", "steps", "first_step_s", "params", "peak_mem_mb")})
-        except Exception as e:  # one setting failing (no fp16 kernel, compiler missing) must not end the table
+        except Exception as e:  # noqa: BLE001
+            # boundary: a setting's failure (no fp16 kernel, no compiler) is its row; all rows failed: main() exits 1
             row["error"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
         finally:
             if gpu:
@@ -212,6 +215,30 @@ def bench_model(
         warmup_steps=warmup_steps,
         rows=rows,
     )
+
+
+def _check_available(dev, asked: str) -> None:
+    """A device torch cannot use here (``mps`` off a Mac, ``cuda:3`` on a 1-GPU machine) is a
+    one-line ArgumentError, before any model is built (every row would fail)."""
+    import torch
+
+    if dev.type == "cpu":
+        return
+    if dev.type == "cuda":  # resolve_device checked that CUDA is there
+        n = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= n:
+            raise ArgumentError(f"device={asked!r}: torch sees {n} CUDA device(s) here (cuda:0..cuda:{n - 1})")
+        return
+    if dev.type == "mps":
+        ok = torch.backends.mps.is_available()
+    else:  # xpu, ...: the backend's own is_available, when it has one
+        check = getattr(getattr(torch, dev.type, None), "is_available", None)
+        ok = bool(check()) if callable(check) else False
+    if not ok:
+        raise ArgumentError(
+            f"device={asked!r} is not available here (torch {torch.__version__} sees no {dev.type} device); "
+            f"try auto, cpu or cuda"
+        )
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> None:
@@ -253,4 +280,11 @@ def main(args: argparse.Namespace) -> int:
         progress=args.progress,
     )
     print(json.dumps(result.to_dict(), indent=1) if args.json else result.format_table())
+    failed = [r for r in result.rows if "error" in r]
+    if result.rows and len(failed) == len(result.rows):  # a table of failures is no measurement
+        first = failed[0]
+        raise CheckFailedError(
+            f"every setting failed ({len(failed)} of {len(failed)}), nothing was measured; e.g. "
+            f"{first['model']} {first['amp']}: {first['error'][:200]}"
+        )
     return 0

@@ -331,7 +331,14 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
             )
     if parts > 1:
         return PackResult(
-            out=where, inputs=inputs, splits={}, run=run, seconds=time.perf_counter() - t0, part=part, parts=parts
+            out=where,
+            inputs=inputs,
+            splits={},
+            run=run,
+            seconds=time.perf_counter() - t0,
+            part=part,
+            parts=parts,
+            hidden=source.hidden,
         )
     totals = merge(out, shard_ok)
     if remote is None:
@@ -347,6 +354,7 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
         seconds=time.perf_counter() - t0,
         targets=targets,
         targets_found=found,
+        hidden=source.hidden,
     )
 
 

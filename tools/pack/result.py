@@ -28,6 +28,8 @@ class PackResult(Result):
         targets: What the samples' targets are, in words (``"class, 6 classes"``,
             ``"float, 1 column (age: mean 47.2, std 17.9, 18..80)"``, ``"mask, 21 classes, 255 ignored"``).
         targets_found: Masks: the values the masks hold (``"classes 0..20 found"``).
+        hidden: Hidden folders of SRC left out (``.ipynb_checkpoints/``, ``rings/.thumbs/``),
+            relative to SRC: never packed, named in the summary. Empty after a merge.
     """
 
     out: str
@@ -40,6 +42,7 @@ class PackResult(Result):
     up_to_date: bool = False
     targets: str = ""
     targets_found: str = ""
+    hidden: list = dataclasses.field(default_factory=list)
 
     @property
     def packed(self) -> int:
@@ -67,10 +70,19 @@ class PackResult(Result):
                 lines.append(f"note: {split}/ holds no samples: {why}")
         return lines
 
+    def hidden_line(self) -> str:
+        """``left out 2 hidden folders: .git/, rings/.thumbs/`` (the first 5 named), or ""."""
+        if not self.hidden:
+            return ""
+        n = len(self.hidden)
+        more = f", and {n - 5:,} more" if n > 5 else ""
+        return f"left out {n:,} hidden folder{'s' if n != 1 else ''}: {', '.join(self.hidden[:5])}{more}"
+
     def summary(self) -> str:
         """The lines ``stoker pack`` prints on stdout."""
         if self.up_to_date:
             return f"{self.out} is up to date ({self.inputs:,} inputs, nothing to do)"
+        hidden = [self.hidden_line()] if self.hidden else []
         if self.parts > 1:
             where = f"{self.part}/{self.parts}"
             return "\n".join(
@@ -79,6 +91,7 @@ class PackResult(Result):
                     f"{r['shards']} shards this run"
                     for split, r in self.run.items()
                 ]
+                + hidden
                 + [
                     f"part {where} done in {self.seconds:.1f} s; when every part is done: "
                     f"stoker pack --merge {self.out}"
@@ -93,6 +106,7 @@ class PackResult(Result):
             lines.append(f"targets: {self.targets}")
         if self.targets_found:
             lines.append(f"masks: {self.targets_found}")
+        lines += hidden
         if self.run:  # not after a merge
             n = sum(r["packed"] + r["rejected"] for r in self.run.values())
             rate = n / self.seconds if self.seconds > 0 else 0.0

@@ -79,3 +79,35 @@ def test_bad_values_are_usage_errors(capsys):
     assert "fp8" in capsys.readouterr().err
     assert cli(TINY + ["--models", "nope"]) == 2
     assert "unknown arch 'nope'" in capsys.readouterr().err
+
+
+def test_a_device_this_machine_lacks_is_a_usage_error_before_anything_runs(capsys, monkeypatch):
+    import stoker.model.throughput as throughput
+
+    def never(*a, **k):
+        raise AssertionError("nothing may run for a device that is not there")
+
+    monkeypatch.setattr(throughput, "measure_model", never)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert cli(TINY[:1] + ["--device", "mps"] + TINY[3:]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"stoker bench-model: error: device='mps' is not available here (torch {torch.__version__} sees no mps "
+        "device); try auto, cpu or cuda\n"
+    )
+
+
+def test_a_table_whose_every_row_failed_exits_1_with_one_line(capsys, monkeypatch):
+    import stoker.model.throughput as throughput
+
+    def no_kernel(*a, **k):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(throughput, "measure_model", no_kernel)
+    assert cli(TINY + ["--amp", "fp32"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.count("failed: RuntimeError: no kernel image") == 2  # the table, then the verdict
+    assert captured.err == (
+        "stoker bench-model: every setting failed (2 of 2), nothing was measured; e.g. inception fp32: "
+        "RuntimeError: no kernel image is available for execution on the device\n"
+    )

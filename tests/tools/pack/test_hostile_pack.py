@@ -126,7 +126,7 @@ def test_class_folder_linked_to_src_and_train_linked_to_val_are_not_followed(tmp
     assert rejects(tmp_path / "out2") == {"train/rings/more": "link into val/: not followed"}
 
 
-def test_links_into_another_class_are_not_followed_same_class_aliases_pack_once(tmp_path):
+def test_links_into_another_class_are_not_followed_same_class_aliases_pack_once_and_are_listed(tmp_path):
     src = folder(tmp_path / "src")
     os.symlink("../rings", src / "circles" / "borrowed")  # folder link into another class
     os.symlink("../squares/squares_00001.jpg", src / "circles" / "stolen.jpg")  # file link
@@ -148,7 +148,38 @@ def test_links_into_another_class_are_not_followed_same_class_aliases_pack_once(
         "circles/stolen.jpg": "link into class 'squares': not followed",
         "squares/ext": "same file as rings/ext2 (class 'rings')",
         "squares/hardlink.jpg": "same file as circles/circles_00002.jpg (class 'circles')",
+        "rings/rings_00000.jpg": "same file as rings/again.jpg",  # a second path in one class: listed too
+        "rings/self": "same file as rings",
     }
+
+
+def test_hidden_folders_are_left_out_and_named_in_the_summary(tmp_path, capsys):
+    src = folder(tmp_path / "src")
+    shutil.copytree(src / "rings", src / ".ipynb_checkpoints")  # a hidden "class": Jupyter made it
+    shutil.copytree(src / "rings", src / "rings" / ".thumbs")
+    (src / "squares" / "__MACOSX").mkdir()
+    assert pack(src, tmp_path / "out") == 0
+    out = capsys.readouterr().out
+    assert "left out 3 hidden folders: .ipynb_checkpoints/, rings/.thumbs/, squares/__MACOSX/" in out.splitlines()
+    want = {k: v for k, v in own_images(src).items() if not k.startswith(".")}
+    assert labels(tmp_path / "out") == want  # nothing of them packed
+    tree = tmp_path / "tree"
+    folder(tree / "train", classes=("circles", "rings"))
+    folder(tree / "val", classes=("circles", "rings"), seed=1)
+    (tree / ".git").mkdir()
+    shutil.copytree(tree / "val" / "rings", tree / "val" / ".cache")
+    from stoker.tools.pack import pack as pack_api
+
+    result = pack_api(tree, tmp_path / "out2", workers=1)
+    assert (
+        result.hidden == [".git/", "val/.cache/"]
+        and "left out 2 hidden folders: .git/, val/.cache/" in result.summary()
+    )
+    assert pack_api(src, tmp_path / "out3", workers=1, parts=2, part=0).hidden == [
+        ".ipynb_checkpoints/",
+        "rings/.thumbs/",
+        "squares/__MACOSX/",
+    ]
 
 
 def test_unreadable_folder_and_file_are_rejects_and_strict_fails(tmp_path, monkeypatch, capsys):

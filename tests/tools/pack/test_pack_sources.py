@@ -173,6 +173,58 @@ def test_a_parquet_on_s3_packs_like_the_local_file(tmp_path, s3):
     }
 
 
+def test_a_parquet_folder_over_plain_http_packs_like_the_local_folder(tmp_path):
+    from storage_servers import http_server
+
+    data = tmp_path / "www" / "ds" / "data"
+    data.mkdir(parents=True)
+    pq.write_table(hf_table(10), data / "train-00000-of-00002.parquet", row_group_size=4)
+    pq.write_table(hf_table(5, seed=1), data / "train-00001-of-00002.parquet")
+    pq.write_table(hf_table(4, seed=2), data / "validation-00000-of-00001.parquet")
+    (tmp_path / "www" / "ds" / "README.md").write_text("a dataset card, not a table\n")
+    local = pack(tmp_path / "www" / "ds", tmp_path / "local", workers=1)
+    with http_server(tmp_path / "www") as base:  # the folder URL answers with an HTML index page
+        remote = pack(f"{base}/ds", tmp_path / "remote", workers=2)
+        single = pack(f"{base}/ds/data/validation-00000-of-00001.parquet", tmp_path / "one", workers=1)
+    assert (local.packed, remote.packed, single.packed) == (19, 19, 4)
+    for split in ("train", "val"):
+        shards = sorted(p.name for p in (tmp_path / "local" / split).glob("*.tar"))
+        assert shards and shards == sorted(p.name for p in (tmp_path / "remote" / split).glob("*.tar"))
+        for name in shards:  # the same rows, names and order: the same bytes
+            assert (tmp_path / "local" / split / name).read_bytes() == (tmp_path / "remote" / split / name).read_bytes()
+
+
+def test_a_file_that_is_not_parquet_is_one_line_naming_it(tmp_path):
+    (tmp_path / "ds").mkdir()
+    pq.write_table(hf_table(3), tmp_path / "ds" / "train-0.parquet")
+    (tmp_path / "ds" / "train-1.parquet").write_text("<html><body>Index of /ds</body></html>\n")
+    rc, _, err = run("pack", tmp_path / "ds", tmp_path / "out", "-q", "--workers", "1")
+    assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"stoker pack: error: {tmp_path / 'ds' / 'train-1.parquet'} is not a readable parquet file: ")
+    assert "magic bytes" in err
+
+
+def test_a_bug_while_reading_a_row_raises_instead_of_rejecting_every_row(tmp_path, monkeypatch):
+    from stoker.tools.pack.sources import parquet
+
+    pq.write_table(hf_table(6), tmp_path / "t.parquet")
+
+    def broken(*a, **k):  # an API change or a typo: not a damaged input
+        raise TypeError("unexpected keyword argument 'columns'")
+
+    monkeypatch.setattr(parquet, "_column", broken)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        pack(tmp_path / "t.parquet", tmp_path / "out", workers=1)
+
+    def damaged(*a, **k):  # what pyarrow raises for a damaged row group: that row's reject
+        raise pa.ArrowInvalid("Couldn't deserialize thrift: TProtocolException: Invalid data")
+
+    monkeypatch.setattr(parquet, "_column", damaged)
+    pq.write_table(hf_table(6), tmp_path / "t2.parquet")
+    rc, _, err = run("pack", tmp_path / "t2.parquet", tmp_path / "out2", "-q", "--workers", "1")
+    assert rc == 1 and "6 of 6 inputs were rejected for one reason: unreadable: Couldn't deserialize thrift" in err
+
+
 def _seg_pairs(root: Path, n: int) -> Path:
     """Cityscapes-like names: x_leftImg8bit.png with x_gtFine_labelIds.png."""
     (root / "img").mkdir(parents=True)

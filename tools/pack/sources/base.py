@@ -7,6 +7,13 @@ and mask bytes). An item's ``rel`` is the reader's own reference of it: a path r
 for files, ``<file>#<row>`` for a parquet row; it is also the name shown in ``rejects.jsonl`` and
 in the sample's ``json``. Reading runs in the pack's worker processes (or Ray tasks): a reader is
 pickled with each chunk of work, so it holds only small, picklable state.
+
+**One input, packed once.** Every reader tells two references of one input apart by one rule,
+:func:`input_identity`: a local file is its ``(st_dev, st_ino)`` (a relative and an absolute path,
+a symlink and a hard link reach the same file), a URL its normalized form. The first reference of
+an input is packed; a later one is a reject ``"same file as <first>"`` (:class:`FirstSeen`).
+**Damaged inputs** are rejects: a reader catches what reading a bad input raises
+(:func:`damaged_input_errors`), never ``Exception``, so a bug raises instead of emptying the pack.
 """
 
 from __future__ import annotations
@@ -14,16 +21,84 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
+from urllib.parse import urlsplit, urlunsplit
 
 from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
+from stoker.pipeline.storage import is_url
 
 from ..sanitize import Sanitized, Settings, _sanitize_read, read_input
 
 SPLITS = ("train", "val")
 MAX_LABEL = 1_000_000  # integer labels above this are rejects: a class list that long is a typo
+
+
+def damaged_input_errors() -> tuple[type[BaseException], ...]:
+    """What reading or decoding a damaged input raises (a reject with its reason), as against a
+    bug or an API change (a ``TypeError``, say), which must raise. A reader of tables adds its
+    library's own errors by name (pyarrow's ``ArrowException``)."""
+    from PIL import Image
+
+    return (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
+
+
+def normalized_url(url: str) -> str:
+    """``url`` with its scheme and host lowercased and its ``.``/``..`` segments resolved (empty
+    segments kept: ``a//b`` is another object key than ``a/b``); no fragment."""
+    parts = urlsplit(url)
+    out: list[str] = []
+    for seg in parts.path.split("/"):
+        if seg == ".":
+            continue
+        if seg == ".." and len(out) > 1:
+            out.pop()
+        elif seg != "..":
+            out.append(seg)
+    path = "/".join(out) or ("/" if parts.path.startswith("/") else "")
+    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), path, parts.query, ""))
+
+
+def input_identity(location: str | os.PathLike) -> tuple:
+    """The one identity rule of every pack source: two references are one input when their keys
+    are equal. A local file is its ``(st_dev, st_ino)``, links followed (a relative and an
+    absolute path, a symlink and a hard link are one file); a URL is :func:`normalized_url`; a
+    local path that cannot be stat'ed is its absolute normalized path (reading it says why)."""
+    location = os.fspath(location)
+    if is_url(location):
+        return ("url", normalized_url(location))
+    try:
+        st = os.stat(location)
+    except (OSError, ValueError):  # missing, unreadable, or a NUL in the name: read() says why
+        return ("path", os.path.normpath(os.path.abspath(location)))
+    return stat_identity(st.st_dev, st.st_ino)
+
+
+def stat_identity(dev: int, ino: int) -> tuple:
+    """:func:`input_identity` of a local file whose ``st_dev, st_ino`` are known (a folder walk)."""
+    return ("file", dev, ino)
+
+
+class FirstSeen:
+    """Which reference reached each input first (keys of :func:`input_identity`)."""
+
+    def __init__(self) -> None:
+        self._first: dict[tuple, Any] = {}
+
+    def first(self, key: tuple, ref: Any) -> Any | None:
+        """None when ``key`` is met for the first time (``ref`` is recorded as its first
+        reference), else the first reference."""
+        if key in self._first:
+            return self._first[key]
+        self._first[key] = ref
+        return None
+
+
+def same_file(first: str, where: str = "") -> str:
+    """The reject reason of an input reached again: ``same file as <first> (<where>)``."""
+    return f"same file as {display_path(first)}" + (f" ({where})" if where else "")
 
 
 @dataclass(slots=True)  # a million of these stay in memory during a pack: keep them small
@@ -78,6 +153,8 @@ class Scan:
     target: Target = field(default_factory=Target)
     #: what SRC's own val split is, for "--val-fraction given but SRC already has ..."
     val_source: str = "a val/ folder"
+    #: hidden folders (``.*``, ``__MACOSX``) left out, relative to SRC with a trailing ``/``
+    hidden: list[str] = field(default_factory=list)
 
 
 class Job(NamedTuple):
@@ -186,6 +263,8 @@ class Source:
     skipped: dict[str, int] = field(default_factory=dict)
     rejects: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     target: Target = field(default_factory=Target)
+    #: hidden folders the scan left out (:attr:`Scan.hidden`)
+    hidden: list[str] = field(default_factory=list)
 
     def path(self, item: Item) -> str:
         """Where ``item`` is (a file path for file sources)."""
@@ -229,12 +308,18 @@ __all__ = [
     "MAX_LABEL",
     "SPLITS",
     "FileReader",
+    "FirstSeen",
     "Item",
     "Job",
     "Scan",
     "Source",
     "SourceOptions",
     "SourceReader",
+    "damaged_input_errors",
     "display_path",
+    "input_identity",
+    "normalized_url",
+    "same_file",
     "sanitize_item",
+    "stat_identity",
 ]

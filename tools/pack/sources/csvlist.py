@@ -30,7 +30,11 @@ read as a decimal point). Paths are relative to the CSV's folder.
   ``"empty label"``, ``"target 'y' is empty"``), a float cell that is not a finite number
   (``"target 'y' is not finite: nan"``, ``"target 'x' is not a number: 'abc'"``), a path listed
   again (``"listed again on line 9 (first on line 3)"``: packed once) or listed again with another
-  target (``"listed on lines 3 (1.5) and 9 (2.5) with different targets"``: neither is packed). A
+  target (``"listed on lines 3 (1.5) and 9 (2.5) with different targets"``: neither is packed). Two
+  paths to one file (``a.jpg`` and ``./sub/../a.jpg``, an absolute path, a symlink or a hard link:
+  the sources' one identity rule, :func:`~.base.input_identity`) are one image: the later row is
+  rejected ``"same file as a.jpg (line 3)"``; with another target both paths are rejected
+  (``"same file as a.jpg, listed on lines 3 (1) and 9 (2) with different targets"``). A
   row with fewer cells than the widest (or the header), or with more than the header names, is a
   one-line error naming the row.
 """
@@ -46,7 +50,7 @@ from stoker.errors import UsageError
 from stoker.pipeline.shards.targets import MAX_COLUMNS, Target, finite_number
 
 from ..sanitize import IMAGE_EXTS
-from .base import MAX_LABEL, FileReader, Item, Scan
+from .base import MAX_LABEL, FileReader, Item, Scan, input_identity, same_file
 
 TARGET_MODES = ("auto", "class", "float", "multilabel")
 _PATH_WORDS = {"path", "file", "filename", "filepath", "file_path", "image", "img", "image_path", "image_name"}
@@ -165,28 +169,44 @@ def scan_csv(path: Path, rejects: list[tuple[str, str]], targets: str = "auto") 
     ncols = width - 1
     if ncols > MAX_COLUMNS:
         raise UsageError(f"{path} has {ncols:,} target columns, more than {MAX_COLUMNS:,}: is it a list of images?")
-    good: list[tuple[str, list[str]]] = []
-    first: dict[str, tuple[int, list[str]]] = {}  # a path's first row: (line, cells)
-    conflicting: set[str] = set()
+    good: list[tuple[str, list[str], tuple]] = []
+    first: dict[tuple, tuple[int, list[str], str]] = {}  # an image's first row: (line, cells, path)
+    conflicting: set[tuple] = set()
     for lineno, r in rows:
         rel, cells = r[0].strip(), [c.strip() for c in r[1:width]]
-        key = os.path.normpath(rel)
         if not rel:
             rejects.append((f"{path.name}:{lineno}", "empty path"))
-        elif ncols == 1 and not cells[0]:
+            continue
+        if ncols == 1 and not cells[0]:
             rejects.append((rel, "empty label"))
-        elif key not in first:
-            first[key] = (lineno, cells)
-            good.append((rel, cells))
-        elif first[key][1] == cells:  # the same row again: packed once
-            rejects.append((rel, f"listed again on line {lineno} (first on line {first[key][0]})"))
-        else:  # which target is right cannot be told: neither is packed
-            conflicting.add(key)
-            line, was = first[key][0], delim.join(first[key][1])
-            why = f"listed on lines {line} ({was}) and {lineno} ({delim.join(cells)}) with different targets"
+            continue
+        key = input_identity(os.path.join(path.parent, rel))  # two paths to one file are one image
+        if key not in first:
+            first[key] = (lineno, cells, rel)
+            good.append((rel, cells, key))
+            continue
+        line, was, first_rel = first[key]
+        again = os.path.normpath(first_rel) == os.path.normpath(rel)
+        if was == cells:  # the same image again: packed once
+            why = (
+                f"listed again on line {lineno} (first on line {line})"
+                if again
+                else same_file(first_rel, f"line {line}")
+            )
             rejects.append((rel, why))
-    if conflicting:
-        good = [(rel, cells) for rel, cells in good if os.path.normpath(rel) not in conflicting]
+            continue
+        # which target is right cannot be told: neither is packed
+        targets_differ = (
+            f"on lines {line} ({delim.join(was)}) and {lineno} ({delim.join(cells)}) with different targets"
+        )
+        if again:
+            rejects.append((rel, f"listed {targets_differ}"))
+        else:
+            rejects.append((rel, f"{same_file(first_rel)}, listed {targets_differ}"))
+            if key not in conflicting:  # the first path is not packed either: said once
+                rejects.append((first_rel, f"{same_file(rel)}, listed {targets_differ}"))
+        conflicting.add(key)
+    good = [(rel, cells) for rel, cells, key in good if key not in conflicting]
     kind = _kind(path, targets, ncols, [c[0] for _, c in good])
     if kind == "float":
         names = header[1:width] if header else (["y"] if ncols == 1 else [f"y{k}" for k in range(ncols)])

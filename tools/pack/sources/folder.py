@@ -10,7 +10,7 @@ from stoker.errors import UsageError
 
 from ..sanitize import IMAGE_EXTS
 from .base import FileReader, Item, Scan, SourceOptions
-from .walk import Walker, class_dirs, hidden, is_dir, loose_files, scandir_sorted
+from .walk import Seen, Walker, class_dirs, hidden, hidden_dirs, is_dir, loose_files, scandir_sorted
 
 
 def scan_class_folders(
@@ -20,15 +20,24 @@ def scan_class_folders(
     skipped: list[int],
     rejects: list[tuple[str, str]],
     other_splits: tuple[Path, ...] = (),
+    *,
+    seen: Seen | None = None,
+    hidden_found: list[str] | None = None,
 ) -> list[Item]:
-    """The items of the class folders of ``split_root`` (paths relative to ``root``)."""
+    """The items of the class folders of ``split_root`` (paths relative to ``root``); ``seen``:
+    what the walks of the other splits met; the hidden folders left out (hidden class folders
+    too) are appended to ``hidden_found``."""
     items = []
     index = {c: i for i, c in enumerate(classes)}
     names = class_dirs(split_root)
-    walker = Walker(root, split_root, names, skipped, other_splits)
+    walker = Walker(root, split_root, names, skipped, other_splits, seen)
     for cls in names:
         items.extend(Item(rel, index[cls]) for rel in walker.walk(cls))
     rejects.extend(walker.rejects)
+    if hidden_found is not None:
+        prefix = Path(os.path.relpath(split_root, root)).as_posix()
+        hidden_found.extend(hidden_dirs(split_root, "" if prefix == "." else f"{prefix}/"))
+        hidden_found.extend(walker.hidden)
     return items
 
 
@@ -88,9 +97,10 @@ class FolderReader(FileReader):
         classes = class_dirs(src)
         skipped = [loose_files(src)]
         rejects: list[tuple[str, str]] = []
+        found: list[str] = []
         targets_beside(src, classes)
-        items = scan_class_folders(src, src, classes, skipped, rejects)
-        return Scan(classes, {"train": items}, {"train": skipped[0]}, {"train": rejects})
+        items = scan_class_folders(src, src, classes, skipped, rejects, hidden_found=found)
+        return Scan(classes, {"train": items}, {"train": skipped[0]}, {"train": rejects}, hidden=found)
 
     def nothing_found(self) -> None:
         no_class_folders(self.src)

@@ -13,17 +13,21 @@ from stoker.errors import UsageError
 from stoker.pipeline.shards.targets import Target
 
 from .base import SPLITS, FileReader, Item, Scan, display_path
-from .walk import class_dirs, walk_tree
+from .walk import Seen, class_dirs, hidden_dirs, walk_tree
 
 
 def _stem(rel: str) -> str:
     return os.path.splitext(rel)[0]
 
 
-def scan_masks(src: Path, masks: Path, skipped: dict, rejects: dict) -> dict[str, list[Item]]:
+def scan_masks(
+    src: Path, masks: Path, skipped: dict, rejects: dict, hidden: list[str] | None = None
+) -> dict[str, list[Item]]:
     """Images of ``src`` paired with the masks at the same relative path and stem in ``masks``
     (any image extension): one item each, with its mask. An image with no mask, a mask with no
-    image, and two files of one stem on either side are rejects."""
+    image, and two files of one stem on either side are rejects; an image reached again (a hard
+    link, a second link) is a reject ``"same file as <first>"``, while one mask may serve several
+    images. The hidden folders of ``src`` left out are appended to ``hidden``."""
     if not masks.is_dir():
         raise UsageError(f"--masks {masks} is not a folder (a tree parallel to SRC: same relative paths and stems)")
     if not src.is_dir():
@@ -34,12 +38,16 @@ def scan_masks(src: Path, masks: Path, skipped: dict, rejects: dict) -> dict[str
     top = class_dirs(src)
     names = [s for s in SPLITS if s in top] if "train" in top and set(top) <= set(SPLITS) else [None]
     splits: dict[str, list[Item]] = {}
+    seen = Seen()  # an image reached from train/ and from val/ is packed once, in train
+    if hidden is not None and names != [None]:
+        hidden.extend(hidden_dirs(src))
     for name in names:
         split = name or "train"
         image_root, mask_root = (src / name, masks / name) if name else (src, masks)
         others = tuple(src / o for o in names if o and o != name)
-        images = walk_tree(src, image_root, skipped[split], rejects[split], others)
-        found = walk_tree(masks, mask_root, [0], rejects[split], ()) if mask_root.is_dir() else []
+        images = walk_tree(src, image_root, skipped[split], rejects[split], others, seen, hidden)
+        mask_seen = Seen(files_once=False)
+        found = walk_tree(masks, mask_root, [0], rejects[split], (), mask_seen) if mask_root.is_dir() else []
         prefix = f"{name}/" if name else ""
         by_stem: dict[str, list[str]] = {}
         for rel in found:
@@ -92,10 +100,18 @@ class MaskTreeReader(FileReader):
         src, masks, opts = self.src, self.mask_base, self.options
         skipped = {s: [0] for s in SPLITS}
         rejects: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
-        splits = scan_masks(src, masks, skipped, rejects)
+        found: list[str] = []
+        splits = scan_masks(src, masks, skipped, rejects, found)
         classes = [str(i) for i in range(opts.num_classes)] if opts.num_classes else []
         target = Target.of("mask", num_classes=opts.num_classes, ignore_index=opts.ignore_index)
-        return Scan(classes, splits, {s: skipped[s][0] for s in splits}, {s: rejects[s] for s in splits}, target)
+        return Scan(
+            classes,
+            splits,
+            {s: skipped[s][0] for s in splits},
+            {s: rejects[s] for s in splits},
+            target,
+            hidden=found,
+        )
 
     def identity(self) -> dict:
         return {**super().identity(), "masks": str(self.mask_base.resolve())}

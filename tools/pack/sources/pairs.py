@@ -6,7 +6,8 @@ It reads a CSV whose header names a mask column (``image,mask``; ``mask``, ``mas
 ``annotation``, ``segmentation``, ``label_path``), or, without a header, whose second cells all
 name image files: such a CSV is never read as classes named after mask files. Rejects, each with
 its reason: an empty image or mask cell, an image listed again (``listed again on line 9 (first
-on line 3)``: packed once) or listed again with another mask (neither packed), a mask that is
+on line 3)``; by another path to the same file, :func:`~.base.input_identity`: ``same file as
+a.png (line 3)``: packed once) or listed again with another mask (neither packed), a mask that is
 missing (``mask unreadable: errno 2 ...``) or is not a mask (:mod:`stoker.tools.pack.masks`).
 """
 
@@ -19,7 +20,7 @@ from stoker.errors import UsageError
 from stoker.pipeline.shards.targets import Target
 
 from ..sanitize import IMAGE_EXTS
-from .base import FileReader, Item, Scan
+from .base import FileReader, Item, Scan, input_identity, same_file
 from .csvlist import csv_rows
 
 _MASK_WORDS = {"mask", "mask_path", "masks", "annotation", "annotation_path", "segmentation", "label_path", "seg"}
@@ -73,9 +74,9 @@ class PairsReader(FileReader):
             raise UsageError(f"--targets is for a CSV's target columns; in {path} the target is the mask")
         delim, rows, _ = _pairs_rows(path)
         rejects: list[tuple[str, str]] = []
-        first: dict[str, tuple[int, str]] = {}
-        items: dict[str, Item] = {}
-        conflicting: set[str] = set()
+        first: dict[tuple, tuple[int, str, str]] = {}  # an image's first row: (line, mask, path)
+        items: dict[tuple, Item] = {}
+        conflicting: set[tuple] = set()
         for lineno, r in rows:
             cells = [c.strip() for c in r]
             if len(cells) != 2 and any(cells[2:]):
@@ -91,16 +92,31 @@ class PairsReader(FileReader):
             if not mask:
                 rejects.append((image, "empty mask path"))
                 continue
-            key = os.path.normpath(image)
+            key = input_identity(os.path.join(path.parent, image))  # two paths to one file are one image
             if key not in first:
-                first[key] = (lineno, mask)
+                first[key] = (lineno, mask, image)
                 items[key] = Item(Path(image).as_posix(), mask=Path(mask).as_posix())
-            elif first[key][1] == mask:
-                rejects.append((image, f"listed again on line {lineno} (first on line {first[key][0]})"))
+                continue
+            line, was, first_image = first[key]
+            again = os.path.normpath(first_image) == os.path.normpath(image)
+            if was == mask or input_identity(os.path.join(path.parent, was)) == input_identity(
+                os.path.join(path.parent, mask)
+            ):
+                why = (
+                    f"listed again on line {lineno} (first on line {line})"
+                    if again
+                    else same_file(first_image, f"line {line}")
+                )
+                rejects.append((image, why))
+                continue
+            masks_differ = f"on lines {line} ({was}) and {lineno} ({mask}) with different masks"
+            if again:
+                rejects.append((image, f"listed {masks_differ}"))
             else:
-                conflicting.add(key)
-                line, was = first[key]
-                rejects.append((image, f"listed on lines {line} ({was}) and {lineno} ({mask}) with different masks"))
+                rejects.append((image, f"{same_file(first_image)}, listed {masks_differ}"))
+                if key not in conflicting:  # the first path is not packed either: said once
+                    rejects.append((first_image, f"{same_file(image)}, listed {masks_differ}"))
+            conflicting.add(key)
         kept = [it for key, it in items.items() if key not in conflicting]
         classes = [str(i) for i in range(opts.num_classes)] if opts.num_classes else []
         target = Target.of("mask", num_classes=opts.num_classes, ignore_index=opts.ignore_index)

@@ -1,7 +1,9 @@
 """The parquet reader: a table of images and their targets, as Hugging Face ``datasets`` writes it.
 
 SRC is a ``.parquet`` file, a folder of them (a dataset repository: ``data/train-00000-of-00002.parquet``,
-``data/validation-...``), or an fsspec URL of either (``s3://bucket/ds/train.parquet``). In a
+``data/validation-...``), or an fsspec URL of either (``s3://bucket/ds/train.parquet``; over plain
+HTTP a folder is its index page, as a static file server lists it, whose ``*.parquet`` links are
+the files). In a
 folder, files named ``train*`` are the train split and ``validation*``/``valid*``/``val*``/``dev*``
 the val split; files of other splits (``test*``) are left out and their rows counted as skipped.
 When no file is named after a split, every file is train.
@@ -16,7 +18,11 @@ When no file is named after a split, every file is train.
   ``datasets`` metadata, a ``ClassLabel``, when it has them; else kept as they are), strings are
   class names, floats are float targets, lists are multi-label (of ``ClassLabel`` indices or names).
 * Rejects, each with its reason: an image with neither bytes nor path (``image is empty (no bytes,
-  no path)``), an empty label, a label outside its classes, a float that is not finite.
+  no path)``), an empty label, a label outside its classes, a float that is not finite; a row
+  whose ``path`` names a file an earlier row named (by the sources' one identity rule,
+  :func:`~.base.input_identity`: ``same file as a.jpg (train.parquet#3)``), across files and splits.
+* A file that is not parquet (or is damaged in its footer or target column) is a one-line error
+  naming it; a row that cannot be read when packed is that row's reject.
 
 Items are rows (``<file>#<row>``); a worker reads a row's bytes from its row group, keeping the
 row groups it read last (a bounded cache per process), so nearby rows cost one read.
@@ -26,18 +32,20 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import json
 import math
 import os
 import posixpath
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import MissingExtraError, UsageError
+from stoker.errors import MissingExtraError, StokerError, UsageError
 from stoker.pipeline.shards.targets import MAX_COLUMNS, Target
 from stoker.pipeline.storage import filesystem, is_url, storage_errors
 
-from .base import MAX_LABEL, Item, Scan, SourceReader
+from .base import MAX_LABEL, FirstSeen, Item, Scan, SourceReader, damaged_input_errors, input_identity, same_file
 
 _LABEL_WORDS = ("label", "labels", "class", "cls", "target", "category", "y", "fine_label", "class_name")
 _MASK_WORDS = ("mask", "annotation", "segmentation", "seg", "semantic", "label_mask", "gt", "label")
@@ -53,6 +61,30 @@ def _pyarrow():
             "reading a parquet SRC needs pyarrow, which is not installed: pip install stoker[parquet]"
         ) from None
     return pq
+
+
+def _bad_file_errors() -> tuple[type[BaseException], ...]:
+    """What reading a damaged or non-parquet file raises: the damaged-input errors and pyarrow's
+    own (``ArrowInvalid`` "Parquet magic bytes not found", ``ArrowNotImplementedError``, ...)."""
+    import pyarrow as pa
+
+    return (*damaged_input_errors(), pa.ArrowException)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:120] or type(e).__name__
+
+
+def _image_location(location: str, path: str) -> str:
+    """Where the image a row names by ``path`` is: relative to its parquet's folder (or URL), or
+    absolute (a local path, or a URL)."""
+    if is_url(path) or (not is_url(location) and os.path.isabs(path)):
+        return path
+    if not is_url(location):
+        return os.path.join(os.path.dirname(location), path)
+    if path.startswith("/"):  # an absolute local path in a remote table
+        return path
+    return posixpath.join(posixpath.dirname(location), path)
 
 
 def _split_of(name: str) -> str | None:
@@ -172,10 +204,14 @@ class ParquetReader(SourceReader):
             fs, root = filesystem(str(src), self.options.storage_options)
             proto = str(src).split("://", 1)[0]
             with storage_errors(str(src)):
-                if fs.isfile(root):
-                    return [(posixpath.basename(root), str(src))]
+                # a folder is what lists as one: over HTTP a folder URL is also a "file" (its
+                # index page), so the file test comes second, or for a name ending in .parquet
+                named = root.rstrip("/").lower().endswith(".parquet")
+                if (named or not fs.isdir(root)) and fs.isfile(root):
+                    return [(posixpath.basename(root.rstrip("/")), str(src))]
                 found = sorted(p for p in fs.find(root) if p.lower().endswith(".parquet"))
-            return [(posixpath.relpath(p, root), f"{proto}://{p}") for p in found]
+            root = root.rstrip("/")
+            return [(posixpath.relpath(p, root), p if is_url(p) else f"{proto}://{p}") for p in found]
         if src.is_file():
             return [(src.name, str(src))]
         found = sorted(p for p in src.rglob("*.parquet") if not p.relative_to(src).as_posix().startswith("."))
@@ -194,38 +230,48 @@ class ParquetReader(SourceReader):
         skipped = {"train": 0}
         columns: dict[str, list] = {}
         rows_of: list[tuple[str, str, int]] = []  # (split, name, rows)
+        paths_of: dict[str, dict[int, str]] = {}  # name -> {row: the file its image is}
         for name, location in files:
-            pf = _parquet_file(location, self.options.storage_options)
-            if schema is None:
-                schema = pf.schema_arrow
-                self._choose_columns(schema)
-            elif pf.schema_arrow.names != schema.names:
-                raise UsageError(
-                    f"{location} has columns {', '.join(pf.schema_arrow.names)}, {files[0][1]} has "
-                    f"{', '.join(schema.names)}: every parquet file of SRC must have the same columns"
-                )
-            split = (named[name] if by_name else "train") or None
-            if split is None:
-                skipped["train"] += pf.metadata.num_rows
-                continue
-            self.files[name] = location
-            md = pf.metadata
-            if self.target_columns:
-                table = pf.read(columns=self.target_columns)
-                for c in self.target_columns:
-                    columns.setdefault(c, []).extend(table.column(c).to_pylist())
+            with self._reading(location):
+                pf = _parquet_file(location, self.options.storage_options)
+                if schema is None:
+                    schema = pf.schema_arrow
+                    self._choose_columns(schema)
+                elif pf.schema_arrow.names != schema.names:
+                    raise UsageError(
+                        f"{location} has columns {', '.join(pf.schema_arrow.names)}, {files[0][1]} has "
+                        f"{', '.join(schema.names)}: every parquet file of SRC must have the same columns"
+                    )
+                split = (named[name] if by_name else "train") or None
+                if split is None:
+                    skipped["train"] += pf.metadata.num_rows
+                    continue
+                self.files[name] = location
+                md = pf.metadata
+                if self.target_columns:
+                    table = pf.read(columns=self.target_columns)
+                    for c in self.target_columns:
+                        columns.setdefault(c, []).extend(table.column(c).to_pylist())
+                paths_of[name] = self._path_rows(pf, schema)
             rows_of.append((split, name, md.num_rows))
         values = self._target_values(columns)
         classes, target, make = self._kind(schema, values)
         k = 0
+        seen = FirstSeen()  # rows naming one image file: the first is packed
         for split, name, n in rows_of:
             splits.setdefault(split, [])
             rejects.setdefault(split, [])
             skipped.setdefault(split, 0)
+            paths = paths_of[name]
             for row in range(n):
                 rel = f"{name}#{row}"
                 item, why = make(rel, values[k] if values is not None else None)
                 k += 1
+                if item is not None and row in paths:
+                    path = paths[row]
+                    first = seen.first(input_identity(_image_location(self.files[name], path)), (path, rel))
+                    if first is not None:
+                        item, why = None, same_file(*first)
                 if item is None:
                     rejects[split].append((rel, why))
                 else:
@@ -234,6 +280,55 @@ class ParquetReader(SourceReader):
             top = max((max(it.target) if it.target else it.label for s in splits.values() for it in s), default=-1)
             classes = [str(i) for i in range(top + 1)]
         return Scan(classes, splits, skipped, rejects, target, val_source="a validation parquet file")
+
+    @contextlib.contextmanager
+    def _reading(self, location: str) -> Iterator[None]:
+        """A scan's reading of one file: a file that is not parquet, or is damaged, is a one-line
+        error naming it; a failing store is a :class:`~stoker.errors.StorageError`."""
+        remote = is_url(location)
+        # remote, an OSError is the store's (storage_errors says it); local, the file's
+        bad = tuple(e for e in _bad_file_errors() if not (remote and issubclass(e, OSError)))
+        try:
+            with storage_errors(location) if remote else contextlib.nullcontext():
+                try:
+                    yield
+                except StokerError:  # a one-line error of the scan's own (an ArgumentError is a ValueError)
+                    raise
+                except bad as e:
+                    if isinstance(e, FileNotFoundError):
+                        raise
+                    raise UsageError(f"{location} is not a readable parquet file: {_one_line(e)}") from None
+        except FileNotFoundError:
+            raise UsageError(f"{location} does not exist (a file of SRC {self.src})") from None
+
+    def _path_rows(self, pf, schema) -> dict[int, str]:
+        """The rows of ``pf`` whose image is a file named by its ``path`` (its ``bytes`` null):
+        ``{row: path}``. Only row groups whose statistics say some ``bytes`` are null are read."""
+        import pyarrow as pa
+
+        t = schema.field(self.image_column).type
+        if not pa.types.is_struct(t) or {t.field(i).name for i in range(t.num_fields)} < {"bytes", "path"}:
+            return {}
+        md = pf.metadata
+        leaf = f"{self.image_column}.bytes"
+        out: dict[int, str] = {}
+        start = 0
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            stats = next(
+                (rg.column(c).statistics for c in range(rg.num_columns) if rg.column(c).path_in_schema == leaf), None
+            )
+            if stats is not None and stats.has_null_count and stats.null_count == 0:
+                start += rg.num_rows
+                continue
+            col = pf.read_row_group(g, columns=[leaf, f"{self.image_column}.path"]).column(0).combine_chunks()
+            valid = col.is_valid().to_pylist()
+            no_bytes = col.field("bytes").is_null().to_pylist()
+            for i, path in enumerate(col.field("path").to_pylist()):
+                if valid[i] and no_bytes[i] and path:
+                    out[start + i] = path
+            start += rg.num_rows
+        return out
 
     def _choose_columns(self, schema) -> None:
         names = schema.names
@@ -390,8 +485,8 @@ class ParquetReader(SourceReader):
     def _read(self, rel: str, column: str, max_bytes: int) -> tuple[bytes | None, str | None]:
         try:
             value, location = self._cell(rel, column)
-        except Exception as e:  # noqa: BLE001 - an unreadable file or row is this input's reject
-            return None, f"unreadable: {' '.join(str(e).split())[:120] or type(e).__name__}"
+        except _bad_file_errors() as e:  # a damaged row group is this row's reject; a bug raises
+            return None, f"unreadable: {_one_line(e)}"
         data, path = (value.get("bytes"), value.get("path")) if isinstance(value, dict) else (value, None)
         if data is None:
             if not path:
@@ -402,24 +497,26 @@ class ParquetReader(SourceReader):
         return data, None
 
     def _read_path(self, location: str, path: str, max_bytes: int) -> tuple[bytes | None, str | None]:
-        """An image a row names by ``path``: relative to its parquet's folder (or a URL's), or absolute."""
+        """An image a row names by ``path`` (:func:`_image_location`): a local file, or a URL read
+        with fsspec (a missing one is this row's reject; a failing store stops the pack in one
+        line, :class:`~stoker.errors.StorageError`, and a rerun resumes)."""
         from ..sanitize import read_input
 
-        if not is_url(location) and not is_url(path):
-            return read_input(os.path.join(os.path.dirname(location), path), max_bytes)
-        if not is_url(path) and path.startswith("/"):
-            return read_input(path, max_bytes)
-        url = path if is_url(path) else posixpath.join(posixpath.dirname(location), path)
+        where = _image_location(location, path)
+        if not is_url(where):
+            return read_input(where, max_bytes)
         try:
-            fs, p = filesystem(url, self.options.storage_options)
-            size = fs.size(p)
-            if size > max_bytes:
-                return None, f"file too large ({size:,} bytes > {max_bytes:,})"
-            return fs.cat_file(p), None
+            with storage_errors(where):
+                fs, p = filesystem(where, self.options.storage_options)
+                size = fs.size(p)  # None: a server that does not say
+                if size is not None and size > max_bytes:
+                    return None, f"file too large ({size:,} bytes > {max_bytes:,})"
+                data = fs.cat_file(p)
         except FileNotFoundError:
             return None, "unreadable: errno 2 (No such file or directory)"
-        except Exception as e:  # noqa: BLE001 - one reject line, never a traceback
-            return None, f"unreadable: {' '.join(str(e).split())[:120] or type(e).__name__}"
+        if len(data) > max_bytes:
+            return None, f"file too large ({len(data):,} bytes > {max_bytes:,})"
+        return data, None
 
     def read(self, rel: str, max_bytes: int) -> tuple[bytes | None, str | None]:
         return self._read(rel, self.image_column, max_bytes)

@@ -71,7 +71,8 @@ def _load_plugins() -> None:
     for ep in entry_points(group=ENTRY_POINTS):
         try:
             register_reader(ep.load())
-        except Exception as e:  # noqa: BLE001 - a broken plugin must not break stoker: said once
+        except Exception as e:  # noqa: BLE001
+            # boundary: a third-party plugin's import: not re-raised, said as a warning (stoker runs without it)
             import warnings
 
             warnings.warn(f"stoker: the pack source plugin {ep.name!r} ({ep.value}) does not load: {e}", stacklevel=2)
@@ -160,6 +161,7 @@ def scan(
         {s: found.skipped.get(s, 0) for s in splits},
         {s: found.rejects.get(s, []) for s in splits},
         target=found.target,
+        hidden=list(found.hidden),
     )
 
 

@@ -7,8 +7,10 @@ that path without its extension, or its file stem (``2007_000032``). Listed imag
 list's split; with ``--train-list``, images in no list are skipped (counted in train's *skipped*),
 even those the scan rejected (VOC's ``JPEGImages`` holds 17,125 photos, its segmentation lists
 the 2,913 that have masks); with ``--val-list`` alone the others are train. Rejects: a line
-naming no image of SRC (``listed in val.txt line 3 but not in SRC``), an image in both lists. A
-stem that names several images is a one-line error (write their relative paths).
+naming no image of SRC (``listed in val.txt line 3 but not in SRC``), an image in both lists; a
+line naming an image the scan rejected keeps the scan's reason (a second path to a file already
+packed: ``same file as ...``, by the sources' one identity rule). A stem that names several
+images is a one-line error (write their relative paths).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .csvlist import read_text
 
 def _keys(rel: str) -> set[str]:
     """The names a list line may give ``rel`` by: its path, the path without its extension, its stem."""
+    rel = posixpath.normpath(rel)
     stem = posixpath.splitext(rel)[0]
     return {rel, stem, posixpath.basename(stem)}
 
@@ -59,11 +62,12 @@ def apply_split_lists(found: Scan, train_list: Path | None, val_list: Path | Non
         if lst is None:
             continue
         for lineno, name in _names(lst):
-            key = name.replace("\\", "/")
-            key = key[2:] if key.startswith("./") else key
+            key = posixpath.normpath(name.replace("\\", "/"))  # ./a.jpg, a//b.jpg
             listed.add(key)
             hits = by_key.get(key, [])
-            exact = [i for i in hits if items[i].rel in (key,) or posixpath.splitext(items[i].rel)[0] == key]
+            exact = [
+                i for i in hits if posixpath.normpath(items[i].rel) == key or posixpath.splitext(items[i].rel)[0] == key
+            ]
             hits = exact or hits
             if not hits:
                 if key not in scan_rejected:  # else the scan's reject says why (no mask, say)

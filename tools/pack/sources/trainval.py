@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .base import SPLITS, FileReader, Scan
 from .folder import check_class_targets, no_class_folders, scan_class_folders
-from .walk import class_dirs, loose_files
+from .walk import Seen, class_dirs, hidden_dirs, loose_files
 
 
 def split_folders(src: Path) -> list[str] | None:
@@ -39,12 +39,16 @@ class TrainValReader(FileReader):
         skipped = {s: [0] for s in SPLITS}
         rejects: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
         splits = {}
+        seen = Seen()  # a file reached from train/ and from val/ is packed once, in train
+        found = hidden_dirs(src)
         for s in names:
             skipped[s][0] += loose_files(src / s)
             others = tuple(src / o for o in names if o != s)
-            splits[s] = scan_class_folders(src, src / s, classes, skipped[s], rejects[s], others)
+            splits[s] = scan_class_folders(
+                src, src / s, classes, skipped[s], rejects[s], others, seen=seen, hidden_found=found
+            )
         skipped["train"][0] += loose_files(src)
-        return Scan(classes, splits, {s: skipped[s][0] for s in splits}, {s: rejects[s] for s in splits})
+        return Scan(classes, splits, {s: skipped[s][0] for s in splits}, {s: rejects[s] for s in splits}, hidden=found)
 
     def nothing_found(self) -> None:
         no_class_folders(self.src)

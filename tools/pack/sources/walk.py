@@ -1,22 +1,24 @@
 """Walking folders for the folder readers (ImageFolder, ``train/``+``val/``, mask trees).
 
-* Symlinks are followed, but each real folder (by ``st_dev, st_ino``) is walked once
-  and each real file is packed once. A link back up to the class folder's parent, the
+* Symlinks are followed, but each real folder and each real file (by the sources' one identity
+  rule, :func:`~.base.input_identity`: ``st_dev, st_ino``) is walked and packed once, across the
+  classes and the splits of SRC. A link back up to the class folder's parent, the
   split folder or any folder above it (``cls/loop -> ..``) is not followed: reject
   ``"symlink loop to <target>: not followed"``. A link (to a folder or file) that lands
   inside another class's folder is not followed either (its images would get the wrong
   label): reject ``"link into class '<name>': not followed"``; nor one from ``train/``
   into ``val/`` (or back): reject ``"link into val/: not followed"``. A folder or file reached
-  again from another class (hard links, two links to one outside folder) is packed
-  under the first class in sorted order, the later one is rejected ``"same file as
-  <path> (class '<name>')"``; reached again in the same class it is simply packed once.
+  again (a hard link, a second link to one file or folder) is packed where it was met first (the
+  first class in sorted order, train before val); the later one is rejected ``"same file as
+  <path>"``, with ``" (class '<name>')"`` when the first is in another class.
 * Unreadable folders and dangling links are rejects (``"unreadable folder: <error>"``,
   ``"broken symlink"``). FIFOs, sockets and devices with an image name are rejects
   ``"not a regular file (<kind>)"``; they are never opened.
 * File names that are not valid UTF-8 are packed. Inside the pack (sample ``json``,
   ``rejects.jsonl``) their name is written with each undecodable byte as ``\\xNN``
   (:func:`~.base.display_path`), so every file stoker writes is valid UTF-8.
-* Hidden files (``.*``, ``__MACOSX``) and files without an image extension are counted as skipped.
+* Hidden files (``.*``, ``__MACOSX``) and files without an image extension are counted as skipped;
+  hidden folders are not walked, and named in the pack's summary (:attr:`~.base.Scan.hidden`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 from stoker.errors import UsageError
 
 from ..sanitize import IMAGE_EXTS
-from .base import display_path
+from .base import FirstSeen, display_path, same_file, stat_identity
 
 
 def hidden(name: str) -> bool:
@@ -51,8 +53,22 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+class Seen:
+    """The folders and files a walk met (by :func:`~.base.input_identity`), with the class and
+    path each was met at first; shared by the walks of one SRC's splits."""
+
+    def __init__(self, files_once: bool = True) -> None:
+        self.dirs, self.files, self.files_once = FirstSeen(), FirstSeen(), files_once
+
+
 class Walker:
-    """Walks the class folders of one split (see the module docstring for the rules)."""
+    """Walks the class folders of one split (see the module docstring for the rules).
+
+    Args:
+        seen: what the walks of SRC's other splits met (a file reached from train and from val is
+            packed once); None: this walk's own. ``Seen(files_once=False)`` walks a mask tree,
+            whose masks may serve several images.
+    """
 
     def __init__(
         self,
@@ -61,14 +77,16 @@ class Walker:
         class_names: list[str],
         skipped: list[int],
         other_splits: tuple[Path, ...] = (),
+        seen: Seen | None = None,
     ):
         self.root, self.split_root, self.skipped = root, split_root, skipped
         self.split_real = os.path.realpath(split_root)
         self.other_real = {p.name: os.path.realpath(p) for p in other_splits}
         self.class_real = {c: os.path.realpath(split_root / c) for c in class_names}
-        self.dirs: dict[tuple[int, int], tuple[str, str]] = {}  # real folder -> (class, rel)
-        self.files: dict[tuple[int, int], tuple[str, str]] = {}  # real file -> (class, rel)
+        self.seen = seen if seen is not None else Seen()
         self.rejects: list[tuple[str, str]] = []
+        #: hidden folders not walked, relative to root with a trailing ``/``
+        self.hidden: list[str] = []
 
     def rel(self, path: str) -> str:
         return Path(os.path.relpath(path, self.root)).as_posix()
@@ -92,15 +110,15 @@ class Walker:
                 return False
         return True
 
-    def _seen(self, table: dict, key: tuple[int, int], cls: str, path: str, rel: str | None = None) -> bool:
-        """True when ``key`` was met before: silently once more in the same class, a
-        reject when another class has it. ``rel``: ``path`` relative to root, if known."""
-        first = table.get(key)
-        if first is None:
-            table[key] = (cls, rel or self.rel(path))
+    def _seen(self, table: FirstSeen, key: tuple, cls: str, path: str, rel: str | None = None) -> bool:
+        """True (and a reject naming the first) when ``key`` was met before. ``rel``: ``path``
+        relative to root, if known."""
+        if table is self.seen.files and not self.seen.files_once:
             return False
-        if first[0] != cls:
-            self.reject(path, f"same file as {display_path(first[1])} (class {first[0]!r})")
+        first = table.first(key, (cls, rel or self.rel(path)))
+        if first is None:
+            return False
+        self.reject(path, same_file(first[1], f"class {first[0]!r}" if first[0] != cls else ""))
         return True
 
     def walk(self, cls: str) -> list[str]:
@@ -114,7 +132,7 @@ class Walker:
             return out
         if os.path.islink(top) and not self._link_target_ok(top, cls):  # a class folder linked to SRC itself
             return out
-        if self._seen(self.dirs, (st.st_dev, st.st_ino), cls, top):
+        if self._seen(self.seen.dirs, stat_identity(st.st_dev, st.st_ino), cls, top):
             return out
         self._walk_dir(top, self.rel(top), st.st_dev, cls, out)
         return out
@@ -131,16 +149,18 @@ class Walker:
                 continue
             subdirs = []
             for e in entries:
+                erel = e.name if drel == "." else f"{drel}/{e.name}"
                 if hidden(e.name):
-                    if not e.is_dir():
+                    if is_dir(e):
+                        self.hidden.append(display_path(erel) + "/")
+                    else:
                         self.skipped[0] += 1
                     continue
-                erel = e.name if drel == "." else f"{drel}/{e.name}"
                 try:
                     if e.is_file(follow_symlinks=False):  # the common case: no stat (d_type, d_ino)
                         if os.path.splitext(e.name)[1].lower() not in IMAGE_EXTS:
                             self.skipped[0] += 1
-                        elif not self._seen(self.files, (ddev, e.inode()), cls, e.path, erel):
+                        elif not self._seen(self.seen.files, stat_identity(ddev, e.inode()), cls, e.path, erel):
                             out.append(erel)
                         continue
                     link = e.is_symlink()
@@ -151,7 +171,7 @@ class Walker:
                 if link and not self._link_target_ok(e.path, cls):
                     continue
                 if stat.S_ISDIR(st.st_mode):
-                    if not self._seen(self.dirs, (st.st_dev, st.st_ino), cls, e.path, erel):
+                    if not self._seen(self.seen.dirs, stat_identity(st.st_dev, st.st_ino), cls, e.path, erel):
                         subdirs.append((e.path, erel, st.st_dev))
                     continue
                 if os.path.splitext(e.name)[1].lower() not in IMAGE_EXTS:
@@ -160,7 +180,7 @@ class Walker:
                 if not stat.S_ISREG(st.st_mode):
                     self.reject(e.path, f"not a regular file ({_kind(st.st_mode)})")
                     continue
-                if not self._seen(self.files, (st.st_dev, st.st_ino), cls, e.path, erel):
+                if not self._seen(self.seen.files, stat_identity(st.st_dev, st.st_ino), cls, e.path, erel):
                     out.append(erel)
             stack.extend(reversed(subdirs))  # popped in sorted order
 
@@ -184,14 +204,31 @@ def class_dirs(root: Path) -> list[str]:
     return [e.name for e in scandir_sorted(root) if not hidden(e.name) and is_dir(e)]
 
 
+def hidden_dirs(root: Path, prefix: str = "") -> list[str]:
+    """The hidden folders directly in ``root`` (``.git``, ``.ipynb_checkpoints``, ``__MACOSX``),
+    as ``<prefix><name>/``: never walked, and named in the pack's summary."""
+    return [display_path(f"{prefix}{e.name}") + "/" for e in scandir_sorted(root) if hidden(e.name) and is_dir(e)]
+
+
 def loose_files(root: Path) -> int:
     """Files directly in a folder that should hold only class folders (skipped)."""
     return sum(1 for e in scandir_sorted(root) if not is_dir(e))
 
 
-def walk_tree(root: Path, split_root: Path, skipped: list[int], rejects: list, others: tuple) -> list[str]:
-    """Every image under ``split_root`` at any depth (relative to ``root``), by the walk's rules."""
-    walker = Walker(root, split_root, [""], skipped, others)
+def walk_tree(
+    root: Path,
+    split_root: Path,
+    skipped: list[int],
+    rejects: list,
+    others: tuple,
+    seen: Seen | None = None,
+    hidden: list[str] | None = None,
+) -> list[str]:
+    """Every image under ``split_root`` at any depth (relative to ``root``), by the walk's rules;
+    the hidden folders left out are appended to ``hidden``."""
+    walker = Walker(root, split_root, [""], skipped, others, seen)
     found = walker.walk("")
     rejects.extend(walker.rejects)
+    if hidden is not None:
+        hidden.extend(walker.hidden)
     return found
