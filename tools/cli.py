@@ -5,6 +5,7 @@ keep heavy imports (torch, DALI) inside functions so ``stoker --help`` is instan
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 from collections.abc import Sequence
@@ -71,6 +72,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"stoker {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a full disk mid-write, in any command: one line, the journals resume
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {e.filename}" if e.filename else ""
+        print(
+            f"stoker {args.command}: disk full{where}: free space and rerun the same command "
+            "(what was finished is kept, nothing written is corrupt)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

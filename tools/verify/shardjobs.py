@@ -82,10 +82,15 @@ class ShardJournal:
             self._append({"shard": shard, "stamp": shard_stamp, "result": result})
 
     def _append(self, record: dict) -> None:
-        with open(self.path, "ab") as f:
-            f.write((json.dumps(record, sort_keys=True) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.path, "ab") as f:
+                f.write((json.dumps(record, sort_keys=True) + "\n").encode())
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            if e.filename is None:  # name the journal (ENOSPC from write/fsync carries no name)
+                raise OSError(e.errno, e.strerror, str(self.path)) from e
+            raise
 
     def remove(self) -> None:
         """Forget the journal (its folder too, when nothing else is in it)."""

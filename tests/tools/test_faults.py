@@ -1,7 +1,9 @@
-"""A worker process that dies (kill -9, the OOM killer, a crash in a codec) ends `stoker pack`,
-`stoker verify` and `stoker index` within seconds with one line naming what it was working on,
-its signal and how to resume; the rerun finishes as if nothing happened."""
+"""Faults in `stoker pack`, `stoker verify` and `stoker index`: a worker process that dies (kill -9,
+the OOM killer, a crash in a codec) ends the command within seconds with one line naming what it
+was working on, its signal and how to resume; a full disk is one line too; the rerun finishes as
+if nothing happened."""
 
+import errno
 import hashlib
 import os
 import signal
@@ -145,3 +147,25 @@ def test_a_killed_verify_or_index_worker_names_its_shard_and_the_rerun_finishes(
     assert "a worker process died (SIGKILL" in err and f"while {doing} train-000002.tar" in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert cli(argv) == 0
+
+
+@pytest.mark.parametrize("command", ["verify", "index"])
+def test_a_full_disk_in_verify_or_index_is_one_line_and_the_rerun_finishes(tmp_path, packed, command, capsys):
+    split = tmp_path / "train"
+    subprocess.run(["cp", "-r", str(packed / "train"), str(split)], check=True)
+    real = os.fsync
+
+    def full(fd):  # every file the command writes (journal, .idx, manifest) hits a full disk
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    os.fsync = full
+    try:
+        capsys.readouterr()
+        assert cli([command, str(split), "-q", "--workers", "1"]) == 1
+    finally:
+        os.fsync = real
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"stoker {command}: disk full writing {split}"), err
+    assert err.endswith("free space and rerun the same command (what was finished is kept, nothing written is corrupt)")
+    assert cli([command, str(split), "-q", "--workers", "1"]) == 0
