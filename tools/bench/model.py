@@ -189,7 +189,7 @@ def bench_model(
                 warmup_steps=warmup_steps,
             )
             row.update({k: r[k] for k in ("images_per_s", "step_ms", "steps", "first_step_s", "params", "peak_mem_mb")})
-        except Exception as e:  # one setting failing (no fp16 kernel, compiler missing) must not end the table
+        except Exception as e:  # boundary: reported in its row; one setting failing must not end the table
             row["error"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
         finally:
             if gpu:
