@@ -122,7 +122,7 @@ def load_checkpoint(path: PathLike, *, arch: str | None = None, num_outputs: int
         raise CheckpointError(f"{path}: no such checkpoint")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, ... on bad files
+    except Exception as e:  # boundary: torch.load of the user's file: raised as one CheckpointError naming it
         if "weights_only" in str(e) or "Unsupported global" in str(e):
             raise CheckpointError(
                 f"{path}: refused: it holds pickled objects other than tensors and plain data "

@@ -70,7 +70,7 @@ def load_factory(spec: str):
             module = importlib.import_module(modname)
     except UsageError:
         raise
-    except BaseException as e:  # noqa: BLE001 - user code may raise anything, even SystemExit
+    except BaseException as e:  # boundary: the user's module (even SystemExit), raised as one UsageError
         if isinstance(e, KeyboardInterrupt):
             raise
         msg = str(e).splitlines()[0] if str(e) else ""
@@ -102,7 +102,7 @@ def build_user_model(spec: str, num_outputs: int, *, in_channels: int = 3) -> nn
             kwargs[name] = value
     try:
         net = factory(**kwargs)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # boundary: the user's factory, raised as one UsageError line
         msg = str(e).splitlines()[0] if str(e) else ""
         raise UsageError(f"--model {spec!r}: the factory raised {type(e).__name__}: {msg}") from None
     if not isinstance(net, nn.Module):
@@ -128,7 +128,7 @@ def check_outputs(net: nn.Module, spec: str, *, num_outputs: int, in_channels: i
     try:
         with torch.no_grad():
             out = net(x)
-    except Exception as e:  # noqa: BLE001 - user code
+    except Exception as e:  # boundary: the user's network, raised as one UsageError line
         msg = " ".join(str(e).split())[:200]
         raise UsageError(
             f"--model {spec!r}: the network fails on a {list(x.shape)} batch ({type(e).__name__}: {msg}); "

@@ -289,7 +289,7 @@ class ShardCache:
             except FileNotFoundError:
                 _unlink(tmp)
                 raise CacheError(f"shard {name} is missing at {url} (the manifest lists it)") from None
-            except Exception as e:  # noqa: BLE001 - network failures of any library: retried, then named
+            except Exception as e:  # boundary: a network library's failure: retried, then raised as a CacheError
                 _unlink(tmp)
                 self._count(name, n)
                 mismatch = f"download failed: {_reason(e)}"

@@ -18,14 +18,17 @@ browsers all decode identically:
 Progressive (SOF2), extended (SOF1), lossless (SOF3/SOF7/SOF11/SOF15), arithmetic
 (SOF9..SOF15), hierarchical (SOF5..7, DHP/EXP), 12-bit, CMYK, multi-scan files, and
 anything after EOI get a short reason instead. The check parses markers only (no pixel
-decoding): microseconds per file, pure Python, no dependencies.
+decoding): microseconds per file, pure Python. What starts a JPEG is
+:func:`stoker.pipeline.imagedecode.is_jpeg`'s rule, as everywhere.
 """
 
 from __future__ import annotations
 
 import struct
 
-__all__ = ["is_jpeg", "jpeg_copy_safe"]
+from .imagedecode import is_jpeg
+
+__all__ = ["jpeg_copy_safe"]
 
 MAX_SIDE = 65500  # libjpeg-turbo's JPEG_MAX_DIMENSION
 
@@ -43,11 +46,6 @@ _SOF_KIND = {
     0xCE: "hierarchical progressive arithmetic coding (SOF14)",
     0xCF: "hierarchical lossless arithmetic coding (SOF15)",
 }
-
-
-def is_jpeg(data: bytes) -> bool:
-    """True when ``data`` starts like a JPEG (SOI then a marker)."""
-    return len(data) >= 3 and data[0] == 0xFF and data[1] == 0xD8 and data[2] == 0xFF
 
 
 def jpeg_copy_safe(data: bytes) -> str | None:

@@ -55,7 +55,7 @@ class Prefetcher:
         def run() -> None:
             try:
                 self.cache.ensure(names)
-            except BaseException as e:  # noqa: BLE001 - raised in the consumer by wait()
+            except BaseException as e:  # boundary: the prefetch thread's error, raised in the consumer by wait()
                 self._error = e
 
         self._thread = threading.Thread(target=run, daemon=True, name="stoker-prefetch")

@@ -221,7 +221,7 @@ def storage_errors(url: str) -> Iterator[None]:
         yield
     except (StokerError, FileNotFoundError, KeyboardInterrupt):
         raise
-    except Exception as e:  # noqa: BLE001 - botocore, aiohttp, OSError ...: one line, not a traceback
+    except Exception as e:  # boundary: any storage library's failure, raised here as one StorageError naming the URL
         raise _describe(e, url) from None
 
 

@@ -282,14 +282,17 @@ def decode_masks(plan: Plan) -> list:
 
     from PIL import Image
 
+    from ..imagedecode import DAMAGED_INPUT
+
     out = []
     for raw in plan.masks or ():
         try:
             with Image.open(io.BytesIO(raw.tobytes() if hasattr(raw, "tobytes") else bytes(raw))) as im:
                 a = np.asarray(im.convert("L") if im.mode not in ("L", "P") else im)
-            out.append(a if a.dtype == np.uint8 else a.astype(np.uint8))
-        except Exception:  # noqa: BLE001 - a damaged mask drops its sample, like a damaged image
+        except DAMAGED_INPUT:  # a damaged mask drops its sample, like a damaged image
             out.append(None)
+            continue
+        out.append(a if a.dtype == np.uint8 else a.astype(np.uint8))
     return out
 
 

@@ -163,7 +163,7 @@ class DaliRunner(ProducerThread):
                     put(empty_batch(self.settings, *item))
                 self._carry = []
                 put(END)
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer, naming the shards
+        except Exception as exc:  # boundary: the DALI thread's error, raised in the consumer naming the shards
             if not stop.is_set():  # else nobody is listening (abandoned, or interpreter exit)
                 error = RuntimeError(self._describe_failure(self._meta[0][4], exc)) if self._meta else exc
                 put(Failure(error))
@@ -177,7 +177,7 @@ class DaliRunner(ProducerThread):
                         self.pipe.run()
                 except StopIteration:
                     pass
-                except Exception:  # noqa: BLE001 - torn down (interpreter exit): rebuild if used again
+                except Exception:  # boundary: no consumer left to report to; the pipeline is rebuilt if used
                     self.pipe = None
             if self.pipe is not None:
                 self.pipe.reset()

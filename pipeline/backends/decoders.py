@@ -20,7 +20,8 @@ output is that region of its image only; the runner shifts its crop boxes to mat
 decoded there to the right pixels), once per process; :func:`resolve_decoder` picks one for
 ``decoder="auto"``, and :func:`gpu_decode` is what the backend registry asks of the nvjpeg
 backend. This module imports no optional package at its top and nothing of stoker's but
-:mod:`.resize` and the dependency guards (:mod:`stoker.pipeline.deps`).
+:mod:`.resize` and the dependency guards (:mod:`stoker.pipeline.deps`); what is a damaged input,
+for the decoders and for pillow, is :mod:`stoker.pipeline.imagedecode`'s.
 """
 
 from __future__ import annotations
@@ -99,16 +100,20 @@ def decode_batch(
             image that comes back the size of its region is one, one of its stored size ``wh``
             (``[N, 2]`` ``(width, height)``) a whole image, any other size a failure.
         name: the decoder, for the reasons.
-        is_jpeg: ``[N]`` which start with a JPEG's SOI marker (else checked here, one by one).
+        is_jpeg: ``[N]`` which start like a JPEG (:func:`~stoker.pipeline.imagedecode.is_jpeg_each`;
+            else checked here, one by one).
 
     Returns:
         ``(images, is_region, fallbacks)``: ``[C, H, W]`` tensors on ``device`` (``None`` where
         pillow failed too), which are regions, and ``(position, why)`` of those pillow decoded.
     """
+    from ..imagedecode import DAMAGED_INPUT, NATIVE_DECODE_ERRORS, native_bug
+    from ..imagedecode import is_jpeg as starts_like_jpeg
+
     out: list = [None] * len(datas)
     is_region = np.zeros(len(datas), bool)
     if is_jpeg is None:
-        is_jpeg = np.array([len(d) > 2 and int(d[0]) == 0xFF and int(d[1]) == 0xD8 for d in datas], bool)
+        is_jpeg = np.array([starts_like_jpeg(d[:3].numpy()) for d in datas], bool)
     jpeg = np.flatnonzero(is_jpeg).tolist()
     failed = dict.fromkeys(sorted(set(range(len(datas))) - set(jpeg)), "not a JPEG")
 
@@ -122,7 +127,9 @@ def decode_batch(
             )
             if len(images) != len(ks):
                 raise RuntimeError(f"{len(images)} images back for {len(ks)} JPEGs")
-        except Exception as e:  # noqa: BLE001 - the decoder said no: find which; pillow decodes it
+        except NATIVE_DECODE_ERRORS as e:  # the decoder said no: find which; pillow decodes it
+            if native_bug(e):
+                raise
             if len(ks) == 1:
                 failed[ks[0]] = " ".join(str(e).split())[:120] or type(e).__name__
             else:
@@ -148,7 +155,7 @@ def decode_batch(
     for k, why in failed.items():
         try:
             out[k] = decode_cpu(datas[k], channels).to(device)
-        except Exception:  # noqa: BLE001 - undecodable for pillow too: dropped, counted by the caller
+        except DAMAGED_INPUT:  # undecodable for pillow too: dropped, counted by the caller
             continue
         fallbacks.append((k, why))
     return out, is_region, fallbacks
@@ -349,7 +356,7 @@ def _check(decoder: Decoder, device) -> tuple[bool, str]:
         # the probe is red: a decoder that runs but returns garbage does not count
         if not 170 <= int(img[0].float().mean()) <= 230:
             return False, f"{name}'s decode returned wrong pixels for the probe JPEG"
-    except Exception as e:  # noqa: BLE001 - any failure means: not usable, say why
+    except Exception as e:  # boundary: a third-party decoder's probe; its failure is the reason reported
         return False, " ".join(f"{type(e).__name__}: {e}".split())[:200]
     where = "the GPU" if dev.type == "cuda" else "the CPU"
     how = {"nvimgcodec": "nvImageCodec", "torchcodec": "nvJPEG", "torchvision": "nvJPEG"}.get(name, name)

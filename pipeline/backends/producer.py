@@ -72,7 +72,7 @@ def ahead(
                         return
                     put(q, halt, (item, func(item)))
             put(q, halt, END)
-        except Exception as e:  # noqa: BLE001 - handed to the reader, with the item it failed on
+        except Exception as e:  # boundary: the stage thread's error, raised in the reader (Failure) with its item
             put(q, halt, Failure(StageFailure(item, e)))
 
     worker = threading.Thread(target=run, daemon=True, name=name)
@@ -201,7 +201,7 @@ def _shutdown_runners() -> None:
     for runner in list(_RUNNERS):
         try:
             runner.shutdown()
-        except Exception:  # noqa: BLE001 - exiting anyway; never print a traceback here
+        except Exception:  # boundary: interpreter exit, nobody is left to report to; never print a traceback here
             pass
 
 

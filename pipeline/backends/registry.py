@@ -213,7 +213,7 @@ def _load_plugins() -> None:
     for ep in entry_points(group=ENTRY_POINTS):
         try:
             register_backend(ep.load())
-        except Exception as e:  # noqa: BLE001 - a broken plugin must not break stoker: said once
+        except Exception as e:  # boundary: a broken plugin is reported once (the warning below), stoker goes on
             import warnings
 
             warnings.warn(f"stoker: the backend plugin {ep.name!r} ({ep.value}) does not load: {e}", stacklevel=2)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import math
-import struct
 
 import numpy as np
 
@@ -64,11 +63,11 @@ def resize_into(out: np.ndarray, k: int, im, crop, flip: bool, box=None, chw: bo
 
 
 def decode_failures() -> tuple[type[BaseException], ...]:
-    """What pillow raises for an image that does not decode (a sample to skip and count), as
-    against a bug or an API change (a TypeError, say), which must raise and not drop every sample."""
-    from PIL import Image
+    """:data:`stoker.pipeline.imagedecode.DAMAGED_INPUT` (what pillow raises for an image that
+    does not decode), imported when asked: this module imports pillow only when it decodes."""
+    from ..imagedecode import DAMAGED_INPUT
 
-    return (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
+    return DAMAGED_INPUT
 
 
 def _pack(core, rawmode: str, nbytes: int) -> bytes:

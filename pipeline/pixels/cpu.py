@@ -25,8 +25,13 @@ from ..augment import CropSpec, crop_mask
 from ..backends import producer
 from ..backends.base import Batch, DecodeSettings, decode_masks, plan_batch, targets_of
 from ..backends.gpu_resize import filter_regions
+<<<<<<< HEAD
 from ..backends.pil import BatchItems, EpochItems, batch_loader, worker_batches
 from ..backends.resize import MODES, decode_failures, resize_into
+=======
+from ..backends.pil import BatchItems, EpochItems, batch_loader
+from ..backends.resize import MODES, resize_into
+>>>>>>> decode
 from ..backends.slots import SlotPool, copy_out
 from .store import PixelStore
 
@@ -79,6 +84,8 @@ class PixelBatches:
     def __getitem__(self, item):
         import torch
 
+        from ..imagedecode import DAMAGED_INPUT
+
         epoch, seed, ids, crops, slot = item
         s = self.settings if crops == self.settings.crops else dataclasses.replace(self.settings, crops=crops)
         ids = np.asarray(ids, np.int64)
@@ -103,7 +110,6 @@ class PixelBatches:
         fresh = iter(decode_masks(plan.keep(~cached)) if s.masks else ())
         good = np.zeros(n, bool)
         decoded = kept = 0
-        failures = decode_failures()
         for j in range(n):
             i, box, flip = int(plan.ids[j]), boxes[j], flips[j]
             try:
@@ -118,7 +124,7 @@ class PixelBatches:
                     decoded += 1
                     store.put(i, im.tobytes(), mask)
                     resize_into(out, kept, im, s.crop, flip, box=box, chw=chw)
-            except failures:  # a damaged image: skipped and counted
+            except DAMAGED_INPUT:  # a damaged image: skipped and counted
                 continue
             if mask_out is not None:
                 crop_mask(mask, box, flip, mask_out[kept])

@@ -132,6 +132,8 @@ class DevicePixelRunner(ProducerThread):
         """Whole images ``[C, H, W]`` uint8 (``None`` for a failure): on the device with a GPU decode."""
         import torch
 
+        from ..imagedecode import DAMAGED_INPUT
+
         c = self.settings.channels
         if self.gpu:
             return self.decoder.decode([torch.from_numpy(np.array(d)) for d in datas], c)
@@ -139,7 +141,7 @@ class DevicePixelRunner(ProducerThread):
         for d in datas:
             try:
                 im = decode_whole(d, c)
-            except Exception:  # noqa: BLE001 - a sample that does not decode is dropped and counted
+            except DAMAGED_INPUT:  # a sample that does not decode is dropped and counted
                 out.append(None)
                 continue
             hwc = np.array(im).reshape(im.size[1], im.size[0], c)
@@ -262,7 +264,7 @@ class DevicePixelRunner(ProducerThread):
                     return
                 producer.put(out_q, stop, self._batch(ids, epoch, seed, crops))
             producer.put(out_q, stop, END)
-        except Exception as e:  # noqa: BLE001 - handed to the consumer, naming the batch
+        except Exception as e:  # boundary: the producer thread's error, raised in the consumer naming the batch
             if not stop.is_set():
                 what = " ".join(f"{type(e).__name__}: {e}".split())[:200]
                 keys = ", ".join(self.settings.index.key(int(i)) for i in (ids[:8] if ids is not None else []))

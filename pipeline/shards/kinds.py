@@ -159,6 +159,8 @@ def check_mask(target: TargetFields, raw: bytes, image_wh: tuple[int, int] | Non
     declared class or the ignored one), or None."""
     from PIL import Image
 
+    from ..imagedecode import DAMAGED_INPUT
+
     if raw[:8] != b"\x89PNG\r\n\x1a\n":
         return "mask is not a PNG"
     try:
@@ -169,7 +171,7 @@ def check_mask(target: TargetFields, raw: bytes, image_wh: tuple[int, int] | Non
             if image_wh is not None and im.size != tuple(image_wh):
                 return f"mask is {im.size[0]}x{im.size[1]}, its image {image_wh[0]}x{image_wh[1]}"
             values = np.asarray(im)
-    except Exception as e:  # noqa: BLE001 - any decoder failure is a finding
+    except DAMAGED_INPUT as e:  # a damaged mask is a finding; a bug raises
         return f"mask does not decode: {' '.join(str(e).split())[:100] or type(e).__name__}"
     if target.num_classes:
         bad = (values >= target.num_classes) & (values != target.ignore_index)
@@ -440,7 +442,7 @@ def _load_plugins() -> None:
     for ep in entry_points(group=ENTRY_POINTS):
         try:
             register_kind(ep.load())
-        except Exception as e:  # noqa: BLE001 - a broken plugin must not break stoker: said once
+        except Exception as e:  # boundary: a broken plugin is reported once (the warning below), stoker goes on
             warnings.warn(f"stoker: the target kind plugin {ep.name!r} ({ep.value}) does not load: {e}", stacklevel=2)
 
 

@@ -48,10 +48,12 @@ def image_size(buf, start: int = 0, size: int | None = None) -> tuple[int, int] 
 
     Reads only the headers (and the last bytes for the end marker): microseconds.
     """
+    from ..imagedecode import is_jpeg
+
     end = len(buf) if size is None else start + size
     if end - start < 24:
         return None
-    if buf[start] == 0xFF and buf[start + 1] == 0xD8:
+    if is_jpeg(buf[start : start + 3]):
         # EOI must end the data (allow trailing padding some writers add)
         tail = bytes(buf[max(start, end - 64) : end])
         if b"\xff\xd9" not in tail:

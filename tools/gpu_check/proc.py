@@ -90,7 +90,7 @@ def run_child(parts: Mapping[str, PartFunc], argv: list[str]) -> None:
     except TimeoutError as e:  # the part's own time box (a subprocess it ran, settings left out)
         write_json(path, {"status": "timeout", "error": one_line(e), "result": dict(last) or None})
         sys.exit(1)
-    except BaseException as e:  # noqa: BLE001 - recorded; the traceback goes to the part's log
+    except BaseException as e:  # boundary: the part's process; recorded, its traceback in the part's log
         import traceback
 
         traceback.print_exc()

@@ -58,23 +58,21 @@ def sanitize_mask(
     for a bad mask."""
     from PIL import Image
 
+    from stoker.pipeline.imagedecode import DAMAGED_INPUT, TooManyPixels, is_jpeg, open_image, quiet_pillow
+
     if not data:
         return None, "mask is an empty file", ()
-    if data[:2] == b"\xff\xd8":
+    if is_jpeg(data):
         return None, "JPEG mask: JPEG is lossy, its values are not exact class indices; save masks as PNG", ()
-    old = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None  # the pixel count is checked below, before decoding
-    try:
+    with quiet_pillow():
         try:
-            im = Image.open(io.BytesIO(data))
+            im = open_image(data, max_pixels=max_pixels)  # the pixel count checked before decoding
             w, h = im.size
-            if w * h > max_pixels:
-                return None, f"mask has too many pixels ({w}x{h})", ()
             im.load()
-        except Exception as e:  # noqa: BLE001 - any decoder failure is a reject reason
+        except TooManyPixels as e:
+            return None, f"mask has {e}", ()
+        except DAMAGED_INPUT as e:  # a bug raises, with its traceback
             return None, f"mask does not decode: {' '.join(str(e).split())[:100] or type(e).__name__}", ()
-    finally:
-        Image.MAX_IMAGE_PIXELS = old
     swap = orientation in (5, 6, 7, 8)
     upright = (stored[1], stored[0]) if swap else stored
     if (w, h) == stored:

@@ -56,7 +56,7 @@ def session(address: str | None, num_cpus: int) -> Iterator[None]:
             ray.init(address=address, **kw)
         else:
             ray.init(num_cpus=num_cpus, **kw)
-    except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError ...: one line
+    except Exception as e:  # boundary: Ray's start-up failure, raised as one RayError line
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         raise RayError(f"cannot start or reach {where}: {' '.join(str(e).split())[:300]}") from None
     try:
@@ -89,7 +89,7 @@ def _run_chunk(fn: Callable[..., Sanitized], chunk: list[Job], settings: Setting
     for job in chunk:
         try:
             out.append(fn(job, settings))
-        except Exception as e:  # noqa: BLE001 - name the input on the driver
+        except Exception as e:  # boundary: a Ray task's error, raised on the driver as InputFailedError
             raise InputFailedError(job.where, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
     return out
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import io
 import os
 import stat
-import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -123,8 +122,6 @@ def _reason(exc: BaseException) -> str:
     low = msg.lower()
     if "truncated" in low or "premature end" in low or "unexpected end" in low:
         return "truncated"
-    if isinstance(exc, MemoryError):
-        return "out of memory while decoding"
     return f"corrupt: {msg[:120]}"
 
 
@@ -234,48 +231,44 @@ def sanitize_bytes(data: bytes, settings: Settings) -> Sanitized:
 def _sanitize_bytes(data: bytes, settings: Settings) -> tuple[Sanitized, dict | None]:
     """``(result, geometry)``: the geometry is what a mask of this image must follow (stored
     size, EXIF orientation and its transpose, stored target size)."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
+
+    from stoker.pipeline.decodecheck import jpeg_copy_safe
+    from stoker.pipeline.imagedecode import DAMAGED_INPUT, TooManyPixels, is_jpeg, open_image, quiet_pillow
 
     if not data:
         return Sanitized(None, reason="empty file"), None
-    old_limit = Image.MAX_IMAGE_PIXELS
-    # We check the pixel count ourselves (with --max-pixels) before anything is decoded.
-    Image.MAX_IMAGE_PIXELS = None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                im = Image.open(io.BytesIO(data))
-            except UnidentifiedImageError:
-                from stoker.pipeline.decodecheck import is_jpeg, jpeg_copy_safe
-
-                if is_jpeg(data):  # a JPEG flavour Pillow cannot read (12-bit, lossless, ...): say which
-                    why = f"unsupported JPEG: {jpeg_copy_safe(data) or 'unknown variant'}"
-                    return Sanitized(None, reason=why), None
-                return Sanitized(None, reason="not an image"), None
-            except Exception as e:  # a header Pillow recognises but cannot parse
-                return Sanitized(None, reason=_reason(e)), None
-            try:
-                return _convert(im, data, settings)
-            except Exception as e:
-                return Sanitized(None, reason=_reason(e)), None
-    finally:
-        Image.MAX_IMAGE_PIXELS = old_limit
+    with quiet_pillow():
+        try:
+            # --max-pixels, not Pillow's process-wide limit, before anything is decoded
+            im = open_image(data, max_pixels=settings.max_pixels)
+        except TooManyPixels as e:
+            return Sanitized(None, reason=str(e)), None
+        except UnidentifiedImageError:
+            if is_jpeg(data):  # a JPEG flavour Pillow cannot read (12-bit, lossless, ...): say which
+                why = f"unsupported JPEG: {jpeg_copy_safe(data) or 'unknown variant'}"
+                return Sanitized(None, reason=why), None
+            return Sanitized(None, reason="not an image"), None
+        except DAMAGED_INPUT as e:  # a header Pillow recognises but cannot parse
+            return Sanitized(None, reason=_reason(e)), None
+        try:
+            return _convert(im, data, settings)
+        except DAMAGED_INPUT as e:  # the pixels do not decode (a bug raises, with its traceback)
+            return Sanitized(None, reason=_reason(e)), None
 
 
 def _convert(im, data: bytes, settings: Settings) -> tuple[Sanitized, dict | None]:
     from PIL import Image
 
     from stoker.pipeline.decodecheck import jpeg_copy_safe
+    from stoker.pipeline.imagedecode import DAMAGED_INPUT
 
     w, h = im.size
     if w < 1 or h < 1:
         return Sanitized(None, reason=f"empty image ({w}x{h})"), None
-    if w * h > settings.max_pixels:
-        return Sanitized(None, reason=f"too many pixels ({w}x{h})"), None
     try:
         orientation = int(im.getexif().get(0x0112, 1) or 1)
-    except Exception:  # a broken EXIF block must not cost the image
+    except DAMAGED_INPUT:  # a broken EXIF block must not cost the image
         orientation = 1
     if orientation not in _ORIENT:
         orientation = 1

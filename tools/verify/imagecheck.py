@@ -15,6 +15,8 @@ def decode_check(data: bytes, *, require_rgb: bool = True) -> str | None:
     (to an RGB image, if ``require_rgb``), else what is wrong."""
     from PIL import Image
 
+    from stoker.pipeline.imagedecode import DAMAGED_INPUT
+
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
@@ -22,7 +24,7 @@ def decode_check(data: bytes, *, require_rgb: bool = True) -> str | None:
                 return f"mode {im.mode}, not RGB or grayscale"
             if im.mode != "RGB":
                 im.convert("RGB")  # what the pil backend does with L, P, LA, CMYK ...
-    except Exception as e:  # noqa: BLE001 - any decoder failure is a finding, not a crash
+    except DAMAGED_INPUT as e:  # a damaged image is a finding; a bug raises
         return f"does not decode with pillow: {str(e).strip() or type(e).__name__}"
     return None
 
@@ -100,25 +102,32 @@ class ImageChecker:
         if self._pipe is None:
             self._pipe = self._build()
         self._feed = [np.frombuffer(d, np.uint8) for d in datas]
+        ran = False
         try:
             with _quiet_stderr():
                 self._pipe.run()
-        except Exception:
-            self._pipe = None  # a DALI pipeline is unusable after an error: rebuild it
-            raise
+            ran = True
+        finally:
+            if not ran:
+                self._pipe = None  # a DALI pipeline is unusable after an error: rebuild it
 
     def _dali_check(self, datas: list[bytes]) -> list[str | None]:
+        from stoker.pipeline.imagedecode import NATIVE_DECODE_ERRORS, native_bug
+
         try:
             self._run(datas)
             return [None] * len(datas)
-        except Exception:  # noqa: BLE001 - find the failing image(s) one by one
-            pass
+        except NATIVE_DECODE_ERRORS as e:  # find the failing image(s) one by one
+            if native_bug(e):
+                raise
         out: list[str | None] = []
         for data in datas:
             try:
                 self._run([data])
                 out.append(None)
-            except Exception as e:  # noqa: BLE001
+            except NATIVE_DECODE_ERRORS as e:
+                if native_bug(e):
+                    raise
                 lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and "pipeline" not in ln.lower()]
                 out.append(f"does not decode with DALI: {(lines[-1] if lines else type(e).__name__)[:120]}")
         return out

@@ -233,6 +233,35 @@ def test_a_decoder_that_ignores_regions_or_returns_the_wrong_size_is_handled(spl
     assert mad <= 1  # pillow's pixels are libjpeg-turbo's too
 
 
+def test_the_runner_drops_a_damaged_sample_and_raises_a_bug(monkeypatch):
+    good = encode(draw("circles", (64, 48), random.Random(0)))
+    png = encode(draw("rings", (40, 30), random.Random(1)), "PNG")
+    garbage = b"\xff\xd8\xff" + bytes(range(256)) * 2  # a JPEG by its first bytes; nobody decodes it
+    datas = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in (good, garbage, png, b"\xff\xd8")]
+    calls = []
+
+    def decode(batch, device, channels):
+        calls.append(len(batch))
+        return decode_jpegs(batch, device, channels)  # a RuntimeError for a batch holding the garbage
+
+    out, _, fell = decoders.decode_batch(decode, datas, device="cpu")
+    assert calls == [2, 1, 1]  # the two JPEGs, then halved
+    assert tuple(out[0].shape) == (3, 48, 64) and tuple(out[2].shape) == (3, 30, 40)
+    assert out[1] is None and out[3] is None  # dropped: pillow cannot decode them either
+    assert fell == [(2, "not a JPEG")]  # what pillow decoded in the decoder's place
+
+    def bug(*args, **kwargs):
+        raise TypeError("a bug, not a damaged image")
+
+    with pytest.raises(TypeError, match="a bug"):  # in the decoder's glue: not halved into pillow
+        decoders.decode_batch(bug, datas[:2], device="cpu")
+    with pytest.raises(NotImplementedError):  # a RuntimeError by class, a bug by meaning
+        decoders.decode_batch(Decoder().decode, datas[:2], device="cpu")
+    monkeypatch.setattr(decoders, "decode_cpu", bug)
+    with pytest.raises(TypeError, match="a bug"):  # in the pillow fallback: not a dropped sample
+        decoders.decode_batch(decode, datas, device="cpu")
+
+
 class WithKnobs:
     """A Loader's settings plus the fields the lead adds to DecodeSettings (``decoder=``, ...)."""
 

@@ -68,6 +68,34 @@ def test_hostile_mask_trees_are_listed_rejects_with_reasons(tmp_path):
     assert result.packed == 2 and sorted(_stored(tmp_path / "out" / "train")) == ["ignored.jpg", "ok.jpg"]
 
 
+def test_a_bug_in_the_mask_path_raises_and_a_broken_mask_is_still_a_reject(tmp_path, monkeypatch):
+    from stoker.pipeline import imagedecode
+
+    im, mk = tmp_path / "im", tmp_path / "mk"
+    noisy = np.random.default_rng(0).integers(0, 5, (30, 40), np.uint8)  # a PNG of some length, to cut
+    _pair(im, mk, "ok", mask=Image.fromarray(noisy, "L"))
+    (mk / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(40))
+    Image.new("RGB", (40, 30)).save(im / "broken.jpg")
+    ok = (mk / "ok.png").read_bytes()
+    (mk / "cut.png").write_bytes(ok[: len(ok) // 2])  # truncated in its pixel data
+    Image.new("RGB", (40, 30)).save(im / "cut.jpg")
+    opened = imagedecode.open_image
+
+    def bug_for_masks(data, *, max_pixels):
+        if data == ok:  # the one mask that decodes: its path goes on past the header
+            raise TypeError("a bug in stoker's own code")
+        return opened(data, max_pixels=max_pixels)
+
+    monkeypatch.setattr(imagedecode, "open_image", bug_for_masks)
+    with pytest.raises(TypeError, match="a bug in stoker's own code"):  # not "mask does not decode"
+        pack(im, tmp_path / "out", masks=mk, num_classes=5, workers=1)
+    monkeypatch.undo()
+    pack(im, tmp_path / "again", masks=mk, num_classes=5, workers=1)
+    rejects = _rejects(tmp_path / "again")
+    assert set(rejects) == {"broken.jpg", "cut.jpg"}
+    assert all(why.startswith("mask does not decode") for why in rejects.values()), rejects
+
+
 def test_palette_and_16_bit_masks_keep_their_indices(tmp_path):
     im, mk = tmp_path / "im", tmp_path / "mk"
     values = np.arange(30 * 40, dtype=np.uint16).reshape(30, 40) % 6

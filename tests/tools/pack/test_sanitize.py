@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from stoker.tools.common.synth import bomb_png, draw, encode, nasty_files
+from stoker.tools.common.synth import bomb_png, draw, encode, make_image_folder, nasty_files
+from stoker.tools.pack import pack
+from stoker.tools.pack import sanitize as sanitize_module
 from stoker.tools.pack.sanitize import Settings, sanitize, sanitize_bytes, target_size
 
 
@@ -103,6 +105,45 @@ def test_pixel_limit_checked_before_decoding():
     assert r.reason == "too many pixels (5000x4000)"
     r = sanitize_bytes(encode(Image.new("RGB", (40, 30))), Settings(max_pixels=1000))
     assert r.reason == "too many pixels (40x30)"
+
+
+def test_the_pixel_limit_is_the_packs_own_and_pillows_stays_untouched(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # someone else's setting in this process
+    Image.preinit()
+    factory, accept = Image.OPEN["JPEG"]
+    seen = []
+
+    def spy(fp, filename):
+        seen.append(Image.MAX_IMAGE_PIXELS)
+        return factory(fp, filename)
+
+    monkeypatch.setitem(Image.OPEN, "JPEG", (spy, accept))
+    data = encode(draw("rings", (64, 48), random.Random(2)))
+    r = sanitize_bytes(data, Settings(reencode=True))  # 3,072 pixels: past Pillow's 100, within the pack's
+    assert r.reason is None and (r.width, r.height) == (64, 48)
+    assert sanitize_bytes(data, Settings(max_pixels=3071)).reason == "too many pixels (64x48)"
+    assert seen and set(seen) == {100} and Image.MAX_IMAGE_PIXELS == 100  # read, never set
+    monkeypatch.undo()
+    assert decode(r.jpg).size == (64, 48)
+
+
+@pytest.mark.parametrize("where", ["_to_rgb_or_l", "encode_jpeg"])
+def test_a_bug_in_the_sanitizer_raises_through_pack_and_damage_is_still_a_reject(tmp_path, monkeypatch, where):
+    src = make_image_folder(tmp_path / "src", classes=("circles",), per_class=3, min_side=32, max_side=48)
+    truncated = nasty_files(random.Random(0))["bad_truncated.jpg"]
+    (src / "circles" / "0-truncated.jpg").write_bytes(truncated)
+
+    def bug(*args, **kwargs):
+        raise TypeError("a bug in stoker's own code")
+
+    monkeypatch.setattr(sanitize_module, where, bug)
+    assert sanitize_bytes(truncated, Settings(reencode=True)).reason == "truncated"  # fails before the bug
+    with pytest.raises(TypeError, match="a bug in stoker's own code"):  # not every image a reject
+        pack(src, tmp_path / "out", reencode=True, workers=1, samples_per_shard=4)
+    monkeypatch.undo()
+    result = pack(src, tmp_path / "again", reencode=True, workers=1, samples_per_shard=4)
+    rejects = (tmp_path / "again" / "rejects.jsonl").read_text()
+    assert result.packed == 3 and '"truncated"' in rejects and "0-truncated.jpg" in rejects
 
 
 def test_unreadable_path_reports_errno(tmp_path):
