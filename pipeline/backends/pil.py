@@ -16,7 +16,7 @@ import numpy as np
 
 from . import producer
 from .base import Batch, DecodeSettings, crop_masks, decode_masks, plan_batch, targets_of
-from .resize import decode_failures, decode_region, resize_into
+from .resize import decode_region, resize_into
 from .slots import SlotPool, copy_out
 
 # A whole batch is one DataLoader item, written by its worker into a slot of a pool shared with the
@@ -58,12 +58,13 @@ class PilBatches:
             images, mask_slot = self.pool.views(slot, n)
         out = images.numpy()
         good = np.zeros(n, bool)
-        failures = decode_failures()
+        from ..imagedecode import DAMAGED_INPUT
+
         for j in range(n):
             try:
                 im, box = decode_region(plan.enc[j], plan.boxes[j], s.crop, s.channels)
                 resize_into(out, int(good.sum()), im, s.crop, bool(plan.flips[j]), box=box, chw=not s.channels_last)
-            except failures:  # a damaged image: skipped and counted
+            except DAMAGED_INPUT:  # a damaged image: skipped and counted
                 continue
             good[j] = True
         masks = None

@@ -62,14 +62,6 @@ def resize_into(out: np.ndarray, k: int, im, crop, flip: bool, box=None, chw: bo
     out[k] = hwc.transpose(2, 0, 1) if chw else hwc
 
 
-def decode_failures() -> tuple[type[BaseException], ...]:
-    """:data:`stoker.pipeline.imagedecode.DAMAGED_INPUT` (what pillow raises for an image that
-    does not decode), imported when asked: this module imports pillow only when it decodes."""
-    from ..imagedecode import DAMAGED_INPUT
-
-    return DAMAGED_INPUT
-
-
 def _pack(core, rawmode: str, nbytes: int) -> bytes:
     """The pixels of a pillow core image packed as ``rawmode`` (what ``Image.tobytes`` does, in
     one encoder call of the right size)."""

@@ -25,13 +25,8 @@ from ..augment import CropSpec, crop_mask
 from ..backends import producer
 from ..backends.base import Batch, DecodeSettings, decode_masks, plan_batch, targets_of
 from ..backends.gpu_resize import filter_regions
-<<<<<<< HEAD
 from ..backends.pil import BatchItems, EpochItems, batch_loader, worker_batches
-from ..backends.resize import MODES, decode_failures, resize_into
-=======
-from ..backends.pil import BatchItems, EpochItems, batch_loader
 from ..backends.resize import MODES, resize_into
->>>>>>> decode
 from ..backends.slots import SlotPool, copy_out
 from .store import PixelStore
 

@@ -13,7 +13,7 @@ pickled with each chunk of work, so it holds only small, picklable state.
 a symlink and a hard link reach the same file), a URL its normalized form. The first reference of
 an input is packed; a later one is a reject ``"same file as <first>"`` (:class:`FirstSeen`).
 **Damaged inputs** are rejects: a reader catches what reading a bad input raises
-(:func:`damaged_input_errors`), never ``Exception``, so a bug raises instead of emptying the pack.
+(:data:`stoker.pipeline.imagedecode.DAMAGED_INPUT`), never ``Exception``, so a bug raises instead of emptying the pack.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
@@ -34,15 +33,6 @@ from ..sanitize import Sanitized, Settings, _sanitize_read, read_input
 
 SPLITS = ("train", "val")
 MAX_LABEL = 1_000_000  # integer labels above this are rejects: a class list that long is a typo
-
-
-def damaged_input_errors() -> tuple[type[BaseException], ...]:
-    """What reading or decoding a damaged input raises (a reject with its reason), as against a
-    bug or an API change (a ``TypeError``, say), which must raise. A reader of tables adds its
-    library's own errors by name (pyarrow's ``ArrowException``)."""
-    from PIL import Image
-
-    return (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
 
 
 def normalized_url(url: str) -> str:
@@ -315,7 +305,6 @@ __all__ = [
     "Source",
     "SourceOptions",
     "SourceReader",
-    "damaged_input_errors",
     "display_path",
     "input_identity",
     "normalized_url",

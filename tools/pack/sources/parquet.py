@@ -45,7 +45,7 @@ from stoker.errors import MissingExtraError, StokerError, UsageError
 from stoker.pipeline.shards.targets import MAX_COLUMNS, Target
 from stoker.pipeline.storage import filesystem, is_url, storage_errors
 
-from .base import MAX_LABEL, FirstSeen, Item, Scan, SourceReader, damaged_input_errors, input_identity, same_file
+from .base import MAX_LABEL, FirstSeen, Item, Scan, SourceReader, input_identity, same_file
 
 _LABEL_WORDS = ("label", "labels", "class", "cls", "target", "category", "y", "fine_label", "class_name")
 _MASK_WORDS = ("mask", "annotation", "segmentation", "seg", "semantic", "label_mask", "gt", "label")
@@ -68,7 +68,9 @@ def _bad_file_errors() -> tuple[type[BaseException], ...]:
     own (``ArrowInvalid`` "Parquet magic bytes not found", ``ArrowNotImplementedError``, ...)."""
     import pyarrow as pa
 
-    return (*damaged_input_errors(), pa.ArrowException)
+    from stoker.pipeline.imagedecode import DAMAGED_INPUT
+
+    return (*DAMAGED_INPUT, pa.ArrowException)
 
 
 def _one_line(e: BaseException) -> str:
