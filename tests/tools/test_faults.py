@@ -73,9 +73,12 @@ def tree_sha(root: Path) -> dict[str, str]:
     }
 
 
-def run_and_kill_the_blocked_worker(tmp_path: Path, block_on: str, argv: list[str]) -> tuple[int, str, float]:
+def run_and_kill_the_blocked_worker(
+    tmp_path: Path, block_on: str, argv: list[str], interrupt: bool = False
+) -> tuple[int, str, float]:
     """Run ``stoker ARGV`` with the work on ``block_on`` blocking, kill -9 the worker that holds
-    it; ``(exit status, stderr, seconds from the kill to the exit)``."""
+    it (``interrupt``: Ctrl-C the command instead); ``(exit status, stderr, seconds from the kill
+    to the exit)``."""
     (tmp_path / "blockmod.py").write_text(BLOCKMOD)
     (tmp_path / "blocking_stoker.py").write_text(BLOCKING_STOKER)
     pidfile = tmp_path / "blocked.pid"
@@ -93,7 +96,7 @@ def run_and_kill_the_blocked_worker(tmp_path: Path, block_on: str, argv: list[st
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no worker reached the blocking input"
             time.sleep(0.05)
-        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        os.kill(proc.pid if interrupt else int(pidfile.read_text()), signal.SIGINT if interrupt else signal.SIGKILL)
         killed = time.monotonic()
         _, err = proc.communicate(timeout=60)
         return proc.returncode, err, time.monotonic() - killed
@@ -126,6 +129,28 @@ def test_a_killed_pack_worker_ends_the_pack_in_seconds_and_the_rerun_is_byte_ide
     assert cli(argv) == 0  # the rerun resumes
     assert cli(["pack", str(src), str(tmp_path / "clean"), "-q", "--workers", "2", "--samples-per-shard", "4"]) == 0
     assert tree_sha(tmp_path / "out") == tree_sha(tmp_path / "clean")
+
+
+def alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_ctrl_c_stops_pack_and_its_workers_at_once(tmp_path, src):
+    block = sorted((src / "rings").iterdir())[2].name
+    argv = ["pack", str(src), str(tmp_path / "out"), "-q", "--workers", "2", "--samples-per-shard", "4"]
+    rc, err, seconds = run_and_kill_the_blocked_worker(tmp_path, block, argv, interrupt=True)
+    assert (rc, err.strip()) == (130, "stoker pack: interrupted")
+    assert seconds < 15
+    worker = int((tmp_path / "blocked.pid").read_text())
+    deadline = time.monotonic() + 10
+    while alive(worker):
+        assert time.monotonic() < deadline, "the blocked worker outlived the pack"
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
