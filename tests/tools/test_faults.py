@@ -51,7 +51,8 @@ def index_one(*args):
 """
 
 BLOCKING_STOKER = """
-import sys
+import faulthandler, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stack dump if it hangs
 import blockmod
 import stoker.tools.pack.engine as engine
 import stoker.tools.verify.command as command
@@ -98,7 +99,13 @@ def run_and_kill_the_blocked_worker(
             time.sleep(0.05)
         os.kill(proc.pid if interrupt else int(pidfile.read_text()), signal.SIGINT if interrupt else signal.SIGKILL)
         killed = time.monotonic()
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            proc.kill()
+            raise AssertionError(f"stoker did not exit after the kill:\n{proc.communicate()[1]}") from None
         return proc.returncode, err, time.monotonic() - killed
     finally:
         if proc.poll() is None:
