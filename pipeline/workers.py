@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import collections
+import io
 import itertools
 import multiprocessing
 import os
@@ -42,16 +43,88 @@ def start_method() -> str:
 _PRELOAD = ("numpy", "PIL.Image", "torch", "stoker.pipeline.backends.pil", "stoker.tools.pack.sanitize")
 
 
-def context() -> multiprocessing.context.BaseContext:
+def context(main: bool = False) -> multiprocessing.context.BaseContext:
     """The multiprocessing context every stoker worker starts from (:func:`start_method`).
 
     The fork server (one per process, shared with any other user of ``forkserver``) preloads the
-    heavy modules this process already imported, so a worker starts in ~0.05 s, not the ~1.5 s
-    of importing torch; it never imports the main script (only the workers do, as with spawn)."""
+    heavy modules this process already imported, so a worker starts in ~0.1 s, not the ~1.5 s
+    of importing torch. Its workers do not import the main script unless ``main`` (the work
+    refers to something defined there, :func:`refers_to_main`): a script that runs stoker, or
+    ``torch.distributed``, at its top level is not run again in each worker (spawn's rule, which
+    would make such a script start workers from its workers, or join its process group twice)."""
     ctx = multiprocessing.get_context(start_method())
-    if ctx.get_start_method() == "forkserver":  # read when the server starts; a running one is kept
-        ctx.set_forkserver_preload([__name__, *(m for m in _PRELOAD if m in sys.modules)])
-    return ctx
+    if ctx.get_start_method() != "forkserver":
+        return ctx
+    ctx.set_forkserver_preload([__name__, *(m for m in _PRELOAD if m in sys.modules)])  # read at the server's start
+    return ctx if main else _without_main()
+
+
+def refers_to_main(*objs: Any) -> bool:
+    """Whether ``objs`` name the main script (a class or function defined in it, or an object
+    whose pickle names one), so a worker must import it to unpickle them. An object that does
+    not pickle: True (the default behaviour)."""
+    import pickle
+
+    for o in objs:
+        if isinstance(o, type) or callable(o) and hasattr(o, "__qualname__"):  # pickled by name
+            if getattr(o, "__module__", None) == "__main__":
+                return True
+            continue
+        try:
+            if b"__main__" in pickle.dumps(o):
+                return True
+        except Exception:  # boundary: any pickling failure means "do as multiprocessing does"
+            return True
+    return False
+
+
+def _without_main() -> multiprocessing.context.BaseContext:
+    """A fork-server context whose processes skip importing the main script."""
+    global _no_main_ctx
+    if _no_main_ctx is None:
+        _no_main_ctx = _NoMainContext()
+    return _no_main_ctx
+
+
+_no_main_ctx = None
+
+if sys.platform != "win32":  # the fork server's classes; pickled to the workers by name, so at module level
+    from multiprocessing import context as _mpc
+    from multiprocessing import forkserver as _forkserver
+    from multiprocessing import popen_forkserver as _popen_forkserver
+    from multiprocessing import reduction as _reduction
+    from multiprocessing import spawn as _spawn
+    from multiprocessing import util as _util
+
+    class _NoMainPopen(_popen_forkserver.Popen):
+        """``Popen._launch`` of the standard library, with the preparation data minus its
+        ``init_main_from_*`` keys."""
+
+        def _launch(self, process_obj):
+            prep_data = _spawn.get_preparation_data(process_obj._name)
+            prep_data.pop("init_main_from_name", None)
+            prep_data.pop("init_main_from_path", None)
+            buf = io.BytesIO()
+            _mpc.set_spawning_popen(self)
+            try:
+                _reduction.dump(prep_data, buf)
+                _reduction.dump(process_obj, buf)
+            finally:
+                _mpc.set_spawning_popen(None)
+            self.sentinel, w = _forkserver.connect_to_new_process(self._fds)
+            parent_w = os.dup(w)  # the child's sentinel of its parent, kept as the standard library does
+            self.finalizer = _util.Finalize(self, _util.close_fds, (parent_w, self.sentinel))
+            with open(w, "wb", closefd=True) as f:
+                f.write(buf.getbuffer())
+            self.pid = _forkserver.read_signed(self.sentinel)
+
+    class _NoMainProcess(_mpc.ForkServerProcess):
+        @staticmethod
+        def _Popen(process_obj):
+            return _NoMainPopen(process_obj)
+
+    class _NoMainContext(_mpc.ForkServerContext):
+        Process = _NoMainProcess
 
 
 def check_not_bootstrapping() -> None:
@@ -137,12 +210,15 @@ class Workers:
             raise ValueError(f"workers must be >= 1, got {workers}")
         check_not_bootstrapping()
         self.workers, self.doing, self.resume, self.chunk, self.window = workers, doing, resume, chunk, window
-        ctx = context()
-        self._table = ctx.Array("q", 3 * workers, lock=False)
-        self._table[:] = [0, _NO_TASK, 0] * workers
-        init = (self._table, ctx.Value("i", 0), dict(os.environ), os.getcwd())
-        self._pool = ProcessPoolExecutor(workers, ctx, initializer=_init, initargs=init)
+        self._pool: ProcessPoolExecutor | None = None  # started by the first map(), which knows the work
         self._procs: dict[int, Any] = {}
+
+    def _start(self, fn: Callable, first: list) -> ProcessPoolExecutor:
+        ctx = context(main=refers_to_main(fn, first))
+        self._table = ctx.Array("q", 3 * self.workers, lock=False)
+        self._table[:] = [0, _NO_TASK, 0] * self.workers
+        init = (self._table, ctx.Value("i", 0), dict(os.environ), os.getcwd())
+        return ProcessPoolExecutor(self.workers, ctx, initializer=_init, initargs=init)
 
     def __enter__(self) -> Workers:
         return self
@@ -152,6 +228,8 @@ class Workers:
 
     def close(self, kill: bool = False) -> None:
         """Stop the workers: at once when ``kill`` (an error or Ctrl-C), else once idle."""
+        if self._pool is None:
+            return
         if kill:
             self._procs.update(getattr(self._pool, "_processes", None) or {})
             for p in self._procs.values():
@@ -166,6 +244,12 @@ class Workers:
         result comes as ``(position, result)``). ``fn`` must be picklable (a module-level function
         or a ``functools.partial`` of one). ``name(item)`` names the item in the error line."""
         chunks = _chunks(iter(items), self.chunk)
+        first = next(chunks, None)
+        if first is None:
+            return
+        if self._pool is None:
+            self._pool = self._start(fn, first)
+        chunks = itertools.chain([first], chunks)
         pending: collections.deque = collections.deque()
         held: dict[int, list] = {}  # task -> its items, while in flight
         starts: dict[int, int] = {}  # task -> position of its first item
@@ -240,6 +324,7 @@ __all__ = [
     "check_not_bootstrapping",
     "context",
     "die_with_parent",
+    "refers_to_main",
     "signal_name",
     "start_method",
 ]

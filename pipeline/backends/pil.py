@@ -122,7 +122,7 @@ def batch_loader(dataset, sampler, settings: DecodeSettings):
     ``sampler``), made by ``settings.threads`` persistent worker processes (none: in this one)."""
     import torch
 
-    from ..workers import check_not_bootstrapping, context
+    from ..workers import check_not_bootstrapping, context, refers_to_main
 
     workers = settings.threads
     kw = {}
@@ -133,7 +133,8 @@ def batch_loader(dataset, sampler, settings: DecodeSettings):
         kw = {
             "prefetch_factor": max(1, settings.prefetch),
             "persistent_workers": True,
-            "multiprocessing_context": context(),
+            # the classes it holds, not their data (the batch slots): a class of the main script's needs it
+            "multiprocessing_context": context(main=refers_to_main(type(dataset), *map(type, vars(settings).values()))),
             "worker_init_fn": functools.partial(_worker_init, env=dict(os.environ), cwd=os.getcwd()),
         }
     return torch.utils.data.DataLoader(

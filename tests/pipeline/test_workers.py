@@ -124,3 +124,43 @@ def test_pack_and_loader_from_a_threaded_process_20_times_never_hang_or_crash(tm
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rounds 20" in proc.stdout
     assert "Segmentation" not in proc.stderr and "died" not in proc.stderr
+
+
+# A script without `if __name__ == "__main__":` that packs and loads with worker processes at
+# its top level (as torchrun scripts often do with their process group): the workers do not run
+# it again. A script whose work is defined in it gets its workers to import it (guarded there).
+UNGUARDED = """
+import sys
+from stoker.pipeline.loader import Loader
+from stoker.tools.pack import pack
+
+print("top level ran")
+pack(sys.argv[1], sys.argv[2], workers=2)
+loader = Loader(sys.argv[2] + "/train", batch_size=8, crop=32, backend="pil", threads=2, device="cpu", train=False)
+print("samples", sum(len(y) for _, y in loader))
+"""
+
+OWN_WORK = """
+from stoker.pipeline.workers import Workers
+
+def cube(x):
+    return x ** 3
+
+if __name__ == "__main__":
+    with Workers(2, doing="cubing", resume="rerun") as pool:
+        print(list(pool.map(cube, range(5))))
+"""
+
+
+def test_an_unguarded_script_is_not_run_again_by_the_workers(tmp_path):
+    from stoker.tools.common.synth import make_image_folder
+
+    src = make_image_folder(tmp_path / "src", classes=("circles", "rings"), per_class=12, min_side=32, max_side=64)
+    (tmp_path / "unguarded.py").write_text(UNGUARDED)
+    (tmp_path / "own_work.py").write_text(OWN_WORK)
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=120)
+    proc = run([sys.executable, str(tmp_path / "unguarded.py"), str(src), str(tmp_path / "out")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["top level ran", "samples 24"]
+    proc = run([sys.executable, str(tmp_path / "own_work.py")])
+    assert (proc.returncode, proc.stdout) == (0, "[0, 1, 8, 27, 64]\n"), proc.stderr[-3000:]
