@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -139,13 +140,24 @@ def check_not_bootstrapping() -> None:
 
 
 def die_with_parent() -> None:
-    """Leave Ctrl-C to the main process, and die when the parent does, even on ``kill -9``."""
+    """In a worker: leave Ctrl-C to the main process, and exit as soon as the process that started
+    it is gone, even after ``kill -9``. A fork server's worker is the server's child, and the server
+    outlives a killed parent while any worker runs, so ``PR_SET_PDEATHSIG`` alone would keep both
+    (and the pipes they hold) forever: a thread waits on the parent's sentinel instead."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent,), name="stoker-parent-watch", daemon=True).start()
+    elif sys.platform.startswith("linux"):  # a process not started by multiprocessing
         import ctypes
 
         pr_set_pdeathsig = 1
         ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _exit_with(parent) -> None:
+    parent.join()  # returns when the parent's end of the sentinel pipe closes: it exited or was killed
+    os._exit(1)
 
 
 def as_parent(env: dict[str, str], cwd: str) -> None:

@@ -75,11 +75,11 @@ def tree_sha(root: Path) -> dict[str, str]:
 
 
 def run_and_kill_the_blocked_worker(
-    tmp_path: Path, block_on: str, argv: list[str], interrupt: bool = False
+    tmp_path: Path, block_on: str, argv: list[str], signal_command: int | None = None
 ) -> tuple[int, str, float]:
     """Run ``stoker ARGV`` with the work on ``block_on`` blocking, kill -9 the worker that holds
-    it (``interrupt``: Ctrl-C the command instead); ``(exit status, stderr, seconds from the kill
-    to the exit)``."""
+    it (or send ``signal_command`` to the command itself); ``(exit status, stderr, seconds from the
+    kill to the exit, its output pipes closed)``."""
     (tmp_path / "blockmod.py").write_text(BLOCKMOD)
     (tmp_path / "blocking_stoker.py").write_text(BLOCKING_STOKER)
     pidfile = tmp_path / "blocked.pid"
@@ -97,7 +97,10 @@ def run_and_kill_the_blocked_worker(
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no worker reached the blocking input"
             time.sleep(0.05)
-        os.kill(proc.pid if interrupt else int(pidfile.read_text()), signal.SIGINT if interrupt else signal.SIGKILL)
+        if signal_command is None:
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        else:
+            os.kill(proc.pid, signal_command)
         killed = time.monotonic()
         try:
             _, err = proc.communicate(timeout=60)
@@ -150,13 +153,27 @@ def alive(pid: int) -> bool:
 def test_ctrl_c_stops_pack_and_its_workers_at_once(tmp_path, src):
     block = sorted((src / "rings").iterdir())[2].name
     argv = ["pack", str(src), str(tmp_path / "out"), "-q", "--workers", "2", "--samples-per-shard", "4"]
-    rc, err, seconds = run_and_kill_the_blocked_worker(tmp_path, block, argv, interrupt=True)
+    rc, err, seconds = run_and_kill_the_blocked_worker(tmp_path, block, argv, signal.SIGINT)
     assert (rc, err.strip()) == (130, "stoker pack: interrupted")
     assert seconds < 15
     worker = int((tmp_path / "blocked.pid").read_text())
     deadline = time.monotonic() + 10
     while alive(worker):
         assert time.monotonic() < deadline, "the blocked worker outlived the pack"
+        time.sleep(0.05)
+
+
+def test_a_killed_pack_takes_its_workers_with_it(tmp_path, src):
+    # a fork server's workers are the server's children: they must not outlive the command, nor
+    # hold its output pipes open (a caller reading them would wait forever)
+    block = sorted((src / "rings").iterdir())[2].name
+    argv = ["pack", str(src), str(tmp_path / "out"), "-q", "--workers", "2", "--samples-per-shard", "4"]
+    rc, _, seconds = run_and_kill_the_blocked_worker(tmp_path, block, argv, signal.SIGKILL)
+    assert rc == -signal.SIGKILL and seconds < 15
+    worker = int((tmp_path / "blocked.pid").read_text())
+    deadline = time.monotonic() + 10
+    while alive(worker):
+        assert time.monotonic() < deadline, "the blocked worker outlived the killed pack"
         time.sleep(0.05)
 
 
