@@ -461,7 +461,8 @@ def test_cli_image_folder_measures_torchvision_and_a_packed_sample(capsys, tmp_p
     (alt,) = d["loader_alternatives"]
     assert alt["id"] == "pack" and alt["result"]["dtype"] == "uint8" and alt["result"]["images_per_s"] > 0
     assert any(s["id"] == "pack" for s in d["next_steps"] + d["not_helping"])
-    assert not list((tmp_path / "tmp").iterdir())  # the packed sample is removed
+    # the packed sample is removed (multiprocessing's and torch's own folders stay for the process)
+    assert not [p for p in (tmp_path / "tmp").iterdir() if not p.name.startswith(("pymp-", "torchinductor_"))]
 
 
 @needs_loader
