@@ -24,7 +24,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol
 
@@ -32,6 +31,7 @@ import numpy as np
 
 from stoker.errors import ArgumentError, TargetError
 
+from ..registry import Registry
 from .stats import IGNORE_INDEX, StatsAccumulator, TargetStats
 
 Where = Callable[[int], str]
@@ -410,52 +410,38 @@ class MaskKind(TargetKind):
         return target.num_classes or found or len(classes)
 
 
-_REGISTRY: dict[str, TargetKind] = {}
 #: the entry-point group a package names its target kinds in
 ENTRY_POINTS = "stoker.target_kinds"
-_plugins_loaded = False
+_REGISTRY: Registry[TargetKind] = Registry("target kind", TargetKind, ENTRY_POINTS, required=("name", "member"))
+_INSTANCES: dict[type[TargetKind], TargetKind] = {}  # a kind holds no state: one object of each
 
 
 def register_kind(cls: type[TargetKind]) -> type[TargetKind]:
     """Add a target kind (usable as a decorator). Its name must be new."""
-    if not (isinstance(cls, type) and issubclass(cls, TargetKind)) or not cls.name or not cls.member:
-        raise ArgumentError(f"{cls!r} is not a TargetKind subclass with a name and a member of its own")
-    if cls.name in _REGISTRY and type(_REGISTRY[cls.name]) is not cls:
-        raise ArgumentError(f"a target kind named {cls.name!r} is already registered")
-    _REGISTRY[cls.name] = cls()
-    return cls
+    return _REGISTRY.register(cls)
 
 
 for _cls in (ClassKind, FloatKind, MultilabelKind, MaskKind):
     register_kind(_cls)
 
 
-def _load_plugins() -> None:
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINTS):
-        try:
-            register_kind(ep.load())
-        except Exception as e:  # noqa: BLE001 - a broken plugin must not break stoker: said once
-            warnings.warn(f"stoker: the target kind plugin {ep.name!r} ({ep.value}) does not load: {e}", stacklevel=2)
+def _instance(cls: type[TargetKind]) -> TargetKind:
+    kind = _INSTANCES.get(cls)
+    if kind is None:
+        kind = _INSTANCES[cls] = cls()
+    return kind
 
 
 def ensure_kind(cls: type[TargetKind]) -> None:
     """Register ``cls`` unless its name is known: what a worker process does with the kind of a
     split its parent read (a kind registered at run time travels with the split's index)."""
-    _load_plugins()
     if cls.name not in _REGISTRY:
         register_kind(cls)
 
 
 def kind_names() -> tuple[str, ...]:
     """The registered kinds' names (``--targets`` choices, the manifest's ``target.kind``)."""
-    _load_plugins()
-    return tuple(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get_kind(name: str) -> TargetKind:
@@ -464,17 +450,12 @@ def get_kind(name: str) -> TargetKind:
     Raises:
         ArgumentError: an unknown name (the message lists the registered ones).
     """
-    _load_plugins()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ArgumentError(f"target kind {name!r} is not one of {', '.join(_REGISTRY)}") from None
+    return _instance(_REGISTRY[name])
 
 
 def kinds() -> list[TargetKind]:
     """Every registered kind."""
-    _load_plugins()
-    return list(_REGISTRY.values())
+    return [_instance(cls) for cls in _REGISTRY]
 
 
 def _num(v: float) -> str:

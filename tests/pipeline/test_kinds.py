@@ -56,7 +56,7 @@ class ScoreKind(TargetKind):
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setattr(kinds, "_REGISTRY", dict(kinds._REGISTRY))  # undone after the test
+    monkeypatch.setattr(kinds, "_REGISTRY", kinds._REGISTRY.copy())  # undone after the test
     register_kind(ScoreKind)
     return ScoreKind()
 
