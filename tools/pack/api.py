@@ -196,9 +196,9 @@ def pack(
         val_list=Path(val_list) if val_list is not None else None,
         storage_options=dict(storage_options or {}) if is_url(src) else {},
     )
-    if scanned.target.kind != "mask" and mask_flags:
+    if not scanned.target.spatial and mask_flags:
         raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS, or a source of masks)")
-    if scanned.target.kind == "mask" and default_short_side and settings.short_side:
+    if scanned.target.spatial and default_short_side and settings.short_side:
         settings = dataclasses.replace(settings, short_side=0)  # segmentation crops: keep the size
     _make_out(local, "--staging" if remote else "OUT")
     identity = _settings_identity(
@@ -368,14 +368,9 @@ def write_tables(out: Path, splits: list[str]) -> None:
 def describe_targets(target: Target, settings: dict, totals: dict | None = None) -> tuple[str, str]:
     """The summary's ``targets:`` line (the kind; the classes of a class or multi-label pack; what
     the kind says of its statistics, train's) and a ``found`` line (a mask pack: the values found)."""
-    if target.spec.named_classes:
-        n = len(settings.get("classes") or [])
-        alone = " (one class: nothing for a classifier to learn; stoker train refuses it)" if n == 1 else ""
-        return f"{target.kind}, {n:,} class{'es' if n != 1 else ''}{alone}", ""
     stats_json = next((t["target_stats"] for t in (totals or {}).values() if "target_stats" in t), None)
-    if stats_json is None:
-        return target.describe(), ""
-    return target.spec.describe_stats(target, TargetStats.from_json(stats_json))
+    stats = TargetStats.from_json(stats_json) if stats_json is not None else None
+    return target.summary(len(settings.get("classes") or []), stats)
 
 
 def _check_out(src: Path | str, out: Path, what: str = "OUT") -> None:
@@ -413,9 +408,9 @@ def _settings_identity(
 ) -> dict:
     """Everything that determines the bytes of the pack: equal dicts -> equal output."""
     extra = {}
-    if source.target.spec.format > 1:  # a class pack's identity is as it always was
+    if source.target.format > 1:  # a class pack's identity is as it always was
         extra["target"] = source.target.to_json()
-    if source.target.kind == "mask":
+    if source.target.spatial:
         extra["mask_classes"] = settings.mask_classes
     return {
         **extra,
