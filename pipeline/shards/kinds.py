@@ -321,6 +321,17 @@ class Target:
         """The classes its values span (0 when it has none)."""
         return len(classes) if self.named_classes else 0
 
+    def outputs(self, classes: Sequence[str], num_classes: int | None = None) -> int:
+        """The outputs of a network trained on these targets (``stoker train``): a class each of a
+        kind of :attr:`named_classes` (``num_classes``, else the manifest's ``classes``), else one a
+        value a sample holds.
+
+        Raises:
+            ArgumentError: a kind whose class count is not known (a mask split's without one).
+        """
+        n = num_classes or len(classes)
+        return n if self.named_classes else math.prod(self.batch_shape(1, (1, 1), n)[1:])
+
     # ---- what `stoker verify` and `stoker index` hold every sample to -------------------------
     def check(
         self,
@@ -699,6 +710,14 @@ class MaskKind(Target):
         if absent:
             found += f" ({', '.join(absent[:8])}{', ...' if len(absent) > 8 else ''} absent)"
         return self.describe(), found
+
+    def outputs(self, classes, num_classes=None):
+        n = num_classes or self.class_count(classes)
+        if not n:
+            raise ArgumentError(
+                "the masks' class count is not in the manifest: pass --num-classes (pack with --num-classes)"
+            )
+        return n
 
     def class_count(self, classes):
         found = len(self.stats.class_share) if self.stats is not None and self.stats.class_share else 0
