@@ -238,9 +238,11 @@ class Target:
         return _KindOf(type(self))
 
     @classmethod
-    def of(cls, kind: str, **kw: Any) -> Target:
-        """The packed form of ``kind`` (its default member and fields, e.g. a mask ignores 255)."""
-        kind_cls = _REGISTRY[kind]
+    def of(cls, kind: str | None = None, **kw: Any) -> Target:
+        """The packed form of ``kind`` (None: this class's kind) with its default member and fields
+        (e.g. a mask ignores 255): ``Target.of("mask")``, ``MaskKind.of(num_classes=21)``."""
+        kind_cls = _REGISTRY[kind] if kind is not None else cls if cls.name else _REGISTRY["class"]
+        kind = kind_cls.name
         for name, value in kind_cls.defaults().items():
             kw.setdefault(name, value)
         return kind_cls(kind=kind, **kw)

@@ -123,63 +123,33 @@ def pack(
     if not 0 <= part < parts:
         raise UsageError(f"--part {part}/{parts} should be I/N with 0 <= I < N, e.g. 0/4")
     mask_flags = num_classes is not None or ignore_index != IGNORE_INDEX
-    if masks is None and mask_flags and not (is_url(src) or Path(src).is_file() or source != "auto"):
-        raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS)")
-    if masks is not None and targets != "auto":
-        raise UsageError("--targets is for a CSV's columns; with --masks the target is the mask")
-    if num_classes is not None and not 1 <= num_classes <= 256:
-        raise UsageError(f"--num-classes must be in 1..256 (masks are uint8), got {num_classes}")
     default_short_side = short_side is None
-    if short_side is None:
-        short_side = 0 if masks is not None else 256
-    try:
-        settings = Settings(
-            short_side=short_side,
-            max_side=max_side,
-            quality=quality,
-            reencode=reencode,
-            max_pixels=max_pixels,
-            max_bytes=max_file_size,
-            mask_classes=num_classes or 0,
-            ignore_index=ignore_index,
-        )
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if shard_size < 1:
-        raise UsageError(f"--shard-size must be positive, got {shard_size}")
-    if samples_per_shard < 0:
-        raise UsageError(f"--samples-per-shard must be >= 0, got {samples_per_shard}")
-    if not 0.0 <= val_fraction < 1.0:
-        raise UsageError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    workers = (os.cpu_count() or 1) if workers is None else workers
-    if workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {workers}")
-    if engine not in ("local", "ray"):
-        raise UsageError(f"--engine must be local or ray, got {engine!r}")
-    if engine != "ray" and ray_address:
-        raise UsageError("--ray-address needs --engine ray")
+    settings, workers = _checked_settings(
+        src,
+        masks=masks,
+        mask_flags=mask_flags,
+        source=source,
+        targets=targets,
+        num_classes=num_classes,
+        ignore_index=ignore_index,
+        short_side=short_side,
+        max_side=max_side,
+        quality=quality,
+        reencode=reencode,
+        max_pixels=max_pixels,
+        max_file_size=max_file_size,
+        shard_size=shard_size,
+        samples_per_shard=samples_per_shard,
+        val_fraction=val_fraction,
+        workers=workers,
+        engine=engine,
+        ray_address=ray_address,
+    )
     if not is_url(src):
         src = Path(src)
         if not src.exists():
             raise UsageError(f"SRC {src} does not exist")
-    remote: Remote | None = None
-    if is_url(out):
-        if parts > 1:
-            raise UsageError(
-                "--part with a URL OUT is not supported: use --engine ray to pack on many machines, "
-                "or pack the parts into a shared folder"
-            )
-        options = dict(storage_options or {})
-        store = Store(str(out), options)
-        store.check()  # reachable, bucket exists: before any work
-        local = Path(staging) if staging else default_cache_dir() / "pack-staging" / url_key(str(out), options)
-        remote = Remote(store, local)
-        _check_out(src, local, "--staging")
-    else:
-        if staging or (storage_options and not is_url(src)):
-            raise UsageError("--staging and --storage-option are for a URL OUT (s3://bucket/ds, ...)")
-        local = Path(out)
-        _check_out(src, local)
+    local, remote = _out_place(src, out, parts=parts, storage_options=storage_options, staging=staging)
     t0 = time.perf_counter()
     scanned = scan(
         src,
@@ -222,18 +192,107 @@ def pack(
         remote=remote,
     )
     try:
-        if engine == "ray":
-            from stoker.pipeline.deps import usable_cores
-
-            from .ray_engine import session
-
-            with session(ray_address, min(workers, usable_cores())):
-                result = _run(local, scanned, identity, t0, job)
-        else:
-            result = _run(local, scanned, identity, t0, job)
+        result = _run_engine(engine, ray_address, workers, local, scanned, identity, t0, job)
     except OSError as e:
         raise _write_failed(e, local) from None
     return _checked(result, strict, local, scanned.reader.describe_path_rule())
+
+
+def _checked_settings(
+    src,
+    *,
+    masks,
+    mask_flags,
+    source,
+    targets,
+    num_classes,
+    ignore_index,
+    short_side,
+    max_side,
+    quality,
+    reencode,
+    max_pixels,
+    max_file_size,
+    shard_size,
+    samples_per_shard,
+    val_fraction,
+    workers,
+    engine,
+    ray_address,
+) -> tuple[Settings, int]:
+    """:func:`pack`'s arguments checked (a bad one is a one-line UsageError): the image settings
+    (``short_side`` None: 256, or 0 with masks) and the worker count."""
+    if masks is None and mask_flags and not (is_url(src) or Path(src).is_file() or source != "auto"):
+        raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS)")
+    if masks is not None and targets != "auto":
+        raise UsageError("--targets is for a CSV's columns; with --masks the target is the mask")
+    if num_classes is not None and not 1 <= num_classes <= 256:
+        raise UsageError(f"--num-classes must be in 1..256 (masks are uint8), got {num_classes}")
+    if short_side is None:
+        short_side = 0 if masks is not None else 256
+    try:
+        settings = Settings(
+            short_side=short_side,
+            max_side=max_side,
+            quality=quality,
+            reencode=reencode,
+            max_pixels=max_pixels,
+            max_bytes=max_file_size,
+            mask_classes=num_classes or 0,
+            ignore_index=ignore_index,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if shard_size < 1:
+        raise UsageError(f"--shard-size must be positive, got {shard_size}")
+    if samples_per_shard < 0:
+        raise UsageError(f"--samples-per-shard must be >= 0, got {samples_per_shard}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise UsageError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    if engine not in ("local", "ray"):
+        raise UsageError(f"--engine must be local or ray, got {engine!r}")
+    if engine != "ray" and ray_address:
+        raise UsageError("--ray-address needs --engine ray")
+    return settings, workers
+
+
+def _out_place(src, out, *, parts: int, storage_options, staging) -> tuple[Path, Remote | None]:
+    """Where the pack is written: ``(local folder, None)``, or for a URL OUT ``(staging folder,
+    the remote it is uploaded to)`` (the store is checked reachable before any work)."""
+    remote: Remote | None = None
+    if is_url(out):
+        if parts > 1:
+            raise UsageError(
+                "--part with a URL OUT is not supported: use --engine ray to pack on many machines, "
+                "or pack the parts into a shared folder"
+            )
+        options = dict(storage_options or {})
+        store = Store(str(out), options)
+        store.check()  # reachable, bucket exists: before any work
+        local = Path(staging) if staging else default_cache_dir() / "pack-staging" / url_key(str(out), options)
+        remote = Remote(store, local)
+        _check_out(src, local, "--staging")
+    else:
+        if staging or (storage_options and not is_url(src)):
+            raise UsageError("--staging and --storage-option are for a URL OUT (s3://bucket/ds, ...)")
+        local = Path(out)
+        _check_out(src, local)
+    return local, remote
+
+
+def _run_engine(engine, ray_address, workers, local, scanned, identity, t0, job) -> PackResult:
+    """:func:`_run` here, or in a Ray session of ``workers`` CPUs (``engine="ray"``)."""
+    if engine == "ray":
+        from stoker.pipeline.deps import usable_cores
+
+        from .ray_engine import session
+
+        with session(ray_address, min(workers, usable_cores())):
+            return _run(local, scanned, identity, t0, job)
+    return _run(local, scanned, identity, t0, job)
 
 
 def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
