@@ -97,9 +97,7 @@ class StatsAccumulator:
             StatsAccumulator._flavours[cls.flavour] = cls
 
     def __new__(cls, kind: str = "", width: int = 0):
-        if cls is StatsAccumulator:
-            from . import kinds  # noqa: F401 - the built-in kinds' flavours
-
+        if cls is StatsAccumulator:  # the built-in flavours: .kinds, imported with this package
             cls = StatsAccumulator._flavours.get(kind, StatsAccumulator)
         return super().__new__(cls)
 
