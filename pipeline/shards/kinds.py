@@ -410,6 +410,8 @@ class Target:
 
 #: the base of a kind of one's own (the name of the days when kinds held no data)
 TargetKind = Target
+#: what a kind read of a split's target when the two were apart: now the target itself
+TargetFields = Target
 
 
 class _KindOf:
@@ -794,6 +796,7 @@ __all__ = [
     "MaskStats",
     "MultilabelKind",
     "Target",
+    "TargetFields",
     "TargetKind",
     "bad_target",
     "check_mask",

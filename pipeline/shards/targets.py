@@ -21,6 +21,7 @@ from .kinds import (  # the kinds' codecs and the Target, named here too for wha
     IGNORE_INDEX,
     MAX_COLUMNS,
     Target,
+    TargetKind,
     bad_target,
     check_mask,
     encode_float,
@@ -28,6 +29,7 @@ from .kinds import (  # the kinds' codecs and the Target, named here too for wha
     encode_npy,
     fast_float_reader,
     finite_number,
+    get_kind,
     parse_float,
     parse_labels,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "MAX_COLUMNS",
     "StatsAccumulator",
     "Target",
+    "TargetKind",
     "TargetStats",
     "bad_target",
     "check_mask",
@@ -47,6 +50,7 @@ __all__ = [
     "encode_npy",
     "fast_float_reader",
     "finite_number",
+    "get_kind",
     "parse_float",
     "parse_labels",
 ]
