@@ -161,7 +161,7 @@ class StokerDataModule(pl.LightningDataModule):
     def num_classes(self) -> int:
         """Classes of a class, multi-label or mask split (a mask's declared classes)."""
         target = self.target
-        return target.spec.num_classes(target, self.classes)
+        return target.class_count(self.classes)
 
     def _manifest(self):
         from .shards.manifest import Manifest

@@ -1,7 +1,7 @@
 """The three extension points from outside the package, as a plugin package would add them: a
 target kind, a pack source and a decode backend in a module of their own, found through its
-entry points (no code of stoker's changed, nothing registered by hand), run through pack ->
-verify -> Loader -> train in fresh processes."""
+entry points (no code of stoker's changed, nothing registered by hand), run through pack (with
+the kind's statistics) -> verify -> index -> Loader -> train in fresh processes."""
 
 import json
 import os
@@ -30,17 +30,18 @@ from stoker.tools.pack.sources.base import FileReader, Item, Scan
 
 
 class ScoreKind(TargetKind):
-    """One score a sample, stored as ``{"score": 3.5}``, regressed."""
+    """One score a sample, stored as ``{"score": 3.5}``, regressed: its fields are a Target's, its
+    methods say how it is packed, read, checked and counted (no stoker code names it)."""
 
     name, member, task = "score", "score.json", "regress"
 
-    def encode(self, target, value):
+    def encode(self, value):
         return json.dumps({"score": float(value[0])}).encode()
 
-    def meta(self, target, value, classes):
+    def meta(self, value, classes):
         return {"score": float(value[0])}
 
-    def decode(self, target, raws, *, classes, where, split):
+    def decode(self, raws, *, classes, where, split):
         out = np.empty(len(raws), np.float32)
         for k, raw in enumerate(raws):
             try:
@@ -49,17 +50,17 @@ class ScoreKind(TargetKind):
                 raise bad_target(where(k), f"score does not parse: {e}", split) from None
         return out
 
-    def check(self, target, raw, *, num_classes, image_wh=None, names=None):
+    def check(self, raw, *, num_classes, image_wh=None, names=None):
         try:
             json.loads(raw)["score"]
         except (ValueError, KeyError, TypeError) as e:
             return f"score does not parse: {e}"
         return None
 
-    def describe(self, target):
+    def describe(self):
         return "score (JSON)"
 
-    def accumulator(self, target):
+    def accumulator(self):
         return StatsAccumulator("float", 1)
 
 
@@ -169,6 +170,30 @@ def test_a_kind_a_source_and_a_backend_from_a_plugin_run_through_pack_the_loader
     p = _run(plugin, log, "-m", "stoker", "verify", out / "train")
     assert p.returncode == 0, p.stderr + p.stdout
 
+    # the same tars as foreign shards, one score broken: `stoker index --targets score` checks each
+    # by the kind, skips the broken one and keeps the kind's statistics; `stoker verify` agrees
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    tars = sorted((out / "train").glob("*.tar"))
+    for t in tars:
+        (foreign / t.name).write_bytes(t.read_bytes())
+    _break_first_score(foreign / tars[0].name)
+    p = _run(plugin, log, "-m", "stoker", "index", foreign, "--targets", "score", "--workers", "1", "-q")
+    assert p.returncode == 0, p.stderr + p.stdout
+    assert "1 sample(s) marked to skip (1 score does not parse)" in p.stdout and "targets: score (JSON)" in p.stdout
+    indexed = json.loads((foreign / "stoker.json").read_text())
+    assert indexed["target"]["kind"] == "score" and indexed["target"]["stats"]["count"] == 31
+    kept = [m["score"] for m in _metas(out / "train")][1:]  # the first sample of the first tar is the broken one
+    assert abs(indexed["target"]["stats"]["mean"][0] - sum(kept) / len(kept)) < 1e-4
+    p = _run(plugin, log, "-m", "stoker", "verify", foreign, "--workers", "1", "-q")
+    assert p.returncode == 0, p.stderr + p.stdout
+    assert "31 images decoded" in p.stdout
+    manifest_text = (foreign / "stoker.json").read_text()
+    (foreign / "stoker.json").write_text(manifest_text.replace('"skip"', '"skip_was"'))  # nothing marked to skip
+    p = _run(plugin, log, "-m", "stoker", "verify", foreign, "--workers", "1", "-q")
+    assert p.returncode == 1 and "score does not parse" in p.stderr, p.stderr + p.stdout
+    (foreign / "stoker.json").write_text(manifest_text)
+
     p = _run(plugin, log, "-c", LOAD, out / "train")
     assert p.returncode == 0, p.stderr
     loaded = json.loads(p.stdout)
@@ -185,6 +210,17 @@ def test_a_kind_a_source_and_a_backend_from_a_plugin_run_through_pack_the_loader
     assert summary["task"] == "regress" and summary["val"]["n"] == 8 and "r2" in summary["val"]
     assert "targets standardized" in p.stderr
     assert len(log.read_text().split()) >= 2 * 4  # the train batches (4 an epoch) came from the plugin
+
+
+def _break_first_score(tar):
+    """Overwrite the first ``score.json`` member of ``tar`` with bytes of its size that are no JSON."""
+    import tarfile
+
+    with tarfile.open(tar) as tf:
+        member = next(m for m in tf.getmembers() if m.name.endswith(".score.json"))
+    data = bytearray(tar.read_bytes())
+    data[member.offset_data : member.offset_data + member.size] = b"x" * member.size
+    tar.write_bytes(bytes(data))
 
 
 def _metas(split):

@@ -17,7 +17,6 @@ exact: the scores of every val sample are gathered (``C`` floats a sample).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -66,6 +65,19 @@ class Task:
             return CaseStudyMetrics(self, device)
         return (cls or RegressMetrics)(self, device)
 
+    def synthetic(self, n: int, hw: tuple[int, int], generator: torch.Generator) -> torch.Tensor:
+        """A batch of ``n`` random targets of this task (``hw``: a mask's size): what a step timed
+        without data (``stoker diagnose``) trains on."""
+        k = self.num_outputs
+        make = {
+            "classify": lambda: torch.randint(0, k, (n,), generator=generator),
+            "regress": lambda: torch.rand((n, k) if k > 1 else (n,), generator=generator),
+            "multilabel": lambda: (torch.rand((n, k), generator=generator) < 0.3).float(),
+        }.get(self.name)
+        if make is not None:
+            return make()
+        return torch.randint(0, k, (n, *hw), generator=generator).to(torch.uint8)  # segment: masks
+
 
 def _regress_loss(scale: tuple[float, ...] | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """MSE over the K outputs, in units of ``scale`` (each column's std) when given."""
@@ -91,33 +103,25 @@ def resolve_task(requested: str, target, classes: list, *, num_classes: int | No
     Raises:
         ValueError: a task the split's targets cannot train, in one line naming both and the fix.
     """
-    spec = target.spec  # the split's target kind: it names the task it trains (stoker.pipeline.shards.kinds)
-    name = spec.task if requested == "auto" else requested
+    # the split's target kind names the task it trains and the outputs (stoker.pipeline.shards.kinds)
+    name = target.task if requested == "auto" else requested
     if name not in TASKS[1:]:
         raise ArgumentError(f"task={requested!r} is not one of {', '.join(TASKS)}")
-    n_classes = num_classes or len(classes)
-    if name == "regress" and spec.task == "classify":  # the case study: one output onto the label value
+    if name == "regress" and target.task == "classify":  # the case study: one output onto the label value
         return Task("regress", 1, "top1", case_study=True)
-    if spec.task != name:
+    if target.task != name:
         raise ArgumentError(
             f"--task {name} needs {_kind_of(name)} targets, but the split's are {target.describe()} "
-            f"(use --task {spec.task} or --task auto)"
+            f"(use --task {target.task} or --task auto)"
         )
-    if name == "classify":
-        if n_classes < 2:
-            raise ArgumentError(f"{n_classes} class(es); classification needs at least 2")
-        return Task("classify", n_classes, "top1")
-    if name == "regress":  # one output per value a sample's target holds
-        values = math.prod(spec.batch_shape(target, 1, (1, 1), n_classes)[1:])
-        return Task("regress", values, "r2")
-    if name == "multilabel":
-        return Task("multilabel", n_classes, "map")
-    n_classes = num_classes or spec.num_classes(target, classes)
-    if not n_classes:
-        raise ArgumentError(
-            "the masks' class count is not in the manifest: pass --num-classes (pack with --num-classes)"
-        )
-    return Task("segment", n_classes, "miou", ignore_index=target.ignore_index)
+    outputs = target.outputs(classes, num_classes)
+    if name == "classify" and outputs < 2:
+        raise ArgumentError(f"{outputs} class(es); classification needs at least 2")
+    return Task(name, outputs, _METRIC[name], ignore_index=target.ignore_index if target.spatial else None)
+
+
+#: the figure each task's ``best.pt`` is picked by (higher is better)
+_METRIC = {"classify": "top1", "regress": "r2", "multilabel": "map", "segment": "miou"}
 
 
 def _kind_of(task: str) -> str:

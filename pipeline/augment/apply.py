@@ -38,7 +38,7 @@ class TrainRecipe:
         if augment is not None and not callable(augment):
             raise ArgumentError(f"augment={augment!r} must be a transform of stoker.pipeline.augment or a policy name")
         if mixing is not None:
-            if target.spec.task != "classify":
+            if target.task != "classify":
                 raise ArgumentError(
                     f"mixing= (MixUp/CutMix) mixes class targets; the targets of {path} are {target.describe()}"
                 )

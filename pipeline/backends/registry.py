@@ -26,6 +26,7 @@ import importlib
 from typing import Any, ClassVar
 
 from stoker.errors import ArgumentError
+from stoker.pipeline.registry import Registry
 
 #: what ``decode=`` may say (``auto``: where the backend decodes best on the device)
 DECODES = ("auto", "mixed", "cpu")
@@ -181,48 +182,24 @@ class PilBackend(_Builtin):
     runner_path = (".pil", "PilRunner")
 
 
-_REGISTRY: dict[str, type[Backend]] = {}
+#: the entry-point group a package names its backends in (``[project.entry-points."stoker.backends"]
+#: mine = "mypkg.decode:MyBackend"``): registered the first time the registry is asked
+ENTRY_POINTS = "stoker.backends"
+_REGISTRY: Registry[Backend] = Registry("backend", Backend, ENTRY_POINTS, reserved=("auto",))
 
 
 def register_backend(cls: type[Backend]) -> type[Backend]:
     """Add a backend class (usable as a decorator). Its name must be new and not ``"auto"``."""
-    if not (isinstance(cls, type) and issubclass(cls, Backend)) or not cls.name or cls.name == "auto":
-        raise ArgumentError(f"{cls!r} is not a Backend subclass with a name of its own")
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ArgumentError(f"a backend named {cls.name!r} is already registered ({_REGISTRY[cls.name].__name__})")
-    _REGISTRY[cls.name] = cls
-    return cls
+    return _REGISTRY.register(cls)
 
 
 for _cls in (DaliBackend, NvjpegBackend, PilBackend):
     register_backend(_cls)
 
-#: the entry-point group a package names its backends in (``[project.entry-points."stoker.backends"]
-#: mine = "mypkg.decode:MyBackend"``): registered the first time the registry is asked
-ENTRY_POINTS = "stoker.backends"
-_plugins_loaded = False
-
-
-def _load_plugins() -> None:
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINTS):
-        try:
-            register_backend(ep.load())
-        except Exception as e:  # boundary: a broken plugin is reported once (the warning below), stoker goes on
-            import warnings
-
-            warnings.warn(f"stoker: the backend plugin {ep.name!r} ({ep.value}) does not load: {e}", stacklevel=2)
-
 
 def backends() -> list[Backend]:
     """One (unconfigured) instance of every registered backend, in ``auto``'s order."""
-    _load_plugins()
-    return [cls() for cls in sorted(_REGISTRY.values(), key=lambda c: (c.priority, c.name))]
+    return [cls() for cls in sorted(_REGISTRY, key=lambda c: (c.priority, c.name))]
 
 
 def backend_names(*, auto: bool = True) -> tuple[str, ...]:
@@ -236,7 +213,6 @@ def get_backend(name: str, **options: Any) -> Backend:
     Raises:
         ValueError: an unknown name (the message lists the registered ones) or option.
     """
-    _load_plugins()
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ArgumentError(f"backend={name!r} must be one of {', '.join(map(repr, backend_names(auto=False)))}")

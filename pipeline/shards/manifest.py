@@ -57,10 +57,10 @@ class Manifest:
     @property
     def format(self) -> int:
         """The format it is recorded in: 1 for a class split (what every stoker reads), 2 for the
-        other kinds (:attr:`.kinds.TargetKind.format`), 3 when the skips are in :data:`SKIP_FILE`."""
+        other kinds (:attr:`.kinds.Target.format`), 3 when the skips are in :data:`SKIP_FILE`."""
         if self.pack.get("skip_file"):
             return 3
-        return self.target.spec.format
+        return self.target.format
 
     def to_json(self) -> str:
         d = asdict(self)

@@ -24,7 +24,7 @@ from stoker.errors import ArgumentError
 
 from ..fsutil import PathLike
 from .idx import IMAGE_EXTS, read_idx, sample_key
-from .kinds import ensure_kind, get_kind
+from .kinds import ClassKind, ensure_kind
 from .manifest import Manifest, check_shards, idx_path
 from .table import KIND_JPEG, KIND_NONE, KIND_PNG, RECORD, SampleTable, open_table, read_records
 from .targets import Target, TargetStats
@@ -188,7 +188,7 @@ class SampleIndex:
         d["_maps"] = {}
         d["_keys"] = {}
         d["_json"] = {}
-        d["_kind"] = type(self.target.spec)  # a worker process knows a kind registered in this one
+        d["_kind"] = type(self.target)  # a worker process knows a kind registered in this one
         if isinstance(self._table.buf, mmap.mmap):  # a mapped table is mapped again, not copied
             for k in ("_table", "img_off", "img_size", "kind", "tgt_off", "tgt_size"):
                 d[k] = None
@@ -258,11 +258,11 @@ class SampleIndex:
                 an integer in ``0 .. len(classes) - 1`` (``stoker index`` marks such samples
                 to skip).
         """
-        return self._decode(get_kind("class"), idx)
+        return self._decode(ClassKind(), idx)
 
     def targets(self, idx: np.ndarray) -> np.ndarray:
         """The targets of the samples at ``idx``, as the Loader yields them (on the CPU), read by
-        the split's kind (:meth:`.kinds.TargetKind.decode`): class indices int64 ``[N]``; float32
+        the split's kind (:meth:`.kinds.Target.decode`): class indices int64 ``[N]``; float32
         ``[N]`` (one column) or ``[N, K]``; multi-hot float32 ``[N, C]``. A spatial kind's
         targets (masks) are images: :meth:`masks`.
 
@@ -270,14 +270,12 @@ class SampleIndex:
             TargetError: one line naming the shard and key of a sample whose target does not
                 parse, has the wrong width, is not finite, or names a class past the split's.
         """
-        spec = self.target.spec
-        if spec.spatial:
-            raise ArgumentError(f"a {spec.name} split's targets are images: use masks()")
-        return self._decode(spec, idx)
+        if self.target.spatial:
+            raise ArgumentError(f"a {self.target.kind} split's targets are images: use masks()")
+        return self._decode(self.target, idx)
 
-    def _decode(self, spec, idx: np.ndarray) -> np.ndarray:
-        return spec.decode(
-            self.target,
+    def _decode(self, target, idx: np.ndarray) -> np.ndarray:
+        return target.decode(
             self._members(idx),
             classes=self.manifest.classes,
             where=lambda k: self.describe(int(idx[k])),
@@ -285,10 +283,10 @@ class SampleIndex:
         )
 
     def target_stats(self) -> TargetStats | None:
-        """The statistics of the split's kind (:meth:`.kinds.TargetKind.accumulator`) over its
+        """The statistics of the split's kind (:meth:`.kinds.Target.accumulator`) over its
         loadable samples, read from every target (what a manifest without ``target.stats`` leaves
         to compute); ``None`` for a kind that keeps none."""
-        acc = self.target.spec.accumulator(self.target)
+        acc = self.target.accumulator()
         if acc is None:
             return None
         for s in range(0, self.num_valid, 65536):

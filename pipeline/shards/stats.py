@@ -4,7 +4,7 @@ and the mergeable :class:`StatsAccumulator` that pack and ``stoker index`` sum t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -75,103 +75,70 @@ _STAT_LISTS = ("mean", "std", "min", "max", "class_share")
 
 class StatsAccumulator:
     """Sums a split's targets as they are packed, into :class:`TargetStats`; parts (shards, worker
-    processes, a resumed pack) merge exactly (Chan's parallel mean and variance). ``state()`` is
-    JSON, so a pack journal keeps it per shard.
+    processes, a resumed pack) merge exactly. ``state()`` is JSON, so a pack journal keeps it per
+    shard. This class only counts; a kind that keeps statistics has a subclass of its own (its
+    ``flavour``: :mod:`.kinds` holds the float columns' and the masks' pixels').
+
+    ``StatsAccumulator(flavour, width)`` is the accumulator of that flavour (``"float"``: per
+    column mean, std and range; ``"mask"``: the share of each pixel value; any other: a count).
 
     Args:
-        kind: the target kind (``float`` and ``mask`` keep statistics; others only count).
-        width: ``float``: values per sample.
+        kind: the flavour (what :meth:`state` records as ``kind``).
+        width: values per sample (a float target's K).
     """
 
-    def __init__(self, kind: str, width: int = 0):
-        self.kind, self.width = kind, width
+    #: the name a subclass is made by and its state records
+    flavour: ClassVar[str] = ""
+    _flavours: ClassVar[dict[str, type[StatsAccumulator]]] = {}
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if cls.flavour:
+            StatsAccumulator._flavours[cls.flavour] = cls
+
+    def __new__(cls, kind: str = "", width: int = 0):
+        if cls is StatsAccumulator:  # the built-in flavours: .kinds, imported with this package
+            cls = StatsAccumulator._flavours.get(kind, StatsAccumulator)
+        return super().__new__(cls)
+
+    def __init__(self, kind: str = "", width: int = 0):
+        self.kind, self.width = kind or self.flavour, width
         self.count = 0
-        self.mean = np.zeros(width, np.float64)
-        self.m2 = np.zeros(width, np.float64)  # sum of squared deviations from the mean
-        self.lo = np.full(width, np.inf)
-        self.hi = np.full(width, -np.inf)
-        self.pixels = np.zeros(256, np.int64) if kind == "mask" else None
 
     def add(self, value) -> None:
-        """One sample's target: ``float``: its K values; ``mask``: its ``[H, W]`` uint8 mask."""
-        if self.kind == "float":
-            self._merge(1, np.asarray(value, np.float64).reshape(-1), 0.0, None, None)
-        elif self.kind == "mask":
-            self.pixels += np.bincount(np.asarray(value, np.uint8).reshape(-1), minlength=256)
-            self.count += 1
-        else:
-            self.count += 1
-
-    def add_counts(self, counts) -> None:
-        """One mask by its pixel count per value (``((value, count), ...)``): what :meth:`add` of
-        the mask itself adds, without the pixels."""
-        for value, n in counts:
-            self.pixels[int(value)] += int(n)
+        """One sample's target."""
         self.count += 1
 
     def add_many(self, values) -> None:
-        """Many samples' float targets at once (``[N, K]``)."""
-        v = np.asarray(values, np.float64).reshape(-1, self.width)
-        if len(v):
-            mean = v.mean(0)
-            self._merge(len(v), mean, ((v - mean) ** 2).sum(0), v.min(0), v.max(0))
-
-    def _merge(self, n: int, mean: np.ndarray, m2, lo, hi) -> None:
-        total = self.count + n
-        delta = mean - self.mean
-        self.mean = self.mean + delta * (n / total)
-        self.m2 = self.m2 + m2 + delta**2 * (self.count * n / total)
-        self.lo = np.minimum(self.lo, mean if lo is None else lo)
-        self.hi = np.maximum(self.hi, mean if hi is None else hi)
-        self.count = total
+        """Many samples' targets at once (``[N, ...]``)."""
+        for v in values:
+            self.add(v)
 
     def merge(self, other: StatsAccumulator) -> StatsAccumulator:
         """Add ``other``'s samples to these; returns self."""
-        if other.count == 0:
-            return self
-        if self.kind == "float":
-            self._merge(other.count, other.mean, other.m2, other.lo, other.hi)
-        else:
-            if self.pixels is not None:
-                self.pixels += other.pixels
-            self.count += other.count
+        if other.count:
+            self._merge_from(other)
         return self
+
+    def _merge_from(self, other: StatsAccumulator) -> None:
+        self.count += other.count
 
     def state(self) -> dict:
         """A JSON form of the partial sums (:meth:`from_state` reads it back)."""
-        d: dict[str, Any] = {"kind": self.kind, "width": self.width, "count": self.count}
-        if self.kind == "float":
-            d.update(mean=self.mean.tolist(), m2=self.m2.tolist(), lo=self.lo.tolist(), hi=self.hi.tolist())
-        if self.pixels is not None:
-            d["pixels"] = self.pixels.tolist()
-        return d
+        return {"kind": self.kind, "width": self.width, "count": self.count}
 
     @classmethod
     def from_state(cls, d: dict) -> StatsAccumulator:
-        acc = cls(d["kind"], int(d.get("width", 0)))
+        acc = StatsAccumulator(d["kind"], int(d.get("width", 0)))
         acc.count = int(d["count"])
-        if acc.kind == "float" and acc.count:
-            acc.mean, acc.m2, acc.lo, acc.hi = (np.asarray(d[k], np.float64) for k in ("mean", "m2", "lo", "hi"))
-        if acc.pixels is not None and "pixels" in d:
-            acc.pixels = np.asarray(d["pixels"], np.int64)
+        acc._load(d)
         return acc
+
+    def _load(self, d: dict) -> None:
+        """The partial sums of a :meth:`state` beyond the count."""
 
     def result(self, ignore_index: int | None = IGNORE_INDEX) -> TargetStats | None:
         """The statistics (``None`` for a kind that keeps none, or no sample)."""
-        if not self.count:
-            return None
-        if self.kind == "float":
-            std = np.sqrt(np.maximum(self.m2 / self.count, 0.0))
-            as_t = lambda a: tuple(float(v) for v in a)  # noqa: E731
-            return TargetStats(self.count, as_t(self.mean), as_t(std), as_t(self.lo), as_t(self.hi))
-        if self.kind == "mask":
-            pixels = self.pixels.copy()
-            if ignore_index is not None and 0 <= ignore_index < 256:
-                pixels[ignore_index] = 0
-            found = np.flatnonzero(pixels)
-            total = pixels.sum()
-            share = pixels[: found[-1] + 1] / total if len(found) else np.zeros(0)
-            return TargetStats(self.count, class_share=tuple(float(v) for v in share))
         return None
 
 

@@ -47,7 +47,7 @@ PY_CUDA = (
 )
 #: without CUDA: the same for a shell block's ``--device cuda``
 SH_CUDA = ((re.compile(r"--device(\s+|=)cuda(?::\d+)?\b"), r"--device\1cpu"),)
-#: the modules of the registries a page may add to (``_REGISTRY``, ``_plugins_loaded``), restored after it
+#: the modules of the registries (``_REGISTRY``: a Registry) a page may add to, restored after it
 REGISTRIES = ("stoker.tools.pack.sources.registry", "stoker.pipeline.shards.kinds", "stoker.pipeline.backends.registry")
 #: seconds a shell block may take before it is killed and fails
 TIMEOUT = 60
@@ -213,12 +213,10 @@ class PageRun:
 
 def _restorer(module) -> Callable[[], None]:
     """What puts ``module``'s registry back as it is now (a reader a page registered is gone)."""
-    saved, loaded = dict(module._REGISTRY), module._plugins_loaded
+    saved = module._REGISTRY.copy()
 
     def restore() -> None:
-        module._REGISTRY.clear()
-        module._REGISTRY.update(saved)
-        module._plugins_loaded = loaded
+        module._REGISTRY.restore(saved)
 
     return restore
 

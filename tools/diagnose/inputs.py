@@ -155,7 +155,7 @@ def count_data(kind: str, path: Path) -> tuple[int, int, Any]:
 
         manifest = Manifest.load(path)
         task = None
-        if manifest.target.kind != "class":
+        if manifest.target.task != "classify":  # a class split trains on its classes, no task
             try:
                 task = resolve_task("auto", manifest.target, manifest.classes)
             except ValueError as e:  # masks without a class count: only a repack can say it

@@ -122,17 +122,9 @@ def hw_of(crop) -> tuple[int, int]:
 def synthetic_targets(task, batch_size: int, crop, generator: torch.Generator) -> torch.Tensor:
     """A batch of random targets of ``task``'s kind (:class:`stoker.model.train.tasks.Task`; ``None``:
     class labels in ``[0, 1000)``, what :func:`_loss` folds onto any head)."""
-    n = batch_size
     if task is None or task.case_study:
-        return torch.randint(0, 1000, (n,), generator=generator)
-    k = task.num_outputs
-    if task.name == "classify":
-        return torch.randint(0, k, (n,), generator=generator)
-    if task.name == "regress":
-        return torch.rand((n, k) if k > 1 else (n,), generator=generator)
-    if task.name == "multilabel":
-        return (torch.rand((n, k), generator=generator) < 0.3).float()
-    return torch.randint(0, k, (n, *hw_of(crop)), generator=generator).to(torch.uint8)  # segment: masks
+        return torch.randint(0, 1000, (batch_size,), generator=generator)
+    return task.synthetic(batch_size, hw_of(crop), generator)
 
 
 def _loss(out, labels: torch.Tensor) -> torch.Tensor:

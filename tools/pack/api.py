@@ -123,13 +123,111 @@ def pack(
     if not 0 <= part < parts:
         raise UsageError(f"--part {part}/{parts} should be I/N with 0 <= I < N, e.g. 0/4")
     mask_flags = num_classes is not None or ignore_index != IGNORE_INDEX
+    default_short_side = short_side is None
+    settings, workers = _checked_settings(
+        src,
+        masks=masks,
+        mask_flags=mask_flags,
+        source=source,
+        targets=targets,
+        num_classes=num_classes,
+        ignore_index=ignore_index,
+        short_side=short_side,
+        max_side=max_side,
+        quality=quality,
+        reencode=reencode,
+        max_pixels=max_pixels,
+        max_file_size=max_file_size,
+        shard_size=shard_size,
+        samples_per_shard=samples_per_shard,
+        val_fraction=val_fraction,
+        workers=workers,
+        engine=engine,
+        ray_address=ray_address,
+    )
+    if not is_url(src):
+        src = Path(src)
+        if not src.exists():
+            raise UsageError(f"SRC {src} does not exist")
+    local, remote = _out_place(src, out, parts=parts, storage_options=storage_options, staging=staging)
+    t0 = time.perf_counter()
+    scanned = scan(
+        src,
+        seed=seed,
+        val_fraction=val_fraction,
+        source=source,
+        targets=targets,
+        masks=Path(masks) if masks is not None else None,
+        num_classes=num_classes,
+        ignore_index=ignore_index,
+        image_column=image_column,
+        target_column=target_column,
+        train_list=Path(train_list) if train_list is not None else None,
+        val_list=Path(val_list) if val_list is not None else None,
+        storage_options=dict(storage_options or {}) if is_url(src) else {},
+    )
+    if not scanned.target.spatial and mask_flags:
+        raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS, or a source of masks)")
+    if scanned.target.spatial and default_short_side and settings.short_side:
+        settings = dataclasses.replace(settings, short_side=0)  # segmentation crops: keep the size
+    _make_out(local, "--staging" if remote else "OUT")
+    identity = _settings_identity(
+        scanned,
+        settings,
+        seed=seed,
+        shard_size=shard_size,
+        samples_per_shard=samples_per_shard,
+        val_fraction=val_fraction,
+        parts=parts,
+    )
+    job = dict(
+        part=part,
+        parts=parts,
+        settings=settings,
+        shard_size=shard_size,
+        samples_per_shard=samples_per_shard,
+        workers=workers,
+        progress=progress,
+        engine=engine,
+        remote=remote,
+    )
+    try:
+        result = _run_engine(engine, ray_address, workers, local, scanned, identity, t0, job)
+    except OSError as e:
+        raise _write_failed(e, local) from None
+    return _checked(result, strict, local, scanned.reader.describe_path_rule())
+
+
+def _checked_settings(
+    src,
+    *,
+    masks,
+    mask_flags,
+    source,
+    targets,
+    num_classes,
+    ignore_index,
+    short_side,
+    max_side,
+    quality,
+    reencode,
+    max_pixels,
+    max_file_size,
+    shard_size,
+    samples_per_shard,
+    val_fraction,
+    workers,
+    engine,
+    ray_address,
+) -> tuple[Settings, int]:
+    """:func:`pack`'s arguments checked (a bad one is a one-line UsageError): the image settings
+    (``short_side`` None: 256, or 0 with masks) and the worker count."""
     if masks is None and mask_flags and not (is_url(src) or Path(src).is_file() or source != "auto"):
         raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS)")
     if masks is not None and targets != "auto":
         raise UsageError("--targets is for a CSV's columns; with --masks the target is the mask")
     if num_classes is not None and not 1 <= num_classes <= 256:
         raise UsageError(f"--num-classes must be in 1..256 (masks are uint8), got {num_classes}")
-    default_short_side = short_side is None
     if short_side is None:
         short_side = 0 if masks is not None else 256
     try:
@@ -158,10 +256,12 @@ def pack(
         raise UsageError(f"--engine must be local or ray, got {engine!r}")
     if engine != "ray" and ray_address:
         raise UsageError("--ray-address needs --engine ray")
-    if not is_url(src):
-        src = Path(src)
-        if not src.exists():
-            raise UsageError(f"SRC {src} does not exist")
+    return settings, workers
+
+
+def _out_place(src, out, *, parts: int, storage_options, staging) -> tuple[Path, Remote | None]:
+    """Where the pack is written: ``(local folder, None)``, or for a URL OUT ``(staging folder,
+    the remote it is uploaded to)`` (the store is checked reachable before any work)."""
     remote: Remote | None = None
     if is_url(out):
         if parts > 1:
@@ -180,60 +280,19 @@ def pack(
             raise UsageError("--staging and --storage-option are for a URL OUT (s3://bucket/ds, ...)")
         local = Path(out)
         _check_out(src, local)
-    t0 = time.perf_counter()
-    scanned = scan(
-        src,
-        seed=seed,
-        val_fraction=val_fraction,
-        source=source,
-        targets=targets,
-        masks=Path(masks) if masks is not None else None,
-        num_classes=num_classes,
-        ignore_index=ignore_index,
-        image_column=image_column,
-        target_column=target_column,
-        train_list=Path(train_list) if train_list is not None else None,
-        val_list=Path(val_list) if val_list is not None else None,
-        storage_options=dict(storage_options or {}) if is_url(src) else {},
-    )
-    if scanned.target.kind != "mask" and mask_flags:
-        raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS, or a source of masks)")
-    if scanned.target.kind == "mask" and default_short_side and settings.short_side:
-        settings = dataclasses.replace(settings, short_side=0)  # segmentation crops: keep the size
-    _make_out(local, "--staging" if remote else "OUT")
-    identity = _settings_identity(
-        scanned,
-        settings,
-        seed=seed,
-        shard_size=shard_size,
-        samples_per_shard=samples_per_shard,
-        val_fraction=val_fraction,
-        parts=parts,
-    )
-    job = dict(
-        part=part,
-        parts=parts,
-        settings=settings,
-        shard_size=shard_size,
-        samples_per_shard=samples_per_shard,
-        workers=workers,
-        progress=progress,
-        engine=engine,
-        remote=remote,
-    )
-    try:
-        if engine == "ray":
-            from stoker.pipeline.deps import usable_cores
+    return local, remote
 
-            from .ray_engine import session
 
-            with session(ray_address, min(workers, usable_cores())):
-                result = _run(local, scanned, identity, t0, job)
-        else:
-            result = _run(local, scanned, identity, t0, job)
-    except OSError as e:
-        raise _write_failed(e, local) from None
-    return _checked(result, strict, local, scanned.reader.describe_path_rule())
+def _run_engine(engine, ray_address, workers, local, scanned, identity, t0, job) -> PackResult:
+    """:func:`_run` here, or in a Ray session of ``workers`` CPUs (``engine="ray"``)."""
+    if engine == "ray":
+        from stoker.pipeline.deps import usable_cores
+
+        from .ray_engine import session
+
+        with session(ray_address, min(workers, usable_cores())):
+            return _run(local, scanned, identity, t0, job)
+    return _run(local, scanned, identity, t0, job)
 
 
 def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
@@ -368,14 +427,9 @@ def write_tables(out: Path, splits: list[str]) -> None:
 def describe_targets(target: Target, settings: dict, totals: dict | None = None) -> tuple[str, str]:
     """The summary's ``targets:`` line (the kind; the classes of a class or multi-label pack; what
     the kind says of its statistics, train's) and a ``found`` line (a mask pack: the values found)."""
-    if target.spec.named_classes:
-        n = len(settings.get("classes") or [])
-        alone = " (one class: nothing for a classifier to learn; stoker train refuses it)" if n == 1 else ""
-        return f"{target.kind}, {n:,} class{'es' if n != 1 else ''}{alone}", ""
     stats_json = next((t["target_stats"] for t in (totals or {}).values() if "target_stats" in t), None)
-    if stats_json is None:
-        return target.describe(), ""
-    return target.spec.describe_stats(target, TargetStats.from_json(stats_json))
+    stats = TargetStats.from_json(stats_json) if stats_json is not None else None
+    return target.summary(len(settings.get("classes") or []), stats)
 
 
 def _check_out(src: Path | str, out: Path, what: str = "OUT") -> None:
@@ -413,9 +467,9 @@ def _settings_identity(
 ) -> dict:
     """Everything that determines the bytes of the pack: equal dicts -> equal output."""
     extra = {}
-    if source.target.spec.format > 1:  # a class pack's identity is as it always was
+    if source.target.format > 1:  # a class pack's identity is as it always was
         extra["target"] = source.target.to_json()
-    if source.target.kind == "mask":
+    if source.target.spatial:
         extra["mask_classes"] = settings.mask_classes
     return {
         **extra,

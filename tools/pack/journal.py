@@ -208,7 +208,7 @@ def _plan(out: Path, shard_ok: ShardCheck | None = None) -> tuple[dict[str, Mani
 def _with_stats(target: Target, shard_records: list[dict]) -> Target:
     """``target`` with the statistics its split's shards journaled, merged (every part, every
     engine, every resumed run); as it was when a shard's are missing (a journal of an older stoker)."""
-    seen = target.spec.accumulator(target)
+    seen = target.accumulator()
     if seen is None or not shard_records or any("stats" not in r for r in shard_records):
         return target
     for r in shard_records:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -43,19 +44,17 @@ from stoker.pipeline.shards.idx import (
     TarFormatError,
     image_component,
     read_idx,
-    read_label,
     sample_key,
     scan_tar,
 )
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path, iter_skips
-from stoker.pipeline.shards.samples import image_size
 from stoker.pipeline.shards.table import manifest_digest
-from stoker.pipeline.shards.targets import Target, check_target
+from stoker.pipeline.shards.targets import Target
 from stoker.pipeline.storage import Store, is_url, parse_storage_options, storage_errors
 
 from .imagecheck import ImageChecker
-from .report import MAX_TARGET_BYTES, ShardReport, VerifyResult
-from .sampled import draw, sampled_reports
+from .report import ShardReport, VerifyResult
+from .sampled import draw, sampled_reports, target_problem
 from .shardjobs import engine_session, journal_at, run_shard_jobs, stamp
 
 #: the folder (in a split's) of a full check's journal, removed once the split is checked
@@ -95,13 +94,21 @@ def verify_shard(
     ``stoker index --classes``). Packed shards must hold RGB or grayscale JPEGs; foreign
     (indexed) ones only need to decode."""
     target_kind = Target.from_json(target) if target else Target()
-    names = {c: i for i, c in enumerate(classes or ())}
     tar = Path(split_dir) / info.name
     rep = ShardReport(split, info.name, skipped=len(skip))
-    where = f"{split}/{info.name}"
+    scan = _check_whole(tar, f"{split}/{info.name}", info, rep, split_dir)
+    if scan is not None:
+        todo = range(len(scan.samples)) if check is None else [i for i in check if i < len(scan.samples)]
+        _check_samples(tar, scan, todo, set(skip), target_kind, num_classes, classes, require_rgb, rep)
+    return rep
+
+
+def _check_whole(tar: Path, where: str, info: ShardInfo, rep: ShardReport, split_dir: str):
+    """The shard as a whole: present, its size, sha256, tar and ``.idx`` as the manifest says; its
+    scan, or None when it cannot be read on."""
     if not tar.exists():
         rep.problems.append(f"{where}: missing")
-        return rep
+        return None
     rep.bytes = os.path.getsize(tar)
     if rep.bytes != info.bytes:
         rep.problems.append(f"{where}: {rep.bytes} bytes, manifest says {info.bytes}")
@@ -109,28 +116,33 @@ def verify_shard(
         rep.sha_ok = sha256_file(tar) == info.sha256
     except OSError as e:
         rep.problems.append(f"{where}: cannot be read: {e.strerror or e}")
-        return rep
+        return None
     if not rep.sha_ok:
         rep.problems.append(f"{where}: sha256 differs from the manifest (corrupt or replaced)")
     try:
         scan = scan_tar(tar)
     except TarFormatError as e:
         rep.problems.append(f"{where}: {e}")
-        return rep
-    samples = scan.samples
-    rep.samples = len(samples)
-    if len(samples) != info.num_samples:
-        rep.problems.append(f"{where}: {len(samples)} samples, manifest says {info.num_samples}")
+        return None
+    rep.samples = len(scan.samples)
+    if len(scan.samples) != info.num_samples:
+        rep.problems.append(f"{where}: {len(scan.samples)} samples, manifest says {info.num_samples}")
     try:
-        rep.idx_ok = read_idx(idx_path(tar)) == samples
+        rep.idx_ok = read_idx(idx_path(tar)) == scan.samples
         if not rep.idx_ok:
             rep.problems.append(
                 f"{where}: {idx_path(tar).name} does not match the tar (rerun `stoker index {split_dir}`)"
             )
     except IdxFormatError as e:
         rep.problems.append(f"{where}: {e}")
-    skip_set = set(skip)
-    todo = range(len(samples)) if check is None else [i for i in check if i < len(samples)]
+    return scan
+
+
+def _check_samples(tar: Path, scan, todo, skip_set: set, target: Target, num_classes, classes, require_rgb, rep):
+    """Each sample of ``todo`` not skipped: its image, its target as its kind checks it, and that
+    the image decodes."""
+    names = {c: i for i, c in enumerate(classes or ())}
+    where = f"{rep.split}/{rep.name}"
     checker = ImageChecker(require_rgb=require_rgb)
     pending: list[tuple[str, bytes]] = []
 
@@ -143,46 +155,43 @@ def verify_shard(
                 rep.decoded += 1
         pending.clear()
 
+    def bad(label: str, why: str) -> None:
+        rep.bad += 1
+        rep.problems.append(f"{label}: {why}")
+
     with open(tar, "rb") as f:
         for i in todo:
             if i in skip_set:
                 continue
-            sample = samples[i]
+            sample = scan.samples[i]
             label = f"{where} sample {i} (key {sample_key(sample)})"
             if i in scan.problems:
-                rep.bad += 1
-                rep.problems.append(f"{label}: {scan.problems[i]}")
+                bad(label, scan.problems[i])
                 continue
             comps = {c.ext.lower(): c for c in sample}
             img = image_component(sample)
             if img is None:
-                rep.bad += 1
-                rep.problems.append(f"{label}: no image component (has {', '.join(comps)})")
+                bad(label, f"no image component (has {', '.join(comps)})")
                 continue
-            member = comps.get(target_kind.member.lower())
+            member = comps.get(target.member.lower())
             if member is None:
-                rep.bad += 1
-                rep.problems.append(f"{label}: no {target_kind.member} target" if target else f"{label}: no cls label")
+                bad(label, target.missing())
                 continue
-            f.seek(member.offset)
-            raw = f.read(member.size if member.size <= MAX_TARGET_BYTES else 0) if target_kind.kind != "class" else b""
-            if target_kind.kind == "class":
-                why = read_label(f, member, num_classes or None, names=names)
-                why = why if isinstance(why, str) else None
-            else:
-                f.seek(img.offset)
-                wh = image_size(f.read(img.size))
-                why = check_target(target_kind, raw, num_classes=num_classes, image_wh=wh)
+            why = target_problem(
+                f, target, member.offset, member.size, functools.partial(_read, f, img), num_classes, names
+            )
             if why:
-                rep.bad += 1
-                rep.problems.append(f"{label}: {why}")
+                bad(label, why)
                 continue
-            f.seek(img.offset)
-            pending.append((label, f.read(img.size)))
+            pending.append((label, _read(f, img)))
             if len(pending) >= checker.batch_size:
                 flush()
     flush()
-    return rep
+
+
+def _read(f, comp) -> bytes:
+    f.seek(comp.offset)
+    return f.read(comp.size)
 
 
 def _verify_job(*job) -> dict:
@@ -374,8 +383,8 @@ def _check(
             None,
             skips.get(s.name, []),
             "indexed_by" not in m.pack,
-            m.target.to_json() if m.target.kind != "class" else None,
-            m.classes if m.target.kind == "class" else None,
+            m.target.to_json(),
+            m.classes,  # the names a cls may hold, as the Loader reads it
         )
         for s in m.shards
     ]

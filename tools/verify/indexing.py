@@ -51,7 +51,7 @@ from stoker.pipeline.shards.targets import IGNORE_INDEX, StatsAccumulator, Targe
 
 from ..common.results import Result
 from .index_shard import index_one
-from .shardjobs import engine_session, journal_at, run_shard_jobs, stamp
+from .shardjobs import ShardJournal, engine_session, journal_at, run_shard_jobs, stamp
 
 #: the folder (in the split's) of a run's journal, removed once the manifest is written
 JOURNAL_DIR = ".stoker-index"
@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--targets",
         choices=kind_names(),
-        default="class",
+        default=Target().kind,
         help="what the samples' target member holds: class (cls members, default), float, multilabel, mask",
     )
     p.add_argument(
@@ -299,26 +299,18 @@ def index(
     # a split `stoker pack` wrote (or an earlier index given --classes) keeps its class names:
     # labels index them. Names an earlier index made up ('0'..'N-1') may grow with the data.
     named = previous is not None and previous.classes != [str(i) for i in range(len(previous.classes))]
-    bound = len(previous.classes) if classes is None and named else None
-    names = classes if classes is not None else (previous.classes if named else None)
-    target = dataclasses.replace(spec, stats=None).to_json()
-    jobs = [(str(t), check, bound, target, names, discover) for t in tars]
-    # the journal holds results of these settings only: another run's is started over
-    settings = {"stoker": __version__, "check": check, "bound": bound, "target": target, "names": names}
-    journal = journal_at(folder, JOURNAL_DIR, {**settings, "discover": discover})
-    with engine_session(engine, ray_address, workers):
-        found = run_shard_jobs(
-            index_one,
-            jobs,
-            [t.name for t in tars],
-            [stamp(t) for t in tars],
-            journal=journal,
-            engine=engine,
-            workers=workers,
-            progress=progress,
-            desc="index",
-            what="indexing",
-        )
+    found, journal = _index_shards(
+        tars,
+        check=check,
+        bound=len(previous.classes) if classes is None and named else None,
+        target=dataclasses.replace(spec, stats=None).to_json(),
+        names=classes if classes is not None else (previous.classes if named else None),
+        discover=discover,
+        engine=engine,
+        ray_address=ray_address,
+        workers=workers,
+        progress=progress,
+    )
     if not any(r["seen"] for r in found):
         members = sorted({e for r in found for e in r.get("members", ())})
         raise UsageError(
@@ -331,40 +323,12 @@ def index(
     if not check and previous is not None:
         skip += _carried_skips(folder, previous, infos, skip)
     ignored = [[r["info"]["name"], name, why] for r in found for name, why in r["ignored"]]
-    if discover:
-        widths = sorted({r["width"] for r in found if r["width"]})
-        if len(widths) > 1:
-            raise UsageError(f"the float targets of {folder} have {' and '.join(map(str, widths))} values per sample")
-        k = widths[0] if widths else 1
-        spec = dataclasses.replace(spec, columns=("y",) if k == 1 else tuple(f"y{i}" for i in range(k)))
-    spec = dataclasses.replace(spec, stats=_merged_stats(found, spec))
-    max_label = max(r["max_label"] for r in found)
-    if classes is not None and max_label >= len(classes):
-        shard = next(r["info"]["name"] for r in found if r["max_label"] == max_label)
-        raise UsageError(f"{folder / shard} has a cls of {max_label} but --classes names only {len(classes)} classes")
-    if classes is None:
-        grown = max(max_label + 1, len(previous.classes) if previous else 0)
-        classes = previous.classes if named else [str(i) for i in range(grown)]
-        if spec.kind in ("float", "mask"):
-            classes = [str(i) for i in range(spec.num_classes)] if spec.num_classes else []
-    pack = dict(previous.pack) if previous else {}
-    # verify holds packed shards to pack's rules (RGB JPEGs) and foreign ones to the loader's
-    pack["reindexed_by" if previous and "indexed_by" not in pack else "indexed_by"] = f"stoker {__version__}"
-    exts = set().union(*(r["exts"] for r in found))
-    pack.update(image_exts=sorted(exts), checked=check, ignored_members=ignored)
-    total = sum(s.num_samples for s in infos)
-    if total - len(skip) <= 0:
-        raise CheckFailedError(f"no loadable samples in {folder}: {_summary(skip)}; nothing written to {MANIFEST_NAME}")
-    try:
-        write_skips(folder, pack, skip)  # in the manifest, or past INLINE_SKIPS in a file of their own
-        m = Manifest(num_samples=total, classes=classes, shards=infos, pack=pack, target=spec)
-        where = m.save(folder)
-        write_split_table(folder, m)
-    except OSError as e:  # the old manifest, if any, is left as it was (atomic write)
-        raise CheckFailedError(f"cannot write {e.filename or folder / MANIFEST_NAME}: {e.strerror or e}") from None
+    spec = _found_target(folder, found, spec, discover)
+    classes = _split_classes(folder, found, spec, classes, previous, named)
+    m = _write_split(folder, found, infos, skip, ignored, previous, classes, spec, check)
     journal.remove()
     result = IndexResult(
-        manifest=Path(where),
+        manifest=folder / MANIFEST_NAME,
         shards=len(infos),
         num_samples=m.num_samples,
         classes=list(classes),
@@ -383,10 +347,84 @@ def index(
     return result
 
 
+def _index_shards(
+    tars: list[Path], *, check, bound, target, names, discover, engine, ray_address, workers, progress
+) -> tuple[list[dict], ShardJournal]:
+    """:func:`~.index_shard.index_one` of every shard, in parallel, and the journal that holds their
+    results (a rerun with the same settings indexes only the shards not done yet)."""
+    folder = tars[0].parent
+    jobs = [(str(t), check, bound, target, names, discover) for t in tars]
+    # the journal holds results of these settings only: another run's is started over
+    settings = {"stoker": __version__, "check": check, "bound": bound, "target": target, "names": names}
+    journal = journal_at(folder, JOURNAL_DIR, {**settings, "discover": discover})
+    with engine_session(engine, ray_address, workers):
+        found = run_shard_jobs(
+            index_one,
+            jobs,
+            [t.name for t in tars],
+            [stamp(t) for t in tars],
+            journal=journal,
+            engine=engine,
+            workers=workers,
+            progress=progress,
+            desc="index",
+            what="indexing",
+        )
+    return found, journal
+
+
+def _found_target(folder: Path, found: list[dict], spec: Target, discover: bool) -> Target:
+    """The split's target as the shards found it: its width (``discover``: the data's) and its
+    statistics, merged from the shards'."""
+    if discover:
+        widths = sorted({r["width"] for r in found if r["width"]})
+        if len(widths) > 1:
+            raise UsageError(f"the float targets of {folder} have {' and '.join(map(str, widths))} values per sample")
+        spec = spec.resized(widths[0] if widths else 1)
+    return dataclasses.replace(spec, stats=_merged_stats(found, spec))
+
+
+def _split_classes(folder: Path, found: list[dict], spec: Target, classes, previous, named: bool) -> list[str]:
+    """The split's class names: ``classes`` (which must name every label found), else the previous
+    manifest's real names, else ``'0'..'max label'``; a kind without named classes: its declared
+    classes' numbers (a mask's), else none."""
+    max_label = max(r["max_label"] for r in found)
+    if classes is not None and max_label >= len(classes):
+        shard = next(r["info"]["name"] for r in found if r["max_label"] == max_label)
+        raise UsageError(f"{folder / shard} has a cls of {max_label} but --classes names only {len(classes)} classes")
+    if classes is None:
+        grown = max(max_label + 1, len(previous.classes) if previous else 0)
+        classes = previous.classes if named else [str(i) for i in range(grown)]
+        if not spec.named_classes:
+            classes = [str(i) for i in range(spec.num_classes)] if spec.num_classes else []
+    return classes
+
+
+def _write_split(folder, found, infos, skip, ignored, previous, classes, spec, check) -> Manifest:
+    """Write the split's manifest (its skips beside it past the inline limit) and sample table;
+    the run's journal goes."""
+    pack = dict(previous.pack) if previous else {}
+    # verify holds packed shards to pack's rules (RGB JPEGs) and foreign ones to the loader's
+    pack["reindexed_by" if previous and "indexed_by" not in pack else "indexed_by"] = f"stoker {__version__}"
+    exts = set().union(*(r["exts"] for r in found))
+    pack.update(image_exts=sorted(exts), checked=check, ignored_members=ignored)
+    total = sum(s.num_samples for s in infos)
+    if total - len(skip) <= 0:
+        raise CheckFailedError(f"no loadable samples in {folder}: {_summary(skip)}; nothing written to {MANIFEST_NAME}")
+    try:
+        write_skips(folder, pack, skip)  # in the manifest, or past INLINE_SKIPS in a file of their own
+        m = Manifest(num_samples=total, classes=classes, shards=infos, pack=pack, target=spec)
+        m.save(folder)
+        write_split_table(folder, m)
+    except OSError as e:  # the old manifest, if any, is left as it was (atomic write)
+        raise CheckFailedError(f"cannot write {e.filename or folder / MANIFEST_NAME}: {e.strerror or e}") from None
+    return m
+
+
 def _merged_stats(found: list[dict], spec: Target):
-    """The split's target statistics (float and mask targets), merged from the shards'."""
+    """The split's target statistics (of a kind that keeps them), merged from the shards'."""
     states = [r["stats"] for r in found if r.get("stats")]
-    acc = spec.spec.accumulator(spec)
+    acc = spec.accumulator()
     if acc is None or not states:
         return None
     for state in states:
@@ -395,19 +433,13 @@ def _merged_stats(found: list[dict], spec: Target):
 
 
 def _target_spec(previous, targets, member, num_classes, ignore_index) -> tuple[Target, bool]:
-    """``(target, discover_width)``: the split's target, the flags', else what its manifest already
-    says, else a class; a float target the flags name has the width of the data."""
+    """``(target, discover_width)``: the split's target, the flags' (as its kind reads them), else
+    what its manifest already says, else a class; a float target the flags name has the width of
+    the data."""
     if targets is None and member is None and num_classes is None and previous is not None:
         return previous.target, False
-    kind = targets or (previous.target.kind if previous is not None else "class")
-    if kind != "mask" and num_classes is not None:
-        raise UsageError("--num-classes is for --targets mask (class names: --classes)")
-    kw = {"member": member} if member else {}
-    if kind == "mask":
-        kw.update(num_classes=num_classes, ignore_index=ignore_index)
-    if kind == "float":  # columns: found in the data
-        return Target(kind="float", member=member or get_kind("float").member, columns=("y",)), True
-    return Target.of(kind, **kw), False
+    kind = get_kind(targets or (previous.target.kind if previous is not None else Target().kind))
+    return kind.from_flags(member=member, num_classes=num_classes, ignore_index=ignore_index)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -418,7 +450,8 @@ def main(args: argparse.Namespace) -> int:
             check=not args.no_check,
             workers=args.workers,
             progress=not args.quiet,
-            targets=None if args.targets == "class" and args.target_member is None else args.targets,
+            # the default kind, alone, keeps what the split's manifest says
+            targets=None if args.targets == Target().kind and args.target_member is None else args.targets,
             target_member=args.target_member,
             num_classes=args.num_classes,
             ignore_index=args.ignore_index,

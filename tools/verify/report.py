@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..common.results import Result
-
 #: a target member past this is not read whole (a mask of 64 MiB is damage, not data)
-MAX_TARGET_BYTES = 64 << 20
+from stoker.pipeline.shards.kinds import MAX_TARGET_BYTES  # noqa: E402 - named here too
+
+from ..common.results import Result
 
 
 @dataclass

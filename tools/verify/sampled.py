@@ -21,14 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from stoker.errors import IdxFormatError, ManifestError
-from stoker.pipeline.shards.idx import parse_label, read_idx, sample_key
+from stoker.pipeline.shards.idx import read_idx, sample_key
 from stoker.pipeline.shards.manifest import Manifest, idx_path
 from stoker.pipeline.shards.samples import image_size
 from stoker.pipeline.shards.table import SampleTable, manifest_skips, open_table
-from stoker.pipeline.shards.targets import check_target
 
 from .imagecheck import ImageChecker
-from .report import MAX_TARGET_BYTES, ShardReport
+from .report import ShardReport
 
 
 def sampled_reports(
@@ -119,7 +118,7 @@ def _check_samples(
                 bad(g, "no image component (or a component repeated)")
                 continue
             if rec["tgt_size"] == 0:
-                bad(g, f"no {target.member} target" if target.kind != "class" else "no cls label")
+                bad(g, target.missing())
                 continue
             why = _member_at(f, int(rec["img_off"]), int(rec["img_size"])) or _member_at(
                 f, int(rec["tgt_off"]), int(rec["tgt_size"])
@@ -129,14 +128,8 @@ def _check_samples(
                 continue
             f.seek(int(rec["img_off"]))
             image = f.read(int(rec["img_size"]))
-            size = int(rec["tgt_size"])
-            f.seek(int(rec["tgt_off"]))
-            raw = f.read(size) if size <= MAX_TARGET_BYTES else b""
-            if target.kind == "class":
-                value = parse_label(raw, len(m.classes) or None, names)
-                why = value if isinstance(value, str) else None
-            else:
-                why = check_target(target, raw, num_classes=len(m.classes), image_wh=image_size(image))
+            off, size = int(rec["tgt_off"]), int(rec["tgt_size"])
+            why = target_problem(f, target, off, size, lambda: image, len(m.classes), names)  # noqa: B023 - called now
             if why:
                 bad(g, why)
                 continue
@@ -146,6 +139,18 @@ def _check_samples(
             bad(g, err)
         else:
             rep.decoded += 1
+
+
+def target_problem(f, target, offset: int, size: int, image, num_classes: int, names: dict) -> str | None:
+    """Why the target member at ``offset`` of the open tar ``f`` is not a usable target of ``target``'s
+    kind (:meth:`~stoker.pipeline.shards.kinds.Target.check`), or None; ``image()``: the sample's
+    image bytes (read when the kind needs the image's size)."""
+    if size > target.max_bytes:
+        return target.oversize(size)
+    f.seek(offset)
+    raw = f.read(size)
+    wh = image_size(image()) if target.sized else None
+    return target.check(raw, num_classes=num_classes, image_wh=wh, names=names)
 
 
 def _member_at(f, offset: int, size: int) -> str | None:

@@ -43,7 +43,7 @@ class CountingBackend(Backend):
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # undone after the test
+    monkeypatch.setattr(registry, "_REGISTRY", registry._REGISTRY.copy())  # undone after the test
     register_backend(CountingBackend)
     CountingRunner.made = 0
     return CountingBackend

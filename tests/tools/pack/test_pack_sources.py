@@ -334,7 +334,7 @@ class ZipReader(FileReader):
 
 @pytest.fixture
 def zip_source(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # undone after the test
+    monkeypatch.setattr(registry, "_REGISTRY", registry._REGISTRY.copy())  # undone after the test
     register_reader(ZipReader)
     return ZipReader
 

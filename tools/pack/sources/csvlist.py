@@ -47,12 +47,13 @@ import re
 from pathlib import Path
 
 from stoker.errors import UsageError
+from stoker.pipeline.shards.kinds import ClassKind, FloatKind, MultilabelKind, get_kind
 from stoker.pipeline.shards.targets import MAX_COLUMNS, Target, finite_number
 
 from ..sanitize import IMAGE_EXTS
 from .base import MAX_LABEL, FileReader, Item, Scan, input_identity, same_file
 
-TARGET_MODES = ("auto", "class", "float", "multilabel")
+TARGET_MODES = ("auto", ClassKind.name, FloatKind.name, MultilabelKind.name)
 _PATH_WORDS = {"path", "file", "filename", "filepath", "file_path", "image", "img", "image_path", "image_name"}
 _LABEL_WORDS = {"label", "class", "cls", "target", "category", "y", "class_name", "label_name"}
 _INT = re.compile(r"-?[0-9]+")
@@ -208,36 +209,36 @@ def scan_csv(path: Path, rejects: list[tuple[str, str]], targets: str = "auto") 
         conflicting.add(key)
     good = [(rel, cells) for rel, cells, key in good if key not in conflicting]
     kind = _kind(path, targets, ncols, [c[0] for _, c in good])
-    if kind == "float":
+    if kind is FloatKind:
         names = header[1:width] if header else (["y"] if ncols == 1 else [f"y{k}" for k in range(ncols)])
-        return [], _float_items(good, names, rejects), Target.of("float", columns=tuple(names))
-    if kind == "multilabel":
+        return [], _float_items(good, names, rejects), FloatKind(columns=tuple(names))
+    if kind is MultilabelKind:
         classes, items = _label_items(path, [(rel, cells[0].split("|")) for rel, cells in good], rejects)
-        return classes, items, Target.of("multilabel")
+        return classes, items, MultilabelKind()
     classes, items = _label_items(path, [(rel, [cells[0]]) for rel, cells in good], rejects)
-    return classes, [Item(it.rel, it.target[0]) for it in items], Target()
+    return classes, [Item(it.rel, it.target[0]) for it in items], ClassKind()
 
 
-def _kind(path: Path, targets: str, ncols: int, cells: list[str]) -> str:
-    """What the target columns hold (``--targets auto`` decides from the cells)."""
-    if targets == "class" and ncols > 1:
+def _kind(path: Path, targets: str, ncols: int, cells: list[str]) -> type[Target]:
+    """The kind the target columns hold (``--targets auto`` decides from the cells)."""
+    if targets == ClassKind.name and ncols > 1:
         raise UsageError(f"--targets class takes one label column; {path} has {ncols} (use --targets float)")
-    if targets == "multilabel" and ncols > 1:
+    if targets == MultilabelKind.name and ncols > 1:
         raise UsageError(f"--targets multilabel takes one column of |-separated labels; {path} has {ncols}")
     numeric = bool(cells) and all(_is_number(c) for c in cells if c)
     fractional = [c for c in cells if c and _is_number(c) and not _INT.fullmatch(c)]
-    if targets == "class" and numeric and fractional:
+    if targets == ClassKind.name and numeric and fractional:
         raise UsageError(
             f"{path}: --targets class but labels are non-integer numbers (e.g. {fractional[0]!r}); "
             "use --targets float for float targets, or integer class indices"
         )
     if targets != "auto":
-        return targets
+        return get_kind(targets)
     if ncols > 1:
-        return "float"
+        return FloatKind
     if any("|" in c for c in cells):
-        return "multilabel"
-    return "float" if numeric and fractional else "class"
+        return MultilabelKind
+    return FloatKind if numeric and fractional else ClassKind
 
 
 def _float_items(good: list[tuple[str, list[str]]], names: list[str], rejects: list) -> list[Item]:

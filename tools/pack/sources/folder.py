@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from stoker.errors import UsageError
+from stoker.pipeline.shards.kinds import ClassKind
 
 from ..sanitize import IMAGE_EXTS
 from .base import FileReader, Item, Scan, SourceOptions
@@ -42,7 +43,7 @@ def scan_class_folders(
 
 
 def check_class_targets(options: SourceOptions) -> None:
-    if options.targets not in ("auto", "class"):
+    if options.targets not in ("auto", ClassKind.name):
         raise UsageError(
             f"--targets {options.targets} needs a CSV of path,values (a folder's subfolders are classes; "
             "a mask tree is --masks)"

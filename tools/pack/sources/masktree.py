@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from stoker.errors import UsageError
-from stoker.pipeline.shards.targets import Target
+from stoker.pipeline.shards.kinds import MaskKind
 
 from .base import SPLITS, FileReader, Item, Scan, display_path
 from .walk import Seen, class_dirs, hidden_dirs, walk_tree
@@ -103,7 +103,7 @@ class MaskTreeReader(FileReader):
         found: list[str] = []
         splits = scan_masks(src, masks, skipped, rejects, found)
         classes = [str(i) for i in range(opts.num_classes)] if opts.num_classes else []
-        target = Target.of("mask", num_classes=opts.num_classes, ignore_index=opts.ignore_index)
+        target = MaskKind.of(num_classes=opts.num_classes, ignore_index=opts.ignore_index)
         return Scan(
             classes,
             splits,

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from stoker.errors import UsageError
-from stoker.pipeline.shards.targets import Target
+from stoker.pipeline.shards.kinds import MaskKind
 
 from ..sanitize import IMAGE_EXTS
 from .base import FileReader, Item, Scan, input_identity, same_file
@@ -119,7 +119,7 @@ class PairsReader(FileReader):
             conflicting.add(key)
         kept = [it for key, it in items.items() if key not in conflicting]
         classes = [str(i) for i in range(opts.num_classes)] if opts.num_classes else []
-        target = Target.of("mask", num_classes=opts.num_classes, ignore_index=opts.ignore_index)
+        target = MaskKind.of(num_classes=opts.num_classes, ignore_index=opts.ignore_index)
         return Scan(classes, {"train": kept}, {"train": 0}, {"train": rejects}, target)
 
 

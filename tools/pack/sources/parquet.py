@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from stoker.errors import MissingExtraError, StokerError, UsageError
-from stoker.pipeline.shards.targets import MAX_COLUMNS, Target
+from stoker.pipeline.shards.kinds import ClassKind, FloatKind, MaskKind, MultilabelKind
+from stoker.pipeline.shards.targets import MAX_COLUMNS
 from stoker.pipeline.storage import filesystem, is_url, storage_errors
 
 from .base import MAX_LABEL, FirstSeen, Item, Scan, SourceReader, input_identity, same_file
@@ -396,20 +397,20 @@ class ParquetReader(SourceReader):
 
         opts = self.options
         if self.mask_column:
-            target = Target.of("mask", num_classes=opts.num_classes, ignore_index=opts.ignore_index)
+            target = MaskKind.of(num_classes=opts.num_classes, ignore_index=opts.ignore_index)
             classes = [str(i) for i in range(opts.num_classes)] if opts.num_classes else []
             return classes, target, lambda rel, v: (Item(rel, mask=rel), None)
         cols = self.target_columns
         types = [schema.field(c).type for c in cols]
         features = _features(schema)
         mode = opts.targets
-        if len(cols) > 1 or mode == "float" or all(pa.types.is_floating(t) for t in types):
-            if mode not in ("auto", "float"):
+        if len(cols) > 1 or mode == FloatKind.name or all(pa.types.is_floating(t) for t in types):
+            if mode not in ("auto", FloatKind.name):
                 raise UsageError(f"--targets {mode} takes one label column; {self.src} names {', '.join(cols)}")
             return self._floats(cols, types, values)
         t = types[0]
         names = _class_names(features.get(cols[0]))
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or mode == "multilabel":
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or mode == MultilabelKind.name:
             return self._labels(names, values, multi=True)
         return self._labels(names, values, multi=False)
 
@@ -442,7 +443,7 @@ class ParquetReader(SourceReader):
                 out.append(f)
             return Item(rel, target=tuple(out)), None
 
-        return [], Target.of("float", columns=names), make
+        return [], FloatKind(columns=names), make
 
     def _labels(self, names, values, *, multi: bool):
         """Class or multi-label targets: ``ClassLabel`` indices (with their names), class names
@@ -466,7 +467,7 @@ class ParquetReader(SourceReader):
                 return None, f"label {bad} out of range 0..{limit}"
             return (Item(rel, target=tuple(got)) if multi else Item(rel, got[0])), None
 
-        return (list(names) if names is not None else None), Target.of("multilabel") if multi else Target(), make
+        return (list(names) if names is not None else None), MultilabelKind() if multi else ClassKind(), make
 
     # ---- read ----------------------------------------------------------------------------
     def _cell(self, rel: str, column: str):

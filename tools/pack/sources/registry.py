@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.errors import UsageError
+from stoker.pipeline.registry import Registry
 from stoker.pipeline.storage import is_url
 
 from .base import Item, Scan, Source, SourceOptions, SourceReader, display_path
@@ -40,48 +41,24 @@ from .pairs import PairsReader
 from .parquet import ParquetReader
 from .trainval import TrainValReader
 
-_REGISTRY: dict[str, type[SourceReader]] = {}
 #: the entry-point group a package names its readers in (``[project.entry-points."stoker.pack_sources"]
 #: mine = "mypkg.source:MyReader"``): registered the first time the registry is asked
 ENTRY_POINTS = "stoker.pack_sources"
-_plugins_loaded = False
+_REGISTRY: Registry[SourceReader] = Registry("pack source", SourceReader, ENTRY_POINTS, reserved=("auto",))
 
 
 def register_reader(cls: type[SourceReader]) -> type[SourceReader]:
     """Add a source reader class (usable as a decorator). Its name must be new."""
-    if not (isinstance(cls, type) and issubclass(cls, SourceReader)) or not cls.name or cls.name == "auto":
-        raise UsageError(f"{cls!r} is not a SourceReader subclass with a name of its own")
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise UsageError(f"a pack source named {cls.name!r} is already registered ({_REGISTRY[cls.name].__name__})")
-    _REGISTRY[cls.name] = cls
-    return cls
+    return _REGISTRY.register(cls)
 
 
 for _cls in (MaskTreeReader, ParquetReader, PairsReader, CsvReader, TrainValReader, FolderReader):
     register_reader(_cls)
 
 
-def _load_plugins() -> None:
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINTS):
-        try:
-            register_reader(ep.load())
-        except Exception as e:  # noqa: BLE001
-            # boundary: a third-party plugin's import: not re-raised, said as a warning (stoker runs without it)
-            import warnings
-
-            warnings.warn(f"stoker: the pack source plugin {ep.name!r} ({ep.value}) does not load: {e}", stacklevel=2)
-
-
 def readers() -> list[type[SourceReader]]:
     """Every registered reader class, in auto-detection order."""
-    _load_plugins()
-    return sorted(_REGISTRY.values(), key=lambda c: (c.priority, c.name))
+    return sorted(_REGISTRY, key=lambda c: (c.priority, c.name))
 
 
 def reader_names() -> tuple[str, ...]:
@@ -91,7 +68,6 @@ def reader_names() -> tuple[str, ...]:
 
 def choose_reader(src: str | Path, options: SourceOptions, name: str = "auto") -> SourceReader:
     """The reader of ``src``: the one named, or the first (by priority) that recognizes it."""
-    _load_plugins()
     if name != "auto":
         cls = _REGISTRY.get(name)
         if cls is None:
