@@ -1,10 +1,13 @@
-"""What a user installs: every subpackage is in the wheel's package list, the public surface is
-where the README says, and the house has no import cycles."""
+"""What a user installs: every subpackage is in the wheel's package list (and the research
+benchmarks are not), the public surface is where the README says, the house has no import cycles,
+and every function of pipeline/, model/ and tools/ is short enough to hold in mind."""
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -26,11 +29,40 @@ def _package_folders() -> set[str]:
     return found
 
 
+def _listed_packages() -> set[str]:
+    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+
+
+def _is_benchmark(package: str) -> bool:
+    return package == "stoker.benchmarks" or package.startswith("stoker.benchmarks.")
+
+
 def test_every_folder_with_an_init_is_a_listed_package():
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    folders = _package_folders()
+    listed = _listed_packages()
+    folders = {f for f in _package_folders() if not _is_benchmark(f)}
     assert folders - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
     assert listed - folders == set(), "these listed packages have no folder with an __init__.py"
+
+
+def test_the_research_benchmarks_are_not_in_the_wheel():
+    # they run from a checkout (python -m stoker.benchmarks.<name>); the wheel carries user commands
+    assert {"stoker.benchmarks", "stoker.benchmarks.gpu_check"} <= _package_folders()
+    assert {p for p in _listed_packages() if _is_benchmark(p)} == set()
+
+
+@pytest.mark.slow
+def test_the_built_wheel_has_no_benchmarks(tmp_path):
+    # built from a copy: setuptools writes build/ and *.egg-info beside the sources
+    pytest.importorskip("setuptools")
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*SKIP_DIRS - {"docs"}, ".*", "__pycache__", "*.egg-info"))
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)]
+    out = subprocess.run([*cmd, str(src)], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (wheel,) = tmp_path.glob("stoker-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"stoker/tools/bench/loader.py", "stoker/tools/bench/peers/timing.py", "stoker/tools/cli.py"} <= set(names)
+    assert [n for n in names if n.startswith("stoker/benchmarks/")] == []
 
 
 def test_the_public_surface_is_on_the_top_package():
@@ -146,3 +178,20 @@ def test_no_import_cycles():
         if m not in state:
             visit(m, [])
     assert cycles == [], "import cycles (an import under `if TYPE_CHECKING:` counts too)"
+
+
+@pytest.mark.parametrize("name, runner", [("bench-model", "model"), ("gpu-check", "gpu_check")])
+def test_a_benchmark_command_without_the_benchmarks_says_where_it_runs(name, runner, monkeypatch, capsys):
+    # as from the wheel: stoker.benchmarks is not there, the command is still listed
+    from stoker.tools import cli
+
+    monkeypatch.setitem(sys.modules, "stoker.benchmarks", None)
+    for mod in [m for m in sys.modules if m.startswith("stoker.benchmarks.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    assert cli.main([name, "--out", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"stoker {name}: error: ") and err.count("\n") == 1
+    assert f"python -m stoker.benchmarks.{runner}" in err
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert f"{name}" in capsys.readouterr().out

@@ -23,7 +23,7 @@ def _measure_loader(ctx: dict, backend: str, device: str, *, seconds: float | No
     from stoker.pipeline import Loader
     from stoker.pipeline.backends import get_backend
 
-    from ..bench.peers.timing import epochs, timed
+    from stoker.tools.bench.peers.timing import epochs, timed
 
     chosen: Any = backend
     if runner_kw:
@@ -62,7 +62,7 @@ def _measure_pixels(ctx: dict, device: str, pixel_format: str) -> dict:
     from stoker.pipeline import Loader
     from stoker.pipeline.pixels import PixelCache
 
-    from ..bench.peers.timing import epochs, timed
+    from stoker.tools.bench.peers.timing import epochs, timed
 
     root = tempfile.mkdtemp(prefix="stoker-pixels-", dir=ctx["out"])
     loader = None
