@@ -29,7 +29,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stoker.errors import CheckFailedError, StokerError, UsageError
-
 from stoker.tools.common.results import Result
 
 #: the runs: (name, progressive, pixel tier)

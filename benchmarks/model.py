@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from stoker.errors import ArgumentError, CheckFailedError, UsageError
-
 from stoker.tools.common.results import Result
 
 __all__ = ["bench_model", "BenchModelResult", "add_speedups"]

@@ -249,7 +249,8 @@ def test_the_long_function_check_counts_the_body_without_its_docstring(tmp_path)
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     doc = '    """A docstring\n    over lines."""\n'
     (tmp_path / "ok.py").write_text(f"def f():\n{doc}{body}\n")
-    (tmp_path / "long.py").write_text(f"class C:\n    def g(self):\n    {doc}{body}\n        y = 1\n".replace("\n    x", "\n        x"))
+    method = f"class C:\n    def g(self):\n    {doc}{body}\n        y = 1\n".replace("\n    x", "\n        x")
+    (tmp_path / "long.py").write_text(method)
     assert _long_functions(tmp_path / "ok.py") == {}
     assert _long_functions(tmp_path / "long.py") == {"C.g": MAX_FUNCTION_LINES + 1}
 

@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from stoker.errors import UsageError
-
 from stoker.tools.common.results import Result
+
 from .proc import run_part, write_json
 from .report import format_markdown, targets
 from .steps import PARTS

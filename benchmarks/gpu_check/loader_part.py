@@ -22,7 +22,6 @@ def _measure_loader(ctx: dict, backend: str, device: str, *, seconds: float | No
     the smoke run's :func:`_nvjpeg_on_cpu`)."""
     from stoker.pipeline import Loader
     from stoker.pipeline.backends import get_backend
-
     from stoker.tools.bench.peers.timing import epochs, timed
 
     chosen: Any = backend
@@ -61,7 +60,6 @@ def _measure_pixels(ctx: dict, device: str, pixel_format: str) -> dict:
 
     from stoker.pipeline import Loader
     from stoker.pipeline.pixels import PixelCache
-
     from stoker.tools.bench.peers.timing import epochs, timed
 
     root = tempfile.mkdtemp(prefix="stoker-pixels-", dir=ctx["out"])

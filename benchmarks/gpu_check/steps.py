@@ -35,7 +35,6 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
     from stoker.pipeline.backends import decoders, resolve_backend
     from stoker.pipeline.backends.decoders import gpu_jpeg_decode, resolve_decoder
     from stoker.pipeline.deps import HAS_DALI, pillow_info, usable_cores
-
     from stoker.tools.diagnose.measure import dist_version
 
     cuda = torch.cuda.is_available()
@@ -172,7 +171,6 @@ def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
     import shutil
 
     from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, check_shards
-
     from stoker.tools.pack import pack
 
     out = Path(ctx["out"])

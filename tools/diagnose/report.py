@@ -320,7 +320,8 @@ def _loader_changes(cands: _Candidates, alt_r: list, hints: list, device) -> Non
             src=alt["result"],
         )
     for h in hints:
-        cands.add(h["id"], "loader", loader * h["est_loader_speedup"], h["title"], h["action"], h["basis"], measured=False)
+        rate = loader * h["est_loader_speedup"]
+        cands.add(h["id"], "loader", rate, h["title"], h["action"], h["basis"], measured=False)
 
 
 def _ranked(cands: list) -> tuple[list, list]:
