@@ -98,8 +98,8 @@ def test_timm_recipe_uses_the_models_own_mean_std(root):
 
 # ---- tools/bench_frameworks ---------------------------------------------------------------------
 def test_bench_frameworks_rejects_unknown_framework():
-    from stoker.errors import UsageError
     from stoker.benchmarks.frameworks import main
+    from stoker.errors import UsageError
 
     with pytest.raises(UsageError, match="unknown keras"):
         main(["--images", "x", "--data", "y", "--frameworks", "plain,keras"])

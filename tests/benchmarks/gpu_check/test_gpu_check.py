@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from stoker.errors import UsageError
-from stoker.pipeline.deps import has_cuda
-from stoker.benchmarks.model import add_speedups
 from stoker.benchmarks.gpu_check import command as gpu_check
 from stoker.benchmarks.gpu_check import report as gpu_check_report
 from stoker.benchmarks.gpu_check import steps as gpu_check_steps
+from stoker.benchmarks.model import add_speedups
+from stoker.errors import UsageError
+from stoker.pipeline.deps import has_cuda
 
 no_cuda = pytest.mark.skipif(has_cuda(), reason="on a GPU machine the check runs for real (minutes)")
 
