@@ -205,6 +205,11 @@ LONG_FUNCTIONS_BEING_SPLIT = {
     "tools/verify/index_shard.py:index_one",
     "tools/verify/command.py:verify_shard",
     "tools/pack/api.py:pack",
+    # not split yet on this branch (issue 37 item 6, next step): remove each as it is split
+    "pipeline/decodecheck.py:jpeg_copy_safe",
+    "tools/diagnose/command.py:diagnose",
+    "tools/diagnose/engine.py:run_diagnosis",
+    "tools/pack/engine.py:_pack_part_locked",
 }
 
 
