@@ -27,6 +27,13 @@ test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q -c constraints.txt "$wheel"
 "$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$wheel"
 "$VENV/bin/python" -m pip check
+# the research benchmarks run from a checkout: the wheel leaves benchmarks/ out
+"$VENV/bin/python" - "$wheel" <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+left = [n for n in names if n.startswith("stoker/benchmarks/")]
+assert not left, f"the wheel carries the research benchmarks: {left[:3]}"
+PY
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -54,6 +61,9 @@ from stoker.tools.common.synth import make_image_folder
 make_image_folder(pathlib.Path("images"), per_class=4, seed=0)
 PY
     "$venv/bin/stoker" pack images shards --val-fraction 0.25 -q --workers 2
+    # a benchmark's command, from the wheel: one line saying where it runs, exit 2
+    rc=0; "$venv/bin/stoker" bench-model 2>bench-model.err || rc=$?
+    test "$rc" = 2 && grep -q "checkout" bench-model.err || { cat bench-model.err; exit 1; }
     "$venv/bin/python" - <<'PY'
 import stoker
 for backend in ("pil", "auto"):

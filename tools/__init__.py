@@ -3,13 +3,13 @@
 ======================  ==================================================================
 ``pack/``               ``stoker pack``: scan SRC, sanitize images, write shards, resume, merge
 ``verify/``             ``stoker verify`` (check shards) and ``stoker index`` (foreign tars)
-``bench/``              ``stoker bench`` (loaders), ``bench-model``, ``bench-pack``; the peers
+``bench/``              ``stoker bench`` (loaders), ``bench-pack``; the peers
 ``diagnose/``           ``stoker diagnose``: loader-, model- or transfer-bound, and what to do
-``gpu_check/``          ``stoker gpu-check``: the prepared GPU measurement, part by part
 ``train.py``            ``stoker train`` (the training itself is :mod:`stoker.model.train`)
 ``demo.py``             ``stoker demo``: the main job on a generated dataset
 ``common/``             what several commands share: results, flag values, generated images
-``cli.py``              the ``stoker`` entry point: one table of the commands above
+``cli.py``              the ``stoker`` entry point: one table of the commands above (and of
+                        ``bench-model``, ``gpu-check``: the repository's ``benchmarks/``)
 ======================  ==================================================================
 
 Each command's module keeps heavy imports (torch, DALI) inside functions, so ``stoker --help``

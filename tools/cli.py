@@ -6,25 +6,34 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from stoker import __version__
-from stoker.errors import StokerError
+from stoker.errors import StokerError, UsageError
 
-# name -> module (relative to stoker.tools); the order is the order in --help.
+# name -> module; the order is the order in --help.
 COMMANDS = {
-    "pack": "pack.command",
-    "verify": "verify.command",
-    "index": "verify.indexing",
-    "bench-pack": "bench.packing",
-    "bench": "bench.loader",
-    "train": "train",
-    "bench-model": "bench.model",
-    "diagnose": "diagnose.command",
-    "demo": "demo",
-    "gpu-check": "gpu_check.command",
+    "pack": "stoker.tools.pack.command",
+    "verify": "stoker.tools.verify.command",
+    "index": "stoker.tools.verify.indexing",
+    "bench-pack": "stoker.tools.bench.packing",
+    "bench": "stoker.tools.bench.loader",
+    "train": "stoker.tools.train",
+    "bench-model": "stoker.benchmarks.model",
+    "diagnose": "stoker.tools.diagnose.command",
+    "demo": "stoker.tools.demo",
+    "gpu-check": "stoker.benchmarks.gpu_check.command",
+}
+
+# Commands whose module is in the repository's benchmarks/, which the wheel leaves out: from an
+# installed wheel they stay listed, with this help, and say in one line where they run.
+CHECKOUT_ONLY = {
+    "bench-model": "model-only training speed (from a checkout of stoker's repository)",
+    "gpu-check": "measure stoker on a GPU (from a checkout of stoker's repository)",
 }
 
 
@@ -40,12 +49,34 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
+def _command_module(name: str, modname: str) -> ModuleType | None:
+    """The command's module, or None for a benchmark that this installation (a wheel) lacks."""
+    try:
+        return importlib.import_module(modname)
+    except ModuleNotFoundError as e:
+        if name in CHECKOUT_ONLY and (e.name or "").startswith("stoker.benchmarks") and modname.startswith(e.name):
+            return None
+        raise
+
+
+def _checkout_only(name: str, modname: str, args: argparse.Namespace) -> int:
+    runner = modname.removesuffix(".command")
+    raise UsageError(
+        f"{name} is a benchmark that runs from a checkout of stoker's repository (the wheel leaves "
+        f"benchmarks/ out): there, `python -m {runner}` or `stoker {name}` after `pip install -e .`"
+    )
+
+
 def get_args_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stoker", description="Keep the GPU fed: pack, load, train, measure.")
     parser.add_argument("-V", "--version", action="version", version=f"stoker {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, modname in COMMANDS.items():
-        mod = importlib.import_module(f"stoker.tools.{modname}")
+        mod = _command_module(name, modname)
+        if mod is None:
+            p = sub.add_parser(name, help=CHECKOUT_ONLY[name], description=CHECKOUT_ONLY[name])
+            p.set_defaults(_main=functools.partial(_checkout_only, name, modname), _any_flags=True)
+            continue
         p = sub.add_parser(
             name,
             help=mod.HELP,
@@ -59,7 +90,9 @@ def get_args_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = get_args_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "_any_flags", False):  # what parse_args says (a stub takes any)
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:  # bare `stoker`: what it can do, and exit 0 (not argparse's usage error)
         parser.print_help()
         return 0

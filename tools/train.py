@@ -42,6 +42,15 @@ HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", metavar="DATA", help="dataset root holding train/ (and val/) packed by `stoker pack`")
     p.add_argument("--out", required=True, metavar="RUN", help="run directory (created)")
+    _model_flags(p)
+    _batch_and_resolution_flags(p)
+    _augmentation_flags(p)
+    _optimizer_flags(p)
+    _run_flags(p)
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    """The network, its task and targets, and the input normalization."""
     p.add_argument(
         "--arch",
         default="auto",
@@ -95,6 +104,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="normalization mean per channel, 0..1 scale (default: ImageNet's; their average for 1 channel)",
     )
     p.add_argument("--std", type=floats, default=None, metavar="S[,S,S]", help="normalization std, as --mean")
+
+
+def _batch_and_resolution_flags(p: argparse.ArgumentParser) -> None:
+    """Epochs, the batch, crops and resolutions, and the pixel cache."""
     p.add_argument("--epochs", type=int, default=5, help="epochs to train")
     p.add_argument("--batch-size", type=int, default=64, help="per process (default: %(default)s)")
     add_crop_flags(p)
@@ -115,6 +128,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the val crop, when it differs from --crop (e.g. train 192, evaluate 256 with --crop-pct 0.875)",
     )
     add_pixel_flags(p)
+
+
+def _augmentation_flags(p: argparse.ArgumentParser) -> None:
+    """Augmentation per sample, on the device."""
     g = p.add_argument_group("augmentation per sample, on the device (timm's names)")
     g.add_argument(
         "--aa",
@@ -137,6 +154,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--mixup-switch-prob", type=float, default=0.5, help="CutMix instead of MixUp when both (default: 0.5)"
     )
     g.add_argument("--mixup-mode", choices=MIXUP_MODES, default="batch", help="how lambda is drawn (default: batch)")
+
+
+def _optimizer_flags(p: argparse.ArgumentParser) -> None:
+    """The optimizer, its schedule, the loss and the precision."""
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="SGD (Nesterov) or AdamW")
     p.add_argument(
         "--lr", type=float, default=None, help="peak learning rate (default: sgd 0.1 x global batch/256, adamw 1e-3)"
@@ -161,6 +182,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "fp16 + GradScaler (an RTX 20xx/V100/T4 only emulates bf16); on a CPU bf16 where it has native bf16 "
         "(AMX/AVX512-BF16), else off (default: auto)",
     )
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    """The device, decoding, seeds, logs, checkpoints, resume and the output."""
     p.add_argument("--channels-last", action="store_true", help="model and batches in channels_last memory format")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")

@@ -128,7 +128,7 @@ def _help_examples() -> list:
 
     found = []
     for name, module in COMMANDS.items():
-        doc = importlib.import_module(f"stoker.tools.{module}").__doc__ or ""
+        doc = importlib.import_module(module).__doc__ or ""
         lines = [line.strip() for line in doc.partition("examples:")[2].splitlines() if f"stoker {name}" in line]
         found += [pytest.param(name, line, id=f"{name}:{i}") for i, line in enumerate(lines)]
     return found

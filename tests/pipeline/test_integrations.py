@@ -98,8 +98,8 @@ def test_timm_recipe_uses_the_models_own_mean_std(root):
 
 # ---- tools/bench_frameworks ---------------------------------------------------------------------
 def test_bench_frameworks_rejects_unknown_framework():
+    from stoker.benchmarks.frameworks import main
     from stoker.errors import UsageError
-    from stoker.tools.bench.frameworks import main
 
     with pytest.raises(UsageError, match="unknown keras"):
         main(["--images", "x", "--data", "y", "--frameworks", "plain,keras"])
@@ -107,7 +107,7 @@ def test_bench_frameworks_rejects_unknown_framework():
 
 @pytest.mark.slow
 def test_bench_frameworks_measures_both_loaders(tmp_path):
-    from stoker.tools.bench.frameworks import main
+    from stoker.benchmarks.frameworks import main
 
     make_image_folder(tmp_path / "images", per_class=4, min_side=40, max_side=100)
     pack = subprocess.run(

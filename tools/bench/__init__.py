@@ -1,4 +1,4 @@
-"""Benchmarks, side by side in one run: ``stoker bench`` (:mod:`.loader`: the Loader against the
-usual loaders), ``stoker bench-model`` (:mod:`.model`: the model alone), ``stoker bench-pack``
-(:mod:`.packing`: packing speed), the frameworks figure (:mod:`.frameworks`); the pipelines they
-time are :mod:`.runners`, and the peers' own programs, run by path, :mod:`.peers`."""
+"""Benchmarks a user runs: ``stoker bench`` (:mod:`.loader`: the Loader against the usual
+loaders) and ``stoker bench-pack`` (:mod:`.packing`: packing speed); the pipelines they time are
+:mod:`.runners`, and the peers' own programs, run by path, :mod:`.peers`. The research benchmarks
+(bench-model, gpu-check, scale, ...) are the repository's ``benchmarks/``, outside the wheel."""

@@ -456,34 +456,14 @@ def bench(
         UsageError: ``data`` is not packed, ``images`` is not a folder, a count is below 1,
             or ``only`` names an unknown pipeline.
     """
-    from tqdm import tqdm
-
     from stoker.pipeline.cache import read_manifest
     from stoker.pipeline.deps import usable_cores
 
     split = _split(data, storage_options)
     target = read_manifest(str(split), storage_options).target.kind
-    if images and not Path(images).exists():
-        raise UsageError(f"--images {images} does not exist")
-    if images and Path(images).is_file() and target != "float":
-        raise UsageError(
-            f"--images {images} is a file: a CSV is the original of a float split, this one's are {target}"
-        )
-    if masks and not Path(masks).is_dir():
-        raise UsageError(f"--masks {masks} is not a directory")
+    _check_inputs(images, masks, target, batch_size=batch_size, crop=crop, epochs=epochs, repeat=repeat)
     images, masks = (str(images) if images else None), (str(masks) if masks else None)
-    sides = [crop] if isinstance(crop, int) else list(crop)
-    for name, value in (("batch_size", batch_size), ("crop", min(sides)), ("epochs", epochs), ("repeat", repeat)):
-        if value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    only = [k for k in only or () if k] or [
-        *(k for k in OF_KIND.get(target, ALL) if k != "ceiling"),
-        *(PIXELS if pixel_cache else ()),
-        "ceiling",
-    ]
-    unknown = set(only) - set(LABELS)
-    if unknown:
-        raise UsageError(f"--only: unknown pipeline(s) {sorted(unknown)}; choose from {', '.join(LABELS)}")
+    only = _pipelines(only, target, pixel_cache)
     cores = workers or usable_cores()
     cfg = {
         "data": str(split),
@@ -503,24 +483,7 @@ def bench(
     plan, notes = _plan(
         only, images=images, ffcv_python=ffcv_python, masks=masks, target=target, pixel_cache=cfg["pixel_cache"]
     )
-
-    def beton(kind: str) -> Path:  # one .beton per FFCV storage, written once and reused
-        return Path(os.environ.get("TMPDIR", "/tmp")) / (
-            f"stoker-bench-{Path(images or 'x').resolve().name}-R{ffcv_max_resolution}-{FFCV_MODES[kind]}.beton"
-        )
-
-    rows: dict[str, dict] = {}
-    steps = [(r, k, py) for r in range(repeat) for k, py in plan]
-    for _, kind, py in tqdm(steps, desc="bench", unit="run", file=sys.stderr, disable=None if progress else True):
-        extra = (
-            {"beton": str(beton(kind)), "R": ffcv_max_resolution, "write_mode": FFCV_MODES[kind]}
-            if kind in FFCV_MODES
-            else {}
-        )
-        res = _measure(kind, {**cfg, **extra}, py)
-        best = rows.get(kind)
-        if best is None or "error" in best or res.get("img_s", 0) > best.get("img_s", 0):
-            rows[kind] = res
+    rows = _best_of_rounds(plan, cfg, repeat=repeat, ffcv_max_resolution=ffcv_max_resolution, progress=progress)
     base_kind = next((k for k in BASELINES if "img_s" in rows.get(k, {})), None)
     base = rows[base_kind]["img_s"] if base_kind else None
     out_rows = []
@@ -543,6 +506,59 @@ def bench(
         summary=summarize(out_rows),
         notes=notes,
     )
+
+
+def _check_inputs(images, masks, target: str, *, batch_size: int, crop, epochs: int, repeat: int) -> None:
+    """The originals exist and fit the split; every count is at least 1 (:class:`UsageError`)."""
+    if images and not Path(images).exists():
+        raise UsageError(f"--images {images} does not exist")
+    if images and Path(images).is_file() and target != "float":
+        raise UsageError(
+            f"--images {images} is a file: a CSV is the original of a float split, this one's are {target}"
+        )
+    if masks and not Path(masks).is_dir():
+        raise UsageError(f"--masks {masks} is not a directory")
+    sides = [crop] if isinstance(crop, int) else list(crop)
+    for name, value in (("batch_size", batch_size), ("crop", min(sides)), ("epochs", epochs), ("repeat", repeat)):
+        if value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+
+
+def _pipelines(only: Sequence[str] | None, target: str, pixel_cache) -> list[str]:
+    """The pipelines to run: ``only``'s, or every one for the split's kind (the ceiling last)."""
+    only = [k for k in only or () if k] or [
+        *(k for k in OF_KIND.get(target, ALL) if k != "ceiling"),
+        *(PIXELS if pixel_cache else ()),
+        "ceiling",
+    ]
+    unknown = set(only) - set(LABELS)
+    if unknown:
+        raise UsageError(f"--only: unknown pipeline(s) {sorted(unknown)}; choose from {', '.join(LABELS)}")
+    return only
+
+
+def _best_of_rounds(plan: list, cfg: dict, *, repeat: int, ffcv_max_resolution: int, progress: bool) -> dict:
+    """Each pipeline of ``plan`` measured ``repeat`` times, in a fresh subprocess each: its best row."""
+    from tqdm import tqdm
+
+    def beton(kind: str) -> Path:  # one .beton per FFCV storage, written once and reused
+        return Path(os.environ.get("TMPDIR", "/tmp")) / (
+            f"stoker-bench-{Path(cfg['images'] or 'x').resolve().name}-R{ffcv_max_resolution}-{FFCV_MODES[kind]}.beton"
+        )
+
+    rows: dict[str, dict] = {}
+    steps = [(r, k, py) for r in range(repeat) for k, py in plan]
+    for _, kind, py in tqdm(steps, desc="bench", unit="run", file=sys.stderr, disable=None if progress else True):
+        extra = (
+            {"beton": str(beton(kind)), "R": ffcv_max_resolution, "write_mode": FFCV_MODES[kind]}
+            if kind in FFCV_MODES
+            else {}
+        )
+        res = _measure(kind, {**cfg, **extra}, py)
+        best = rows.get(kind)
+        if best is None or "error" in best or res.get("img_s", 0) > best.get("img_s", 0):
+            rows[kind] = res
+    return rows
 
 
 def main(args: argparse.Namespace) -> int:

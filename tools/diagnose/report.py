@@ -100,6 +100,38 @@ def judge(stages: dict, e2e: dict, *, caveats: dict | None = None) -> dict:
     }
 
 
+class _Candidates:
+    """The changes gathered so far, each with the end-to-end speed-up it implies against ``stages``."""
+
+    def __init__(self, stages: dict, caveats: dict | None):
+        self.stages = stages
+        self.now = min(stages.values())
+        self.unsettled = "" if not caveats else "not ranked: the stage figures it is weighed against are not settled"
+        self.items: list = []
+
+    def add(self, id_, stage, rate, title, action, basis, measured=True, note=None, drops=(), src=None):
+        if rate is None:
+            return
+        after = {k: v for k, v in self.stages.items() if k not in drops}
+        after[stage] = rate
+        why = self.unsettled or (f"not ranked: {untrusted(src)}" if untrusted(src) else "")
+        self.items.append(
+            {
+                "id": id_,
+                "stage": stage,
+                "title": title,
+                "action": action,
+                f"{stage}_images_per_s_after": rate,
+                "est_speedup": None if why else min(after.values()) / self.now,
+                "stage_speedup": None if why else rate / self.stages[stage],
+                "measured": measured,
+                "basis": basis,
+                **({"unranked": why} if why else {}),
+                **({"note": note} if note else {}),
+            }
+        )
+
+
 def next_steps(
     stages: dict,
     model_r: dict,
@@ -124,51 +156,45 @@ def next_steps(
     ``auto_amp`` is what ``stoker train --amp auto`` uses on ``device``, so the AMP advice
     says whether the default already does it.
     """
-    import torch
-
-    now = min(stages.values())
-    cands = []
-    unsettled = "" if not caveats else "not ranked: the stage figures it is weighed against are not settled"
-
-    def add(id_, stage, rate, title, action, basis, measured=True, note=None, drops=(), src=None):
-        if rate is None:
-            return
-        after = {k: v for k, v in stages.items() if k not in drops}
-        after[stage] = rate
-        why = unsettled or (f"not ranked: {untrusted(src)}" if untrusted(src) else "")
-        cands.append(
-            {
-                "id": id_,
-                "stage": stage,
-                "title": title,
-                "action": action,
-                f"{stage}_images_per_s_after": rate,
-                "est_speedup": None if why else min(after.values()) / now,
-                "stage_speedup": None if why else rate / stages[stage],
-                "measured": measured,
-                "basis": basis,
-                **({"unranked": why} if why else {}),
-                **({"note": note} if note else {}),
-            }
+    cands = _Candidates(stages, caveats)
+    _model_settings(cands, model_r, batch_size, device.type, amp_dtype, auto_amp)
+    _model_design(cands, audit)
+    _loader_changes(cands, alt_r, hints, device)
+    if transfer["applies"] and transfer.get("loader_dtype") != "uint8":
+        cands.add(
+            "uint8_transfer",
+            "transfer",
+            transfer["uint8_images_per_s"],
+            "Send uint8 batches and normalize on the GPU (4x fewer bytes)",
+            "model = stoker.model.with_normalize(model); stop ToTensor()/Normalize() in the loader "
+            "(stoker's Loader yields uint8 on the device)",
+            f"host→device copy {figure(transfer['uint8_images_per_s'])} img/s uint8 vs "
+            f"{figure(transfer['float32_images_per_s'])} img/s float32",
+            src=transfer,
         )
+    return _ranked(cands.items)
 
-    dev = device.type
-    m0 = stages["model"]
+
+def _amp_default(amp_flag: str, auto_amp: str | None) -> str:
+    """Whether `stoker train`'s default already does AMP: advice and training must agree."""
+    if auto_amp is None:
+        return ""
+    if auto_amp == amp_flag:
+        return f" (the default, --amp auto, picks {amp_flag} on this device)"
+    if auto_amp == "off":
+        return " (the default, --amp auto, leaves it off on this device)"
+    return f" (the default, --amp auto, picks {auto_amp} on this device)"
+
+
+def _model_settings(cands: _Candidates, model_r: dict, batch_size: int, dev: str, amp_dtype, auto_amp) -> None:
+    """The model's measured variants: AMP, channels_last, both, twice the batch."""
+    m0 = cands.stages["model"]
     amp_flag = amp_dtype or "bf16"
     torch_dtype = {"bf16": "bfloat16", "fp16": "float16"}[amp_flag]
     autocast = f"torch.autocast(device_type={dev!r}, dtype=torch.{torch_dtype})"
-    # Say whether `stoker train`'s default already does it: advice and training must agree.
-    default = (
-        ""
-        if auto_amp is None
-        else f" (the default, --amp auto, picks {amp_flag} on this device)"
-        if auto_amp == amp_flag
-        else " (the default, --amp auto, leaves it off on this device)"
-        if auto_amp == "off"
-        else f" (the default, --amp auto, picks {auto_amp} on this device)"
-    )
+    default = _amp_default(amp_flag, auto_amp)
     r = model_r.get("amp", {})
-    add(
+    cands.add(
         "amp",
         "model",
         _rate(r),
@@ -180,7 +206,7 @@ def next_steps(
         src=r,
     )
     r = model_r.get("channels_last", {})
-    add(
+    cands.add(
         "channels_last",
         "model",
         _rate(r),
@@ -192,7 +218,7 @@ def next_steps(
     )
     r = model_r.get("amp_channels_last", {})
     if _rate(r) and _rate(r) > 1.05 * max(_rate(model_r.get("amp")) or 0, _rate(model_r.get("channels_last")) or 0):
-        add(
+        cands.add(
             "amp_channels_last",
             "model",
             _rate(r),
@@ -201,9 +227,12 @@ def next_steps(
             f"model alone {figure(_rate(r))} vs {figure(m0)} img/s",
             src=r,
         )
-    r = model_r.get("fp32_batch_x2", {})
+    _batch_size_change(cands, model_r.get("fp32_batch_x2", {}), batch_size)
+
+
+def _batch_size_change(cands: _Candidates, r: dict, batch_size: int) -> None:
     if r.get("error"):
-        cands.append(
+        cands.items.append(
             {
                 "id": "batch_size",
                 "stage": "model",
@@ -214,23 +243,28 @@ def next_steps(
                 "basis": f"batch {2 * batch_size} does not fit: {r['error']}",
             }
         )
-    else:
-        add(
-            "batch_size",
-            "model",
-            _rate(r),
-            f"Batch size {2 * batch_size} (from {batch_size})",
-            f"Loader(..., batch_size={2 * batch_size}) and scale the learning rate by 2"
-            f"   |   stoker train --batch-size {2 * batch_size}",
-            f"model alone {figure(_rate(r) or 0)} vs {figure(m0)} img/s at batch {batch_size}",
-            src=r,
-        )
+        return
+    cands.add(
+        "batch_size",
+        "model",
+        _rate(r),
+        f"Batch size {2 * batch_size} (from {batch_size})",
+        f"Loader(..., batch_size={2 * batch_size}) and scale the learning rate by 2"
+        f"   |   stoker train --batch-size {2 * batch_size}",
+        f"model alone {figure(_rate(r) or 0)} vs {figure(cands.stages['model'])} img/s at batch {batch_size}",
+        src=r,
+    )
+
+
+def _model_design(cands: _Candidates, audit) -> None:
+    """Estimates from the audit: a flatten head, the heavy layers at the full resolution."""
+    m0 = cands.stages["model"]
     if audit.flatten_head and audit.dominant is not None:
         d = audit.dominant
         out_features = d.detail.split("out_features=")[-1].split(",")[0]
         share = d.flop_share or 0.0
         rate = m0 / (1 - share) if share < 1 else None
-        add(
+        cands.add(
             "flatten_head",
             "model",
             rate,
@@ -249,7 +283,7 @@ def next_steps(
         # Two stride-2 layers first: the same layers then see 1/16 of the pixels.
         factor = 1 / (1 - fr + fr / 16)
         h, w = audit.input_size[-2:]
-        add(
+        cands.add(
             "stem",
             "model",
             m0 * factor,
@@ -263,14 +297,19 @@ def next_steps(
             measured=False,
         )
 
-    # Loader side: measured alternatives, then estimates handed in by the caller.
+
+def _loader_changes(cands: _Candidates, alt_r: list, hints: list, device) -> None:
+    """Loader side: measured alternatives, then estimates handed in by the caller."""
+    import torch
+
+    loader = cands.stages["loader"]
     for alt in alt_r:
-        basis = f"loader alone {figure(alt['result']['images_per_s'])} vs {figure(stages['loader'])} img/s"
+        basis = f"loader alone {figure(alt['result']['images_per_s'])} vs {figure(loader)} img/s"
         if alt.get("basis_note"):
             basis += f"; {alt['basis_note']}"
         # A loader that yields on the model's device takes the bus out of the pipeline.
         on_device = torch.device(alt["result"]["device"]).type == device.type
-        add(
+        cands.add(
             alt["id"],
             "loader",
             alt["result"]["images_per_s"],
@@ -281,29 +320,12 @@ def next_steps(
             src=alt["result"],
         )
     for h in hints:
-        add(
-            h["id"],
-            "loader",
-            stages["loader"] * h["est_loader_speedup"],
-            h["title"],
-            h["action"],
-            h["basis"],
-            measured=False,
-        )
+        rate = loader * h["est_loader_speedup"]
+        cands.add(h["id"], "loader", rate, h["title"], h["action"], h["basis"], measured=False)
 
-    if transfer["applies"] and transfer.get("loader_dtype") != "uint8":
-        add(
-            "uint8_transfer",
-            "transfer",
-            transfer["uint8_images_per_s"],
-            "Send uint8 batches and normalize on the GPU (4x fewer bytes)",
-            "model = stoker.model.with_normalize(model); stop ToTensor()/Normalize() in the loader "
-            "(stoker's Loader yields uint8 on the device)",
-            f"host→device copy {figure(transfer['uint8_images_per_s'])} img/s uint8 vs "
-            f"{figure(transfer['float32_images_per_s'])} img/s float32",
-            src=transfer,
-        )
 
+def _ranked(cands: list) -> tuple[list, list]:
+    """The changes that help now, ranked best first (``rank`` 1...), and the others."""
     helping = [c for c in cands if c["est_speedup"] is not None and c["est_speedup"] >= 1.02]
     others = [c for c in cands if c not in helping]
     helping.sort(key=lambda c: (-c["est_speedup"], not c["measured"]))

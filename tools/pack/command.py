@@ -83,6 +83,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="OUT",
         help="output folder (created), or a URL: s3://bucket/ds, gs://..., any fsspec URL",
     )
+    _image_flags(p)
+    _target_flags(p)
+    _source_flags(p)
+    _shard_flags(p)
+    _running_flags(p)
+    _storage_flags(p)
+
+
+def _image_flags(p: argparse.ArgumentParser) -> None:
+    """The images: their size, quality, re-encoding and the limits an input must keep."""
     g = p.add_argument_group("images")
     g.add_argument(
         "--short-side",
@@ -117,6 +127,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help=f"reject input files larger than SIZE, before reading them (default {MAX_BYTES // 1024**2}MiB)",
     )
+
+
+def _target_flags(p: argparse.ArgumentParser) -> None:
+    """The targets: the label kind, masks, parquet columns and classes."""
     g = p.add_argument_group("targets")
     g.add_argument(
         "--targets",
@@ -155,6 +169,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="V",
         help=f"with --masks: the mask value no loss counts (default {IGNORE_INDEX})",
     )
+
+
+def _source_flags(p: argparse.ArgumentParser) -> None:
+    """Which pack source reads SRC, and the lists that split it."""
     g = p.add_argument_group("source")
     g.add_argument(
         "--source",
@@ -174,6 +192,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the official val split, named the same way (without --train-list, the other images are train)",
     )
+
+
+def _shard_flags(p: argparse.ArgumentParser) -> None:
+    """The shards: their size, the shuffle seed and the val split."""
     g = p.add_argument_group("shards")
     g.add_argument(
         "--shard-size",
@@ -197,6 +219,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="put a seeded fraction F of the images into val/, stratified by class (when SRC has no "
         "val/ folder); classes too small to give one are filled from the others",
     )
+
+
+def _running_flags(p: argparse.ArgumentParser) -> None:
+    """How the pack runs: workers, engines, parts and merging, strictness, output."""
     g = p.add_argument_group("running")
     g.add_argument(
         "--workers",
@@ -221,6 +247,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--strict", action="store_true", help="exit 1 when any input was rejected")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     g.add_argument("--json", action="store_true", help="print the result as JSON (PackResult.to_dict())")
+
+
+def _storage_flags(p: argparse.ArgumentParser) -> None:
+    """Object storage: OUT or SRC is a URL."""
     g = p.add_argument_group("object storage (OUT or SRC is a URL)")
     g.add_argument(
         "--storage-option",

@@ -1,9 +1,9 @@
-"""Time to accuracy (python -m stoker.tools.bench.accuracy): four runs timed to one val accuracy."""
+"""Time to accuracy (python -m stoker.benchmarks.accuracy): four runs timed to one val accuracy."""
 
 import pytest
 
 from helpers import write_split
-from stoker.tools.bench.accuracy import VARIANTS, AccuracyResult, main, time_to_accuracy
+from stoker.benchmarks.accuracy import VARIANTS, AccuracyResult, main, time_to_accuracy
 
 
 @pytest.mark.slow

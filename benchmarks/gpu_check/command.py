@@ -25,8 +25,8 @@ miniature size on the CPU instead (to test this script, not to measure anything)
 Exit status 0 when every part ran or was skipped, 1 when one failed or ran out of time.
 
 examples:
-  python -m stoker.tools.gpu_check --data ~/data/imagenet-sample --out gpu-out
-  python -m stoker.tools.gpu_check --data out/train --out gpu-out --parts environment,loader
+  python -m stoker.benchmarks.gpu_check --data ~/data/imagenet-sample --out gpu-out
+  python -m stoker.benchmarks.gpu_check --data out/train --out gpu-out --parts environment,loader
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from stoker.errors import UsageError
+from stoker.tools.common.results import Result
 
-from ..common.results import Result
 from .proc import run_part, write_json
 from .report import format_markdown, targets
 from .steps import PARTS
@@ -317,11 +317,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def main_argv(argv: list | None = None) -> int:
-    """``python -m stoker.tools.gpu_check ARGS``: the check without the ``stoker`` entry point."""
+    """``python -m stoker.benchmarks.gpu_check ARGS``: the check without the ``stoker`` entry point."""
     from stoker.errors import StokerError
 
     p = argparse.ArgumentParser(
-        prog="python -m stoker.tools.gpu_check",
+        prog="python -m stoker.benchmarks.gpu_check",
         description=__doc__.strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -85,9 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from stoker.pipeline.deps import HAS_DALI
+    from stoker.tools.bench.loader import bench
     from stoker.tools.pack import pack
-
-    from .loader import bench
 
     images, out = Path(args.images), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,7 @@ def _measure_loader(ctx: dict, backend: str, device: str, *, seconds: float | No
     the smoke run's :func:`_nvjpeg_on_cpu`)."""
     from stoker.pipeline import Loader
     from stoker.pipeline.backends import get_backend
-
-    from ..bench.peers.timing import epochs, timed
+    from stoker.tools.bench.peers.timing import epochs, timed
 
     chosen: Any = backend
     if runner_kw:
@@ -61,8 +60,7 @@ def _measure_pixels(ctx: dict, device: str, pixel_format: str) -> dict:
 
     from stoker.pipeline import Loader
     from stoker.pipeline.pixels import PixelCache
-
-    from ..bench.peers.timing import epochs, timed
+    from stoker.tools.bench.peers.timing import epochs, timed
 
     root = tempfile.mkdtemp(prefix="stoker-pixels-", dir=ctx["out"])
     loader = None

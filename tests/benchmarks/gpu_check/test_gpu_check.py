@@ -4,12 +4,12 @@ import json
 
 import pytest
 
+from stoker.benchmarks.gpu_check import command as gpu_check
+from stoker.benchmarks.gpu_check import report as gpu_check_report
+from stoker.benchmarks.gpu_check import steps as gpu_check_steps
+from stoker.benchmarks.model import add_speedups
 from stoker.errors import UsageError
 from stoker.pipeline.deps import has_cuda
-from stoker.tools.bench.model import add_speedups
-from stoker.tools.gpu_check import command as gpu_check
-from stoker.tools.gpu_check import report as gpu_check_report
-from stoker.tools.gpu_check import steps as gpu_check_steps
 
 no_cuda = pytest.mark.skipif(has_cuda(), reason="on a GPU machine the check runs for real (minutes)")
 
@@ -186,7 +186,7 @@ def test_markdown_of_a_run_where_parts_were_skipped():
 
 
 def test_variant_plan_rows_follow_what_works_here():
-    from stoker.tools.gpu_check.loader_part import variant_plan
+    from stoker.benchmarks.gpu_check.loader_part import variant_plan
 
     works = {"nvimgcodec": True, "torchcodec": False, "torchvision": True}
     labels = [v["label"] for v in variant_plan(True, works, "nvimgcodec")]

@@ -1,7 +1,7 @@
 """Images/s through each training framework: stoker's Loader against that framework's usual
 torchvision ImageFolder DataLoader, one run side by side.
 
-    python -m stoker.tools.bench.frameworks --images IMAGE_FOLDER --data PACKED/train --seconds 10
+    python -m stoker.benchmarks.frameworks --images IMAGE_FOLDER --data PACKED/train --seconds 10
 
 Each (framework, loader) pair runs in its own process for ``--seconds`` after its first batch;
 the model is a one-layer head (so the figure is the loader as seen through the framework, not
@@ -39,7 +39,7 @@ def _make_loader(cfg: dict, device):
             cfg["data"], batch_size=cfg["batch_size"], crop=cfg["crop"], device=device, threads=cfg["workers"]
         )
         return loader, len(loader.dataset.classes)
-    from .runners import torchvision_loader
+    from stoker.tools.bench.runners import torchvision_loader
 
     dl, ds = torchvision_loader(
         cfg["images"],
@@ -165,7 +165,7 @@ def _child(cfg: dict) -> dict:
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m stoker.tools.bench.frameworks", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m stoker.benchmarks.frameworks", description=__doc__.splitlines()[0])
     p.add_argument("--images", required=True, help="an ImageFolder tree (one folder per class)")
     p.add_argument("--data", required=True, help="the same images packed: a split folder (`stoker pack` OUT/train)")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="comma-separated: " + ", ".join(FRAMEWORKS))
@@ -210,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 [
                     sys.executable,
                     "-m",
-                    "stoker.tools.bench.frameworks",
+                    "stoker.benchmarks.frameworks",
                     "--images",
                     args.images,
                     "--data",

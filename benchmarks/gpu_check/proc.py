@@ -1,6 +1,6 @@
 """One part of the GPU check in a process of its own, within a time box.
 
-The parent (:func:`run_part`) starts ``python -m stoker.tools.gpu_check.steps PART CTX``,
+The parent (:func:`run_part`) starts ``python -m stoker.benchmarks.gpu_check.steps PART CTX``,
 waits at most the part's time box and kills its whole process group after it. The child
 (:func:`run_child`) runs the part function and keeps the part's record (``status``,
 ``result``, ``error`` or ``why``) in ``OUT/parts/PART.json`` as it goes (a part calls
@@ -107,7 +107,7 @@ def run_part(name: str, ctx: dict, limit: float, out: Path) -> dict:
     log = out / "logs" / f"{name}.log"
     ctx = {**ctx, "record": str(record), "limit": limit, "started": time.time()}
     t = time.monotonic()
-    cmd = [sys.executable, "-m", "stoker.tools.gpu_check.steps", name, json.dumps(ctx)]
+    cmd = [sys.executable, "-m", "stoker.benchmarks.gpu_check.steps", name, json.dumps(ctx)]
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         try:

@@ -1,7 +1,7 @@
 """Time to accuracy: the same network trained to the same val accuracy at a fixed crop or with
 progressive resizing, from JPEG or from the decoded-pixel tier, and the wall time each needs.
 
-``python -m stoker.tools.bench.accuracy [DATA]`` trains four runs of ``stoker train`` (same
+``python -m stoker.benchmarks.accuracy [DATA]`` trains four runs of ``stoker train`` (same
 seed, network, epochs, batch and learning-rate schedule): fixed ``--crop``; ``--progressive``
 (FFCV's ramp, the val crop staying ``--crop``); each again with ``--pixel-cache`` (a fresh store
 per run, so its filling epoch is in the time). The target is the accuracy every run reaches
@@ -11,8 +11,8 @@ packed dataset root (``train/`` and ``val/``); without it, ``stoker demo``'s pro
 dataset (generated and packed once into the cache).
 
 examples:
-  python -m stoker.tools.bench.accuracy --epochs 8 --crop 64 --progressive 32:64
-  python -m stoker.tools.bench.accuracy /data/imagenet-shards --crop 224 --progressive 160:192:11-13 --epochs 16
+  python -m stoker.benchmarks.accuracy --epochs 8 --crop 64 --progressive 32:64
+  python -m stoker.benchmarks.accuracy /data/imagenet-shards --crop 224 --progressive 160:192:11-13 --epochs 16
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stoker.errors import CheckFailedError, StokerError, UsageError
-
-from ..common.results import Result
+from stoker.tools.common.results import Result
 
 #: the runs: (name, progressive, pixel tier)
 VARIANTS = (
@@ -117,7 +116,7 @@ def time_to_accuracy(
         UsageError: ``data`` without ``train/`` and ``val/``, or a bad setting.
         CheckFailedError: a run failed (its last line).
     """
-    from ..demo import _prepare_classify, default_cache
+    from stoker.tools.demo import _prepare_classify, default_cache
 
     say = say or (lambda line: None)
     cache = Path(cache or default_cache()).expanduser()
@@ -186,7 +185,7 @@ def time_to_accuracy(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m stoker.tools.bench.accuracy", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m stoker.benchmarks.accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("data", nargs="?", help="a packed dataset root with train/ and val/ (default: the demo's)")
     p.add_argument("--cache", default=None, help="where the demo dataset, runs and pixel stores go")
     p.add_argument("--target", type=float, default=None, help="val top-1 to reach (default: what every run reaches)")

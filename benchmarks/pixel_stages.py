@@ -1,7 +1,7 @@
 """Where the pixel tier's time goes on the CPU once decoding is gone: each stage of a warm batch,
 timed one after another on one thread (CPU seconds per image).
 
-``python -m stoker.tools.bench.pixel_stages SPLIT [--crop 224] [--batch-size 64]`` fills a store
+``python -m stoker.benchmarks.pixel_stages SPLIT [--crop 224] [--batch-size 64]`` fills a store
 of SPLIT in a temporary folder, then times, over ``--epochs`` warm epochs of train batches, the
 stages the CPU runner's workers run (:mod:`stoker.pipeline.pixels.cpu`) and the copy its parent
 makes:
@@ -110,7 +110,7 @@ def pixel_stages(split: str, *, crop: int = 224, batch_size: int = 64, epochs: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m stoker.tools.bench.pixel_stages", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m stoker.benchmarks.pixel_stages", description=__doc__.split("\n\n")[0])
     p.add_argument("split", help="a packed split")
     p.add_argument("--crop", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=64)

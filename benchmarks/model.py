@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stoker.errors import ArgumentError, CheckFailedError, UsageError
-
-from ..common.results import Result
+from stoker.tools.common.results import Result
 
 __all__ = ["bench_model", "BenchModelResult", "add_speedups"]
 
@@ -287,3 +286,27 @@ def main(args: argparse.Namespace) -> int:
             f"{first['model']} {first['amp']}: {first['error'][:200]}"
         )
     return 0
+
+
+def main_argv(argv: Sequence[str] | None = None) -> int:
+    """``python -m stoker.benchmarks.model ARGS``: ``stoker bench-model`` without the entry point."""
+    from stoker.errors import StokerError
+    from stoker.tools.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(
+        prog="python -m stoker.benchmarks.model", description=__doc__.strip(), formatter_class=HelpFormatter
+    )
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return main(args)
+    except StokerError as e:
+        print(f"bench-model: {'error: ' if e.exit_code == 2 else ''}{e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("bench-model: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main_argv())

@@ -1,6 +1,6 @@
 """The parts of the GPU check (``stoker gpu-check``): what each one measures.
 
-Each part runs in a process of its own (``python -m stoker.tools.gpu_check.steps PART CTX``,
+Each part runs in a process of its own (``python -m stoker.benchmarks.gpu_check.steps PART CTX``,
 see :mod:`.proc`). A part gets ``ctx``, the check's settings as a JSON-ready dict
 (``out``, ``data``, ``batch_size``, ``crop``, ``repeat``, ``synthetic``, ``loader_seconds``,
 ``model_seconds``, ``train_epochs``, ``cuda``, ``smoke``, ``split``, ``root``, plus its
@@ -35,8 +35,7 @@ def part_environment(ctx: dict, save: Callable[[dict], None]) -> dict:
     from stoker.pipeline.backends import decoders, resolve_backend
     from stoker.pipeline.backends.decoders import gpu_jpeg_decode, resolve_decoder
     from stoker.pipeline.deps import HAS_DALI, pillow_info, usable_cores
-
-    from ..diagnose.measure import dist_version
+    from stoker.tools.diagnose.measure import dist_version
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -172,8 +171,7 @@ def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
     import shutil
 
     from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, check_shards
-
-    from ..pack import pack
+    from stoker.tools.pack import pack
 
     out = Path(ctx["out"])
     data = Path(ctx["data"]) if ctx["data"] else None
@@ -195,7 +193,7 @@ def part_data(ctx: dict, save: Callable[[dict], None]) -> dict:
             _unpack(packed, data.with_name("unpacked.tmp"))
             os.replace(data.with_name("unpacked.tmp"), data)
     elif data is None:
-        from ..common.synth import make_image_folder
+        from stoker.tools.common.synth import make_image_folder
 
         data = out / "synthetic"
         per_class = max(1, ctx["synthetic"] // 6)
@@ -260,7 +258,7 @@ def _model_plan(ctx: dict) -> tuple[dict, list]:
 def part_bench_model(ctx: dict, save: Callable[[dict], None]) -> dict:
     if not ctx["cuda"] and not ctx["smoke"]:
         raise Skip("no CUDA device (model speed on the CPU is `stoker bench-model --device cpu`)")
-    from ..bench.model import add_speedups, bench_model
+    from ..model import add_speedups, bench_model
 
     settings, combos = _model_plan(ctx)
     deadline = time.monotonic() + time_left(ctx)

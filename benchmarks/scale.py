@@ -1,7 +1,7 @@
 """A billion samples, simulated: what one rank pays at Loader start-up, epoch start and
 resume, at several split sizes and world sizes, ranks simulated one after another.
 
-    python -m stoker.tools.bench.scale --samples 1000000,10000000 --worlds 1,8,64,512
+    python -m stoker.benchmarks.scale --samples 1000000,10000000 --worlds 1,8,64,512
 
 The splits are built cheaply: one shard of ``--samples-per-shard`` tiny JPEGs is written once
 and hard-linked as many times as the split needs (the shards' bytes are shared, their names
@@ -149,7 +149,7 @@ def _timed(fn) -> float:
 
 
 def _child(split: Path, rank: int, world: int, batch: int) -> dict:
-    cmd = [sys.executable, "-m", "stoker.tools.bench.scale", "--child", json.dumps([str(split), rank, world, batch])]
+    cmd = [sys.executable, "-m", "stoker.benchmarks.scale", "--child", json.dumps([str(split), rank, world, batch])]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"rank {rank} of {world} on {split} failed: {proc.stderr.strip()[-2000:]}")
@@ -236,7 +236,7 @@ def extrapolate(rows: list[dict], samples: int, per_shard: int, worlds: list[int
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m stoker.tools.bench.scale", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m stoker.benchmarks.scale", description=__doc__.split("\n\n")[0])
     ints = lambda s: [int(float(v)) for v in s.split(",")]  # noqa: E731
     p.add_argument("--dir", default="/tmp/stoker-scale", help="where the splits are built (kept for reruns)")
     p.add_argument("--samples", type=ints, default=[1_000_000, 10_000_000], help="split sizes (comma-separated)")

@@ -7,8 +7,8 @@ on the batch, each sample its own parameters) and torchvision's (one call per im
 ``--repeats`` after a warm-up. Prints a markdown table (op, ours ms/batch, torchvision ms/batch,
 ratio = torchvision / ours) with the torch version and the machine, or JSON with ``--json``.
 
-    python -m stoker.tools.bench.augment_cost --repeats 2
-    python -m stoker.tools.bench.augment_cost --device cuda --batch 256 --size 224 --json
+    python -m stoker.benchmarks.augment_cost --repeats 2
+    python -m stoker.benchmarks.augment_cost --device cuda --batch 256 --size 224 --json
 """
 
 from __future__ import annotations

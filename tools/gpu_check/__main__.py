@@ -1,8 +1,0 @@
-"""``python -m stoker.tools.gpu_check``: the GPU check without the ``stoker`` entry point."""
-
-import sys
-
-from .command import main_argv
-
-if __name__ == "__main__":
-    sys.exit(main_argv())
