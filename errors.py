@@ -13,6 +13,16 @@ This module imports nothing heavy: ``from stoker.errors import ...`` is instant.
 from __future__ import annotations
 
 
+def one_line(e: BaseException, *, with_type: bool = False, limit: int = 200) -> str:
+    """``e``'s message as one line (whitespace runs, newlines included, become one space), with its
+    type's name in front when ``with_type`` (or when it has no message), at most ``limit``
+    characters (cut with ``...``): how stoker names another library's failure in its own line."""
+    text = " ".join(str(e).split())
+    if with_type or not text:
+        text = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class StokerError(Exception):
     """Base of every error a user can cause or fix: the message is one line that names the
     file (or value) and what to do."""
@@ -172,4 +182,5 @@ __all__ = [
     "UsageError",
     "WorkerDiedError",
     "WriteFailedError",
+    "one_line",
 ]

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from stoker.errors import ArgumentError, CheckFailedError, UsageError
+from stoker.errors import ArgumentError, CheckFailedError, UsageError, one_line
 from stoker.tools.common.results import Result
 
 __all__ = ["bench_model", "BenchModelResult", "add_speedups"]
@@ -191,7 +191,7 @@ def bench_model(
             )
             row.update({k: r[k] for k in ("images_per_s", "step_ms", "steps", "first_step_s", "params", "peak_mem_mb")})
         except Exception as e:  # boundary: reported in its row (all rows failed: main() exits 1)
-            row["error"] = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+            row["error"] = one_line(e, with_type=True, limit=300)
         finally:
             if gpu:
                 torch.cuda.empty_cache()

@@ -23,18 +23,13 @@ from typing import Any, Union
 import numpy as np
 import torch
 
-from stoker.errors import CheckpointError
+from stoker.errors import CheckpointError, one_line
 from stoker.pipeline.fsutil import atomic_write
 
 FORMAT = "stoker-checkpoint"
 VERSION = 1
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-def _one_line(e: BaseException) -> str:
-    msg = " ".join(str(e).split())
-    return f"{type(e).__name__}: {msg[:200]}" if msg else type(e).__name__
 
 
 def _feed(h: hashlib._Hash, obj: Any) -> None:
@@ -128,7 +123,7 @@ def load_checkpoint(path: PathLike, *, arch: str | None = None, num_outputs: int
                 f"{path}: refused: it holds pickled objects other than tensors and plain data "
                 f"(loaded with weights_only=True)"
             ) from None
-        raise CheckpointError(f"{path}: not a readable checkpoint ({_one_line(e)})") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint ({one_line(e, with_type=True)})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a stoker checkpoint (no '{FORMAT}' marker)")
     if state.get("version") != VERSION:
@@ -138,7 +133,7 @@ def load_checkpoint(path: PathLike, *, arch: str | None = None, num_outputs: int
     try:
         ok = state.get("digest") == digest(state)
     except TypeError as e:
-        raise CheckpointError(f"{path}: unexpected content ({_one_line(e)})") from None
+        raise CheckpointError(f"{path}: unexpected content ({one_line(e, with_type=True)})") from None
     if not ok:
         raise CheckpointError(f"{path}: digest mismatch: the file was modified or corrupted after it was written")
     cfg = state.get("config") or {}

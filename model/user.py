@@ -20,7 +20,7 @@ from pathlib import Path
 
 from torch import nn
 
-from stoker.errors import UsageError
+from stoker.errors import UsageError, one_line
 
 #: the factory's argument names for the outputs and the input channels (first one it accepts wins)
 OUTPUT_ARGS = ("num_classes", "num_outputs")
@@ -129,7 +129,7 @@ def check_outputs(net: nn.Module, spec: str, *, num_outputs: int, in_channels: i
         with torch.no_grad():
             out = net(x)
     except Exception as e:  # boundary: the user's network, raised as one UsageError line
-        msg = " ".join(str(e).split())[:200]
+        msg = one_line(e)
         raise UsageError(
             f"--model {spec!r}: the network fails on a {list(x.shape)} batch ({type(e).__name__}: {msg}); "
             f"it gets {in_channels} channel(s) at {size[0]}x{size[1]} (--crop, --channels)"

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import CacheError, ManifestError
+from stoker.errors import CacheError, ManifestError, one_line
 
 from . import storage
 from .fsutil import PathLike, atomic_write
@@ -85,8 +85,7 @@ def _write(f, data: bytes) -> None:
 
 
 def _reason(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return f"{type(e).__name__}: {text}"[:240]
+    return one_line(e, with_type=True)
 
 
 class ShardCache:

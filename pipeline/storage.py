@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import MissingExtraError, StokerError, StorageError, StorageOptionError
+from stoker.errors import MissingExtraError, StokerError, StorageError, StorageOptionError, one_line
 
 #: protocol -> (package that implements it, stoker extra that installs it)
 _EXTRAS = {
@@ -176,18 +176,13 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     except ImportError as e:
         raise _missing(proto, getattr(e, "name", None) or proto) from None
     except (ValueError, TypeError) as e:
-        raise StorageError(f"cannot open {url}: {_one_line(e)} (check the URL and --storage-option)") from None
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+        raise StorageError(f"cannot open {url}: {one_line(e)} (check the URL and --storage-option)") from None
 
 
 def _describe(e: BaseException, url: str) -> StorageError:
     """One line for any failure of a storage request."""
     name = type(e).__name__
-    text = _one_line(e)
+    text = one_line(e)
     if isinstance(e, PermissionError) or "AccessDenied" in text or "Forbidden" in text or "403" in text:
         return StorageError(
             f"access denied to {url}: check the credentials (AWS_ACCESS_KEY_ID, ...) and the bucket's permissions"

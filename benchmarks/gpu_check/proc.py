@@ -40,7 +40,9 @@ def time_left(ctx: dict) -> float:
 
 def one_line(e: BaseException) -> str:
     """``e`` as one line: its type and message, at most 300 characters."""
-    return " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    from stoker.errors import one_line as line
+
+    return line(e, with_type=True, limit=300)
 
 
 def run_group(cmd: list, *, timeout: float, cwd=None) -> subprocess.CompletedProcess:

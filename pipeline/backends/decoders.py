@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker.errors import ArgumentError
+from stoker.errors import ArgumentError, one_line
 
 from .. import deps
 from .resize import MODES
@@ -131,7 +131,7 @@ def decode_batch(
             if native_bug(e):
                 raise
             if len(ks) == 1:
-                failed[ks[0]] = " ".join(str(e).split())[:120] or type(e).__name__
+                failed[ks[0]] = one_line(e)
             else:
                 run(ks[: len(ks) // 2])
                 run(ks[len(ks) // 2 :])
@@ -357,7 +357,7 @@ def _check(decoder: Decoder, device) -> tuple[bool, str]:
         if not 170 <= int(img[0].float().mean()) <= 230:
             return False, f"{name}'s decode returned wrong pixels for the probe JPEG"
     except Exception as e:  # boundary: a third-party decoder's probe; its failure is the reason reported
-        return False, " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        return False, one_line(e, with_type=True)
     where = "the GPU" if dev.type == "cuda" else "the CPU"
     how = {"nvimgcodec": "nvImageCodec", "torchcodec": "nvJPEG", "torchvision": "nvJPEG"}.get(name, name)
     how = how if dev.type == "cuda" else "libjpeg-turbo"

@@ -34,6 +34,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from stoker.errors import one_line
+
 from . import decoders, producer
 from .base import (
     Batch,
@@ -335,7 +337,7 @@ class NvjpegRunner(ProducerThread):
 
     def _describe_failure(self, ids, error: BaseException) -> str:
         index, split = self.settings.index, self.settings.path
-        what = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+        what = one_line(error, with_type=True)
         if ids is None or not len(ids):
             return f"nvjpeg backend failed on {split}: {what}"
         shards = sorted({index.shard_names[index.shard_of(int(i))] for i in ids})

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from stoker.errors import one_line
+
 from ..augment import CropSpec, crop_mask
 from ..backends import decoders, producer
 from ..backends.base import Batch, DecodeSettings, decode_masks, empty_batch, empty_images, plan_batch, targets_of
@@ -266,7 +268,7 @@ class DevicePixelRunner(ProducerThread):
             producer.put(out_q, stop, END)
         except Exception as e:  # boundary: the producer thread's error, raised in the consumer naming the batch
             if not stop.is_set():
-                what = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+                what = one_line(e, with_type=True)
                 keys = ", ".join(self.settings.index.key(int(i)) for i in (ids[:8] if ids is not None else []))
                 error = RuntimeError(f"pixel tier failed on a batch of {self.settings.path} (keys {keys}): {what}")
                 producer.put(out_q, stop, Failure(error))

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from stoker.errors import ArgumentError, TargetError
+from stoker.errors import ArgumentError, TargetError, one_line
 
 from ..registry import Registry
 from .idx import MAX_CLASSES, MAX_CLS_BYTES, parse_label
@@ -83,7 +83,7 @@ def _numbers(raw: bytes, member: str) -> np.ndarray:
         text = raw.decode("utf-8").replace(",", " ").replace("|", " ").split()
         return np.asarray([float(t) for t in text], np.float64)
     except (ValueError, TypeError, UnicodeDecodeError, OSError) as e:
-        raise ArgumentError(" ".join(str(e).split())[:120] or type(e).__name__) from None
+        raise ArgumentError(one_line(e)) from None
 
 
 def parse_float(raw: bytes, member: str, width: int | None) -> np.ndarray | str:
@@ -153,7 +153,7 @@ def check_mask(target: Target, raw: bytes, image_wh: tuple[int, int] | None) -> 
                 return f"mask is {im.size[0]}x{im.size[1]}, its image {image_wh[0]}x{image_wh[1]}"
             values = np.asarray(im)
     except DAMAGED_INPUT as e:  # a damaged mask is a finding; a bug raises
-        return f"mask does not decode: {' '.join(str(e).split())[:100] or type(e).__name__}"
+        return f"mask does not decode: {one_line(e)}"
     if target.num_classes:
         bad = (values >= target.num_classes) & (values != target.ignore_index)
         if bad.any():

@@ -16,6 +16,8 @@ import io
 
 import numpy as np
 
+from stoker.errors import one_line
+
 #: Pillow modes whose values are class indices as they are
 _INDEX_MODES = ("P", "L", "1", "I", "I;16", "I;16L", "I;16B", "I;16N")
 
@@ -72,7 +74,7 @@ def sanitize_mask(
         except TooManyPixels as e:
             return None, f"mask has {e}", ()
         except DAMAGED_INPUT as e:  # a bug raises, with its traceback
-            return None, f"mask does not decode: {' '.join(str(e).split())[:100] or type(e).__name__}", ()
+            return None, f"mask does not decode: {one_line(e)}", ()
     swap = orientation in (5, 6, 7, 8)
     upright = (stored[1], stored[0]) if swap else stored
     if (w, h) == stored:

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from stoker.errors import InputFailedError, MissingExtraError, RayError
+from stoker.errors import InputFailedError, MissingExtraError, RayError, one_line
 
 from .sanitize import Sanitized, Settings
 from .sources import Item, Job, Source, sanitize_item
@@ -58,7 +58,7 @@ def session(address: str | None, num_cpus: int) -> Iterator[None]:
             ray.init(num_cpus=num_cpus, **kw)
     except Exception as e:  # boundary: Ray's start-up failure, raised as one RayError line
         where = f"the Ray cluster at {address}" if address else "a local Ray"
-        raise RayError(f"cannot start or reach {where}: {' '.join(str(e).split())[:300]}") from None
+        raise RayError(f"cannot start or reach {where}: {one_line(e)}") from None
     try:
         yield
     finally:
@@ -90,7 +90,7 @@ def _run_chunk(fn: Callable[..., Sanitized], chunk: list[Job], settings: Setting
         try:
             out.append(fn(job, settings))
         except Exception as e:  # boundary: a Ray task's error, raised on the driver as InputFailedError
-            raise InputFailedError(job.where, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+            raise InputFailedError(job.where, one_line(e, with_type=True)) from None
     return out
 
 
@@ -142,7 +142,7 @@ class RaySanitizer:
             if isinstance(cause, InputFailedError):
                 what = f"{cause.path} failed: {cause.why}"
             else:
-                what = f"{paths[0]} (and {len(paths) - 1} more) failed: {' '.join(str(cause or e).split())[:200]}"
+                what = f"{paths[0]} (and {len(paths) - 1} more) failed: {one_line(cause or e)}"
             raise RayError(
                 f"a Ray task packing {what}; rerun the same command to resume (finished shards are kept)"
             ) from None

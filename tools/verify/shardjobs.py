@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import CheckFailedError, RayError, UsageError
+from stoker.errors import CheckFailedError, RayError, UsageError, one_line
 
 #: times Ray reruns a task whose worker died (a lost node, an OOM kill)
 MAX_RETRIES = 3
@@ -193,7 +193,7 @@ def _ray_results(fn, jobs, keys, _workers, names, what) -> Iterator[tuple[int, d
             except ray.exceptions.RayTaskError as e:
                 cause = getattr(e, "cause", None) or e
                 raise RayError(
-                    f"a Ray task {what} {name} failed: {type(cause).__name__}: {' '.join(str(cause).split())[:200]}; "
+                    f"a Ray task {what} {name} failed: {one_line(cause, with_type=True)}; "
                     "rerun the same command to resume (finished shards are kept)"
                 ) from None
             except ray.exceptions.RayError as e:

@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import MissingExtraError, StokerError, UsageError
+from stoker.errors import MissingExtraError, StokerError, UsageError, one_line
 from stoker.pipeline.shards.kinds import ClassKind, FloatKind, MaskKind, MultilabelKind
 from stoker.pipeline.shards.targets import MAX_COLUMNS
 from stoker.pipeline.storage import filesystem, is_url, storage_errors
@@ -72,10 +72,6 @@ def _bad_file_errors() -> tuple[type[BaseException], ...]:
     from stoker.pipeline.imagedecode import DAMAGED_INPUT
 
     return (*DAMAGED_INPUT, pa.ArrowException)
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:120] or type(e).__name__
 
 
 def _image_location(location: str, path: str) -> str:
@@ -300,7 +296,7 @@ class ParquetReader(SourceReader):
                 except bad as e:
                     if isinstance(e, FileNotFoundError):
                         raise
-                    raise UsageError(f"{location} is not a readable parquet file: {_one_line(e)}") from None
+                    raise UsageError(f"{location} is not a readable parquet file: {one_line(e)}") from None
         except FileNotFoundError:
             raise UsageError(f"{location} does not exist (a file of SRC {self.src})") from None
 
@@ -489,7 +485,7 @@ class ParquetReader(SourceReader):
         try:
             value, location = self._cell(rel, column)
         except _bad_file_errors() as e:  # a damaged row group is this row's reject; a bug raises
-            return None, f"unreadable: {_one_line(e)}"
+            return None, f"unreadable: {one_line(e)}"
         data, path = (value.get("bytes"), value.get("path")) if isinstance(value, dict) else (value, None)
         if data is None:
             if not path:
