@@ -10,16 +10,14 @@ The targets are the split's kind (:mod:`.shards.targets`): int64 classes ``[N]``
 values ``[N]`` / ``[N, K]``, float32 multi-hot ``[N, C]``, or uint8 masks ``[N, H, W]`` that get
 exactly their image's crop and flip.
 
-The sample order is ours, not a reader's: the Loader holds one order object (:mod:`.order`,
-``shuffle=`` names it: a fresh global permutation of ``(seed, epoch)`` split across ranks, or
-shard blocks) that says this rank's share, its positions, its windows and what a resume state
-holds. Its fixed batches of sample positions are turned into uint8 batches by a decode backend
-(:mod:`.backends`). The crop boxes and flips are ours too (:mod:`.augment`), so every backend and
-a resumed run see the same crops. A URL's shards come through the cache (:mod:`.cache`; a window
-ahead: :mod:`.prefetch`).
-
-This module is the Loader's contract (arguments, epochs, resume, iteration); its checks are in
-:mod:`.loader_checks`, its DataLoader-shaped views in :mod:`.dataloader_compat`.
+The Loader is composed of stages, and is itself only the iteration and its state: the split source
+(:class:`.stages.SplitSource`; a URL's shards through :mod:`.cache`, a window ahead:
+:mod:`.prefetch`) → the order (:mod:`.order`: this rank's share, positions, windows, resume state)
+→ the batch plan (header guard, stand-ins, crop boxes: :func:`.backends.base.plan_batch`, the
+boxes and flips :mod:`.augment`'s, so every backend and a resumed run see the same crops) → the
+backend decode (:class:`.stages.DecodeStage`, :mod:`.backends`) → the train recipe
+(:mod:`.augment.apply`). Its options live in the objects that own them (:mod:`.options`), its
+checks in :mod:`.loader_checks`, its DataLoader-shaped views in :mod:`.dataloader_compat`.
 """
 
 from __future__ import annotations
@@ -34,29 +32,26 @@ import numpy as np
 from stoker.errors import ArgumentError, LoaderError, NoBatchError
 
 from . import order
-from .augment import RATIO, SCALE, CropSpec
+from .augment import CropSpec
 from .augment.apply import TrainRecipe
-from .backends import Backend, resolve_backend
+from .backends import Backend
 from .backends.base import DecodeSettings, Runner, next_loadable
-from .backends.decoders import DECODER_NAMES
-from .cache import ShardCache, is_url
-from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
-from .deps import usable_cores
+from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler
 from .fsutil import PathLike
 from .loader_checks import (
     DECODES,
     SHUFFLES,
-    check_arguments,
     check_cache_limit,
     check_every_rank_has_a_batch,
     check_stored_size,
     rank_and_world,
     torch_device,
 )
+from .options import Augmentation, BackendOptions, Order, Storage, loader_options
 from .pixels import PixelCache
 from .prefetch import cached_groups
-from .shards.samples import SampleIndex, open_split
 from .shards.stats import TargetStats
+from .stages import DecodeStage, SplitSource
 
 
 class Loader(DataLoaderSurface):
@@ -71,94 +66,53 @@ class Loader(DataLoaderSurface):
         train: RandomResizedCrop + flip and a fresh permutation each epoch; else the val
             transform (shorter side to ``crop/crop_pct``, center crop) in stored order.
         crop: output side in pixels, or ``(height, width)``, or the whole crop recipe
-            (:class:`~.augment.CropSpec`, what the commands pass).
-        scale, ratio: the train crop's area share and aspect ranges (torchvision's
-            ``RandomResizedCrop``; default ``(0.08, 1)`` and ``(3/4, 4/3)``).
-        crop_pct: val: the shorter side is resized to ``min(crop) / crop_pct`` before the
-            center crop (timm's name; default 0.875: 224 from 256).
-        val_resize: val: the shorter side before the center crop, in pixels (torchvision's
-            ``Resize(256)``), instead of ``crop_pct``.
-        channels: 3 (RGB) or 1 (grayscale: ``[N, 1, H, W]``, the decoder's own luma).
-        augment: per-sample augmentation of train batches on their device, after the crop and
-            flip: a transform of :mod:`.augment` (``build_augment(...)``, ``RandAugment(...)``) or a
-            policy name as timm and torchvision name them (``"rand-m9-mstd0.5-inc1"``,
-            ``"ta_wide"``, ``"original"``). Each sample's parameters come from ``(seed, epoch,
-            sample)``: the same on every backend and batch size, and after a resume. Masks move
-            with the geometric ops.
-        mixing: MixUp/CutMix of train batches (``build_mixing(...)``): the targets become soft,
-            float32 ``[N, classes]``; class splits only. A batch left odd by a dropped sample mixes
-            its first ``N - 1`` rows (the last keeps its smoothed label).
+            (:class:`~.augment.CropSpec`: ``scale``, ``ratio``, ``crop_pct``, ``val_resize``).
         device: where the batches land (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``).
         seed: seeds the order and the augmentation.
         rank, world_size: this process's share; default from ``torch.distributed`` when
             initialized, else 0 / 1.
-        backend: ``"dali"``, ``"nvjpeg"`` (batched GPU decode without DALI, by ``decoder``),
-            ``"pil"``, a backend registered by name (:func:`~.backends.register_backend`), a
-            configured one (``get_backend("nvjpeg", overlap=False)``), or ``"auto"``: DALI when
-            installed, else nvjpeg on a CUDA device where a GPU JPEG decoder works, else pil
-            (:func:`~.backends.resolve_backend`). :attr:`backend_reason` says why.
-        decoder: the nvjpeg backend's JPEG decoder: ``"nvimgcodec"`` (hardware decoder and
-            region decode), ``"torchcodec"``, ``"torchvision"``, or ``"auto"``: the first whose
-            probe decode works on the device (:func:`stoker.pipeline.backends.decoders.resolve_decoder`).
-        decode: ``"mixed"`` (nvJPEG + hardware decoder, GPU resize), ``"cpu"``, or ``"auto"``
-            (mixed when ``device`` is CUDA and the backend is DALI or nvjpeg, which only
-            decodes on the GPU).
-        threads: DALI threads / pillow worker processes (default: usable cores).
-        drop_last: drop this rank's incomplete last batch; default ``True`` for train
-            (every rank and every step has ``batch_size`` samples), ``False`` for val (every
-            sample is seen exactly once).
-        channels_last: return images in ``torch.channels_last`` memory format (the shape stays
-            NCHW); cheaper on the CPU path and what AMP convolutions want.
-        hw_decoder_load: share of JPEGs for the hardware decoder (DALI ``decode="mixed"``,
-            nvjpeg with nvimgcodec).
-        prefetch: batches prepared ahead (DALI ``prefetch_queue_depth``, pillow
-            ``prefetch_factor``).
-        cpu_resize: with CPU decode in DALI, resize with ``"pillow"`` (pillow-simd, default:
-            measured ~2x faster here) or ``"dali"`` (``fn.resize`` inside the graph).
-        sha256: verify every shard's checksum before the first batch (reads all data; a
-            URL's shards are always checked as they are fetched).
-        shuffle: ``"global"`` (default): a fresh permutation of the whole split each epoch; a
-            URL's whole split is cached before the first batch. ``"block"``: each epoch
-            permutes the shards, gives each rank a contiguous run of them (ranks share at most
-            the one shard at each boundary) and permutes samples within windows of
-            ``block_shards`` shards; a URL's next window is fetched while the current one
-            trains, so each node downloads only its share and keeps two windows.
-        block_shards: shards per window with ``shuffle="block"``.
-        storage_options: fsspec options for a URL (``{"endpoint_url": ..., "anon": True}``);
-            credentials otherwise come the ecosystem's way (``AWS_*`` environment variables).
-        cache_dir: the local cache of a URL (default ``~/.cache/stoker/shards/<hash of URL>``);
-            processes of one node may share it (file locks: each shard is fetched once).
-        cache_limit: bytes of shards the cache keeps (least recently used evicted; never a
-            shard the current or next window needs). Needs ``shuffle="block"`` unless the
-            whole split fits.
+        backend: the decode backend and its knobs: :class:`~.options.Dali`,
+            :class:`~.options.Nvjpeg`, :class:`~.options.Pil`, :class:`~.options.Auto`, a name
+            (``"dali"``, ``"nvjpeg"``, ``"pil"``, ``"auto"``: that object with defaults; or a
+            backend registered by name, :func:`~.backends.register_backend`), or a configured
+            registry backend (``get_backend("nvjpeg", overlap=False)``). ``"auto"``: DALI when
+            installed, else nvjpeg on a CUDA device where a GPU JPEG decoder works, else pil;
+            :attr:`backend_reason` says why.
+        shuffle: ``"global"``, ``"block"``, or the whole order (:class:`~.options.Order`:
+            ``block_shards``, ``drop_last``).
+        augment: per-sample augmentation of train batches on their device: a transform of
+            :mod:`.augment`, a policy name (``"rand-m9-mstd0.5-inc1"``), or
+            :class:`~.options.Augmentation` (with ``mixing``, MixUp/CutMix).
+        storage: :class:`~.options.Storage`: a URL's ``storage_options``, ``cache_dir``,
+            ``cache_limit``; ``sha256`` checks of a local split.
         pixel_cache: a folder (node-local disk or ``/dev/shm``) or a :class:`~.pixels.PixelCache`
             (with a byte ``budget``): the decoded-pixel tier. The first epoch decodes each sample
-            this rank reads at its stored size into a memory-mapped store there (shared by the
-            ranks of a node, keyed to the split and the decoder, crash-safe); later epochs crop,
-            resize and flip from the pixels, with the same boxes and flips as from JPEG. Its size
-            is checked here: pixels that cannot fit are one line naming the size they need.
+            this rank reads at its stored size into a memory-mapped store there; later epochs crop,
+            resize and flip from the pixels, with the same boxes and flips as from JPEG. Pixels
+            that cannot fit are one line naming the size they need.
+        **options: any field of those objects given alone (``threads=``, ``prefetch=``,
+            ``channels=``, ``channels_last=``, ``scale=``, ``ratio=``, ``crop_pct=``,
+            ``val_resize=``, ``block_shards=``, ``drop_last=``, ``mixing=``, ``storage_options=``,
+            ``cache_dir=``, ``cache_limit=``, ``sha256=``): handed to the object that owns it.
 
     Samples that fail at run time (the image header check; with ``backend="pil"`` also the
-    decoder, while DALI raises, naming the batch's shards and keys) are dropped from
-    their batch and counted in :attr:`skipped`; the batches themselves are fixed slices of this
-    rank's order, so ``len(loader)`` is exactly the number of batches an epoch yields and the
-    position in ``state_dict`` stays a sample count. A batch may then be smaller than
-    ``batch_size``. When *no* sample of a batch passes the header check:
+    decoder, while DALI raises, naming the batch's shards and keys) are dropped from their batch
+    and counted in :attr:`skipped`; the batches are fixed slices of this rank's order, so
+    ``len(loader)`` is exactly the number of batches an epoch yields and the position in
+    ``state_dict`` stays a sample count. When *no* sample of a batch passes the header check:
 
     * train: the batch is filled with stand-ins, the next samples of this rank's epoch order
       that pass it (wrapping around). Every rank still takes ``len(loader)`` steps (DDP's
-      collectives stay matched) and never trains on an empty batch; those few samples are
-      seen twice this epoch.
-    * val: an empty batch (``[0, C, H, W]``, no targets) is yielded in its place, so
-      every loadable sample is counted exactly once and ``len`` holds; evaluation loops
-      that sum counts handle it.
+      collectives stay matched) and never trains on an empty batch.
+    * val: an empty batch (``[0, C, H, W]``, no targets) is yielded in its place, so every
+      loadable sample is counted exactly once and ``len`` holds.
 
     Merging it into the next batch instead would shift every later batch boundary and leave
     that rank one step short, which hangs a DDP job at its next collective.
 
     Raises:
         ManifestError: a shard is missing, truncated or (with ``sha256``) corrupt; names it.
-        ValueError: a bad argument value, named in the message.
+        ValueError: a bad argument value, named in the message (:class:`~stoker.errors.ArgumentError`).
     """
 
     def __init__(
@@ -172,101 +126,42 @@ class Loader(DataLoaderSurface):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
-        backend: str | Backend = "auto",
-        decoder: str = "auto",
-        decode: str = "auto",
-        threads: int | None = None,
-        drop_last: bool | None = None,
-        channels_last: bool = False,
-        hw_decoder_load: float = 0.65,
-        prefetch: int = 2,
-        cpu_resize: str = "pillow",
-        sha256: bool = False,
-        shuffle: str = "global",
-        block_shards: int = 4,
-        storage_options: dict | None = None,
-        cache_dir: PathLike | None = None,
-        cache_limit: int | None = None,
-        scale: tuple[float, float] = SCALE,
-        ratio: tuple[float, float] = RATIO,
-        crop_pct: float | None = None,
-        val_resize: float | None = None,
-        channels: int = 3,
+        backend: str | BackendOptions | Backend = "auto",
+        shuffle: str | Order = "global",
         augment: Any = None,
-        mixing: Any = None,
+        storage: Storage | None = None,
         pixel_cache: PathLike | PixelCache | None = None,
-        **dataloader_kwargs: Any,
+        **options: Any,
     ):
-
-        if dataloader_kwargs:
-            raise ArgumentError(habit_message(dataloader_kwargs))
-
-        #: the crop recipe: size (height, width), scale, ratio, the val resize (given whole as ``crop=``,
-        #: or made of ``crop``, ``scale``, ``ratio``, ``crop_pct`` and ``val_resize``)
-        if isinstance(crop, CropSpec):
-            if (scale, ratio, crop_pct, val_resize) != (SCALE, RATIO, None, None):
-                raise ArgumentError("crop= is a whole CropSpec: give scale=, ratio=, crop_pct=, val_resize= in it")
-            self.crops = crop
-            crop = crop.size
-        else:
-            self.crops = CropSpec.of(crop, scale=scale, ratio=ratio, crop_pct=crop_pct, val_resize=val_resize)
-        remote = is_url(path)
-        check_arguments(
-            path=path,
-            remote=remote,
-            batch_size=batch_size,
-            channels=channels,
-            decode=decode,
-            cpu_resize=cpu_resize,
-            threads=threads,
-            prefetch=prefetch,
-            shuffle=shuffle,
-            block_shards=block_shards,
-            cache_limit=cache_limit,
-            storage_options=storage_options,
-            cache_dir=cache_dir,
-            hw_decoder_load=hw_decoder_load,
+        opts = loader_options(
+            crop=crop, backend=backend, shuffle=shuffle, storage=storage, augment=augment, keywords=options
         )
-        if decoder not in DECODER_NAMES:
-            raise ArgumentError(f"decoder={decoder!r} must be one of {DECODER_NAMES}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ArgumentError(f"batch_size={batch_size!r} must be a positive integer")
         self.device = torch_device(device)
-        # which backend, and why (also what `stoker diagnose` reports)
-        #: the configured backend (:class:`~.backends.Backend`); :attr:`backend` is its name
-        self.backend_config, self.backend_reason = resolve_backend(backend, self.device, decoder=decoder)
-        decode = self.backend_config.resolve_decode(decode, self.device)
-        backend = self.backend_config.name
+        resolved = opts.backend.resolve(self.device)
+        #: the configured registry backend (:class:`~.backends.Backend`); :attr:`backend` is its name;
+        #: :attr:`backend_options` the option object it was asked as
+        self.backend_config, self.backend_reason = resolved.backend, resolved.reason
+        self.backend, self.backend_options, self.decode = resolved.backend.name, opts.backend, resolved.decode
         self.rank, self.world_size = rank_and_world(rank, world_size)
-
-        self.path: Path | str = str(path).rstrip("/") if remote else Path(path)
-        self.shuffle, self.block_shards = shuffle, block_shards
-        self._offset = 0  # where this rank count's split of the epoch begins (a resume elsewhere)
+        #: the crop recipe (:class:`~.augment.CropSpec`); :attr:`crop` the size as given
+        self.crops, self.crop = opts.crops, crop.size if isinstance(crop, CropSpec) else crop
         self.batch_size, self.train, self.seed = batch_size, bool(train), int(seed)
-        #: output side, or ``(height, width)``, as given; :attr:`crops` holds the recipe
-        self.crop, self.channels = crop, channels
-        self.backend, self.decode, self.decoder = backend, decode, decoder
-        self.threads = usable_cores() if threads is None else threads
-        self.drop_last = self.train if drop_last is None else bool(drop_last)
-        self.channels_last = bool(channels_last)
-        self.hw_decoder_load, self.prefetch, self.cpu_resize = float(hw_decoder_load), prefetch, cpu_resize
-        #: the local cache of a URL's shards (``None`` for a local split)
-        self.cache: ShardCache | None = None
-        if remote:
-            self.cache = ShardCache(
-                self.path, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
-            )
-            self.index: SampleIndex = SampleIndex(self.cache.dir, self.cache.open(), manifest_sizes=True)
-        else:
-            # Checks sizes and .idx presence of every shard (sha256 on request) before any batch.
-            self.index = open_split(self.path, sha256=sha256)
+        self.shuffle, self.block_shards = opts.order.shuffle, opts.order.block_shards
+        self.drop_last = self.train if opts.order.drop_last is None else bool(opts.order.drop_last)
+        self.channels = opts.backend.channels
+        self.source = SplitSource(path, opts.storage)
+        self.path, self.index, self.cache = self.source.path, self.source.index, self.source.cache
         #: samples the loader draws from (manifest skips and samples without image/cls removed)
         self.num_samples = self.index.num_valid
         if self.num_samples == 0:
             raise ArgumentError(f"{self.path} has no loadable samples")
         #: this rank's sample order (:mod:`.order`): share, positions, windows, what a state holds
         self.order = order.make_order(
-            shuffle,
+            self.shuffle,
             self.index.valid_counts(),
-            block_shards=block_shards,
+            block_shards=self.block_shards,
             rank=self.rank,
             world_size=self.world_size,
             train=self.train,
@@ -275,46 +170,38 @@ class Loader(DataLoaderSurface):
         )
         check_every_rank_has_a_batch(self.order, num_samples=self.num_samples, path=self.path)
         #: the train batches' per-sample augmentation and mixing (:mod:`.augment.apply`)
+        aug: Augmentation = opts.augmentation
+        num_classes = len(self.index.manifest.classes)
+        target = self.index.target
         self.recipe = TrainRecipe.of(
-            augment,
-            mixing,
-            train=self.train,
-            target=self.index.target,
-            num_classes=len(self.index.manifest.classes),
-            path=self.path,
+            aug.augment, aug.mixing, train=self.train, target=target, num_classes=num_classes, path=self.path
         )
         self.augment, self.mixing = self.recipe.augment, self.recipe.mixing
         check_stored_size(self.crops, self.index.manifest, train=self.train, crop=self.crop, path=self.path)
-        #: the decoded-pixel tier (:class:`~.pixels.PixelCache`), or ``None``; its store opens here
-        #: for a local split (the size check), at the first batch for a URL's (its shards local then)
-        self.pixel_cache = PixelCache.of(pixel_cache)
-        self._pixels = None
         self._initial_crops = self.crops  # what a state saved mid-epoch at another crop differs from
         self._crop_schedule = None
         if self.cache is not None:
-            check_cache_limit(
-                self.cache.cache_limit,
-                self.order,
-                self.index,
-                seed=self.seed,
-                block_shards=self.block_shards,
-                path=self.path,
-            )
+            limit = self.cache.cache_limit
+            check_cache_limit(limit, self.order, self.index, seed=self.seed, block_shards=self.block_shards, path=self.path)
         #: samples excluded up front (``pack["skip"]`` or missing image/cls component)
         self.skipped_in_manifest = self.index.num_skipped
-        #: samples dropped at run time this epoch (failed the header guard or decoding)
-        self.skipped = 0
-        self.epoch = 0
-        self.position = 0
-        self._finished = False
-        self._resumed = False  # position came from load_state_dict (continued even for val)
-        self._closed = False
-        # weak: an iterator the caller drops is closed at once (its producer thread stops)
-        self._active: weakref.ref | None = None
-        self._runner: Runner | None = None
+        self.skipped = 0  # samples dropped at run time this epoch (failed the header guard or decoding)
+        self.epoch = self.position = self._offset = 0  # _offset: where this rank count's split begins
+        self._finished = self._resumed = self._closed = False  # _resumed: position from load_state_dict
+        self._active: weakref.ref | None = None  # weak: a dropped iterator is closed at once
         self._usable: set | None = None  # shards a stand-in may come from (block mode, URL)
         self._target_stats: TargetStats | None = None  # computed once for a split whose manifest has none
-        self._runner_crops = self.crops
+        self.decoding = DecodeStage(
+            resolved,
+            index=self.index,
+            path=self.path,
+            device=self.device,
+            batch_size=self.batch_size,
+            train=self.train,
+            stand_in=self._stand_in,
+            pixel_cache=pixel_cache,
+        )
+        self.threads, self.pixel_cache = self.decoding.threads, self.decoding.pixel_cache
         if self.pixel_cache is not None:
             if self.cache is not None and self.shuffle == "block":
                 raise ArgumentError(
@@ -322,7 +209,7 @@ class Loader(DataLoaderSurface):
                     "at once: use shuffle='global' (or a local copy of the split)"
                 )
             if self.cache is None:
-                self._pixel_store()  # the size check, before any batch
+                self.decoding.open_store(self.crops)  # the size check, before any batch
 
     # ---- order ---------------------------------------------------------------------------
     @property
@@ -469,7 +356,7 @@ class Loader(DataLoaderSurface):
             self._finish_epoch(stop)
             self._start_epoch(self.epoch + 1)
             batches = self._batches(0, stop)
-        runner = self._get_runner()
+        runner = self.decoding.runner_for(self.crops)
         last = len(batches) - 1
         k = -1
         # a URL's shards come through the cache: all before the first batch, or a window at a time
@@ -533,20 +420,14 @@ class Loader(DataLoaderSurface):
     def runner(self) -> Runner | None:
         """The decode backend's runner (made at the first iteration; ``None`` before): its own
         figures, e.g. the nvjpeg runner's ``stage_totals``."""
-        return self._runner
+        return self.decoding.runner
 
     def close(self) -> None:
         """Stop any iteration and release the decode pipeline and the shard maps. The Loader
         cannot be iterated afterwards. Also what ``with Loader(...) as loader:`` does on exit."""
         self._close_active()
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            runner.close()
-        if self._pixels is not None:
-            self._pixels.close()
-        self.index.close()
-        if self.cache is not None:
-            self.cache.close()
+        self.decoding.close()
+        self.source.close()
         self._closed = True
 
     def __enter__(self) -> Loader:
@@ -569,59 +450,16 @@ class Loader(DataLoaderSurface):
             )
         return picked
 
-    def _get_runner(self) -> Runner:
-        if self._runner is not None and self._runner_crops != self.crops:
-            set_crops = getattr(self._runner, "set_crops", None)
-            if set_crops is not None:  # a runner that takes the crop with each batch
-                set_crops(self.crops)
-            else:  # its pipeline is built for one crop size: built again
-                self._runner.close()
-                self._runner = None
-        if self._runner is None:
-            settings = self.decode_settings()
-            if self.pixel_cache is not None:
-                from .pixels import make_runner
-
-                self._runner = make_runner(settings, self.pixel_cache, self._pixel_store)
-            else:
-                self._runner = self.backend_config.make_runner(settings)
-        self._runner_crops = self.crops
-        return self._runner
-
-    def _pixel_store(self):
-        """The pixel tier's store, opened once (a URL's split: at the first batch, its shards local)."""
-        if self._pixels is None:
-            from .pixels import open_store
-
-            self._pixels = open_store(self.decode_settings(), self.pixel_cache)
-        return self._pixels
-
     @property
     def pixel_store(self):
         """The pixel tier's :class:`~.pixels.PixelStore` (``None`` without ``pixel_cache``, or before
         a URL split's first batch): its ``stats()`` say how much of the split it holds."""
-        return self._pixels
+        return self.decoding.store
 
     def decode_settings(self) -> DecodeSettings:
         """What this Loader's decode backend is given (a runner of another backend can be made
         from it too: ``get_backend("nvjpeg").make_runner(loader.decode_settings())``)."""
-        return DecodeSettings(
-            index=self.index,
-            path=str(self.path),
-            device=self.device,
-            batch_size=self.batch_size,
-            crops=self.crops,
-            train=self.train,
-            channels_last=self.channels_last,
-            threads=self.threads,
-            prefetch=self.prefetch,
-            decode=self.decode,
-            cpu_resize=self.cpu_resize,
-            hw_decoder_load=self.hw_decoder_load,
-            decoder=self.decoder,
-            stand_in=self._stand_in,
-            channels=self.channels,
-        )
+        return self.decoding.settings(self.crops)
 
     def __repr__(self) -> str:
         return (
