@@ -74,6 +74,8 @@ class BackendOptions:
     :class:`Auto`).
 
     Attributes:
+        decode: ``"mixed"`` (GPU decode), ``"cpu"``, or ``"auto"``: mixed where the backend can
+            decode on a CUDA device (DALI: mixed or cpu; nvjpeg: mixed only; pil: cpu only).
         threads: DALI threads / pillow worker processes / decoder threads (default: usable cores;
             0 runs pillow in-process).
         prefetch: batches prepared ahead (DALI ``prefetch_queue_depth``, pillow ``prefetch_factor``).
@@ -82,19 +84,20 @@ class BackendOptions:
     """
 
     name: ClassVar[str] = ""
+    decode: DecodeName = "auto"
     threads: int | None = None
     prefetch: int = 2
     channels: int = 3
     channels_last: bool = False
 
     def __post_init__(self) -> None:
+        check_choice("decode", self.decode, DecodeName)
         _positive_int("threads", self.threads, zero=True, none=True)
         _positive_int("prefetch", self.prefetch)
         if self.channels not in (1, 3) or isinstance(self.channels, bool):
             raise ArgumentError(f"channels={self.channels!r} must be 3 (RGB) or 1 (grayscale)")
 
     # what a backend without a knob of its own gives the runners (DecodeSettings' fields)
-    decode: ClassVar[str] = "auto"
     decoder: ClassVar[str] = "auto"
     cpu_resize: ClassVar[str] = "pillow"
     hw_load: ClassVar[float] = 0.65
@@ -133,13 +136,11 @@ class Dali(BackendOptions):
     """
 
     name: ClassVar[str] = "dali"
-    decode: DecodeName = "auto"
     cpu_resize: CpuResizeName = "pillow"
     hw_load: float = 0.65
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_choice("decode", self.decode, DecodeName)
         check_choice("cpu_resize", self.cpu_resize, CpuResizeName)
         _share("hw_load", self.hw_load)
 
@@ -190,20 +191,17 @@ class Auto(BackendOptions):
     decoder works, else pil (:func:`~.backends.resolve_backend`); the knobs go to the one chosen.
 
     Attributes:
-        decode: as :class:`Dali`'s (``"auto"``: mixed where the chosen backend decodes on CUDA).
         decoder: as :class:`Nvjpeg`'s (it also decides whether nvjpeg can run here).
         cpu_resize, hw_load: as :class:`Dali`'s.
     """
 
     name: ClassVar[str] = "auto"
-    decode: DecodeName = "auto"
     decoder: DecoderName = "auto"
     cpu_resize: CpuResizeName = "pillow"
     hw_load: float = 0.65
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_choice("decode", self.decode, DecodeName)
         check_choice("decoder", self.decoder, DecoderName)
         check_choice("cpu_resize", self.cpu_resize, CpuResizeName)
         _share("hw_load", self.hw_load)
@@ -356,7 +354,7 @@ class Augmentation:
 # ---- the Loader's keywords, each to the object that owns it -------------------------------
 #: keywords that moved into an option object -> the spelling to use now
 MOVED = {
-    "decode": "backend=Dali(decode=...) (or Auto(decode=...))",
+    "decode": "backend=Dali(decode=...) (every backend option takes decode=; Auto(decode=...) lets the Loader choose)",
     "decoder": "backend=Nvjpeg(decoder=...) (or Auto(decoder=...))",
     "hw_decoder_load": "backend=Nvjpeg(hw_load=...) or Dali(hw_load=...)",
     "cpu_resize": "backend=Dali(cpu_resize=...)",
