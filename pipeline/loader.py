@@ -6,25 +6,22 @@
 ...     for images, targets in loader:   # uint8 [N, 3, crop, crop] on device; int64 classes
 ...         ...
 
-The targets are the split's kind (:mod:`.shards.targets`): int64 classes ``[N]``, float32
-values ``[N]`` / ``[N, K]``, float32 multi-hot ``[N, C]``, or uint8 masks ``[N, H, W]`` that get
-exactly their image's crop and flip.
+The targets are the split's kind (:mod:`.shards.targets`): int64 classes, float32 values or
+multi-hot rows, or uint8 masks ``[N, H, W]`` that get exactly their image's crop and flip.
 
-The Loader is composed of stages, and is itself only the iteration and its state: the split source
-(:class:`.stages.SplitSource`; a URL's shards through :mod:`.cache`, a window ahead:
-:mod:`.prefetch`) → the order (:mod:`.order`: this rank's share, positions, windows, resume state)
-→ the batch plan (header guard, stand-ins, crop boxes: :func:`.backends.base.plan_batch`, the
-boxes and flips :mod:`.augment`'s, so every backend and a resumed run see the same crops) → the
-backend decode (:class:`.stages.DecodeStage`, :mod:`.backends`) → the train recipe
-(:mod:`.augment.apply`). Its options live in the objects that own them (:mod:`.options`), its
-checks in :mod:`.loader_checks`, its DataLoader-shaped views in :mod:`.dataloader_compat`.
+The Loader is composed of stages and is itself only the iteration and its state: split source
+(:class:`.stages.SplitSource`; a URL's shards through :mod:`.cache`, a window ahead) → order
+(:mod:`.order`) → batch planner (header guard, stand-ins, crop boxes:
+:func:`.backends.base.plan_batch`; boxes and flips from :mod:`.augment`, so every backend and a
+resumed run see the same crops) → backend decode (:class:`.stages.DecodeStage`) → train recipe
+(:mod:`.augment.apply`). Options live in the objects that own them (:mod:`.options`).
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,9 +30,8 @@ from stoker.errors import ArgumentError, LoaderError, NoBatchError
 
 from . import order
 from .augment import CropSpec
-from .augment.apply import TrainRecipe
 from .backends import Backend
-from .backends.base import DecodeSettings, Runner, next_loadable
+from .backends.base import DecodeSettings, Runner
 from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler
 from .fsutil import PathLike
 from .loader_checks import (
@@ -47,11 +43,11 @@ from .loader_checks import (
     rank_and_world,
     torch_device,
 )
-from .options import Augmentation, BackendOptions, Order, Storage, loader_options
+from .options import BackendOptions, Order, Storage, loader_options, resized
 from .pixels import PixelCache
 from .prefetch import cached_groups
 from .shards.stats import TargetStats
-from .stages import DecodeStage, SplitSource
+from .stages import DecodeStage, LoaderIterator, SplitSource, stand_ins
 
 
 class Loader(DataLoaderSurface):
@@ -71,44 +67,29 @@ class Loader(DataLoaderSurface):
         seed: seeds the order and the augmentation.
         rank, world_size: this process's share; default from ``torch.distributed`` when
             initialized, else 0 / 1.
-        backend: the decode backend and its knobs: :class:`~.options.Dali`,
-            :class:`~.options.Nvjpeg`, :class:`~.options.Pil`, :class:`~.options.Auto`, a name
-            (``"dali"``, ``"nvjpeg"``, ``"pil"``, ``"auto"``: that object with defaults; or a
-            backend registered by name, :func:`~.backends.register_backend`), or a configured
-            registry backend (``get_backend("nvjpeg", overlap=False)``). ``"auto"``: DALI when
-            installed, else nvjpeg on a CUDA device where a GPU JPEG decoder works, else pil;
-            :attr:`backend_reason` says why.
-        shuffle: ``"global"``, ``"block"``, or the whole order (:class:`~.options.Order`:
-            ``block_shards``, ``drop_last``).
-        augment: per-sample augmentation of train batches on their device: a transform of
-            :mod:`.augment`, a policy name (``"rand-m9-mstd0.5-inc1"``), or
-            :class:`~.options.Augmentation` (with ``mixing``, MixUp/CutMix).
-        storage: :class:`~.options.Storage`: a URL's ``storage_options``, ``cache_dir``,
-            ``cache_limit``; ``sha256`` checks of a local split.
-        pixel_cache: a folder (node-local disk or ``/dev/shm``) or a :class:`~.pixels.PixelCache`
-            (with a byte ``budget``): the decoded-pixel tier. The first epoch decodes each sample
-            this rank reads at its stored size into a memory-mapped store there; later epochs crop,
-            resize and flip from the pixels, with the same boxes and flips as from JPEG. Pixels
-            that cannot fit are one line naming the size they need.
-        **options: any field of those objects given alone (``threads=``, ``prefetch=``,
-            ``channels=``, ``channels_last=``, ``scale=``, ``ratio=``, ``crop_pct=``,
-            ``val_resize=``, ``block_shards=``, ``drop_last=``, ``mixing=``, ``storage_options=``,
-            ``cache_dir=``, ``cache_limit=``, ``sha256=``): handed to the object that owns it.
+        backend: :class:`~.options.Dali`, :class:`~.options.Nvjpeg`, :class:`~.options.Pil`,
+            :class:`~.options.Auto` (each with its own knobs), a name (that object with defaults, or
+            a backend registered by name) or a configured registry backend
+            (``get_backend("nvjpeg", overlap=False)``). ``"auto"``: DALI when installed, else nvjpeg
+            on CUDA where a GPU JPEG decoder works, else pil; :attr:`backend_reason` says why.
+        shuffle: ``"global"``, ``"block"``, or the whole :class:`~.options.Order`.
+        augment: train batches' augmentation on their device: a transform of :mod:`.augment`, a
+            policy name (``"rand-m9-mstd0.5-inc1"``) or an :class:`~.options.Augmentation`.
+        storage: a URL's cache and a local split's sha256 checks (:class:`~.options.Storage`).
+        pixel_cache: a folder or a :class:`~.pixels.PixelCache`: the decoded-pixel tier (the first
+            epoch decodes each sample into a memory-mapped store; later epochs crop from it).
+        **options: a field of those objects given alone (``threads``, ``prefetch``, ``channels``,
+            ``channels_last``, ``scale``, ``ratio``, ``crop_pct``, ``val_resize``,
+            ``block_shards``, ``drop_last``, ``mixing``, ``storage_options``, ``cache_dir``,
+            ``cache_limit``, ``sha256``): handed to the object that owns it.
 
     Samples that fail at run time (the image header check; with ``backend="pil"`` also the
-    decoder, while DALI raises, naming the batch's shards and keys) are dropped from their batch
-    and counted in :attr:`skipped`; the batches are fixed slices of this rank's order, so
-    ``len(loader)`` is exactly the number of batches an epoch yields and the position in
-    ``state_dict`` stays a sample count. When *no* sample of a batch passes the header check:
-
-    * train: the batch is filled with stand-ins, the next samples of this rank's epoch order
-      that pass it (wrapping around). Every rank still takes ``len(loader)`` steps (DDP's
-      collectives stay matched) and never trains on an empty batch.
-    * val: an empty batch (``[0, C, H, W]``, no targets) is yielded in its place, so every
-      loadable sample is counted exactly once and ``len`` holds.
-
-    Merging it into the next batch instead would shift every later batch boundary and leave
-    that rank one step short, which hangs a DDP job at its next collective.
+    decoder; DALI raises, naming the shards and keys) are dropped from their batch and counted in
+    :attr:`skipped`; batches are fixed slices of this rank's order, so ``len(loader)`` is exact and
+    a ``state_dict`` position stays a sample count. A train batch none of whose samples passes the
+    header check is filled with stand-ins (the next samples of this rank's epoch order that pass
+    it), so every rank takes ``len(loader)`` steps and DDP's collectives stay matched; a val one is
+    yielded empty (``[0, C, H, W]``), so every loadable sample is counted exactly once.
 
     Raises:
         ManifestError: a shard is missing, truncated or (with ``sha256``) corrupt; names it.
@@ -170,27 +151,19 @@ class Loader(DataLoaderSurface):
         )
         check_every_rank_has_a_batch(self.order, num_samples=self.num_samples, path=self.path)
         #: the train batches' per-sample augmentation and mixing (:mod:`.augment.apply`)
-        aug: Augmentation = opts.augmentation
-        num_classes = len(self.index.manifest.classes)
-        target = self.index.target
-        self.recipe = TrainRecipe.of(
-            aug.augment, aug.mixing, train=self.train, target=target, num_classes=num_classes, path=self.path
-        )
+        self.recipe = opts.augmentation.recipe(train=self.train, index=self.index, path=self.path)
         self.augment, self.mixing = self.recipe.augment, self.recipe.mixing
         check_stored_size(self.crops, self.index.manifest, train=self.train, crop=self.crop, path=self.path)
-        self._initial_crops = self.crops  # what a state saved mid-epoch at another crop differs from
-        self._crop_schedule = None
+        self._initial_crops, self._crop_schedule = self.crops, None  # a state saved at another crop says so
         if self.cache is not None:
-            limit = self.cache.cache_limit
-            check_cache_limit(limit, self.order, self.index, seed=self.seed, block_shards=self.block_shards, path=self.path)
-        #: samples excluded up front (``pack["skip"]`` or missing image/cls component)
-        self.skipped_in_manifest = self.index.num_skipped
+            limit, shards = self.cache.cache_limit, self.block_shards
+            check_cache_limit(limit, self.order, self.index, seed=self.seed, block_shards=shards, path=self.path)
+        self.skipped_in_manifest = self.index.num_skipped  #: excluded up front (pack's skips, no image)
         self.skipped = 0  # samples dropped at run time this epoch (failed the header guard or decoding)
         self.epoch = self.position = self._offset = 0  # _offset: where this rank count's split begins
         self._finished = self._resumed = self._closed = False  # _resumed: position from load_state_dict
         self._active: weakref.ref | None = None  # weak: a dropped iterator is closed at once
         self._usable: set | None = None  # shards a stand-in may come from (block mode, URL)
-        self._target_stats: TargetStats | None = None  # computed once for a split whose manifest has none
         self.decoding = DecodeStage(
             resolved,
             index=self.index,
@@ -198,18 +171,11 @@ class Loader(DataLoaderSurface):
             device=self.device,
             batch_size=self.batch_size,
             train=self.train,
-            stand_in=self._stand_in,
+            stand_in=functools.partial(stand_ins, self),
             pixel_cache=pixel_cache,
         )
         self.threads, self.pixel_cache = self.decoding.threads, self.decoding.pixel_cache
-        if self.pixel_cache is not None:
-            if self.cache is not None and self.shuffle == "block":
-                raise ArgumentError(
-                    "pixel_cache= lays out the whole split, which a URL's shuffle='block' never has locally "
-                    "at once: use shuffle='global' (or a local copy of the split)"
-                )
-            if self.cache is None:
-                self.decoding.open_store(self.crops)  # the size check, before any batch
+        self.decoding.check_pixel_tier(self.source, self.shuffle, self.crops)
 
     # ---- order ---------------------------------------------------------------------------
     @property
@@ -264,35 +230,18 @@ class Loader(DataLoaderSurface):
         self._apply_crop(crop)
 
     def _apply_crop(self, crop: Any) -> None:
-        c = self.crops
-        crops = (
-            crop
-            if isinstance(crop, CropSpec)
-            else CropSpec.of(
-                tuple(crop) if isinstance(crop, list) else crop,
-                scale=c.scale,
-                ratio=c.ratio,
-                crop_pct=None if c.val_resize is not None else c.crop_pct,
-                val_resize=c.val_resize,
-            )
-        )
-        if crops == self.crops:
-            return
-        self.crops = crops
-        self.crop = crops.size[0] if crops.size[0] == crops.size[1] else crops.size
-        check_stored_size(self.crops, self.index.manifest, train=self.train, crop=self.crop, path=self.path)
+        crops = resized(self.crops, crop)
+        if crops != self.crops:
+            self.crops, self.crop = crops, crops.size[0] if crops.size[0] == crops.size[1] else crops.size
+            check_stored_size(self.crops, self.index.manifest, train=self.train, crop=self.crop, path=self.path)
 
     # ---- resume --------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """``{seed, epoch, position, world_size, num_samples, batch_size}``: where the current (or
         last) iteration stands, so that ``load_state_dict`` of it continues there. ``position``
-        counts the samples of ``epoch`` this rank has consumed (batches handed out so far); once an
-        epoch's last batch is handed out the state already names the next epoch at position 0.
-        (A new ``iter()`` without ``load_state_dict`` starts the epoch over, as a DataLoader
-        does.) Ranks step in lockstep, so rank 0's state (what ``stoker train`` and every
-        framework save) says where every rank is. After a resume on
-        another number of ranks, ``offset`` is where that rank count's split of the epoch began
-        (:mod:`.order`)."""
+        counts the samples of ``epoch`` this rank has consumed; once an epoch's last batch is handed
+        out the state names the next epoch at position 0. Ranks step in lockstep, so rank 0's state
+        says where every rank is; ``offset``: where a resumed rank count's split began (:mod:`.order`)."""
         if self._finished:
             return self.order.state(seed=self.seed, epoch=self.epoch + 1, position=0, offset=0)
         state = self.order.state(seed=self.seed, epoch=self.epoch, position=self.position, offset=self._offset)
@@ -404,17 +353,9 @@ class Loader(DataLoaderSurface):
 
     @property
     def target_stats(self) -> TargetStats | None:
-        """Float targets: their count, mean, std, min and max per column over this split
-        (:class:`~.shards.targets.TargetStats`), as ``stoker pack`` recorded them (read from the
-        targets once when the manifest has none). A mask split: the classes its masks hold. Else
-        ``None``. Standardize with them so targets in natural units learn:
-        ``loss = mse(model(x), stats.standardize(y))``, and ``stats.restore(model(x))`` predicts."""
-        target = self.index.target
-        if target.stats is not None or target.spatial:  # a mask's would need every mask decoded
-            return target.stats
-        if self._target_stats is None:
-            self._target_stats = self.index.target_stats()
-        return self._target_stats
+        """The split's target statistics (:meth:`.stages.SplitSource.target_stats`): float targets'
+        count, mean, std, min and max per column; a mask split's classes; else ``None``."""
+        return self.source.target_stats()
 
     @property
     def runner(self) -> Runner | None:
@@ -436,20 +377,6 @@ class Loader(DataLoaderSurface):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _stand_in(self, planned: np.ndarray) -> np.ndarray:
-        """Samples for a train batch none of whose samples is loadable: the next ones in this
-        rank's epoch order (wrapping around) that pass the header guard."""
-        seed, epoch, offset = self.seed, self.epoch, self._offset
-        k = self.order.rank_position(seed, epoch, offset, self.index.valid_position(int(planned[-1])))
-        after = (self.index.valid_at(p) for p in self.order.following(seed, epoch, offset, k))
-        picked = next_loadable(self.index, after, len(planned), self._usable)
-        if not len(picked):
-            raise RuntimeError(
-                f"stoker Loader {self.path}: no sample of rank {self.rank}'s share "
-                f"passes the image header check (run `stoker verify {self.path}`)"
-            )
-        return picked
-
     @property
     def pixel_store(self):
         """The pixel tier's :class:`~.pixels.PixelStore` (``None`` without ``pixel_cache``, or before
@@ -468,37 +395,6 @@ class Loader(DataLoaderSurface):
             f"decode={self.decode!r}, shuffle={self.shuffle!r}, rank={self.rank}, "
             f"world_size={self.world_size}, num_samples={self.num_samples})"
         )
-
-
-class LoaderIterator:
-    """What ``iter(loader)`` returns: the rest of the Loader's current epoch, one batch per
-    ``next()``. A Loader runs one iteration at a time: a newer ``iter(loader)`` (or
-    ``load_state_dict``/``close``) replaces this one, whose ``next()`` then raises instead
-    of ending as if the epoch were over."""
-
-    def __init__(self, loader: Loader):
-        self._path = loader.path
-        self._gen = loader._iterate()
-        self._superseded = False
-
-    def __iter__(self) -> LoaderIterator:
-        return self
-
-    def __next__(self):
-        if self._superseded:
-            raise LoaderError(
-                f"this iterator over {self._path} was replaced by a newer iter(loader): a Loader "
-                "runs one iteration at a time (use a second Loader to read the split twice at once)"
-            )
-        return next(self._gen)
-
-    def close(self) -> None:
-        """Stop now (the producer thread and the decode pipeline's queue are drained)."""
-        self._gen.close()
-
-    def _supersede(self) -> None:
-        self._superseded = True
-        self._gen.close()
 
 
 __all__ = [

@@ -350,6 +350,30 @@ class Augmentation:
                 f"augment={self.augment!r} must be a transform of stoker.pipeline.augment or a policy name"
             )
 
+    def recipe(self, *, train: bool, index: Any, path: Any) -> Any:
+        """The train recipe of a Loader of ``path`` over ``index`` (:class:`~.augment.apply.TrainRecipe`;
+        a setting that cannot apply to the split is a one-line ArgumentError)."""
+        from .augment.apply import TrainRecipe
+
+        classes = len(index.manifest.classes)
+        return TrainRecipe.of(
+            self.augment, self.mixing, train=train, target=index.target, num_classes=classes, path=path
+        )
+
+
+def resized(crops: CropSpec, crop: Any) -> CropSpec:
+    """``crops`` at a new output size ``crop`` (a side, ``(height, width)``, or a whole
+    :class:`~.augment.CropSpec`): the train crop's scale and ratio and the val resize rule stay."""
+    if isinstance(crop, CropSpec):
+        return crop
+    return CropSpec.of(
+        tuple(crop) if isinstance(crop, list) else crop,
+        scale=crops.scale,
+        ratio=crops.ratio,
+        crop_pct=None if crops.val_resize is not None else crops.crop_pct,
+        val_resize=crops.val_resize,
+    )
+
 
 # ---- the Loader's keywords, each to the object that owns it -------------------------------
 #: keywords that moved into an option object -> the spelling to use now
@@ -443,4 +467,5 @@ __all__ = [
     "backend_options",
     "check_choice",
     "loader_options",
+    "resized",
 ]

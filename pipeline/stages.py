@@ -13,13 +13,16 @@ from typing import Any
 
 import numpy as np
 
+from stoker.errors import ArgumentError, LoaderError
+
 from .augment import CropSpec
-from .backends.base import DecodeSettings, Runner
+from .backends.base import DecodeSettings, Runner, next_loadable
 from .cache import ShardCache, is_url
 from .deps import usable_cores
 from .options import Resolved, Storage
 from .pixels import PixelCache
 from .shards.samples import SampleIndex, open_split
+from .shards.stats import TargetStats
 
 
 class SplitSource:
@@ -35,6 +38,7 @@ class SplitSource:
         #: the split's folder, or its URL (no trailing slash)
         self.path: Path | str = str(path).rstrip("/") if self.remote else Path(path)
         self.cache: ShardCache | None = None
+        self._target_stats: TargetStats | None = None  # computed once for a split whose manifest has none
         if self.remote:
             self.cache = ShardCache(
                 self.path,
@@ -45,6 +49,19 @@ class SplitSource:
             self.index: SampleIndex = SampleIndex(self.cache.dir, self.cache.open(), manifest_sizes=True)
         else:
             self.index = open_split(self.path, sha256=storage.sha256)
+
+    def target_stats(self) -> TargetStats | None:
+        """Float targets: their count, mean, std, min and max per column over this split
+        (:class:`~.shards.targets.TargetStats`), as ``stoker pack`` recorded them (read from the
+        targets once when the manifest has none). A mask split: the classes its masks hold. Else
+        ``None``. Standardize with them so targets in natural units learn:
+        ``loss = mse(model(x), stats.standardize(y))``, and ``stats.restore(model(x))`` predicts."""
+        target = self.index.target
+        if target.stats is not None or target.spatial:  # a mask's would need every mask decoded
+            return target.stats
+        if self._target_stats is None:
+            self._target_stats = self.index.target_stats()
+        return self._target_stats
 
     def close(self) -> None:
         self.index.close()
@@ -132,6 +149,19 @@ class DecodeStage:
             self.store = open_store(self.settings(crops), self.pixel_cache)
         return self.store
 
+    def check_pixel_tier(self, source: SplitSource, shuffle: str, crops: CropSpec) -> None:
+        """The pixel tier's checks before any batch: a URL's block order never has the whole split
+        locally; a local split's store opens here (pixels that cannot fit are one line)."""
+        if self.pixel_cache is None:
+            return
+        if source.cache is not None and shuffle == "block":
+            raise ArgumentError(
+                "pixel_cache= lays out the whole split, which a URL's shuffle='block' never has locally "
+                "at once: use shuffle='global' (or a local copy of the split)"
+            )
+        if source.cache is None:
+            self.open_store(crops)  # the size check, before any batch
+
     def close(self) -> None:
         runner, self.runner = self.runner, None
         if runner is not None:
@@ -140,4 +170,51 @@ class DecodeStage:
             self.store.close()
 
 
-__all__ = ["DecodeStage", "SplitSource"]
+class LoaderIterator:
+    """What ``iter(loader)`` returns: the rest of the Loader's current epoch, one batch per
+    ``next()``. A Loader runs one iteration at a time: a newer ``iter(loader)`` (or
+    ``load_state_dict``/``close``) replaces this one, whose ``next()`` then raises instead
+    of ending as if the epoch were over."""
+
+    def __init__(self, loader: Any):
+        self._path = loader.path
+        self._gen = loader._iterate()
+        self._superseded = False
+
+    def __iter__(self) -> LoaderIterator:
+        return self
+
+    def __next__(self):
+        if self._superseded:
+            raise LoaderError(
+                f"this iterator over {self._path} was replaced by a newer iter(loader): a Loader "
+                "runs one iteration at a time (use a second Loader to read the split twice at once)"
+            )
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Stop now (the producer thread and the decode pipeline's queue are drained)."""
+        self._gen.close()
+
+    def _supersede(self) -> None:
+        self._superseded = True
+        self._gen.close()
+
+
+def stand_ins(loader: Any, planned: np.ndarray) -> np.ndarray:
+    """The batch planner's stand-ins for a train batch of ``loader`` none of whose ``planned``
+    samples is loadable: the next ones of this rank's epoch order (wrapping around) that pass the
+    header guard, from the shards fetched for this window only (block mode from a URL)."""
+    seed, epoch, offset, index, sample_order = loader.seed, loader.epoch, loader.offset, loader.index, loader.order
+    k = sample_order.rank_position(seed, epoch, offset, index.valid_position(int(planned[-1])))
+    after = (index.valid_at(p) for p in sample_order.following(seed, epoch, offset, k))
+    picked = next_loadable(index, after, len(planned), loader._usable)
+    if not len(picked):
+        raise RuntimeError(
+            f"stoker Loader {loader.path}: no sample of rank {loader.rank}'s share "
+            f"passes the image header check (run `stoker verify {loader.path}`)"
+        )
+    return picked
+
+
+__all__ = ["DecodeStage", "LoaderIterator", "SplitSource", "stand_ins"]
