@@ -123,7 +123,8 @@ class DecodeStage:
     def runner_for(self, crops: CropSpec) -> Runner:
         """The runner at ``crops``: one that takes a new crop with each batch is told; one whose
         pipeline is built for one crop size is made again."""
-        if self.runner is not None and self._runner_crops != crops:
+        # (a runner set from outside, e.g. a test's, counts as made at the current crop)
+        if self.runner is not None and self._runner_crops not in (None, crops):
             set_crops = getattr(self.runner, "set_crops", None)
             if set_crops is not None:
                 set_crops(crops)
