@@ -6,27 +6,22 @@
 ...     for images, targets in loader:   # uint8 [N, 3, crop, crop] on device; int64 classes
 ...         ...
 
-The targets are the split's kind (:mod:`.shards.targets`): int64 classes ``[N]``, float32
-values ``[N]`` / ``[N, K]``, float32 multi-hot ``[N, C]``, or uint8 masks ``[N, H, W]`` that get
-exactly their image's crop and flip.
+The targets are the split's kind (:mod:`.shards.targets`): int64 classes, float32 values or
+multi-hot rows, or uint8 masks ``[N, H, W]`` that get exactly their image's crop and flip.
 
-The sample order is ours, not a reader's: the Loader holds one order object (:mod:`.order`,
-``shuffle=`` names it: a fresh global permutation of ``(seed, epoch)`` split across ranks, or
-shard blocks) that says this rank's share, its positions, its windows and what a resume state
-holds. Its fixed batches of sample positions are turned into uint8 batches by a decode backend
-(:mod:`.backends`). The crop boxes and flips are ours too (:mod:`.augment`), so every backend and
-a resumed run see the same crops. A URL's shards come through the cache (:mod:`.cache`; a window
-ahead: :mod:`.prefetch`).
-
-This module is the Loader's contract (arguments, epochs, resume, iteration); its checks are in
-:mod:`.loader_checks`, its DataLoader-shaped views in :mod:`.dataloader_compat`.
+The Loader is composed of stages and is itself only the iteration and its state: split source
+(:class:`.stages.SplitSource`; a URL's shards through :mod:`.cache`, a window ahead) → order
+(:mod:`.order`) → batch planner (header guard, stand-ins, crop boxes:
+:func:`.backends.base.plan_batch`; boxes and flips from :mod:`.augment`, so every backend and a
+resumed run see the same crops) → backend decode (:class:`.stages.DecodeStage`) → train recipe
+(:mod:`.augment.apply`). Options live in the objects that own them (:mod:`.options`).
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,29 +29,25 @@ import numpy as np
 from stoker.errors import ArgumentError, LoaderError, NoBatchError
 
 from . import order
-from .augment import RATIO, SCALE, CropSpec
-from .augment.apply import TrainRecipe
-from .backends import Backend, resolve_backend
-from .backends.base import DecodeSettings, Runner, next_loadable
-from .backends.decoders import DECODER_NAMES
-from .cache import ShardCache, is_url
-from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
-from .deps import usable_cores
+from .augment import CropSpec
+from .backends import Backend
+from .backends.base import DecodeSettings, Runner
+from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler
 from .fsutil import PathLike
 from .loader_checks import (
     DECODES,
     SHUFFLES,
-    check_arguments,
     check_cache_limit,
     check_every_rank_has_a_batch,
     check_stored_size,
     rank_and_world,
     torch_device,
 )
+from .options import BackendOptions, Order, Storage, loader_options, resized
 from .pixels import PixelCache
 from .prefetch import cached_groups
-from .shards.samples import SampleIndex, open_split
 from .shards.stats import TargetStats
+from .stages import DecodeStage, LoaderIterator, SplitSource, stand_ins
 
 
 class Loader(DataLoaderSurface):
@@ -71,94 +62,38 @@ class Loader(DataLoaderSurface):
         train: RandomResizedCrop + flip and a fresh permutation each epoch; else the val
             transform (shorter side to ``crop/crop_pct``, center crop) in stored order.
         crop: output side in pixels, or ``(height, width)``, or the whole crop recipe
-            (:class:`~.augment.CropSpec`, what the commands pass).
-        scale, ratio: the train crop's area share and aspect ranges (torchvision's
-            ``RandomResizedCrop``; default ``(0.08, 1)`` and ``(3/4, 4/3)``).
-        crop_pct: val: the shorter side is resized to ``min(crop) / crop_pct`` before the
-            center crop (timm's name; default 0.875: 224 from 256).
-        val_resize: val: the shorter side before the center crop, in pixels (torchvision's
-            ``Resize(256)``), instead of ``crop_pct``.
-        channels: 3 (RGB) or 1 (grayscale: ``[N, 1, H, W]``, the decoder's own luma).
-        augment: per-sample augmentation of train batches on their device, after the crop and
-            flip: a transform of :mod:`.augment` (``build_augment(...)``, ``RandAugment(...)``) or a
-            policy name as timm and torchvision name them (``"rand-m9-mstd0.5-inc1"``,
-            ``"ta_wide"``, ``"original"``). Each sample's parameters come from ``(seed, epoch,
-            sample)``: the same on every backend and batch size, and after a resume. Masks move
-            with the geometric ops.
-        mixing: MixUp/CutMix of train batches (``build_mixing(...)``): the targets become soft,
-            float32 ``[N, classes]``; class splits only. A batch left odd by a dropped sample mixes
-            its first ``N - 1`` rows (the last keeps its smoothed label).
+            (:class:`~.augment.CropSpec`: ``scale``, ``ratio``, ``crop_pct``, ``val_resize``).
         device: where the batches land (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``).
         seed: seeds the order and the augmentation.
         rank, world_size: this process's share; default from ``torch.distributed`` when
             initialized, else 0 / 1.
-        backend: ``"dali"``, ``"nvjpeg"`` (batched GPU decode without DALI, by ``decoder``),
-            ``"pil"``, a backend registered by name (:func:`~.backends.register_backend`), a
-            configured one (``get_backend("nvjpeg", overlap=False)``), or ``"auto"``: DALI when
-            installed, else nvjpeg on a CUDA device where a GPU JPEG decoder works, else pil
-            (:func:`~.backends.resolve_backend`). :attr:`backend_reason` says why.
-        decoder: the nvjpeg backend's JPEG decoder: ``"nvimgcodec"`` (hardware decoder and
-            region decode), ``"torchcodec"``, ``"torchvision"``, or ``"auto"``: the first whose
-            probe decode works on the device (:func:`stoker.pipeline.backends.decoders.resolve_decoder`).
-        decode: ``"mixed"`` (nvJPEG + hardware decoder, GPU resize), ``"cpu"``, or ``"auto"``
-            (mixed when ``device`` is CUDA and the backend is DALI or nvjpeg, which only
-            decodes on the GPU).
-        threads: DALI threads / pillow worker processes (default: usable cores).
-        drop_last: drop this rank's incomplete last batch; default ``True`` for train
-            (every rank and every step has ``batch_size`` samples), ``False`` for val (every
-            sample is seen exactly once).
-        channels_last: return images in ``torch.channels_last`` memory format (the shape stays
-            NCHW); cheaper on the CPU path and what AMP convolutions want.
-        hw_decoder_load: share of JPEGs for the hardware decoder (DALI ``decode="mixed"``,
-            nvjpeg with nvimgcodec).
-        prefetch: batches prepared ahead (DALI ``prefetch_queue_depth``, pillow
-            ``prefetch_factor``).
-        cpu_resize: with CPU decode in DALI, resize with ``"pillow"`` (pillow-simd, default:
-            measured ~2x faster here) or ``"dali"`` (``fn.resize`` inside the graph).
-        sha256: verify every shard's checksum before the first batch (reads all data; a
-            URL's shards are always checked as they are fetched).
-        shuffle: ``"global"`` (default): a fresh permutation of the whole split each epoch; a
-            URL's whole split is cached before the first batch. ``"block"``: each epoch
-            permutes the shards, gives each rank a contiguous run of them (ranks share at most
-            the one shard at each boundary) and permutes samples within windows of
-            ``block_shards`` shards; a URL's next window is fetched while the current one
-            trains, so each node downloads only its share and keeps two windows.
-        block_shards: shards per window with ``shuffle="block"``.
-        storage_options: fsspec options for a URL (``{"endpoint_url": ..., "anon": True}``);
-            credentials otherwise come the ecosystem's way (``AWS_*`` environment variables).
-        cache_dir: the local cache of a URL (default ``~/.cache/stoker/shards/<hash of URL>``);
-            processes of one node may share it (file locks: each shard is fetched once).
-        cache_limit: bytes of shards the cache keeps (least recently used evicted; never a
-            shard the current or next window needs). Needs ``shuffle="block"`` unless the
-            whole split fits.
-        pixel_cache: a folder (node-local disk or ``/dev/shm``) or a :class:`~.pixels.PixelCache`
-            (with a byte ``budget``): the decoded-pixel tier. The first epoch decodes each sample
-            this rank reads at its stored size into a memory-mapped store there (shared by the
-            ranks of a node, keyed to the split and the decoder, crash-safe); later epochs crop,
-            resize and flip from the pixels, with the same boxes and flips as from JPEG. Its size
-            is checked here: pixels that cannot fit are one line naming the size they need.
+        backend: :class:`~.options.Dali`, :class:`~.options.Nvjpeg`, :class:`~.options.Pil`,
+            :class:`~.options.Auto` (each with its own knobs), a name (that object with defaults, or
+            a backend registered by name) or a configured registry backend
+            (``get_backend("nvjpeg", overlap=False)``). ``"auto"``: DALI when installed, else nvjpeg
+            on CUDA where a GPU JPEG decoder works, else pil; :attr:`backend_reason` says why.
+        shuffle: ``"global"``, ``"block"``, or the whole :class:`~.options.Order`.
+        augment: train batches' augmentation on their device: a transform of :mod:`.augment`, a
+            policy name (``"rand-m9-mstd0.5-inc1"``) or an :class:`~.options.Augmentation`.
+        storage: a URL's cache and a local split's sha256 checks (:class:`~.options.Storage`).
+        pixel_cache: a folder or a :class:`~.pixels.PixelCache`: the decoded-pixel tier (the first
+            epoch decodes each sample into a memory-mapped store; later epochs crop from it).
+        **options: a field of those objects given alone (``threads``, ``prefetch``, ``channels``,
+            ``channels_last``, ``scale``, ``ratio``, ``crop_pct``, ``val_resize``,
+            ``block_shards``, ``drop_last``, ``mixing``, ``storage_options``, ``cache_dir``,
+            ``cache_limit``, ``sha256``): handed to the object that owns it.
 
     Samples that fail at run time (the image header check; with ``backend="pil"`` also the
-    decoder, while DALI raises, naming the batch's shards and keys) are dropped from
-    their batch and counted in :attr:`skipped`; the batches themselves are fixed slices of this
-    rank's order, so ``len(loader)`` is exactly the number of batches an epoch yields and the
-    position in ``state_dict`` stays a sample count. A batch may then be smaller than
-    ``batch_size``. When *no* sample of a batch passes the header check:
-
-    * train: the batch is filled with stand-ins, the next samples of this rank's epoch order
-      that pass it (wrapping around). Every rank still takes ``len(loader)`` steps (DDP's
-      collectives stay matched) and never trains on an empty batch; those few samples are
-      seen twice this epoch.
-    * val: an empty batch (``[0, C, H, W]``, no targets) is yielded in its place, so
-      every loadable sample is counted exactly once and ``len`` holds; evaluation loops
-      that sum counts handle it.
-
-    Merging it into the next batch instead would shift every later batch boundary and leave
-    that rank one step short, which hangs a DDP job at its next collective.
+    decoder; DALI raises, naming the shards and keys) are dropped from their batch and counted in
+    :attr:`skipped`; batches are fixed slices of this rank's order, so ``len(loader)`` is exact and
+    a ``state_dict`` position stays a sample count. A train batch none of whose samples passes the
+    header check is filled with stand-ins (the next samples of this rank's epoch order that pass
+    it), so every rank takes ``len(loader)`` steps and DDP's collectives stay matched; a val one is
+    yielded empty (``[0, C, H, W]``), so every loadable sample is counted exactly once.
 
     Raises:
         ManifestError: a shard is missing, truncated or (with ``sha256``) corrupt; names it.
-        ValueError: a bad argument value, named in the message.
+        ValueError: a bad argument value, named in the message (:class:`~stoker.errors.ArgumentError`).
     """
 
     def __init__(
@@ -172,101 +107,42 @@ class Loader(DataLoaderSurface):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
-        backend: str | Backend = "auto",
-        decoder: str = "auto",
-        decode: str = "auto",
-        threads: int | None = None,
-        drop_last: bool | None = None,
-        channels_last: bool = False,
-        hw_decoder_load: float = 0.65,
-        prefetch: int = 2,
-        cpu_resize: str = "pillow",
-        sha256: bool = False,
-        shuffle: str = "global",
-        block_shards: int = 4,
-        storage_options: dict | None = None,
-        cache_dir: PathLike | None = None,
-        cache_limit: int | None = None,
-        scale: tuple[float, float] = SCALE,
-        ratio: tuple[float, float] = RATIO,
-        crop_pct: float | None = None,
-        val_resize: float | None = None,
-        channels: int = 3,
+        backend: str | BackendOptions | Backend = "auto",
+        shuffle: str | Order = "global",
         augment: Any = None,
-        mixing: Any = None,
+        storage: Storage | None = None,
         pixel_cache: PathLike | PixelCache | None = None,
-        **dataloader_kwargs: Any,
+        **options: Any,
     ):
-
-        if dataloader_kwargs:
-            raise ArgumentError(habit_message(dataloader_kwargs))
-
-        #: the crop recipe: size (height, width), scale, ratio, the val resize (given whole as ``crop=``,
-        #: or made of ``crop``, ``scale``, ``ratio``, ``crop_pct`` and ``val_resize``)
-        if isinstance(crop, CropSpec):
-            if (scale, ratio, crop_pct, val_resize) != (SCALE, RATIO, None, None):
-                raise ArgumentError("crop= is a whole CropSpec: give scale=, ratio=, crop_pct=, val_resize= in it")
-            self.crops = crop
-            crop = crop.size
-        else:
-            self.crops = CropSpec.of(crop, scale=scale, ratio=ratio, crop_pct=crop_pct, val_resize=val_resize)
-        remote = is_url(path)
-        check_arguments(
-            path=path,
-            remote=remote,
-            batch_size=batch_size,
-            channels=channels,
-            decode=decode,
-            cpu_resize=cpu_resize,
-            threads=threads,
-            prefetch=prefetch,
-            shuffle=shuffle,
-            block_shards=block_shards,
-            cache_limit=cache_limit,
-            storage_options=storage_options,
-            cache_dir=cache_dir,
-            hw_decoder_load=hw_decoder_load,
+        opts = loader_options(
+            crop=crop, backend=backend, shuffle=shuffle, storage=storage, augment=augment, keywords=options
         )
-        if decoder not in DECODER_NAMES:
-            raise ArgumentError(f"decoder={decoder!r} must be one of {DECODER_NAMES}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ArgumentError(f"batch_size={batch_size!r} must be a positive integer")
         self.device = torch_device(device)
-        # which backend, and why (also what `stoker diagnose` reports)
-        #: the configured backend (:class:`~.backends.Backend`); :attr:`backend` is its name
-        self.backend_config, self.backend_reason = resolve_backend(backend, self.device, decoder=decoder)
-        decode = self.backend_config.resolve_decode(decode, self.device)
-        backend = self.backend_config.name
+        resolved = opts.backend.resolve(self.device)
+        #: the configured registry backend (:class:`~.backends.Backend`); :attr:`backend` is its name;
+        #: :attr:`backend_options` the option object it was asked as
+        self.backend_config, self.backend_reason = resolved.backend, resolved.reason
+        self.backend, self.backend_options, self.decode = resolved.backend.name, opts.backend, resolved.decode
         self.rank, self.world_size = rank_and_world(rank, world_size)
-
-        self.path: Path | str = str(path).rstrip("/") if remote else Path(path)
-        self.shuffle, self.block_shards = shuffle, block_shards
-        self._offset = 0  # where this rank count's split of the epoch begins (a resume elsewhere)
+        #: the crop recipe (:class:`~.augment.CropSpec`); :attr:`crop` the size as given
+        self.crops, self.crop = opts.crops, crop.size if isinstance(crop, CropSpec) else crop
         self.batch_size, self.train, self.seed = batch_size, bool(train), int(seed)
-        #: output side, or ``(height, width)``, as given; :attr:`crops` holds the recipe
-        self.crop, self.channels = crop, channels
-        self.backend, self.decode, self.decoder = backend, decode, decoder
-        self.threads = usable_cores() if threads is None else threads
-        self.drop_last = self.train if drop_last is None else bool(drop_last)
-        self.channels_last = bool(channels_last)
-        self.hw_decoder_load, self.prefetch, self.cpu_resize = float(hw_decoder_load), prefetch, cpu_resize
-        #: the local cache of a URL's shards (``None`` for a local split)
-        self.cache: ShardCache | None = None
-        if remote:
-            self.cache = ShardCache(
-                self.path, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
-            )
-            self.index: SampleIndex = SampleIndex(self.cache.dir, self.cache.open(), manifest_sizes=True)
-        else:
-            # Checks sizes and .idx presence of every shard (sha256 on request) before any batch.
-            self.index = open_split(self.path, sha256=sha256)
+        self.shuffle, self.block_shards = opts.order.shuffle, opts.order.block_shards
+        self.drop_last = self.train if opts.order.drop_last is None else bool(opts.order.drop_last)
+        self.channels = opts.backend.channels
+        self.source = SplitSource(path, opts.storage)
+        self.path, self.index, self.cache = self.source.path, self.source.index, self.source.cache
         #: samples the loader draws from (manifest skips and samples without image/cls removed)
         self.num_samples = self.index.num_valid
         if self.num_samples == 0:
             raise ArgumentError(f"{self.path} has no loadable samples")
         #: this rank's sample order (:mod:`.order`): share, positions, windows, what a state holds
         self.order = order.make_order(
-            shuffle,
+            self.shuffle,
             self.index.valid_counts(),
-            block_shards=block_shards,
+            block_shards=self.block_shards,
             rank=self.rank,
             world_size=self.world_size,
             train=self.train,
@@ -275,54 +151,31 @@ class Loader(DataLoaderSurface):
         )
         check_every_rank_has_a_batch(self.order, num_samples=self.num_samples, path=self.path)
         #: the train batches' per-sample augmentation and mixing (:mod:`.augment.apply`)
-        self.recipe = TrainRecipe.of(
-            augment,
-            mixing,
-            train=self.train,
-            target=self.index.target,
-            num_classes=len(self.index.manifest.classes),
-            path=self.path,
-        )
+        self.recipe = opts.augmentation.recipe(train=self.train, index=self.index, path=self.path)
         self.augment, self.mixing = self.recipe.augment, self.recipe.mixing
         check_stored_size(self.crops, self.index.manifest, train=self.train, crop=self.crop, path=self.path)
-        #: the decoded-pixel tier (:class:`~.pixels.PixelCache`), or ``None``; its store opens here
-        #: for a local split (the size check), at the first batch for a URL's (its shards local then)
-        self.pixel_cache = PixelCache.of(pixel_cache)
-        self._pixels = None
-        self._initial_crops = self.crops  # what a state saved mid-epoch at another crop differs from
-        self._crop_schedule = None
+        self._initial_crops, self._crop_schedule = self.crops, None  # a state saved at another crop says so
         if self.cache is not None:
-            check_cache_limit(
-                self.cache.cache_limit,
-                self.order,
-                self.index,
-                seed=self.seed,
-                block_shards=self.block_shards,
-                path=self.path,
-            )
-        #: samples excluded up front (``pack["skip"]`` or missing image/cls component)
-        self.skipped_in_manifest = self.index.num_skipped
-        #: samples dropped at run time this epoch (failed the header guard or decoding)
-        self.skipped = 0
-        self.epoch = 0
-        self.position = 0
-        self._finished = False
-        self._resumed = False  # position came from load_state_dict (continued even for val)
-        self._closed = False
-        # weak: an iterator the caller drops is closed at once (its producer thread stops)
-        self._active: weakref.ref | None = None
-        self._runner: Runner | None = None
+            limit, shards = self.cache.cache_limit, self.block_shards
+            check_cache_limit(limit, self.order, self.index, seed=self.seed, block_shards=shards, path=self.path)
+        self.skipped_in_manifest = self.index.num_skipped  #: excluded up front (pack's skips, no image)
+        self.skipped = 0  # samples dropped at run time this epoch (failed the header guard or decoding)
+        self.epoch = self.position = self._offset = 0  # _offset: where this rank count's split begins
+        self._finished = self._resumed = self._closed = False  # _resumed: position from load_state_dict
+        self._active: weakref.ref | None = None  # weak: a dropped iterator is closed at once
         self._usable: set | None = None  # shards a stand-in may come from (block mode, URL)
-        self._target_stats: TargetStats | None = None  # computed once for a split whose manifest has none
-        self._runner_crops = self.crops
-        if self.pixel_cache is not None:
-            if self.cache is not None and self.shuffle == "block":
-                raise ArgumentError(
-                    "pixel_cache= lays out the whole split, which a URL's shuffle='block' never has locally "
-                    "at once: use shuffle='global' (or a local copy of the split)"
-                )
-            if self.cache is None:
-                self._pixel_store()  # the size check, before any batch
+        self.decoding = DecodeStage(
+            resolved,
+            index=self.index,
+            path=self.path,
+            device=self.device,
+            batch_size=self.batch_size,
+            train=self.train,
+            stand_in=functools.partial(stand_ins, self),
+            pixel_cache=pixel_cache,
+        )
+        self.threads, self.pixel_cache = self.decoding.threads, self.decoding.pixel_cache
+        self.decoding.check_pixel_tier(self.source, self.shuffle, self.crops)
 
     # ---- order ---------------------------------------------------------------------------
     @property
@@ -377,35 +230,18 @@ class Loader(DataLoaderSurface):
         self._apply_crop(crop)
 
     def _apply_crop(self, crop: Any) -> None:
-        c = self.crops
-        crops = (
-            crop
-            if isinstance(crop, CropSpec)
-            else CropSpec.of(
-                tuple(crop) if isinstance(crop, list) else crop,
-                scale=c.scale,
-                ratio=c.ratio,
-                crop_pct=None if c.val_resize is not None else c.crop_pct,
-                val_resize=c.val_resize,
-            )
-        )
-        if crops == self.crops:
-            return
-        self.crops = crops
-        self.crop = crops.size[0] if crops.size[0] == crops.size[1] else crops.size
-        check_stored_size(self.crops, self.index.manifest, train=self.train, crop=self.crop, path=self.path)
+        crops = resized(self.crops, crop)
+        if crops != self.crops:
+            self.crops, self.crop = crops, crops.size[0] if crops.size[0] == crops.size[1] else crops.size
+            check_stored_size(self.crops, self.index.manifest, train=self.train, crop=self.crop, path=self.path)
 
     # ---- resume --------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """``{seed, epoch, position, world_size, num_samples, batch_size}``: where the current (or
         last) iteration stands, so that ``load_state_dict`` of it continues there. ``position``
-        counts the samples of ``epoch`` this rank has consumed (batches handed out so far); once an
-        epoch's last batch is handed out the state already names the next epoch at position 0.
-        (A new ``iter()`` without ``load_state_dict`` starts the epoch over, as a DataLoader
-        does.) Ranks step in lockstep, so rank 0's state (what ``stoker train`` and every
-        framework save) says where every rank is. After a resume on
-        another number of ranks, ``offset`` is where that rank count's split of the epoch began
-        (:mod:`.order`)."""
+        counts the samples of ``epoch`` this rank has consumed; once an epoch's last batch is handed
+        out the state names the next epoch at position 0. Ranks step in lockstep, so rank 0's state
+        says where every rank is; ``offset``: where a resumed rank count's split began (:mod:`.order`)."""
         if self._finished:
             return self.order.state(seed=self.seed, epoch=self.epoch + 1, position=0, offset=0)
         state = self.order.state(seed=self.seed, epoch=self.epoch, position=self.position, offset=self._offset)
@@ -469,7 +305,7 @@ class Loader(DataLoaderSurface):
             self._finish_epoch(stop)
             self._start_epoch(self.epoch + 1)
             batches = self._batches(0, stop)
-        runner = self._get_runner()
+        runner = self.decoding.runner_for(self.crops)
         last = len(batches) - 1
         k = -1
         # a URL's shards come through the cache: all before the first batch, or a window at a time
@@ -517,36 +353,22 @@ class Loader(DataLoaderSurface):
 
     @property
     def target_stats(self) -> TargetStats | None:
-        """Float targets: their count, mean, std, min and max per column over this split
-        (:class:`~.shards.targets.TargetStats`), as ``stoker pack`` recorded them (read from the
-        targets once when the manifest has none). A mask split: the classes its masks hold. Else
-        ``None``. Standardize with them so targets in natural units learn:
-        ``loss = mse(model(x), stats.standardize(y))``, and ``stats.restore(model(x))`` predicts."""
-        target = self.index.target
-        if target.stats is not None or target.spatial:  # a mask's would need every mask decoded
-            return target.stats
-        if self._target_stats is None:
-            self._target_stats = self.index.target_stats()
-        return self._target_stats
+        """The split's target statistics (:meth:`.stages.SplitSource.target_stats`): float targets'
+        count, mean, std, min and max per column; a mask split's classes; else ``None``."""
+        return self.source.target_stats()
 
     @property
     def runner(self) -> Runner | None:
         """The decode backend's runner (made at the first iteration; ``None`` before): its own
         figures, e.g. the nvjpeg runner's ``stage_totals``."""
-        return self._runner
+        return self.decoding.runner
 
     def close(self) -> None:
         """Stop any iteration and release the decode pipeline and the shard maps. The Loader
         cannot be iterated afterwards. Also what ``with Loader(...) as loader:`` does on exit."""
         self._close_active()
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            runner.close()
-        if self._pixels is not None:
-            self._pixels.close()
-        self.index.close()
-        if self.cache is not None:
-            self.cache.close()
+        self.decoding.close()
+        self.source.close()
         self._closed = True
 
     def __enter__(self) -> Loader:
@@ -555,73 +377,16 @@ class Loader(DataLoaderSurface):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _stand_in(self, planned: np.ndarray) -> np.ndarray:
-        """Samples for a train batch none of whose samples is loadable: the next ones in this
-        rank's epoch order (wrapping around) that pass the header guard."""
-        seed, epoch, offset = self.seed, self.epoch, self._offset
-        k = self.order.rank_position(seed, epoch, offset, self.index.valid_position(int(planned[-1])))
-        after = (self.index.valid_at(p) for p in self.order.following(seed, epoch, offset, k))
-        picked = next_loadable(self.index, after, len(planned), self._usable)
-        if not len(picked):
-            raise RuntimeError(
-                f"stoker Loader {self.path}: no sample of rank {self.rank}'s share "
-                f"passes the image header check (run `stoker verify {self.path}`)"
-            )
-        return picked
-
-    def _get_runner(self) -> Runner:
-        if self._runner is not None and self._runner_crops != self.crops:
-            set_crops = getattr(self._runner, "set_crops", None)
-            if set_crops is not None:  # a runner that takes the crop with each batch
-                set_crops(self.crops)
-            else:  # its pipeline is built for one crop size: built again
-                self._runner.close()
-                self._runner = None
-        if self._runner is None:
-            settings = self.decode_settings()
-            if self.pixel_cache is not None:
-                from .pixels import make_runner
-
-                self._runner = make_runner(settings, self.pixel_cache, self._pixel_store)
-            else:
-                self._runner = self.backend_config.make_runner(settings)
-        self._runner_crops = self.crops
-        return self._runner
-
-    def _pixel_store(self):
-        """The pixel tier's store, opened once (a URL's split: at the first batch, its shards local)."""
-        if self._pixels is None:
-            from .pixels import open_store
-
-            self._pixels = open_store(self.decode_settings(), self.pixel_cache)
-        return self._pixels
-
     @property
     def pixel_store(self):
         """The pixel tier's :class:`~.pixels.PixelStore` (``None`` without ``pixel_cache``, or before
         a URL split's first batch): its ``stats()`` say how much of the split it holds."""
-        return self._pixels
+        return self.decoding.store
 
     def decode_settings(self) -> DecodeSettings:
         """What this Loader's decode backend is given (a runner of another backend can be made
         from it too: ``get_backend("nvjpeg").make_runner(loader.decode_settings())``)."""
-        return DecodeSettings(
-            index=self.index,
-            path=str(self.path),
-            device=self.device,
-            batch_size=self.batch_size,
-            crops=self.crops,
-            train=self.train,
-            channels_last=self.channels_last,
-            threads=self.threads,
-            prefetch=self.prefetch,
-            decode=self.decode,
-            cpu_resize=self.cpu_resize,
-            hw_decoder_load=self.hw_decoder_load,
-            decoder=self.decoder,
-            stand_in=self._stand_in,
-            channels=self.channels,
-        )
+        return self.decoding.settings(self.crops)
 
     def __repr__(self) -> str:
         return (
@@ -630,37 +395,6 @@ class Loader(DataLoaderSurface):
             f"decode={self.decode!r}, shuffle={self.shuffle!r}, rank={self.rank}, "
             f"world_size={self.world_size}, num_samples={self.num_samples})"
         )
-
-
-class LoaderIterator:
-    """What ``iter(loader)`` returns: the rest of the Loader's current epoch, one batch per
-    ``next()``. A Loader runs one iteration at a time: a newer ``iter(loader)`` (or
-    ``load_state_dict``/``close``) replaces this one, whose ``next()`` then raises instead
-    of ending as if the epoch were over."""
-
-    def __init__(self, loader: Loader):
-        self._path = loader.path
-        self._gen = loader._iterate()
-        self._superseded = False
-
-    def __iter__(self) -> LoaderIterator:
-        return self
-
-    def __next__(self):
-        if self._superseded:
-            raise LoaderError(
-                f"this iterator over {self._path} was replaced by a newer iter(loader): a Loader "
-                "runs one iteration at a time (use a second Loader to read the split twice at once)"
-            )
-        return next(self._gen)
-
-    def close(self) -> None:
-        """Stop now (the producer thread and the decode pipeline's queue are drained)."""
-        self._gen.close()
-
-    def _supersede(self) -> None:
-        self._superseded = True
-        self._gen.close()
 
 
 __all__ = [

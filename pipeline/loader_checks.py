@@ -16,64 +16,12 @@ from stoker.errors import ArgumentError, NoBatchError
 from . import order
 from .augment import CropSpec
 from .backends.registry import DECODES
-from .dataloader_compat import habit_message
 from .deps import has_cuda
 from .prefetch import group_by_window
 from .shards.manifest import Manifest
 from .shards.samples import SampleIndex
 
 SHUFFLES = order.SHUFFLES
-CPU_RESIZES = ("pillow", "dali")
-
-
-def check_arguments(
-    *,
-    path: Any,
-    remote: bool,
-    batch_size: Any,
-    channels: Any,
-    decode: Any,
-    cpu_resize: Any,
-    threads: Any,
-    prefetch: Any,
-    shuffle: Any,
-    block_shards: Any,
-    cache_limit: Any,
-    storage_options: Any,
-    cache_dir: Any,
-    hw_decoder_load: Any,
-) -> None:
-    """The Loader's scalar arguments, each a one-line ``ValueError`` when wrong."""
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ArgumentError(f"batch_size={batch_size!r} must be a positive integer")
-    if channels not in (1, 3):
-        raise ArgumentError(f"channels={channels!r} must be 3 (RGB) or 1 (grayscale)")
-    if decode not in DECODES:
-        raise ArgumentError(f"decode={decode!r} must be one of {DECODES}")
-    if cpu_resize not in CPU_RESIZES:
-        raise ArgumentError(f"cpu_resize={cpu_resize!r} must be one of {CPU_RESIZES}")
-    if threads is not None and (not isinstance(threads, int) or threads < 0):
-        raise ArgumentError(f"threads={threads!r} must be a non-negative integer")
-    if not isinstance(prefetch, int) or prefetch < 1:
-        raise ArgumentError(f"prefetch={prefetch!r} must be a positive integer")
-    if isinstance(shuffle, bool):  # a DataLoader habit: the order is ours, not a flag
-        raise ArgumentError(habit_message({"shuffle": shuffle}))
-    if shuffle not in SHUFFLES:
-        raise ArgumentError(f"shuffle={shuffle!r} must be one of {SHUFFLES}")
-    if not isinstance(block_shards, int) or block_shards < 1:
-        raise ArgumentError(f"block_shards={block_shards!r} must be a positive integer")
-    if cache_limit is not None and (not isinstance(cache_limit, int) or cache_limit < 1):
-        raise ArgumentError(f"cache_limit={cache_limit!r} must be a positive number of bytes")
-    if not remote:
-        given = [
-            k
-            for k, v in (("storage_options", storage_options), ("cache_dir", cache_dir), ("cache_limit", cache_limit))
-            if v is not None
-        ]
-        if given:
-            raise ArgumentError(f"{given[0]}= is for a URL (s3://, gs://, https://, file://); {path} is a local path")
-    if not 0.0 <= float(hw_decoder_load) <= 1.0:
-        raise ArgumentError(f"hw_decoder_load={hw_decoder_load!r} must be in [0, 1]")
 
 
 def torch_device(device: Any):
@@ -193,10 +141,8 @@ def check_stored_size(crops: CropSpec, manifest: Manifest, *, train: bool, crop:
 
 
 __all__ = [
-    "CPU_RESIZES",
     "DECODES",
     "SHUFFLES",
-    "check_arguments",
     "check_cache_limit",
     "check_every_rank_has_a_batch",
     "check_stored_size",

@@ -81,6 +81,7 @@ def make_loaders(
     Loader when there is a val split; a batch larger than a rank's share is one line naming the
     ``--batch-size`` to use. Says when the epoch or the val split is small (:func:`say_when_small`)."""
     from stoker.pipeline.augment import CropSpec
+    from stoker.pipeline.options import backend_for
     from stoker.pipeline.storage import is_url
 
     def spec(side: Any) -> CropSpec:  # the recipe, whole: --crop, --scale, --ratio, --crop-pct, --val-resize
@@ -99,9 +100,7 @@ def make_loaders(
         seed=cfg.seed,
         rank=dist.rank,
         world_size=dist.world_size,
-        backend=cfg.backend,
-        decoder=cfg.decoder,
-        decode=cfg.decode,
+        backend=backend_for(cfg.backend, decode=cfg.decode, decoder=cfg.decoder),
         threads=cfg.threads,
         channels_last=cfg.channels_last,
     )

@@ -10,6 +10,7 @@ from helpers import run_epoch, write_split
 from stoker.errors import ManifestError, TargetError
 from stoker.pipeline import Loader
 from stoker.pipeline.deps import HAS_DALI
+from stoker.pipeline.options import Auto, Dali
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.pipeline.shards.writer import ShardWriter
 from stoker.tools.common.synth import CLASSES, draw, encode
@@ -225,7 +226,7 @@ def test_bad_arguments_are_named(split):
     for kw, word in [
         ({"batch_size": 0}, "batch_size=0"),
         ({"backend": "tf"}, "backend='tf'"),
-        ({"decode": "gpu"}, "decode='gpu'"),
+        ({"backend": "dali", "decode": "gpu"}, "moved: pass backend=Dali"),
         ({"device": "tpu"}, "device='tpu'"),
         ({"rank": 2, "world_size": 2}, "rank=2"),
         ({"crop": -1}, "crop=-1"),
@@ -234,7 +235,7 @@ def test_bad_arguments_are_named(split):
             Loader(split, **{"batch_size": 8, **kw})
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="mixed"):
-            Loader(split, batch_size=8, decode="mixed")
+            Loader(split, batch_size=8, backend=Auto(decode="mixed"))
         with pytest.raises(ValueError, match="CUDA"):
             Loader(split, batch_size=8, device="cuda")
     loader = make(split)
@@ -261,11 +262,11 @@ def test_memory_flat_over_epochs(split):
 @pytest.mark.gpu
 def test_mixed_decode_on_gpu(split):
     pytest.importorskip("nvidia.dali", reason="DALI's mixed decode needs DALI")
-    loader = make(split, backend="dali", device="cuda", decode="mixed")
+    loader = make(split, backend=Dali(decode="mixed"), device="cuda")
     images, labels = run(loader, 0)
     assert images[0].device.type == "cuda" and labels[0].device.type == "cuda"
     assert images[0].shape == (8, 3, CROP, CROP) and images[0].dtype == torch.uint8
-    cpu_images, cpu_labels = run(make(split, backend="dali", decode="cpu"), 0)
+    cpu_images, cpu_labels = run(make(split, backend=Dali(decode="cpu")), 0)
     assert flat(labels) == flat(cpu_labels)
     diff = (images[0].cpu().float() - cpu_images[0].float()).abs().mean()
     assert diff < 8

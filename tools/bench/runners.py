@@ -260,6 +260,12 @@ def _run_dali_reader(cfg):
     return timed(batches(), cfg)
 
 
+def _dali_resize():
+    from stoker.pipeline.options import Dali
+
+    return Dali(cpu_resize="dali")  # DALI's CPU graph resizing with fn.resize
+
+
 def _run_stoker(cfg, backend, device="cpu", **kw):
     from stoker.pipeline import Loader
 
@@ -358,7 +364,7 @@ RUNNERS = {
     "torchvision-csv": _run_torchvision_csv,
     "wds": _run_wds,
     "dali-reader": _run_dali_reader,
-    "stoker-dali-dali-resize": lambda c: _run_stoker(c, "dali", cpu_resize="dali"),
+    "stoker-dali-dali-resize": lambda c: _run_stoker(c, _dali_resize()),
     "stoker-pixels": lambda c: _run_pixels(c, fill=False),
     "stoker-pixels-fill": lambda c: _run_pixels(c, fill=True),
     "ceiling": _run_ceiling,

@@ -241,6 +241,7 @@ def diagnose(
         UsageError: Bad data, setting or model; or the model does not train at this batch size.
     """
     from stoker.pipeline.deps import usable_cores
+    from stoker.pipeline.options import backend_for
 
     from .sizing import STEP_FLOOR_S, fit_batch
     from .timing import CAP, MIN_STEPS
@@ -271,9 +272,7 @@ def diagnose(
         crop=crops,
         device=device,
         seed=0,
-        backend=backend,
-        decoder=decoder,
-        decode=decode,
+        backend=backend_for(backend, decode=decode, decoder=decoder),
         threads=threads,
     )
     if pixel_cache is not None:
@@ -310,13 +309,14 @@ def diagnose(
                     }
                 )
             if device.startswith("cuda") and decode == "cpu":
+                mixed = dataclasses.replace(loader_kw["backend"], decode="mixed")
                 alternatives.append(
                     {
                         "id": "decode_mixed",
                         "label": 'decode="mixed"',
                         "title": 'Decode on the GPU (decode="mixed")',
-                        "action": 'Loader(..., decode="mixed")',
-                        "loader": stoker_loader(path, **{**loader_kw, "decode": "mixed"}),
+                        "action": f'Loader(..., backend={type(mixed).__name__}(decode="mixed"))',
+                        "loader": stoker_loader(path, **{**loader_kw, "backend": mixed}),
                     }
                 )
         else:

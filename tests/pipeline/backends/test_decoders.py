@@ -199,11 +199,11 @@ def split(tmp_path_factory):
 
 def epoch_of(split, train=True, **runner_kw):
     loader = Loader(split, batch_size=8, crop=32, train=train, seed=4, backend="pil", threads=0)
-    loader._runner = NvjpegRunner(loader.decode_settings(), **runner_kw)
+    loader.decoding.runner = NvjpegRunner(loader.decode_settings(), **runner_kw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the "decoded on the CPU" warning
         images, labels = run_epoch(loader, 1)
-    return images, labels, loader._runner
+    return images, labels, loader.decoding.runner
 
 
 @pytest.mark.parametrize("train", [True, False])
@@ -421,13 +421,13 @@ def test_the_runner_on_the_gpu_overlapped_equals_serial_and_pillow(split, name):
     runs = {}
     for overlap in (False, True):
         loader = Loader(split, batch_size=8, crop=32, seed=4, backend="pil", threads=0, device="cuda")
-        loader._runner = NvjpegRunner(loader.decode_settings(), decoder=name, overlap=overlap)
+        loader.decoding.runner = NvjpegRunner(loader.decode_settings(), decoder=name, overlap=overlap)
         runs[overlap] = run_epoch(loader, 0)
-        assert loader._runner.stage_seconds["batches"] == len(loader)
+        assert loader.decoding.runner.stage_seconds["batches"] == len(loader)
     assert all(torch.equal(a, b) for a, b in zip(runs[False][0], runs[True][0], strict=True))
     cpu_imgs, _, _ = epoch_of(split, decoder="torchvision")  # libjpeg-turbo's pixels, seed 4 epoch 1
     loader = Loader(split, batch_size=8, crop=32, seed=4, backend="pil", threads=0, device="cuda")
-    loader._runner = NvjpegRunner(loader.decode_settings(), decoder=name)
+    loader.decoding.runner = NvjpegRunner(loader.decode_settings(), decoder=name)
     gpu_imgs, _ = run_epoch(loader, 1)
     pairs = zip(gpu_imgs, cpu_imgs, strict=True)
     mad = torch.cat([(a.cpu().float() - b.float()).abs().mean(dim=(1, 2, 3)) for a, b in pairs])

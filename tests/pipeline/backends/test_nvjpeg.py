@@ -64,7 +64,7 @@ def nvjpeg_loader(path, **kw):
     kw.setdefault("batch_size", 8)
     kw.setdefault("crop", CROP)
     loader = Loader(path, backend="pil", threads=0, **kw)
-    loader._runner = NvjpegRunner(loader.decode_settings())
+    loader.decoding.runner = NvjpegRunner(loader.decode_settings())
     return loader
 
 
@@ -240,7 +240,7 @@ def test_same_order_labels_and_pixels_as_the_pil_backend(split, train):
         assert mad.max() < MAD_BOUND, mad.max()
         assert max((a.int() - b.int()).abs().max() for a, b in zip(a_img, b_img, strict=True)) <= MAX_DIFF
         assert nv.position == pil.position and nv.skipped == 0
-    assert nv._runner.gpu_fallbacks == 0
+    assert nv.decoding.runner.gpu_fallbacks == 0
 
 
 def test_resume_mid_epoch_equals_uninterrupted(split):
@@ -299,7 +299,7 @@ class GpuLikeDecoder:
 def test_gpu_rejects_are_decoded_on_the_cpu_counted_and_kept(tmp_path):
     _mixed_shard(tmp_path / "mixed")
     loader = nvjpeg_loader(tmp_path / "mixed", batch_size=4, train=False)
-    dec = loader._runner.decode_jpegs = GpuLikeDecoder()
+    dec = loader.decoding.runner.decode_jpegs = GpuLikeDecoder()
     with pytest.warns(
         RuntimeWarning,
         match=r"2 sample\(s\) decoded on the CPU.*key s5 \(nvjpegDecode: unsupported"
@@ -308,7 +308,7 @@ def test_gpu_rejects_are_decoded_on_the_cpu_counted_and_kept(tmp_path):
         images, labels = run(loader, 0)
     assert [y.tolist() for y in labels] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # complete, in order
     assert [len(x) for x in images] == [4, 4, 4]
-    assert loader._runner.gpu_fallbacks == 2 and loader.skipped == 0
+    assert loader.decoding.runner.gpu_fallbacks == 2 and loader.skipped == 0
     assert dec.calls == [4, 4, 2, 1, 1, 2, 3]  # batch 2 failed as a whole, then halves until s5 is found
     # the CPU-decoded samples got the same picture as the pil backend gives them
     pil = Loader(tmp_path / "mixed", batch_size=4, train=False, crop=CROP, backend="pil", threads=0)
@@ -384,7 +384,7 @@ def test_iteration_abandoned_at_exit_ends_cleanly(split, tmp_path):
         "from stoker.pipeline import Loader\n"
         "from stoker.pipeline.backends.nvjpeg import NvjpegRunner\n"
         f"loader = Loader({str(split)!r}, batch_size=4, crop=32, backend='pil', threads=0, prefetch=3)\n"
-        "loader._runner = NvjpegRunner(loader.decode_settings())\n"
+        "loader.decoding.runner = NvjpegRunner(loader.decode_settings())\n"
         "it = iter(loader)\n"
         "next(it)\n"
         "print(sum(t.name == 'stoker-nvjpeg' for t in threading.enumerate()))\n"
@@ -425,7 +425,9 @@ def test_overlapped_stages_run_together_and_give_the_same_batches(split, train):
     runs = {}
     for overlap in (False, True):
         loader = nvjpeg_loader(split, train=train, seed=7)
-        runner = loader._runner = NvjpegRunner(loader.decode_settings(), decoder=SlowDecoder(delay), overlap=overlap)
+        runner = loader.decoding.runner = NvjpegRunner(
+            loader.decode_settings(), decoder=SlowDecoder(delay), overlap=overlap
+        )
         runner.crop_resize = slow_resize(delay)
         runs[overlap] = run(loader, 2)
         st = runner.stage_seconds
@@ -451,11 +453,11 @@ def test_overlapped_and_serial_agree_on_stand_ins_empty_batches_and_fallbacks(sp
         out = {}
         for overlap in (False, True):
             loader = nvjpeg_loader(path, batch_size=4 if path != split else 8, train=train, seed=3)
-            loader._runner = NvjpegRunner(loader.decode_settings(), overlap=overlap)
-            loader._runner.decode_jpegs = GpuLikeDecoder()
+            loader.decoding.runner = NvjpegRunner(loader.decode_settings(), overlap=overlap)
+            loader.decoding.runner.decode_jpegs = GpuLikeDecoder()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                out[overlap] = (*run(loader, 1), loader._runner.gpu_fallbacks, loader.skipped, loader.position)
+                out[overlap] = (*run(loader, 1), loader.decoding.runner.gpu_fallbacks, loader.skipped, loader.position)
         (a_img, a_lab, *a_rest), (b_img, b_lab, *b_rest) = out[False], out[True]
         assert [y.tolist() for y in a_lab] == [y.tolist() for y in b_lab] and a_rest == b_rest
         assert all(torch.equal(a, b) for a, b in zip(a_img, b_img, strict=True))
@@ -505,13 +507,13 @@ def test_ahead_keeps_order_names_the_failing_item_and_never_ends_short():
 
 def test_abandoned_overlapped_iteration_stops_both_threads(split):
     loader = nvjpeg_loader(split, prefetch=3)
-    loader._runner.decode_jpegs = SlowDecoder(0.02).decode
+    loader.decoding.runner.decode_jpegs = SlowDecoder(0.02).decode
     it = iter(loader)
     next(it)
     assert {t.name for t in threading.enumerate()} >= {"stoker-nvjpeg", "stoker-nvjpeg-decode"}
     it.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("stoker-nvjpeg")]
-    assert loader._runner.stage_seconds["batches"] == 1 and loader._runner.stage_seconds["wall"] > 0
+    assert loader.decoding.runner.stage_seconds["batches"] == 1 and loader.decoding.runner.stage_seconds["wall"] > 0
 
 
 # ---- on a GPU ------------------------------------------------------------------------------
@@ -529,11 +531,11 @@ def test_gpu_path_matches_the_cpu_path(split, name):
         pytest.skip(f"{name}: {why}")
     gpu = Loader(split, batch_size=8, crop=CROP, seed=2, backend="pil", threads=0, device="cuda")
     # whole images, CUDA decoder only: the same pixels as the decoder gives below
-    gpu._runner = NvjpegRunner(gpu.decode_settings(), decoder=name, region=False, hw_decoder_load=0.0)
+    gpu.decoding.runner = NvjpegRunner(gpu.decode_settings(), decoder=name, region=False, hw_decoder_load=0.0)
     # the decoder's own pixels, cropped and resized on the CPU: boxes, flips and resize must agree exactly
     same_pixels = nvjpeg_loader(split, seed=2)
     decoder = decoders.make(name, hw_decoder_load=0.0)
-    same_pixels._runner.decode_jpegs = lambda datas, device, channels=3: [
+    same_pixels.decoding.runner.decode_jpegs = lambda datas, device, channels=3: [
         x.cpu() for x in decoder.decode(datas, "cuda", channels)
     ]
     cpu = nvjpeg_loader(split, seed=2)  # libjpeg-turbo's pixels
@@ -546,19 +548,19 @@ def test_gpu_path_matches_the_cpu_path(split, name):
     mad = torch.cat([per_image_mad(c, g.cpu()) for c, g in zip(c_img, g_img, strict=True)])
     print(f"{name} (GPU) vs CPU decode, per-image MAD: mean {mad.mean():.3f}, worst {mad.max():.3f}")
     assert mad.mean() < MAD_GPU_MEAN and mad.max() < MAD_GPU_WORST, mad
-    assert gpu._runner.gpu_fallbacks == 0
+    assert gpu.decoding.runner.gpu_fallbacks == 0
 
 
 @pytest.mark.gpu
 def test_gpu_rejects_fall_back_on_a_gpu(tmp_path):
     _mixed_shard(tmp_path / "mixed")
     loader = Loader(tmp_path / "mixed", batch_size=4, train=False, crop=CROP, backend="pil", threads=0, device="cuda")
-    loader._runner = NvjpegRunner(loader.decode_settings())
+    loader.decoding.runner = NvjpegRunner(loader.decode_settings())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         _, labels = run(loader, 0)
     assert [y.tolist() for y in labels] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-    assert 1 <= loader._runner.gpu_fallbacks <= 2  # the PNG always; the CMYK JPEG where nvJPEG refuses it
+    assert 1 <= loader.decoding.runner.gpu_fallbacks <= 2  # the PNG always; the CMYK JPEG where nvJPEG refuses it
 
 
 @pytest.mark.gpu
