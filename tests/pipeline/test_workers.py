@@ -68,7 +68,7 @@ def test_a_killed_pil_worker_is_a_loader_error_not_a_hang(tmp_path):
     loader = Loader(tmp_path / "train", batch_size=4, crop=32, backend="pil", threads=2, device="cpu")
     it = iter(loader)
     next(it)
-    workers = loader._runner.dl._iterator._workers  # torch's worker processes
+    workers = loader.decoding.runner.dl._iterator._workers  # torch's worker processes
     os.kill(workers[0].pid, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(LoaderError, match=r"a decode worker process died \(DataLoader worker \(pid"):
