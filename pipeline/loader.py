@@ -11,17 +11,17 @@ multi-hot rows, or uint8 masks ``[N, H, W]`` that get exactly their image's crop
 
 The Loader is composed of stages and is itself only the iteration and its state: split source
 (:class:`.stages.SplitSource`; a URL's shards through :mod:`.cache`, a window ahead) → order
-(:mod:`.order`) → batch planner (header guard, stand-ins, crop boxes:
+(:func:`.stages.sample_order`, :mod:`.order`) → batch planner (header guard, stand-ins, crop boxes:
 :func:`.backends.base.plan_batch`; boxes and flips from :mod:`.augment`, so every backend and a
-resumed run see the same crops) → backend decode (:class:`.stages.DecodeStage`) → train recipe
-(:mod:`.augment.apply`). Options live in the objects that own them (:mod:`.options`).
+resumed run see the same crops; the crop recipe and its schedule: :class:`.stages.CropStage`) →
+backend decode (:class:`.stages.DecodeStage`) → train recipe (:mod:`.augment.apply`). Options live
+in the objects that own them (:mod:`.options`). The epochs and the resume state (``set_epoch``,
+``state_dict``, ``load_state_dict``) are :class:`.state.EpochState`'s, a base of the Loader.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
-import weakref
 from typing import Any
 
 import numpy as np
@@ -34,23 +34,25 @@ from .backends import Backend
 from .backends.base import DecodeSettings, Runner
 from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler
 from .fsutil import PathLike
-from .loader_checks import (
-    DECODES,
-    SHUFFLES,
-    check_cache_limit,
-    check_every_rank_has_a_batch,
-    check_stored_size,
-    rank_and_world,
-    torch_device,
-)
-from .options import BackendOptions, Order, Storage, loader_options, resized
+from .loader_checks import DECODES, SHUFFLES, rank_and_world, torch_device
+from .options import BackendOptions, Order, Storage, loader_options
 from .pixels import PixelCache
 from .prefetch import cached_groups
 from .shards.stats import TargetStats
-from .stages import DecodeStage, LoaderIterator, SplitSource, stand_ins
+from .stages import (
+    ActiveIteration,
+    CropStage,
+    DecodeStage,
+    LoaderIterator,
+    SplitSource,
+    describe,
+    sample_order,
+    stand_ins,
+)
+from .state import EpochState
 
 
-class Loader(DataLoaderSurface):
+class Loader(EpochState, DataLoaderSurface):
     """Iterate ``(images, targets)`` batches over a split written by ``stoker pack``.
 
     Args:
@@ -126,11 +128,8 @@ class Loader(DataLoaderSurface):
         self.backend_config, self.backend_reason = resolved.backend, resolved.reason
         self.backend, self.backend_options, self.decode = resolved.backend.name, opts.backend, resolved.decode
         self.rank, self.world_size = rank_and_world(rank, world_size)
-        #: the crop recipe (:class:`~.augment.CropSpec`); :attr:`crop` the size as given
-        self.crops, self.crop = opts.crops, crop.size if isinstance(crop, CropSpec) else crop
         self.batch_size, self.train, self.seed = batch_size, bool(train), int(seed)
         self.shuffle, self.block_shards = opts.order.shuffle, opts.order.block_shards
-        self.drop_last = self.train if opts.order.drop_last is None else bool(opts.order.drop_last)
         self.channels = opts.backend.channels
         self.source = SplitSource(path, opts.storage)
         self.path, self.index, self.cache = self.source.path, self.source.index, self.source.cache
@@ -139,30 +138,21 @@ class Loader(DataLoaderSurface):
         if self.num_samples == 0:
             raise ArgumentError(f"{self.path} has no loadable samples")
         #: this rank's sample order (:mod:`.order`): share, positions, windows, what a state holds
-        self.order = order.make_order(
-            self.shuffle,
-            self.index.valid_counts(),
-            block_shards=self.block_shards,
-            rank=self.rank,
-            world_size=self.world_size,
-            train=self.train,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
+        self.order = sample_order(
+            opts.order, self.source, rank=self.rank, world_size=self.world_size, train=self.train, batch_size=batch_size
         )
-        check_every_rank_has_a_batch(self.order, num_samples=self.num_samples, path=self.path)
+        self.drop_last = self.order.drop_last
         #: the train batches' per-sample augmentation and mixing (:mod:`.augment.apply`)
         self.recipe = opts.augmentation.recipe(train=self.train, index=self.index, path=self.path)
         self.augment, self.mixing = self.recipe.augment, self.recipe.mixing
-        check_stored_size(self.crops, self.index.manifest, train=self.train, crop=self.crop, path=self.path)
-        self._initial_crops, self._crop_schedule = self.crops, None  # a state saved at another crop says so
-        if self.cache is not None:
-            limit, shards = self.cache.cache_limit, self.block_shards
-            check_cache_limit(limit, self.order, self.index, seed=self.seed, block_shards=shards, path=self.path)
+        #: the crop stage (:class:`.stages.CropStage`): the crop recipe, its schedule, what a state records
+        self.cropping = CropStage(opts.crops, crop, manifest=self.index.manifest, train=self.train, path=self.path)
+        self.source.check_cache_limit(self.order, seed=self.seed, block_shards=self.block_shards)
         self.skipped_in_manifest = self.index.num_skipped  #: excluded up front (pack's skips, no image)
         self.skipped = 0  # samples dropped at run time this epoch (failed the header guard or decoding)
         self.epoch = self.position = self._offset = 0  # _offset: where this rank count's split begins
         self._finished = self._resumed = self._closed = False  # _resumed: position from load_state_dict
-        self._active: weakref.ref | None = None  # weak: a dropped iterator is closed at once
+        self._active = ActiveIteration()  # the one iteration (weakly: a dropped iterator is closed at once)
         self._usable: set | None = None  # shards a stand-in may come from (block mode, URL)
         self.decoding = DecodeStage(
             resolved,
@@ -177,13 +167,17 @@ class Loader(DataLoaderSurface):
         self.threads, self.pixel_cache = self.decoding.threads, self.decoding.pixel_cache
         self.decoding.check_pixel_tier(self.source, self.shuffle, self.crops)
 
-    # ---- order ---------------------------------------------------------------------------
     @property
-    def offset(self) -> int:
-        """Where this rank count's split of the current epoch begins: 0, or after a resume on
-        another number of ranks, the samples the saved ranks had handed out (:mod:`.order`)."""
-        return self._offset
+    def crops(self) -> CropSpec:
+        """The crop recipe (:class:`~.augment.CropSpec`) of the next batches; :attr:`crop` its size."""
+        return self.cropping.crops
 
+    @property
+    def crop(self) -> int | tuple[int, int]:
+        """The output size, as given (a side or ``(height, width)``) or as :meth:`set_crop` set it."""
+        return self.cropping.crop
+
+    # ---- order ---------------------------------------------------------------------------
     def __len__(self) -> int:
         """Batches this rank yields in a whole epoch (the same on every rank for train; for the
         epoch a resume on another number of ranks continues, the batches of its rest)."""
@@ -196,21 +190,7 @@ class Loader(DataLoaderSurface):
         pick = self.order.positions(self.seed, epoch, self._offset if epoch == self.epoch else 0)
         return self.index.valid_at(pick)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration reads. The next iteration starts it at its first
-        batch, except right after :meth:`load_state_dict` (it continues where the state says)."""
-        epoch = order.non_negative(epoch, "epoch")
-        if epoch != self.epoch or self._finished:
-            self._start_epoch(epoch)
-
-    def _start_epoch(self, epoch: int) -> None:
-        self.epoch, self.position, self.skipped, self._finished = epoch, 0, 0, False
-        self._resumed = False
-        self._offset = 0  # a resume on another number of ranks sets it for its epoch
-        if self._crop_schedule is not None:
-            self._apply_crop(self._crop_schedule(epoch))
-
-    # ---- resolution ----------------------------------------------------------------------
+    # ---- crop ----------------------------------------------------------------------------
     def set_crop(self, crop: Any) -> None:
         """The output size from the next iteration on (between epochs; the train crop's scale and
         ratio and the val resize rule stay): a side, ``(height, width)``, a whole
@@ -222,73 +202,14 @@ class Loader(DataLoaderSurface):
         Raises:
             ValueError: a bad size (named).
         """
-        if callable(crop) and not isinstance(crop, CropSpec):
-            self._crop_schedule = crop
-            crop = crop(self.epoch)
-        else:
-            self._crop_schedule = None
-        self._apply_crop(crop)
-
-    def _apply_crop(self, crop: Any) -> None:
-        crops = resized(self.crops, crop)
-        if crops != self.crops:
-            self.crops, self.crop = crops, crops.size[0] if crops.size[0] == crops.size[1] else crops.size
-            check_stored_size(self.crops, self.index.manifest, train=self.train, crop=self.crop, path=self.path)
-
-    # ---- resume --------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """``{seed, epoch, position, world_size, num_samples, batch_size}``: where the current (or
-        last) iteration stands, so that ``load_state_dict`` of it continues there. ``position``
-        counts the samples of ``epoch`` this rank has consumed; once an epoch's last batch is handed
-        out the state names the next epoch at position 0. Ranks step in lockstep, so rank 0's state
-        says where every rank is; ``offset``: where a resumed rank count's split began (:mod:`.order`)."""
-        if self._finished:
-            return self.order.state(seed=self.seed, epoch=self.epoch + 1, position=0, offset=0)
-        state = self.order.state(seed=self.seed, epoch=self.epoch, position=self.position, offset=self._offset)
-        if self.position and self.crops.size != self._initial_crops.size:
-            state["crop"] = list(self.crops.size)  # mid-epoch at a crop set since: resumed at it
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state``: the next iteration yields exactly the rest of that epoch.
-
-        The state's seed replaces the constructor's (the order and the augmentation are the
-        saved run's; a warning says so when they differ). A train state saved with another number
-        of ranks continues the same epoch on this one: the samples the saved ranks had not handed
-        out yet, split over the new ranks, each exactly once (:mod:`.order`); keep the global
-        batch (``batch_size * world_size``) to keep the steps per epoch. A val state from another
-        number of ranks restarts its evaluation (every sample once); ``shuffle="block"`` resumes
-        on the same number of ranks only.
-        """
-        seed, epoch, position, offset = self.order.restore(state, where=self.path)
-        if seed != self.seed:
-            warnings.warn(
-                f"stoker Loader {self.path}: load_state_dict replaces seed={self.seed} with the state's seed={seed}",
-                UserWarning,
-                stacklevel=2,
-            )
-        self._close_active()
-        self.seed = seed
-        self._start_epoch(epoch)
-        if position:  # mid-epoch: the rest of it at the crop it started with
-            self._apply_crop(tuple(state["crop"]) if "crop" in state else self._initial_crops.size)
-        self.position, self._offset = position, offset
-        self._resumed = True  # a val loader continues a restored position once, too
+        self.cropping.set(crop, self.epoch)
 
     # ---- iteration -----------------------------------------------------------------------
     def __iter__(self) -> LoaderIterator:
-        self._close_active()  # an abandoned iteration: drain it (the next one starts the epoch over)
+        self._active.supersede()  # an abandoned iteration: drain it (the next one starts the epoch over)
         if self._closed:
             raise ArgumentError(f"this Loader of {self.path} was closed; create a new one")
-        it = LoaderIterator(self)
-        self._active = weakref.ref(it)
-        return it
-
-    def _close_active(self) -> None:
-        it = self._active() if self._active is not None else None
-        self._active = None
-        if it is not None:
-            it._supersede()
+        return self._active.start(LoaderIterator(self))
 
     def _iterate(self):
         if self._finished:  # iterated again without set_epoch: the next epoch
@@ -340,17 +261,6 @@ class Loader(DataLoaderSurface):
         its first, ``drop_last`` applied: what an iteration decodes. Each is computed when read."""
         return self._batches(0, self.order.stop(self._offset))
 
-    def _finish_epoch(self, stop: int) -> None:
-        self.position = max(self.position, stop)
-        self._finished = True
-        if self.skipped:
-            warnings.warn(
-                f"stoker Loader {self.path}: epoch {self.epoch}: skipped {self.skipped} "
-                f"undecodable sample(s) on rank {self.rank}",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-
     @property
     def target_stats(self) -> TargetStats | None:
         """The split's target statistics (:meth:`.stages.SplitSource.target_stats`): float targets'
@@ -366,7 +276,7 @@ class Loader(DataLoaderSurface):
     def close(self) -> None:
         """Stop any iteration and release the decode pipeline and the shard maps. The Loader
         cannot be iterated afterwards. Also what ``with Loader(...) as loader:`` does on exit."""
-        self._close_active()
+        self._active.supersede()
         self.decoding.close()
         self.source.close()
         self._closed = True
@@ -389,12 +299,7 @@ class Loader(DataLoaderSurface):
         return self.decoding.settings(self.crops)
 
     def __repr__(self) -> str:
-        return (
-            f"Loader({str(self.path)!r}, batch_size={self.batch_size}, train={self.train}, "
-            f"crop={self.crop}, device={str(self.device)!r}, backend={self.backend!r}, "
-            f"decode={self.decode!r}, shuffle={self.shuffle!r}, rank={self.rank}, "
-            f"world_size={self.world_size}, num_samples={self.num_samples})"
-        )
+        return describe(self)
 
 
 __all__ = [

@@ -1,12 +1,15 @@
 """The Loader's stages, each with a small contract: the split source (local shards, or a URL's
-through the cache) and the decode stage (the backend's runner, the pixel tier, what a runner is
-given). The order is :mod:`.order`'s, the batch plan (header guard, stand-ins, crop boxes)
-:func:`.backends.base.plan_batch`'s, the train recipe :mod:`.augment.apply`'s; the
-:class:`~.loader.Loader` holds them and is the iteration and its state.
+through the cache), the order stage (:func:`sample_order`, this rank's :mod:`.order`, checked),
+the crop stage (the crop recipe, its schedule, what a state records of it) and the decode stage
+(the backend's runner, the pixel tier, what a runner is given). The batch plan (header guard,
+stand-ins, crop boxes) is :func:`.backends.base.plan_batch`'s, the train recipe
+:mod:`.augment.apply`'s; the :class:`~.loader.Loader` holds them and is the iteration and its state.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,12 +18,15 @@ import numpy as np
 
 from stoker.errors import ArgumentError, LoaderError
 
+from . import order
 from .augment import CropSpec
 from .backends.base import DecodeSettings, Runner, next_loadable
 from .cache import ShardCache, is_url
 from .deps import usable_cores
-from .options import Resolved, Storage
+from .loader_checks import check_cache_limit, check_every_rank_has_a_batch, check_stored_size
+from .options import Order, Resolved, Storage, resized
 from .pixels import PixelCache
+from .shards.manifest import Manifest
 from .shards.samples import SampleIndex, open_split
 from .shards.stats import TargetStats
 
@@ -63,10 +69,95 @@ class SplitSource:
             self._target_stats = self.index.target_stats()
         return self._target_stats
 
+    def check_cache_limit(self, sample_order: order.SampleOrder, *, seed: int, block_shards: int) -> None:
+        """A URL's cache limit holds the shards ``sample_order`` needs at once (one line if not); a
+        local split has nothing to check."""
+        if self.cache is not None:
+            limit, index = self.cache.cache_limit, self.index
+            check_cache_limit(limit, sample_order, index, seed=seed, block_shards=block_shards, path=self.path)
+
     def close(self) -> None:
         self.index.close()
         if self.cache is not None:
             self.cache.close()
+
+
+def sample_order(
+    options: Order, source: SplitSource, *, rank: int, world_size: int, train: bool, batch_size: int
+) -> order.SampleOrder:
+    """The order stage: this rank's sample order over ``source``'s loadable samples
+    (:func:`.order.make_order`; ``drop_last`` by default for train only), checked to give every
+    rank a batch."""
+    drop_last = train if options.drop_last is None else bool(options.drop_last)
+    counts, shards = source.index.valid_counts(), options.block_shards
+    made = order.make_order(
+        options.shuffle,
+        counts,
+        block_shards=shards,
+        rank=rank,
+        world_size=world_size,
+        train=train,
+        batch_size=batch_size,
+        drop_last=drop_last,
+    )
+    check_every_rank_has_a_batch(made, num_samples=source.index.num_valid, path=source.path)
+    return made
+
+
+class CropStage:
+    """The crop recipe a Loader's batches are cut with, checked against the sizes the split stores
+    (:func:`.loader_checks.check_stored_size`): :attr:`crops` now, :attr:`crop` its size as given,
+    the :attr:`schedule` :meth:`~.loader.Loader.set_crop` set (a callable of the epoch, applied at
+    each epoch's start), and the size a mid-epoch state records when it is not the one the Loader
+    was made with (:attr:`initial`).
+
+    Args:
+        crops: the crop recipe the Loader was made with.
+        crop: the Loader's ``crop=`` (a side, ``(height, width)`` or that recipe).
+        manifest, train, path: the split's manifest, and the Loader's.
+    """
+
+    def __init__(self, crops: CropSpec, crop: Any, *, manifest: Manifest, train: bool, path: Any):
+        self._check = functools.partial(check_stored_size, manifest=manifest, train=train, path=path)
+        #: the crop recipe (:class:`~.augment.CropSpec`); :attr:`crop` the size as given
+        self.crops, self.crop = crops, crop.size if isinstance(crop, CropSpec) else crop
+        self._check(self.crops, crop=self.crop)
+        self.initial = crops  # a state saved mid-epoch at another crop says so
+        self.schedule: Callable[[int], Any] | None = None
+
+    def set(self, crop: Any, epoch: int) -> None:
+        """A side, ``(height, width)`` or a whole recipe from now on; or a schedule (a callable of
+        the epoch), at ``epoch`` now and at every epoch's start."""
+        if callable(crop) and not isinstance(crop, CropSpec):
+            self.schedule = crop
+            crop = crop(epoch)
+        else:
+            self.schedule = None
+        self.resize(crop)
+
+    def start_epoch(self, epoch: int) -> None:
+        """An epoch starts: the schedule's crop for it, if there is a schedule."""
+        if self.schedule is not None:
+            self.resize(self.schedule(epoch))
+
+    def resize(self, crop: Any) -> None:
+        """The output size ``crop`` (a side, ``(height, width)`` or a whole recipe; a train crop's
+        scale and ratio and the val resize rule stay), checked when it changes."""
+        crops = resized(self.crops, crop)
+        if crops != self.crops:
+            self.crops, self.crop = crops, crops.size[0] if crops.size[0] == crops.size[1] else crops.size
+            self._check(self.crops, crop=self.crop)
+
+    def state(self, position: int) -> dict:
+        """What a state saved ``position`` samples into an epoch records: mid-epoch at a crop set
+        since the Loader was made, that crop's size (the rest of the epoch resumes at it)."""
+        if position and self.crops.size != self.initial.size:
+            return {"crop": list(self.crops.size)}
+        return {}
+
+    def restore(self, state: dict) -> None:
+        """A mid-epoch ``state``'s crop: the size it records, else the one the Loader was made with."""
+        self.resize(tuple(state["crop"]) if "crop" in state else self.initial.size)
 
 
 class DecodeStage:
@@ -202,6 +293,27 @@ class LoaderIterator:
         self._gen.close()
 
 
+class ActiveIteration:
+    """A Loader's one iteration at a time: the newest :class:`LoaderIterator`, held weakly (an
+    iterator its caller drops is closed at once), replaced by the next ``iter(loader)``,
+    ``load_state_dict`` or ``close``."""
+
+    def __init__(self) -> None:
+        self._ref: weakref.ref | None = None
+
+    def start(self, it: LoaderIterator) -> LoaderIterator:
+        """``it`` is now the Loader's iteration (the one before it was superseded already)."""
+        self._ref = weakref.ref(it)
+        return it
+
+    def supersede(self) -> None:
+        """Close the current iteration, if one is alive: its ``next()`` raises from now on."""
+        it = self._ref() if self._ref is not None else None
+        self._ref = None
+        if it is not None:
+            it._supersede()
+
+
 def stand_ins(loader: Any, planned: np.ndarray) -> np.ndarray:
     """The batch planner's stand-ins for a train batch of ``loader`` none of whose ``planned``
     samples is loadable: the next ones of this rank's epoch order (wrapping around) that pass the
@@ -218,4 +330,23 @@ def stand_ins(loader: Any, planned: np.ndarray) -> np.ndarray:
     return picked
 
 
-__all__ = ["DecodeStage", "LoaderIterator", "SplitSource", "stand_ins"]
+def describe(loader: Any) -> str:
+    """A Loader's ``repr``: its split and the settings that pick and shape its batches."""
+    return (
+        f"Loader({str(loader.path)!r}, batch_size={loader.batch_size}, train={loader.train}, "
+        f"crop={loader.crop}, device={str(loader.device)!r}, backend={loader.backend!r}, "
+        f"decode={loader.decode!r}, shuffle={loader.shuffle!r}, rank={loader.rank}, "
+        f"world_size={loader.world_size}, num_samples={loader.num_samples})"
+    )
+
+
+__all__ = [
+    "ActiveIteration",
+    "CropStage",
+    "DecodeStage",
+    "LoaderIterator",
+    "SplitSource",
+    "describe",
+    "sample_order",
+    "stand_ins",
+]
