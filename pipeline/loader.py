@@ -34,7 +34,7 @@ from .backends import Backend
 from .backends.base import DecodeSettings, Runner
 from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler
 from .fsutil import PathLike
-from .loader_checks import DECODES, SHUFFLES, rank_and_world, torch_device
+from .loader_checks import DECODES, SHUFFLES, check_stored_size, rank_and_world, torch_device
 from .options import BackendOptions, Order, Storage, loader_options
 from .pixels import PixelCache
 from .prefetch import cached_groups
@@ -147,6 +147,7 @@ class Loader(EpochState, DataLoaderSurface):
         self.augment, self.mixing = self.recipe.augment, self.recipe.mixing
         #: the crop stage (:class:`.stages.CropStage`): the crop recipe, its schedule, what a state records
         self.cropping = CropStage(opts.crops, crop, manifest=self.index.manifest, train=self.train, path=self.path)
+        check_stored_size(self.crops, self.index.manifest, train=self.train, crop=self.crop, path=self.path)
         self.source.check_cache_limit(self.order, seed=self.seed, block_shards=self.block_shards)
         self.skipped_in_manifest = self.index.num_skipped  #: excluded up front (pack's skips, no image)
         self.skipped = 0  # samples dropped at run time this epoch (failed the header guard or decoding)

@@ -105,14 +105,15 @@ def sample_order(
 
 
 class CropStage:
-    """The crop recipe a Loader's batches are cut with, checked against the sizes the split stores
-    (:func:`.loader_checks.check_stored_size`): :attr:`crops` now, :attr:`crop` its size as given,
-    the :attr:`schedule` :meth:`~.loader.Loader.set_crop` set (a callable of the epoch, applied at
-    each epoch's start), and the size a mid-epoch state records when it is not the one the Loader
-    was made with (:attr:`initial`).
+    """The crop recipe a Loader's batches are cut with: :attr:`crops` now, :attr:`crop` its size as
+    given, the :attr:`schedule` :meth:`~.loader.Loader.set_crop` set (a callable of the epoch,
+    applied at each epoch's start), and the size a mid-epoch state records when it is not the one
+    the Loader was made with (:attr:`initial`). A new size is checked against the sizes the split
+    stores (:func:`.loader_checks.check_stored_size`) by the method that takes it, called straight
+    from the Loader's, so the warning's stack level counts the same calls as in the Loader.
 
     Args:
-        crops: the crop recipe the Loader was made with.
+        crops: the crop recipe the Loader was made with (the Loader checks it).
         crop: the Loader's ``crop=`` (a side, ``(height, width)`` or that recipe).
         manifest, train, path: the split's manifest, and the Loader's.
     """
@@ -121,7 +122,6 @@ class CropStage:
         self._check = functools.partial(check_stored_size, manifest=manifest, train=train, path=path)
         #: the crop recipe (:class:`~.augment.CropSpec`); :attr:`crop` the size as given
         self.crops, self.crop = crops, crop.size if isinstance(crop, CropSpec) else crop
-        self._check(self.crops, crop=self.crop)
         self.initial = crops  # a state saved mid-epoch at another crop says so
         self.schedule: Callable[[int], Any] | None = None
 
@@ -133,19 +133,12 @@ class CropStage:
             crop = crop(epoch)
         else:
             self.schedule = None
-        self.resize(crop)
+        if self._resized(crop):
+            self._check(self.crops, crop=self.crop)
 
     def start_epoch(self, epoch: int) -> None:
         """An epoch starts: the schedule's crop for it, if there is a schedule."""
-        if self.schedule is not None:
-            self.resize(self.schedule(epoch))
-
-    def resize(self, crop: Any) -> None:
-        """The output size ``crop`` (a side, ``(height, width)`` or a whole recipe; a train crop's
-        scale and ratio and the val resize rule stay), checked when it changes."""
-        crops = resized(self.crops, crop)
-        if crops != self.crops:
-            self.crops, self.crop = crops, crops.size[0] if crops.size[0] == crops.size[1] else crops.size
+        if self.schedule is not None and self._resized(self.schedule(epoch)):
             self._check(self.crops, crop=self.crop)
 
     def state(self, position: int) -> dict:
@@ -157,7 +150,17 @@ class CropStage:
 
     def restore(self, state: dict) -> None:
         """A mid-epoch ``state``'s crop: the size it records, else the one the Loader was made with."""
-        self.resize(tuple(state["crop"]) if "crop" in state else self.initial.size)
+        if self._resized(tuple(state["crop"]) if "crop" in state else self.initial.size):
+            self._check(self.crops, crop=self.crop)
+
+    def _resized(self, crop: Any) -> bool:
+        """Take the output size ``crop`` (the train crop's scale and ratio and the val resize rule
+        stay); whether the recipe changed."""
+        crops = resized(self.crops, crop)
+        if crops == self.crops:
+            return False
+        self.crops, self.crop = crops, crops.size[0] if crops.size[0] == crops.size[1] else crops.size
+        return True
 
 
 class DecodeStage:
