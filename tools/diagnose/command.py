@@ -36,6 +36,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -243,9 +244,6 @@ def diagnose(
     from stoker.pipeline.deps import usable_cores
     from stoker.pipeline.options import backend_for
 
-    from .sizing import STEP_FLOOR_S, fit_batch
-    from .timing import CAP, MIN_STEPS
-
     crops = _check_settings(batch_size, crop, seconds, threads)
     crop = crops.size[0] if crops.size[0] == crops.size[1] else crops.size  # for the model: a side or (h, w)
     kind, path = resolve_data(data, storage_options)
@@ -258,11 +256,7 @@ def diagnose(
     if num_samples < batch_size:
         raise UsageError(f"--batch-size {batch_size} is larger than the {num_samples} samples in {path}")
     net = build_net(arch, model, num_classes, crop, task)
-    # Never OOM-killed: the batch that fits this machine's memory (and the run's time), said in one line.
-    # a step may take what lets a figure's MIN_STEPS fit its time (at least STEP_FLOOR_S, so a busy
-    # machine does not shrink a small model's batch)
-    step_limit = max(CAP * seconds / MIN_STEPS, STEP_FLOOR_S)
-    fit = fit_batch(net, batch_size, crop=crop, device=device, task=task, step_limit_s=step_limit)
+    fit = _fit_batch(net, batch_size, crop=crop, device=device, task=task, seconds=seconds)
     if fit.why:
         say(fit.why)
         batch_size = fit.batch
@@ -284,73 +278,18 @@ def diagnose(
         "classes": num_classes,
         "task": task.name if task is not None else "classify",
     }
-    tmp = None
-    alternatives = []
-    try:
+    with contextlib.ExitStack() as cleanup:  # removes the packed sample's folder, however the run ends
         if kind == "shards":
-            from stoker.pipeline.shards.manifest import Manifest
-
-            loader = stoker_loader(path, **loader_kw)
-            manifest = Manifest.load(path)
-            facts |= {
-                "pack": manifest.pack,
-                "loader": describe_loader(loader),
-                "backend": chosen,
-                "loader_hints": loader_hints(manifest, crop),
-            }
-            if threads is not None and threads < cores:
-                alternatives.append(
-                    {
-                        "id": "threads",
-                        "label": f"{cores} threads",
-                        "title": f"Loader threads {cores} (from {threads})",
-                        "action": f"Loader(..., threads={cores})",
-                        "loader": stoker_loader(path, **{**loader_kw, "threads": cores}),
-                    }
-                )
-            if device.startswith("cuda") and decode == "cpu":
-                mixed = dataclasses.replace(loader_kw["backend"], decode="mixed")
-                alternatives.append(
-                    {
-                        "id": "decode_mixed",
-                        "label": 'decode="mixed"',
-                        "title": 'Decode on the GPU (decode="mixed")',
-                        "action": f'Loader(..., backend={type(mixed).__name__}(decode="mixed"))',
-                        "loader": stoker_loader(path, **{**loader_kw, "backend": mixed}),
-                    }
-                )
-        else:
-            from ..bench.runners import torchvision_loader
-
-            workers = workers if workers is not None else cores
-            loader, _ = torchvision_loader(
-                path, batch_size=batch_size, crop=crop, workers=workers, pin_memory=device.startswith("cuda")
+            loader, more, alternatives = _shard_loaders(
+                path, loader_kw, chosen=chosen, crop=crop, threads=threads, cores=cores
             )
-            facts |= {
-                "backend": chosen,
-                "loader": "torchvision ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize, "
-                f"DataLoader(num_workers={workers}): float32 batches on the host",
-            }
+        else:
+            workers = workers if workers is not None else cores
+            loader, more = _torchvision_loader(
+                path, batch_size, chosen=chosen, crop=crop, workers=workers, device=device
+            )
             n = min(pack_sample_size, num_samples)
-            if n > 0:
-                from stoker.pipeline.shards.manifest import Manifest
-
-                say(f"packing {n} images into a temporary folder to measure stoker on them")
-                tmp = Path(tempfile.mkdtemp(prefix="stoker-diagnose-"))
-                split = pack_sample(path, n, tmp)
-                packed_batch = min(batch_size, Manifest.load(split).num_samples)
-                alternatives.append(
-                    {
-                        "id": "pack",
-                        "label": "after stoker pack",
-                        "title": "Pack with stoker pack, load with stoker's Loader",
-                        "action": f"stoker pack {pack_source(data, path)} OUT; then Loader('OUT/train', "
-                        f"batch_size={batch_size}, "
-                        f"crop={crop}, device={device!r})",
-                        "loader": stoker_loader(split, **{**loader_kw, "batch_size": packed_batch}),
-                        "basis_note": f"on {n} of the images, packed with defaults",
-                    }
-                )
+            alternatives = [] if n <= 0 else [_packed_sample(data, path, n, loader_kw, crop, say, cleanup)]
         try:
             rep = run_diagnosis(
                 loader,
@@ -361,7 +300,7 @@ def diagnose(
                 seconds=seconds,
                 amp=amp,
                 channels_last=channels_last,
-                data=facts,
+                data=facts | more,
                 alternatives=alternatives,
                 progress=say,
                 task=task,
@@ -369,13 +308,99 @@ def diagnose(
             )
         except DiagnoseError as e:
             raise UsageError(str(e)) from None
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
     rep["settings"]["model"] = (
         model if isinstance(model, str) and model else (type(model).__name__ if model is not None else arch)
     )
     return Diagnosis(rep)
+
+
+def _fit_batch(net, batch_size: int, *, crop, device: str, task, seconds: float):
+    """The :class:`~stoker.tools.diagnose.sizing.BatchFit` of ``batch_size``: never OOM-killed, the
+    batch that fits this machine's memory (and the run's time), said in one line."""
+    from . import sizing
+    from .timing import CAP, MIN_STEPS
+
+    # a step may take what lets a figure's MIN_STEPS fit its time (at least STEP_FLOOR_S, so a busy
+    # machine does not shrink a small model's batch)
+    step_limit = max(CAP * seconds / MIN_STEPS, sizing.STEP_FLOOR_S)
+    return sizing.fit_batch(net, batch_size, crop=crop, device=device, task=task, step_limit_s=step_limit)
+
+
+def _shard_loaders(path: Path, loader_kw: dict, *, chosen: str, crop, threads: int | None, cores: int):
+    """``(loader, facts, alternatives)`` for stoker shards: the Loader as asked, what the report
+    says of it, and the Loaders that would load faster (more threads, GPU decoding)."""
+    from stoker.pipeline.shards.manifest import Manifest
+
+    loader = stoker_loader(path, **loader_kw)
+    manifest = Manifest.load(path)
+    facts = {
+        "pack": manifest.pack,
+        "loader": describe_loader(loader),
+        "backend": chosen,
+        "loader_hints": loader_hints(manifest, crop),
+    }
+    alternatives = []
+    if threads is not None and threads < cores:
+        alternatives.append(
+            {
+                "id": "threads",
+                "label": f"{cores} threads",
+                "title": f"Loader threads {cores} (from {threads})",
+                "action": f"Loader(..., threads={cores})",
+                "loader": stoker_loader(path, **{**loader_kw, "threads": cores}),
+            }
+        )
+    if loader_kw["device"].startswith("cuda") and loader_kw["backend"].decode == "cpu":
+        mixed = dataclasses.replace(loader_kw["backend"], decode="mixed")
+        alternatives.append(
+            {
+                "id": "decode_mixed",
+                "label": 'decode="mixed"',
+                "title": 'Decode on the GPU (decode="mixed")',
+                "action": f'Loader(..., backend={type(mixed).__name__}(decode="mixed"))',
+                "loader": stoker_loader(path, **{**loader_kw, "backend": mixed}),
+            }
+        )
+    return loader, facts, alternatives
+
+
+def _torchvision_loader(path: Path, batch_size: int, *, chosen: str, crop, workers: int, device: str):
+    """``(loader, facts)``: the torchvision pipeline an ImageFolder is trained with now."""
+    from ..bench.runners import torchvision_loader
+
+    loader, _ = torchvision_loader(
+        path, batch_size=batch_size, crop=crop, workers=workers, pin_memory=device.startswith("cuda")
+    )
+    return loader, {
+        "backend": chosen,
+        "loader": "torchvision ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize, "
+        f"DataLoader(num_workers={workers}): float32 batches on the host",
+    }
+
+
+def _packed_sample(
+    data: str | Path, path: Path, n: int, loader_kw: dict, crop, say: Callable[[str], None], cleanup
+) -> dict:
+    """The "after stoker pack" alternative: ``n`` images of the ImageFolder ``path`` packed into a
+    temporary folder (removed when ``cleanup``, an ExitStack, closes) and stoker's Loader on them."""
+    from stoker.pipeline.shards.manifest import Manifest
+
+    say(f"packing {n} images into a temporary folder to measure stoker on them")
+    tmp = Path(tempfile.mkdtemp(prefix="stoker-diagnose-"))
+    cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
+    split = pack_sample(path, n, tmp)
+    batch_size, device = loader_kw["batch_size"], loader_kw["device"]
+    packed_batch = min(batch_size, Manifest.load(split).num_samples)
+    return {
+        "id": "pack",
+        "label": "after stoker pack",
+        "title": "Pack with stoker pack, load with stoker's Loader",
+        "action": f"stoker pack {pack_source(data, path)} OUT; then Loader('OUT/train', "
+        f"batch_size={batch_size}, "
+        f"crop={crop}, device={device!r})",
+        "loader": stoker_loader(split, **{**loader_kw, "batch_size": packed_batch}),
+        "basis_note": f"on {n} of the images, packed with defaults",
+    }
 
 
 def main(args: argparse.Namespace) -> int:

@@ -13,6 +13,8 @@ channels_last) follow, best first, each only while the run stays within its time
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable, Iterable
 
 from stoker.errors import ArgumentError, DiagnoseError
@@ -96,29 +98,17 @@ def run_diagnosis(
         Every measured figure carries ``trust`` (``ok``, ``few``, ``noisy``) and its spread;
         advice rests only on trusted figures (see :func:`~stoker.tools.diagnose.report.next_steps`).
     """
-    import time
-
     import torch
 
     from stoker import __version__
     from stoker.model.audit import audit_model
     from stoker.model.train.runtime import resolve_amp as train_amp
 
-    from .measure import environment, hw_of, measure_end_to_end, measure_loader, measure_model_alone, measure_transfer
+    from .measure import environment
     from .report import caveats_of, judge, next_steps
     from .timing import CAP, MIN_STEPS
 
-    if batch_size < 1:
-        raise ArgumentError(f"batch_size={batch_size} must be >= 1")
-    h, w = hw_of(crop)
-    if min(h, w) < 1:
-        raise ArgumentError(f"crop={crop} must be >= 1")
-    if seconds <= 0:
-        raise ArgumentError(f"seconds={seconds} must be > 0")
-    if amp not in ("auto", "bf16", "fp16", "off"):
-        raise ArgumentError(f"amp={amp!r} must be 'auto', 'bf16', 'fp16' or 'off'")
-    if channels_last not in ("auto", "on", "off"):
-        raise ArgumentError(f"channels_last={channels_last!r} must be 'auto', 'on' or 'off'")
+    h, w = _check_arguments(batch_size, crop, seconds, amp, channels_last)
     say = progress or (lambda line: None)
     device = torch.device(device)
     budget = BUDGET * seconds if budget_s is None else budget_s
@@ -127,96 +117,23 @@ def run_diagnosis(
 
     say("auditing the model's parameters and FLOPs")
     audit = audit_model(model, input_size=(3, h, w))
-
-    say(f"loader alone (at least {seconds:g} s and {MIN_STEPS} batches)")
-    loader_r = measure_loader(loader, seconds=seconds, warmup_batches=warmup_batches)
-
-    # Alternatives right after, so the loader figures compare side by side in time.
-    alt_r = []
-    for alt in alternatives or []:
-        say(f"loader: {alt['title']}")
-        r = measure_loader(alt["loader"], seconds=seconds, warmup_batches=warmup_batches)
-        alt_r.append({k: v for k, v in alt.items() if k != "loader"} | {"result": r})
+    loader_r, alt_r = _measure_loaders(loader, alternatives, seconds=seconds, warmup_batches=warmup_batches, say=say)
 
     amp_dtype, amp_why = resolve_amp(amp, device)
-    cl = channels_last == "on" or (channels_last == "auto" and has_conv(model))
-    cl_why = {"on": "--channels-last on", "off": "--channels-last off"}.get(
-        channels_last, "model has convolutions" if cl else "not measured: no convolutions in the model"
-    )
-    model_r: dict = {}
-
-    def model_alone(key, a=None, c=False, batch=batch_size, warm=warmup_batches):
-        say(f"model alone, {a or 'fp32'}{' channels_last' if c else ''}, batch {batch}")
-        model_r[key] = measure_model_alone(
-            model,
-            batch_size=batch,
-            crop=crop,
-            device=device,
-            amp=a,
-            channels_last=c,
-            seconds=seconds,
-            warmup=warm,
-            task=task,
-        )
-
-    model_alone("fp32")
-    fp32 = model_r["fp32"]
-    if fp32.get("images_per_s") is None:
-        raise DiagnoseError(
-            f"the model does not train at batch {batch_size} on {device}: {fp32.get('error')}; try a smaller batch size"
-        )
+    cl, cl_why = _channels_last_choice(channels_last, model)
+    bench = _ModelBench(model, crop=crop, device=device, seconds=seconds, task=task, say=say)
+    fp32 = _measure_fp32(bench, batch_size, warmup_batches)
     # One step that outlasts the budget: one warm-up step is plenty, and saves minutes.
     warm = 1 if fp32["step_ms"] > 1000 * seconds else warmup_batches
+    e2e, transfer = _measure_end_to_end_and_transfer(loader, model, loader_r, device, seconds, warm, task, say)
 
-    say("end to end, loader + model")
-    e2e = measure_end_to_end(loader, model, device=device, seconds=seconds, warmup_batches=warm, task=task)
-
-    batch_dev = torch.device(loader_r["device"])
-    transfer = measure_transfer(loader_r["batch_shape"], device=device, seconds=min(seconds, 2.0))
-    # The bus is a stage only when batches are made on the host and trained on the GPU.
-    transfer["applies"] = bool(transfer["applies"] and batch_dev.type != device.type)
-    transfer["loader_dtype"] = loader_r["dtype"]
-    transfer["loader_device"] = loader_r["device"]
-
-    stages = {"loader": loader_r["images_per_s"], "model": fp32["images_per_s"]}
-    if transfer["applies"]:
-        key = "uint8_images_per_s" if loader_r["dtype"] == "uint8" else "float32_images_per_s"
-        stages["transfer"] = transfer[key]
+    stages = _stages(loader_r, fp32, transfer)
     caveats = caveats_of(loader_r, fp32, transfer)
     verdict = judge(stages, e2e, caveats=caveats)
 
-    # The model's variants, most telling first, while the run's budget lasts. Each costs its
-    # warm-up and its timed steps; estimated from the fp32 step (a variant may well be faster).
-    variants = []
-    if amp_dtype:
-        variants.append(("amp", amp_dtype, False, batch_size))
-    if cl:
-        variants.append(("channels_last", None, True, batch_size))
-    # A bigger batch is worth measuring only when the model is what bounds training.
-    if verdict["bound"] == "model" and (fit is None or fit.fits(2 * batch_size, device)):
-        variants.append(("fp32_batch_x2", None, False, 2 * batch_size))
-    if amp_dtype and cl:
-        variants.append(("amp_channels_last", amp_dtype, True, batch_size))
-    step_s = fp32["step_ms"] / 1000
-    for key, a, c, batch in variants:
-        s = step_s * batch / batch_size
-        timed = max(seconds, s * MIN_STEPS) if s * MIN_STEPS <= CAP * seconds else max(seconds, s)
-        cost = warm * s + timed
-        left = deadline - time.perf_counter()
-        if cost > left:
-            of = f", {BUDGET}x --seconds" if budget_s is None else ""
-            model_r[key] = {
-                "applies": False,
-                "why": f"not measured: about {cost:.{0 if cost >= 10 else 1}f} s more would pass the run's "
-                f"time budget ({budget:g} s{of}); a longer --seconds measures it",
-            }
-            continue
-        model_alone(key, a, c, batch, warm)
-
-    model_r.setdefault("amp", {"applies": False, "why": amp_why})
-    model_r["amp"].setdefault("why", amp_why)
-    model_r.setdefault("channels_last", {"applies": False, "why": cl_why})
-    model_r["channels_last"].setdefault("why", cl_why)
+    variants = _model_variants(amp_dtype, cl, verdict["bound"], fit, batch_size, device)
+    _measure_variants(bench, variants, fp32, batch_size, warm, deadline=deadline, budget=budget, budget_s=budget_s)
+    model_r = _with_whys(bench.results, amp_why=amp_why, cl_why=cl_why)
 
     steps, not_helping = next_steps(
         stages,
@@ -260,3 +177,174 @@ def run_diagnosis(
         "next_steps": steps,
         "not_helping": not_helping,
     }
+
+
+def _channels_last_choice(channels_last: str, model) -> tuple[bool, str]:
+    """``(measure channels_last?, why)`` for the ``channels_last`` argument and ``model``."""
+    cl = channels_last == "on" or (channels_last == "auto" and has_conv(model))
+    cl_why = {"on": "--channels-last on", "off": "--channels-last off"}.get(
+        channels_last, "model has convolutions" if cl else "not measured: no convolutions in the model"
+    )
+    return cl, cl_why
+
+
+def _check_arguments(batch_size: int, crop, seconds: float, amp: str, channels_last: str) -> tuple[int, int]:
+    """The crop's ``(height, width)``, once every argument is checked (one-line ArgumentError each)."""
+    from .measure import hw_of
+
+    if batch_size < 1:
+        raise ArgumentError(f"batch_size={batch_size} must be >= 1")
+    h, w = hw_of(crop)
+    if min(h, w) < 1:
+        raise ArgumentError(f"crop={crop} must be >= 1")
+    if seconds <= 0:
+        raise ArgumentError(f"seconds={seconds} must be > 0")
+    if amp not in ("auto", "bf16", "fp16", "off"):
+        raise ArgumentError(f"amp={amp!r} must be 'auto', 'bf16', 'fp16' or 'off'")
+    if channels_last not in ("auto", "on", "off"):
+        raise ArgumentError(f"channels_last={channels_last!r} must be 'auto', 'on' or 'off'")
+    return h, w
+
+
+def _measure_loaders(
+    loader: Iterable, alternatives: list | None, *, seconds: float, warmup_batches: int, say: Callable[[str], None]
+) -> tuple[dict, list]:
+    """``(the loader's figures, each alternative's dict with its figures as "result")``."""
+    from .measure import measure_loader
+    from .timing import MIN_STEPS
+
+    say(f"loader alone (at least {seconds:g} s and {MIN_STEPS} batches)")
+    loader_r = measure_loader(loader, seconds=seconds, warmup_batches=warmup_batches)
+    # Alternatives right after, so the loader figures compare side by side in time.
+    alt_r = []
+    for alt in alternatives or []:
+        say(f"loader: {alt['title']}")
+        r = measure_loader(alt["loader"], seconds=seconds, warmup_batches=warmup_batches)
+        alt_r.append({k: v for k, v in alt.items() if k != "loader"} | {"result": r})
+    return loader_r, alt_r
+
+
+@dataclasses.dataclass
+class _ModelBench:
+    """Measures the model alone in one setting after another, keeping each figure in ``results``."""
+
+    model: object
+    crop: object
+    device: object
+    seconds: float
+    task: object
+    say: Callable[[str], None]
+    results: dict = dataclasses.field(default_factory=dict)
+
+    def measure(self, key: str, amp: str | None = None, channels_last: bool = False, *, batch: int, warm: int) -> dict:
+        """Measure one setting, keep its figures under ``key`` and return them."""
+        from .measure import measure_model_alone
+
+        self.say(f"model alone, {amp or 'fp32'}{' channels_last' if channels_last else ''}, batch {batch}")
+        self.results[key] = measure_model_alone(
+            self.model,
+            batch_size=batch,
+            crop=self.crop,
+            device=self.device,
+            amp=amp,
+            channels_last=channels_last,
+            seconds=self.seconds,
+            warmup=warm,
+            task=self.task,
+        )
+        return self.results[key]
+
+
+def _measure_fp32(bench: _ModelBench, batch_size: int, warmup_batches: int) -> dict:
+    """The model alone in fp32, the figure the verdict needs; DiagnoseError when it does not train."""
+    fp32 = bench.measure("fp32", batch=batch_size, warm=warmup_batches)
+    if fp32.get("images_per_s") is None:
+        raise DiagnoseError(
+            f"the model does not train at batch {batch_size} on {bench.device}: {fp32.get('error')}; "
+            "try a smaller batch size"
+        )
+    return fp32
+
+
+def _measure_end_to_end_and_transfer(loader, model, loader_r: dict, device, seconds: float, warm: int, task, say):
+    """``(end-to-end figures, transfer figures)``: the loader feeding the model, then the bus alone."""
+    import torch
+
+    from .measure import measure_end_to_end, measure_transfer
+
+    say("end to end, loader + model")
+    e2e = measure_end_to_end(loader, model, device=device, seconds=seconds, warmup_batches=warm, task=task)
+
+    batch_dev = torch.device(loader_r["device"])
+    transfer = measure_transfer(loader_r["batch_shape"], device=device, seconds=min(seconds, 2.0))
+    # The bus is a stage only when batches are made on the host and trained on the GPU.
+    transfer["applies"] = bool(transfer["applies"] and batch_dev.type != device.type)
+    transfer["loader_dtype"] = loader_r["dtype"]
+    transfer["loader_device"] = loader_r["device"]
+    return e2e, transfer
+
+
+def _stages(loader_r: dict, fp32: dict, transfer: dict) -> dict:
+    """Images per second of each stage of training: the loader, the model and (where it applies) the bus."""
+    stages = {"loader": loader_r["images_per_s"], "model": fp32["images_per_s"]}
+    if transfer["applies"]:
+        key = "uint8_images_per_s" if loader_r["dtype"] == "uint8" else "float32_images_per_s"
+        stages["transfer"] = transfer[key]
+    return stages
+
+
+def _model_variants(amp_dtype: str | None, cl: bool, bound: str, fit, batch_size: int, device) -> list[tuple]:
+    """The model's variants worth measuring, most telling first: ``(key, amp, channels_last, batch)`` each."""
+    variants = []
+    if amp_dtype:
+        variants.append(("amp", amp_dtype, False, batch_size))
+    if cl:
+        variants.append(("channels_last", None, True, batch_size))
+    # A bigger batch is worth measuring only when the model is what bounds training.
+    if bound == "model" and (fit is None or fit.fits(2 * batch_size, device)):
+        variants.append(("fp32_batch_x2", None, False, 2 * batch_size))
+    if amp_dtype and cl:
+        variants.append(("amp_channels_last", amp_dtype, True, batch_size))
+    return variants
+
+
+def _measure_variants(
+    bench: _ModelBench,
+    variants: list[tuple],
+    fp32: dict,
+    batch_size: int,
+    warm: int,
+    *,
+    deadline: float,
+    budget: float,
+    budget_s: float | None,
+) -> None:
+    """Measure ``variants`` while the run's ``budget`` lasts; each one that would pass ``deadline``
+    gets why it was not measured instead (``budget_s``: the caller's budget, None for the default)."""
+    from .timing import CAP, MIN_STEPS
+
+    # Each costs its warm-up and its timed steps; estimated from the fp32 step (a variant may well be faster).
+    step_s = fp32["step_ms"] / 1000
+    for key, a, c, batch in variants:
+        s = step_s * batch / batch_size
+        timed = max(bench.seconds, s * MIN_STEPS) if s * MIN_STEPS <= CAP * bench.seconds else max(bench.seconds, s)
+        cost = warm * s + timed
+        left = deadline - time.perf_counter()
+        if cost > left:
+            of = f", {BUDGET}x --seconds" if budget_s is None else ""
+            bench.results[key] = {
+                "applies": False,
+                "why": f"not measured: about {cost:.{0 if cost >= 10 else 1}f} s more would pass the run's "
+                f"time budget ({budget:g} s{of}); a longer --seconds measures it",
+            }
+            continue
+        bench.measure(key, a, c, batch=batch, warm=warm)
+
+
+def _with_whys(model_r: dict, *, amp_why: str, cl_why: str) -> dict:
+    """``model_r`` with the AMP and channels_last figures saying why they were (not) measured."""
+    model_r.setdefault("amp", {"applies": False, "why": amp_why})
+    model_r["amp"].setdefault("why", amp_why)
+    model_r.setdefault("channels_last", {"applies": False, "why": cl_why})
+    model_r["channels_last"].setdefault("why", cl_why)
+    return model_r

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -113,8 +113,6 @@ def _pack_part_locked(
     engine: str = "local",
     remote: Remote | None = None,
 ) -> dict:
-    from tqdm import tqdm
-
     split_dir = out / split
     split_dir.mkdir(parents=True, exist_ok=True)
     prefix = shard_name(split, 0, part, parts)[: -len("000000.tar")]
@@ -125,89 +123,163 @@ def _pack_part_locked(
     nshards, pos, done = part_status(records)
     pos = max(pos, start)
     stats = {"packed": 0, "rejected": 0, "copied": 0, "shards": 0, "bytes": 0, "restored": 0}
-    if remote is None:
-        damaged, uploads = _damaged_shards(split_dir, records, start), []
-    else:
-        damaged, uploads = remote.check(split_dir, records, start)
-    if damaged:
-        stats["restored"] = _restore(
-            split_dir, source.splits[split], source, damaged, settings=settings, workers=workers, engine=engine
-        )
-    if remote is not None:  # staged shards of a killed run, and the ones just rebuilt
-        for name in uploads + [info["name"] for _, _, info in damaged]:
-            remote.publish(split_dir, name)
-        stats["restored"] += len(uploads)
+    stats["restored"] = _repair_shards(
+        split_dir, records, start, source, split, settings=settings, workers=workers, engine=engine, remote=remote
+    )
     if done:
         return stats
-    writer: ShardWriter | None = None
-    rejects: list[tuple[str, str]] = []
-    target = source.target
-    seen = target.spec.accumulator(target)  # what the packer saw of the targets, journaled per shard
-
-    def close(end_pos: int) -> None:
-        """Finish the open shard (if any) and journal it with the rejects of its range."""
-        nonlocal writer, nshards, rejects, seen
-        info = None
-        if writer is not None:
-            writer.__exit__(None, None, None)
-            info = writer.info
-            writer = None
-            nshards += 1
-            stats["shards"] += 1
-            stats["bytes"] += info.bytes
-        journal.append(shard_record(info, end_pos, rejects, seen.state() if seen is not None and info else None))
-        rejects = []
-        seen = target.spec.accumulator(target)
-        if remote is not None and info is not None:  # journaled first: a kill mid-upload re-uploads
-            remote.publish(split_dir, info.name)
-
+    shards = _PartShards(
+        split_dir,
+        journal,
+        source.target,
+        stats,
+        name=partial(shard_name, split, part=part, parts=parts),
+        nshards=nshards,
+        samples_per_shard=samples_per_shard,
+        shard_size=shard_size,
+        remote=remote,
+    )
     desc = split + (f" {part}/{parts}" if parts > 1 else "")
     items = source.splits[split]
     with (
         _sanitizer(settings, workers, source, engine) as sanitizer,
-        tqdm(
-            total=end - start,
-            initial=pos - start,
-            desc=desc,
-            unit="img",
-            file=sys.stderr,
-            disable=None if progress else True,
-            smoothing=0.05,
-            dynamic_ncols=True,
-        ) as bar,
+        _progress_bar(total=end - start, initial=pos - start, desc=desc, progress=progress) as bar,
     ):
         try:
             for i, res in enumerate(sanitizer.results(items[pos:end]), start=pos):
                 it = items[i]
                 bar.update(1)
                 if res.jpg is None:
-                    rejects.append((display_path(it.rel), res.reason))
-                    stats["rejected"] += 1
+                    shards.reject(it, res)
                     continue
-                comps = _components(it, res, source)
-                if writer is not None and (
-                    len(writer) >= samples_per_shard
-                    if samples_per_shard
-                    else writer.bytes_written + _sample_bytes(comps) + 1024 > shard_size
-                ):
-                    close(i)
-                if writer is None:  # entered and exited by hand: shards roll over mid-loop
-                    writer = ShardWriter(out / split / shard_name(split, nshards, part, parts)).__enter__()
-                writer.write(f"{i:09d}", comps)
-                if seen is not None and target.spatial:
-                    seen.add_counts(res.mask_counts)  # the sanitizer counted the mask's pixels
-                elif seen is not None:
-                    seen.add(np.asarray(it.target, np.float32))  # the values as stored
-                stats["packed"] += 1
-                stats["copied"] += res.copied
-            if writer is not None or rejects:
-                close(end)
+                shards.add(i, it, res, _components(it, res, source))
+            if shards.writer is not None or shards.rejects:
+                shards.close(end)
             journal.append({"done": True, "end": end})
         except BaseException:
-            if writer is not None:  # leave no half shard under a .tmp name
-                writer.__exit__(*sys.exc_info())
+            shards.abort()
             raise
     return stats
+
+
+def _repair_shards(
+    split_dir: Path,
+    records: list[dict],
+    start: int,
+    source: Source,
+    split: str,
+    *,
+    settings: Settings,
+    workers: int,
+    engine: str,
+    remote: Remote | None,
+) -> int:
+    """Rebuild the journaled shards of this part that were deleted or damaged since, and (to a
+    remote OUT) upload them and the staged shards of a killed run; returns how many."""
+    if remote is None:
+        damaged, uploads = _damaged_shards(split_dir, records, start), []
+    else:
+        damaged, uploads = remote.check(split_dir, records, start)
+    restored = 0
+    if damaged:
+        restored = _restore(
+            split_dir, source.splits[split], source, damaged, settings=settings, workers=workers, engine=engine
+        )
+    if remote is not None:  # staged shards of a killed run, and the ones just rebuilt
+        for name in uploads + [info["name"] for _, _, info in damaged]:
+            remote.publish(split_dir, name)
+        restored += len(uploads)
+    return restored
+
+
+def _progress_bar(*, total: int, initial: int, desc: str, progress: bool):
+    """The tqdm bar of one part on stderr (a no-op one when ``progress`` is off)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit="img",
+        file=sys.stderr,
+        disable=None if progress else True,
+        smoothing=0.05,
+        dynamic_ncols=True,
+    )
+
+
+class _PartShards:
+    """The shards of one part as they are written: the open shard rolls over when full, and each
+    finished shard is journaled with the rejects of its range and what was seen of its targets
+    (then uploaded, to a remote OUT). Counts go into ``stats``."""
+
+    def __init__(
+        self,
+        split_dir: Path,
+        journal: Journal,
+        target,
+        stats: dict,
+        *,
+        name: Callable[[int], str],
+        nshards: int,
+        samples_per_shard: int,
+        shard_size: int,
+        remote: Remote | None,
+    ):
+        self.split_dir, self.journal, self.target, self.stats = split_dir, journal, target, stats
+        self.name, self.nshards, self.remote = name, nshards, remote  # name(index): the shard's file name
+        self.samples_per_shard, self.shard_size = samples_per_shard, shard_size
+        self.writer: ShardWriter | None = None
+        self.rejects: list[tuple[str, str]] = []
+        self.seen = target.spec.accumulator(target)  # what the packer saw of the targets, journaled per shard
+
+    def reject(self, it: Item, res: Sanitized) -> None:
+        """Note an input that is not packed, with why."""
+        self.rejects.append((display_path(it.rel), res.reason))
+        self.stats["rejected"] += 1
+
+    def add(self, i: int, it: Item, res: Sanitized, comps: dict[str, bytes]) -> None:
+        """Write input ``i`` (its tar members ``comps``), first closing the open shard if it is full."""
+        writer = self.writer
+        if writer is not None and (
+            len(writer) >= self.samples_per_shard
+            if self.samples_per_shard
+            else writer.bytes_written + _sample_bytes(comps) + 1024 > self.shard_size
+        ):
+            self.close(i)
+        if self.writer is None:  # entered and exited by hand: shards roll over mid-loop
+            self.writer = ShardWriter(self.split_dir / self.name(self.nshards)).__enter__()
+        self.writer.write(f"{i:09d}", comps)
+        if self.seen is not None and self.target.spatial:
+            self.seen.add_counts(res.mask_counts)  # the sanitizer counted the mask's pixels
+        elif self.seen is not None:
+            self.seen.add(np.asarray(it.target, np.float32))  # the values as stored
+        self.stats["packed"] += 1
+        self.stats["copied"] += res.copied
+
+    def close(self, end_pos: int) -> None:
+        """Finish the open shard (if any) and journal it with the rejects of its range."""
+        info = None
+        if self.writer is not None:
+            self.writer.__exit__(None, None, None)
+            info = self.writer.info
+            self.writer = None
+            self.nshards += 1
+            self.stats["shards"] += 1
+            self.stats["bytes"] += info.bytes
+        seen = self.seen
+        self.journal.append(
+            shard_record(info, end_pos, self.rejects, seen.state() if seen is not None and info else None)
+        )
+        self.rejects = []
+        self.seen = self.target.spec.accumulator(self.target)
+        if self.remote is not None and info is not None:  # journaled first: a kill mid-upload re-uploads
+            self.remote.publish(self.split_dir, info.name)
+
+    def abort(self) -> None:
+        """Called while an error or Ctrl-C is being handled: leave no half shard under a .tmp name."""
+        if self.writer is not None:
+            self.writer.__exit__(*sys.exc_info())
 
 
 def _damaged_shards(split_dir: Path, records: list[dict], start: int) -> list[tuple[int, int, dict]]:
