@@ -88,17 +88,18 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def flag_spelling(parser: argparse.ArgumentParser, command: str) -> Callable[[str], str | None]:
+def flag_spelling(parser: argparse.ArgumentParser, command: str) -> Callable[[str], str]:
     """How ``stoker COMMAND`` names a Python argument in an error (:func:`stoker.errors.arg`):
     the first long option of the action whose ``dest`` it is (``workers`` -> ``--workers``), a
     positional's metavar (``src`` -> ``SRC``); a plural keyword is its repeated flag's dest
-    (``storage_options`` -> ``--storage-option``). None (the Python spelling) for any other name."""
+    (``storage_options`` -> ``--storage-option``); any other name is spelled as stoker's flags are
+    (``num_classes`` -> ``--num-classes``: a hint about another command's flag)."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     flags: dict[str, str] = {}
     for action in sub.choices[command]._actions:
         names = [o for o in action.option_strings if o.startswith("--")] or action.option_strings
         flags.setdefault(action.dest, names[0] if names else action.metavar or action.dest.upper())
-    return lambda name: flags.get(name) or flags.get(name.removesuffix("s"))
+    return lambda name: flags.get(name) or flags.get(name.removesuffix("s")) or "--" + name.replace("_", "-")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
