@@ -63,7 +63,10 @@ def test_pack_names_workers_from_python_and_the_flag_from_the_command(packed, tm
     with pytest.raises(UsageError) as e:
         pack(src, tmp_path / "o", workers=0)
     assert str(e.value) == "workers must be >= 1, got 0"
-    assert run("pack", src, tmp_path / "o", "--workers", "0") == (2, "stoker pack: error: --workers must be >= 1, got 0\n")
+    assert run("pack", src, tmp_path / "o", "--workers", "0") == (
+        2,
+        "stoker pack: error: --workers must be >= 1, got 0\n",
+    )
     with pytest.raises(UsageError) as e:
         pack(src, tmp_path / "o", ray_address="auto")
     assert str(e.value) == "ray_address needs engine='ray'"

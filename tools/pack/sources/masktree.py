@@ -29,12 +29,16 @@ def scan_masks(
     link, a second link) is a reject ``"same file as <first>"``, while one mask may serve several
     images. The hidden folders of ``src`` left out are appended to ``hidden``."""
     if not masks.is_dir():
-        raise UsageError(f"{arg('masks', str(masks))} is not a folder (a tree parallel to SRC: same relative paths and stems)")
+        raise UsageError(
+            f"{arg('masks', str(masks))} is not a folder (a tree parallel to SRC: same relative paths and stems)"
+        )
     if not src.is_dir():
         raise UsageError(f"{arg('masks')} needs SRC to be a folder of images, not {src}")
     rs, rm = src.resolve(), masks.resolve()
     if rs == rm or rs in rm.parents or rm in rs.parents:
-        raise UsageError(f"{arg('masks', str(masks))} and SRC {src} overlap: keep the images and the masks in two folders")
+        raise UsageError(
+            f"{arg('masks', str(masks))} and SRC {src} overlap: keep the images and the masks in two folders"
+        )
     top = class_dirs(src)
     names = [s for s in SPLITS if s in top] if "train" in top and set(top) <= set(SPLITS) else [None]
     splits: dict[str, list[Item]] = {}
