@@ -381,7 +381,7 @@ class ParquetReader(SourceReader):
             self.target_columns = candidates
         else:
             raise UsageError(
-                f"{self.src}: which column is the target? choose with {arg('target_column')} "
+                f"{self.src}: which column is the target? choose with {arg('target_column')} NAME "
                 f"(columns: {listing}; the image is {image!r})"
             )
 
