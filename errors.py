@@ -7,10 +7,50 @@ of showing a traceback. Errors that are also a ``ValueError`` (bad values), ``Im
 missing extra) or ``RuntimeError`` (a failure while running) say so, so code written against the
 builtin kinds keeps catching them.
 
+A message names the arguments it is about with :func:`arg`: Python callers read the Python
+spelling (``workers must be >= 1``), the ``stoker`` command prints the command's own flag
+(``--workers must be >= 1``), from its parser (:meth:`StokerError.spelled`).
+
 This module imports nothing heavy: ``from stoker.errors import ...`` is instant.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+# An argument named in a message: MARK name [SEP repr(value) SEP str(value)] MARK. Control
+# characters no user text holds, so the command rewrites exactly the marked names, never prose.
+_MARK, _SEP = "\x1f", "\x1e"
+_MARKED = re.compile("\x1f([^\x1e\x1f]+)(?:\x1e([^\x1e\x1f]*)\x1e([^\x1e\x1f]*))?\x1f")
+_NO_VALUE = object()
+
+
+def arg(name: str, value: object = _NO_VALUE) -> str:
+    """Name the Python argument ``name`` (with its ``value``) in a :class:`StokerError` message.
+
+    Python callers read ``name`` (``name='value'``); the ``stoker`` command reads the flag of its
+    own that sets ``name`` (``--name value``, ``SRC value`` for a positional).
+
+    Example:
+        ``UsageError(f"{arg('workers')} must be >= 1, got {workers}")``
+    """
+    if value is _NO_VALUE:
+        return f"{_MARK}{name}{_MARK}"
+    return f"{_MARK}{name}{_SEP}{value!r}{_SEP}{value}{_MARK}"
+
+
+def _spell(marked: str, flag: Callable[[str], str | None]) -> str:
+    """``marked`` with each :func:`arg` as ``flag(name)`` (its Python spelling where that is None)."""
+
+    def one(m: re.Match) -> str:
+        name, python_value, value = m.groups()
+        spelled = flag(name)
+        if spelled is None:
+            return name if python_value is None else f"{name}={python_value}"
+        return spelled if value is None else f"{spelled} {value}"
+
+    return _MARKED.sub(one, marked)
 
 
 def one_line(e: BaseException, *, with_type: bool = False, limit: int = 200) -> str:
@@ -29,6 +69,19 @@ class StokerError(Exception):
 
     #: 2: the request itself is wrong (usage); 1: the request was fine, the data or run is not
     exit_code = 1
+
+    def __init__(self, *args):
+        if args and isinstance(args[0], str) and _MARK in args[0]:
+            self._marked = args[0]  # kept for spelled(); a pickled copy keeps it (in __dict__)
+            args = (_spell(args[0], lambda name: None), *args[1:])
+        super().__init__(*args)
+
+    def spelled(self, flag: Callable[[str], str | None]) -> str:
+        """The message with the arguments it names (:func:`arg`) spelled ``flag(name)``: how the
+        ``stoker`` command names its flags. A name ``flag`` returns None for keeps its Python
+        spelling."""
+        marked = getattr(self, "_marked", None)
+        return str(self) if marked is None else _spell(marked, flag)
 
 
 # ---- requests and checks (the commands) ---------------------------------------------------
@@ -182,5 +235,6 @@ __all__ = [
     "UsageError",
     "WorkerDiedError",
     "WriteFailedError",
+    "arg",
     "one_line",
 ]

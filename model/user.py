@@ -20,7 +20,7 @@ from pathlib import Path
 
 from torch import nn
 
-from stoker.errors import UsageError, one_line
+from stoker.errors import UsageError, arg, one_line
 
 #: the factory's argument names for the outputs and the input channels (first one it accepts wins)
 OUTPUT_ARGS = ("num_classes", "num_outputs")
@@ -49,12 +49,12 @@ def load_factory(spec: str):
     """
     modname, sep, attr = str(spec).rpartition(":")
     if not sep or not modname or not attr:
-        raise UsageError(f"--model {spec!r} must look like 'package.module:factory' or 'file.py:factory'")
+        raise UsageError(f"{arg('model')} {spec!r} must look like 'package.module:factory' or 'file.py:factory'")
     try:
         if _is_file(modname):
             path = Path(modname).expanduser().resolve()
             if not path.is_file():
-                raise UsageError(f"--model {spec!r}: no such file {modname}")
+                raise UsageError(f"{arg('model')} {spec!r}: no such file {modname}")
             name = f"_stoker_user_model_{path.stem}"
             sys.path.insert(0, str(path.parent))  # so the file's own sibling imports work
             try:
@@ -74,12 +74,12 @@ def load_factory(spec: str):
         if isinstance(e, KeyboardInterrupt):
             raise
         msg = str(e).splitlines()[0] if str(e) else ""
-        raise UsageError(f"--model {spec!r}: cannot import {modname}: {type(e).__name__}: {msg}") from None
+        raise UsageError(f"{arg('model')} {spec!r}: cannot import {modname}: {type(e).__name__}: {msg}") from None
     if not hasattr(module, attr):
-        raise UsageError(f"--model {spec!r}: {modname} has no attribute {attr!r}")
+        raise UsageError(f"{arg('model')} {spec!r}: {modname} has no attribute {attr!r}")
     factory = getattr(module, attr)
     if not callable(factory):
-        raise UsageError(f"--model {spec!r}: {attr} is a {type(factory).__name__}, not a callable")
+        raise UsageError(f"{arg('model')} {spec!r}: {attr} is a {type(factory).__name__}, not a callable")
     return factory
 
 
@@ -104,9 +104,9 @@ def build_user_model(spec: str, num_outputs: int, *, in_channels: int = 3) -> nn
         net = factory(**kwargs)
     except Exception as e:  # boundary: the user's factory, raised as one UsageError line
         msg = str(e).splitlines()[0] if str(e) else ""
-        raise UsageError(f"--model {spec!r}: the factory raised {type(e).__name__}: {msg}") from None
+        raise UsageError(f"{arg('model')} {spec!r}: the factory raised {type(e).__name__}: {msg}") from None
     if not isinstance(net, nn.Module):
-        raise UsageError(f"--model {spec!r}: the factory returned a {type(net).__name__}, not a torch.nn.Module")
+        raise UsageError(f"{arg('model')} {spec!r}: the factory returned a {type(net).__name__}, not a torch.nn.Module")
     return net
 
 
@@ -131,8 +131,8 @@ def check_outputs(net: nn.Module, spec: str, *, num_outputs: int, in_channels: i
     except Exception as e:  # boundary: the user's network, raised as one UsageError line
         msg = one_line(e)
         raise UsageError(
-            f"--model {spec!r}: the network fails on a {list(x.shape)} batch ({type(e).__name__}: {msg}); "
-            f"it gets {in_channels} channel(s) at {size[0]}x{size[1]} (--crop, --channels)"
+            f"{arg('model')} {spec!r}: the network fails on a {list(x.shape)} batch ({type(e).__name__}: {msg}); "
+            f"it gets {in_channels} channel(s) at {size[0]}x{size[1]} ({arg('crop')}, {arg('channels')})"
         ) from None
     finally:
         net.train(was_training)
@@ -142,10 +142,10 @@ def check_outputs(net: nn.Module, spec: str, *, num_outputs: int, in_channels: i
     want = (2, num_outputs, *size) if task == "segment" else (2, num_outputs)
     if shape == want or (task != "segment" and num_outputs == 1 and shape == (2,)):
         return
-    arg = "num_classes (or num_outputs)"
+    keyword = "num_classes (or num_outputs)"
     raise UsageError(
-        f"--model {spec!r}: the network returns {list(shape)} for a batch of 2, the task ({task}) needs "
-        f"{list(want)}: give the factory a {arg} argument, or build it with {num_outputs} output(s)"
+        f"{arg('model')} {spec!r}: the network returns {list(shape)} for a batch of 2, the task ({task}) needs "
+        f"{list(want)}: give the factory a {keyword} argument, or build it with {num_outputs} output(s)"
     )
 
 

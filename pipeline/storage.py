@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import MissingExtraError, StokerError, StorageError, StorageOptionError, one_line
+from stoker.errors import MissingExtraError, StokerError, StorageError, StorageOptionError, arg, one_line
 
 #: protocol -> (package that implements it, stoker extra that installs it)
 _EXTRAS = {
@@ -176,7 +176,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     except ImportError as e:
         raise _missing(proto, getattr(e, "name", None) or proto) from None
     except (ValueError, TypeError) as e:
-        raise StorageError(f"cannot open {url}: {one_line(e)} (check the URL and --storage-option)") from None
+        raise StorageError(f"cannot open {url}: {one_line(e)} (check the URL and {arg('storage_options')})") from None
 
 
 def _describe(e: BaseException, url: str) -> StorageError:
@@ -190,7 +190,7 @@ def _describe(e: BaseException, url: str) -> StorageError:
     if name == "NoCredentialsError":
         return StorageError(
             f"no credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-            f"or --storage-option anon=true for a public bucket"
+            f"or {arg('storage_options')} anon=true for a public bucket"
         )
     if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
         return StorageError(f"{url}: the bucket does not exist (create it first)")

@@ -9,7 +9,7 @@ import errno
 import functools
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from stoker import __version__
@@ -88,6 +88,20 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def flag_spelling(parser: argparse.ArgumentParser, command: str) -> Callable[[str], str]:
+    """How ``stoker COMMAND`` names a Python argument in an error (:func:`stoker.errors.arg`):
+    the first long option of the action whose ``dest`` it is (``workers`` -> ``--workers``), a
+    positional's metavar (``src`` -> ``SRC``); a plural keyword is its repeated flag's dest
+    (``storage_options`` -> ``--storage-option``); any other name is spelled as stoker's flags are
+    (``num_classes`` -> ``--num-classes``: a hint about another command's flag)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags: dict[str, str] = {}
+    for action in sub.choices[command]._actions:
+        names = [o for o in action.option_strings if o.startswith("--")] or action.option_strings
+        flags.setdefault(action.dest, names[0] if names else action.metavar or action.dest.upper())
+    return lambda name: flags.get(name) or flags.get(name.removesuffix("s")) or "--" + name.replace("_", "-")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = get_args_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -100,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._main(args) or 0)
     except StokerError as e:
         label = "error: " if e.exit_code == 2 else ""
-        print(f"stoker {args.command}: {label}{e}", file=sys.stderr)
+        print(f"stoker {args.command}: {label}{e.spelled(flag_spelling(parser, args.command))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print(f"stoker {args.command}: interrupted", file=sys.stderr)

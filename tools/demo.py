@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from stoker.errors import CheckFailedError, UsageError
+from stoker.errors import CheckFailedError, UsageError, arg
 
 from .common.results import Result
 
@@ -203,7 +203,7 @@ def demo(
 
     say = say or (lambda line: None)
     if task not in DEMO_TASKS:
-        raise UsageError(f"--task {task!r} must be one of {', '.join(DEMO_TASKS)}")
+        raise UsageError(f"{arg('task')} {task!r} must be one of {', '.join(DEMO_TASKS)}")
     epochs = epochs if epochs is not None else {"classify": 4, "regress": 12, "segment": 8}[task]
     if tiny:
         per_class, epochs, bench_seconds, batch_size = 12, 1, 1.0, min(batch_size, 16)

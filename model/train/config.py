@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.errors import ArgumentError
+from stoker.errors import ArgumentError, arg
 from stoker.pipeline.order import SHUFFLES  # the Loader's sample orders, named once (numpy, no torch)
 
 #: ``--arch auto``: the network of each task (the inception block, as a per-pixel net to segment)
@@ -156,7 +156,10 @@ class TrainConfig:
         if self.progressive is not None:
             self.crop_schedule()  # parsed: a bad one is one line
             if self.arch == "report":
-                raise ArgumentError("--progressive changes the input size; --arch report's Linear layer takes one size")
+                raise ArgumentError(
+                    f"{arg('progressive')} changes the input size; {arg('arch', 'report')}'s Linear layer takes "
+                    "one size"
+                )
         if self.pixel_cache_budget is not None and not self.pixel_cache:
             raise ArgumentError("pixel_cache_budget needs pixel_cache (the folder the pixels go to)")
         if self.channels is not None:
@@ -190,7 +193,7 @@ class TrainConfig:
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ArgumentError(f"torch_threads={self.torch_threads} must be >= 1")
         if self.model is not None and self.arch not in ("auto", None):
-            raise ArgumentError(f"give --arch {self.arch} or --model {self.model}, not both")
+            raise ArgumentError(f"give {arg('arch', self.arch)} or {arg('model', self.model)}, not both")
         if self.model is not None and ":" not in str(self.model):
             raise ArgumentError(f"model={self.model!r} must look like 'file.py:FUNCTION' or 'package.module:FUNCTION'")
         if self.num_classes is not None and self.num_classes < 1:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import ArgumentError, NoBatchError
+from stoker.errors import ArgumentError, NoBatchError, arg
 
 from ..normalize import default_stats
 from .config import TrainConfig
@@ -203,7 +203,7 @@ def augmentation(cfg: TrainConfig, task: Task) -> dict:
         from stoker.pipeline.augment import build_mixing
 
         if task.name != "classify":
-            raise ArgumentError(f"--mixup/--cutmix mix class targets; this run's task is {task.name}")
+            raise ArgumentError(f"{arg('mixup')}/{arg('cutmix')} mix class targets; this run's task is {task.name}")
         out["mixing"] = build_mixing(
             cfg.mixup,
             cfg.cutmix,

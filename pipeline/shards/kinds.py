@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from stoker.errors import ArgumentError, TargetError, one_line
+from stoker.errors import ArgumentError, TargetError, arg, one_line
 
 from ..registry import Registry
 from .idx import MAX_CLASSES, MAX_CLS_BYTES, parse_label
@@ -46,6 +46,8 @@ Where = Callable[[int], str]
 MAX_TARGET_BYTES = 64 << 20
 #: the most float columns a target may have (a wider one is a mistake, e.g. a CSV of pixels)
 MAX_COLUMNS = 4096
+# ``num_classes`` without masks (stoker index --num-classes): the error of every kind but the mask's
+_NUM_CLASSES_FOR_MASKS = f"{arg('num_classes')} is for {arg('targets', 'mask')} (class names: {arg('classes')})"
 
 
 # ---- encoding (what pack writes) ------------------------------------------------------------
@@ -290,7 +292,7 @@ class Target:
             ArgumentError: ``num_classes`` for a kind whose values are no mask's.
         """
         if num_classes is not None:
-            raise ArgumentError("--num-classes is for --targets mask (class names: --classes)")
+            raise ArgumentError(_NUM_CLASSES_FOR_MASKS)
         return cls.of(cls.name, **({"member": member} if member else {})), False
 
     # ---- what pack writes --------------------------------------------------------------------
@@ -610,7 +612,7 @@ class FloatKind(Target):
     @classmethod
     def from_flags(cls, *, member=None, num_classes=None, ignore_index=IGNORE_INDEX):
         if num_classes is not None:
-            raise ArgumentError("--num-classes is for --targets mask (class names: --classes)")
+            raise ArgumentError(_NUM_CLASSES_FOR_MASKS)
         return cls(member=member or cls.member, columns=("y",)), True  # columns: found in the data
 
     def resized(self, width):
@@ -721,7 +723,8 @@ class MaskKind(Target):
         n = num_classes or self.class_count(classes)
         if not n:
             raise ArgumentError(
-                "the masks' class count is not in the manifest: pass --num-classes (pack with --num-classes)"
+                f"the masks' class count is not in the manifest: pass {arg('num_classes')} (pack with "
+                f"{arg('num_classes')})"
             )
         return n
 

@@ -117,7 +117,7 @@ def test_auto_picks_the_task_of_the_targets_and_regress_on_classes_is_the_case_s
     assert resolve_task("auto", Target.of("mask", num_classes=5), []) == Task("segment", 5, "miou", ignore_index=255)
     case = resolve_task("regress", Target(), ["a", "b", "c"])
     assert case.case_study and case.num_outputs == 1
-    with pytest.raises(ValueError, match="pass --num-classes"):
+    with pytest.raises(ValueError, match="pass num_classes"):
         resolve_task("auto", Target.of("mask"), [])
 
 

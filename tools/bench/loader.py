@@ -46,7 +46,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from stoker.errors import UsageError
+from stoker.errors import UsageError, arg
 from stoker.pipeline.backends import backend_names, backends
 
 from ..common.loader_flags import add_crop_flags
@@ -511,17 +511,17 @@ def bench(
 def _check_inputs(images, masks, target: str, *, batch_size: int, crop, epochs: int, repeat: int) -> None:
     """The originals exist and fit the split; every count is at least 1 (:class:`UsageError`)."""
     if images and not Path(images).exists():
-        raise UsageError(f"--images {images} does not exist")
+        raise UsageError(f"{arg('images', str(images))} does not exist")
     if images and Path(images).is_file() and target != "float":
         raise UsageError(
-            f"--images {images} is a file: a CSV is the original of a float split, this one's are {target}"
+            f"{arg('images', str(images))} is a file: a CSV is the original of a float split, this one's are {target}"
         )
     if masks and not Path(masks).is_dir():
-        raise UsageError(f"--masks {masks} is not a directory")
+        raise UsageError(f"{arg('masks', str(masks))} is not a directory")
     sides = [crop] if isinstance(crop, int) else list(crop)
     for name, value in (("batch_size", batch_size), ("crop", min(sides)), ("epochs", epochs), ("repeat", repeat)):
         if value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+            raise UsageError(f"{arg(name)} must be at least 1")
 
 
 def _pipelines(only: Sequence[str] | None, target: str, pixel_cache) -> list[str]:
@@ -533,7 +533,7 @@ def _pipelines(only: Sequence[str] | None, target: str, pixel_cache) -> list[str
     ]
     unknown = set(only) - set(LABELS)
     if unknown:
-        raise UsageError(f"--only: unknown pipeline(s) {sorted(unknown)}; choose from {', '.join(LABELS)}")
+        raise UsageError(f"{arg('only')}: unknown pipeline(s) {sorted(unknown)}; choose from {', '.join(LABELS)}")
     return only
 
 

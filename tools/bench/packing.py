@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from stoker.errors import UsageError
+from stoker.errors import UsageError, arg
 
 from ..common.results import Result
 from ..pack.sanitize import IMAGE_EXTS
@@ -70,12 +70,12 @@ def _plain_subprocess(python: str, cfg: dict) -> dict:
     try:
         proc = subprocess.run([python, plain.__file__], input=json.dumps(cfg), capture_output=True, text=True)
     except OSError as e:
-        raise UsageError(f"--plain-python {python}: cannot run it ({e.strerror or e})") from None
+        raise UsageError(f"{arg('plain_python')} {python}: cannot run it ({e.strerror or e})") from None
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    raise UsageError(f"--plain-python {python}: the plain loop failed: {tail[:200]}")
+    raise UsageError(f"{arg('plain_python')} {python}: the plain loop failed: {tail[:200]}")
 
 
 def plain_info(python: str | None = None) -> dict:
@@ -269,12 +269,12 @@ def bench_pack(
     if not src.is_dir():
         raise UsageError(f"SRC {src} is not a folder")
     if repeat < 1 or limit < 0:
-        raise UsageError("--repeat must be >= 1 and --limit >= 0")
+        raise UsageError(f"{arg('repeat')} must be >= 1 and {arg('limit')} >= 0")
     workers = list(workers) if workers else list(range(1, (os.cpu_count() or 1) + 1))
     if min(workers) < 1:
-        raise UsageError(f"--workers {','.join(map(str, workers))!r} should list counts >= 1")
+        raise UsageError(f"{arg('workers')} {','.join(map(str, workers))!r} should list counts >= 1")
     if plain_python and not shutil.which(plain_python):
-        raise UsageError(f"--plain-python {plain_python}: no such executable")
+        raise UsageError(f"{arg('plain_python')} {plain_python}: no such executable")
     Image.init()
     plain_pillow = plain_info(plain_python)  # also checks --plain-python before any work
     root = Path(tempfile.mkdtemp(prefix="stoker-bench-pack-", dir=tmp))

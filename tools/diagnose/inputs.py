@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import UsageError
+from stoker.errors import UsageError, arg
 
 from ..pack.sanitize import IMAGE_EXTS
 
@@ -106,14 +106,14 @@ def pack_source(data: str | Path, path: Path) -> Path:
     return root if path == root / "train" else path
 
 
-def resolve_device(arg: str | None) -> str:
+def resolve_device(requested: str | None) -> str:
     """``--device`` (None: cuda when available) as a device string; UsageError when it cannot be had."""
     from stoker.model.train import resolve_device as resolve
 
     try:
-        return str(resolve(arg or "auto"))
+        return str(resolve(requested or "auto"))
     except ValueError as e:
-        raise UsageError(f"--device: {e}") from None
+        raise UsageError(f"{arg('device')}: {e}") from None
 
 
 def backend_choice(requested: str, device: str, decoder: str = "auto") -> dict:
@@ -125,7 +125,7 @@ def backend_choice(requested: str, device: str, decoder: str = "auto") -> dict:
     try:
         backend, why = resolve_backend(requested, device, decoder=decoder)
     except ValueError as e:
-        raise UsageError(f"--backend: {e}") from None
+        raise UsageError(f"{arg('backend')}: {e}") from None
     return {"name": backend.name, "why": why if requested == "auto" else f"--backend {requested}"}
 
 
@@ -159,7 +159,7 @@ def count_data(kind: str, path: Path) -> tuple[int, int, Any]:
             try:
                 task = resolve_task("auto", manifest.target, manifest.classes)
             except ValueError as e:  # masks without a class count: only a repack can say it
-                raise UsageError(f"{path}: {str(e).split(': pass')[0]}; repack with --num-classes N") from None
+                raise UsageError(f"{path}: {str(e).split(': pass')[0]}; repack with {arg('num_classes')} N") from None
         outputs = task.num_outputs if task is not None else len(manifest.classes)
         return outputs, manifest.num_samples, task
     from torchvision.datasets.folder import find_classes
@@ -215,7 +215,7 @@ def build_net(arch: str, model, num_classes: int, crop, task=None):
             return build_model("report", 1, image_size=side)
         return build_model(arch, num_classes, image_size=side, task=task.name if task is not None else "classify")
     except ValueError as e:
-        raise UsageError(f"--arch: {e}") from None
+        raise UsageError(f"{arg('arch')}: {e}") from None
 
 
 def stoker_loader(split: Path, **kw):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker import __version__
-from stoker.errors import InputsRejectedError, StokerError, UsageError, WriteFailedError
+from stoker.errors import InputsRejectedError, StokerError, UsageError, WriteFailedError, arg
 from stoker.pipeline.shards.table import write_split_table
 from stoker.pipeline.shards.targets import IGNORE_INDEX, Target, TargetStats
 from stoker.pipeline.storage import Store, default_cache_dir, is_url, url_key
@@ -121,7 +121,7 @@ def pack(
     """
     check_not_bootstrapping()  # before the part's lock: a worker importing an unguarded script would wait on it
     if not 0 <= part < parts:
-        raise UsageError(f"--part {part}/{parts} should be I/N with 0 <= I < N, e.g. 0/4")
+        raise UsageError(f"part={part}, parts={parts}: should be 0 <= part < parts")  # the command checks I/N first
     mask_flags = num_classes is not None or ignore_index != IGNORE_INDEX
     default_short_side = short_side is None
     settings, workers = _checked_settings(
@@ -167,10 +167,12 @@ def pack(
         storage_options=dict(storage_options or {}) if is_url(src) else {},
     )
     if not scanned.target.spatial and mask_flags:
-        raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS, or a source of masks)")
+        raise UsageError(
+            f"{arg('num_classes')} and {arg('ignore_index')} are for masks ({arg('masks')}, or a source of masks)"
+        )
     if scanned.target.spatial and default_short_side and settings.short_side:
         settings = dataclasses.replace(settings, short_side=0)  # segmentation crops: keep the size
-    _make_out(local, "--staging" if remote else "OUT")
+    _make_out(local, arg("staging") if remote else "OUT")
     identity = _settings_identity(
         scanned,
         settings,
@@ -223,11 +225,11 @@ def _checked_settings(
     """:func:`pack`'s arguments checked (a bad one is a one-line UsageError): the image settings
     (``short_side`` None: 256, or 0 with masks) and the worker count."""
     if masks is None and mask_flags and not (is_url(src) or Path(src).is_file() or source != "auto"):
-        raise UsageError("--num-classes and --ignore-index are for masks (--masks MASKS)")
+        raise UsageError(f"{arg('num_classes')} and {arg('ignore_index')} are for masks (give {arg('masks')})")
     if masks is not None and targets != "auto":
-        raise UsageError("--targets is for a CSV's columns; with --masks the target is the mask")
+        raise UsageError(f"{arg('targets')} is for a CSV's columns; with {arg('masks')} the target is the mask")
     if num_classes is not None and not 1 <= num_classes <= 256:
-        raise UsageError(f"--num-classes must be in 1..256 (masks are uint8), got {num_classes}")
+        raise UsageError(f"{arg('num_classes')} must be in 1..256 (masks are uint8), got {num_classes}")
     if short_side is None:
         short_side = 0 if masks is not None else 256
     try:
@@ -244,18 +246,18 @@ def _checked_settings(
     except ValueError as e:
         raise UsageError(str(e)) from None
     if shard_size < 1:
-        raise UsageError(f"--shard-size must be positive, got {shard_size}")
+        raise UsageError(f"{arg('shard_size')} must be positive, got {shard_size}")
     if samples_per_shard < 0:
-        raise UsageError(f"--samples-per-shard must be >= 0, got {samples_per_shard}")
+        raise UsageError(f"{arg('samples_per_shard')} must be >= 0, got {samples_per_shard}")
     if not 0.0 <= val_fraction < 1.0:
-        raise UsageError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+        raise UsageError(f"{arg('val_fraction')} must be in [0, 1), got {val_fraction}")
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {workers}")
+        raise UsageError(f"{arg('workers')} must be >= 1, got {workers}")
     if engine not in ("local", "ray"):
-        raise UsageError(f"--engine must be local or ray, got {engine!r}")
+        raise UsageError(f"{arg('engine')} must be local or ray, got {engine!r}")
     if engine != "ray" and ray_address:
-        raise UsageError("--ray-address needs --engine ray")
+        raise UsageError(f"{arg('ray_address')} needs {arg('engine', 'ray')}")
     return settings, workers
 
 
@@ -266,18 +268,20 @@ def _out_place(src, out, *, parts: int, storage_options, staging) -> tuple[Path,
     if is_url(out):
         if parts > 1:
             raise UsageError(
-                "--part with a URL OUT is not supported: use --engine ray to pack on many machines, "
-                "or pack the parts into a shared folder"
+                f"{arg('part')} with a URL {arg('out')} is not supported: use {arg('engine', 'ray')} to pack on "
+                "many machines, or pack the parts into a shared folder"
             )
         options = dict(storage_options or {})
         store = Store(str(out), options)
         store.check()  # reachable, bucket exists: before any work
         local = Path(staging) if staging else default_cache_dir() / "pack-staging" / url_key(str(out), options)
         remote = Remote(store, local)
-        _check_out(src, local, "--staging")
+        _check_out(src, local, arg("staging"))
     else:
         if staging or (storage_options and not is_url(src)):
-            raise UsageError("--staging and --storage-option are for a URL OUT (s3://bucket/ds, ...)")
+            raise UsageError(
+                f"{arg('staging')} and {arg('storage_options')} are for a URL {arg('out')} (s3://bucket/ds, ...)"
+            )
         local = Path(out)
         _check_out(src, local)
     return local, remote
@@ -305,8 +309,8 @@ def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
     """
     if is_url(out):
         raise UsageError(
-            "--merge takes a local OUT: --part with a URL OUT is not supported (use --engine ray "
-            "to pack on many machines)"
+            f"merging takes a local {arg('out')}: {arg('part')} with a URL {arg('out')} is not supported (use "
+            f"{arg('engine', 'ray')} to pack on many machines)"
         )
     out, t0 = Path(out), time.perf_counter()
     try:
@@ -336,7 +340,7 @@ def _checked(result: PackResult, strict: bool, out: Path, path_rule: str = "") -
         if failed:
             raise InputsRejectedError(failed, result)
     if strict and result.rejected and not result.up_to_date and result.parts == 1:
-        raise InputsRejectedError(f"{result.rejected} input(s) rejected (--strict); see rejects.jsonl", result)
+        raise InputsRejectedError(f"{result.rejected} input(s) rejected ({arg('strict')}); see rejects.jsonl", result)
     return result
 
 
@@ -372,7 +376,7 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
     if remote is not None and read_settings(out) is None and not remote.store.is_empty():
         raise UsageError(
             f"OUT {where} is not empty and this machine holds no pack journal for it (in {out}); "
-            f"use an empty location, or the --staging folder of the pack that wrote it"
+            f"use an empty location, or the {arg('staging')} folder of the pack that wrote it"
         )
     claim(out, identity)
     run = {split: pack_part(out, split, source, **job) for split in source.splits}

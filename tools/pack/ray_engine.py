@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from stoker.errors import InputFailedError, MissingExtraError, RayError, one_line
+from stoker.errors import InputFailedError, MissingExtraError, RayError, arg, one_line
 
 from .sanitize import Sanitized, Settings
 from .sources import Item, Job, Source, sanitize_item
@@ -35,7 +35,9 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise MissingExtraError("--engine ray needs Ray, which is not installed: pip install stoker[ray]") from None
+        raise MissingExtraError(
+            f"{arg('engine', 'ray')} needs Ray, which is not installed: pip install stoker[ray]"
+        ) from None
     return ray
 
 

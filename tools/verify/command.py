@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from stoker import __version__
-from stoker.errors import CheckFailedError, UsageError
+from stoker.errors import CheckFailedError, UsageError, arg
 from stoker.pipeline.fsutil import sha256_file
 from stoker.pipeline.shards.idx import (
     IdxFormatError,
@@ -325,11 +325,11 @@ def verify(
     """
     workers = (os.cpu_count() or 1) if workers is None else workers
     if sample < 0 or workers < 1:
-        raise UsageError("--sample must be >= 0 and --workers >= 1")
+        raise UsageError(f"{arg('sample')} must be >= 0 and {arg('workers')} >= 1")
     if is_url(path) and engine == "ray":
         raise UsageError(
-            "--engine ray checks shards where they are stored, on every node: a URL's are downloaded to this "
-            "machine, so check it without --engine ray (or check a shared-filesystem copy with it)"
+            f"{arg('engine', 'ray')} checks shards where they are stored, on every node: a URL's are downloaded "
+            f"to this machine, so check it without {arg('engine', 'ray')} (or check a shared-filesystem copy with it)"
         )
     how = dict(sample=sample, seed=seed, workers=workers, progress=progress, engine=engine)
     with engine_session(engine, ray_address, workers):
@@ -346,7 +346,7 @@ def verify(
         else:
             if storage_options:
                 raise UsageError(
-                    f"--storage-option is for a URL (s3://, gs://, https://, file://); {path} is a local path"
+                    f"{arg('storage_options')} is for a URL (s3://, gs://, https://, file://); {path} is a local path"
                 )
             root = Path(path)
             if not root.exists():

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stoker import __version__
-from stoker.errors import CheckFailedError, ManifestError, MostSkippedError, UsageError
+from stoker.errors import CheckFailedError, ManifestError, MostSkippedError, UsageError, arg
 from stoker.pipeline.shards.idx import MAX_CLASSES
 from stoker.pipeline.shards.kinds import get_kind, kind_names
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, iter_skips, write_skips
@@ -142,9 +142,9 @@ def class_names(spec: str | None) -> list[str] | None:
         try:
             text = Path(spec[1:]).read_text(encoding="utf-8")
         except OSError as e:
-            raise UsageError(f"cannot read --classes file {spec[1:]}: {e.strerror}") from None
+            raise UsageError(f"cannot read {arg('classes')} file {spec[1:]}: {e.strerror}") from None
         except UnicodeDecodeError:
-            raise UsageError(f"--classes file {spec[1:]} is not UTF-8 text") from None
+            raise UsageError(f"{arg('classes')} file {spec[1:]} is not UTF-8 text") from None
         names = [line.strip() for line in text.splitlines() if line.strip()]
     else:
         names = [n.strip() for n in spec.split(",") if n.strip()]
@@ -154,11 +154,11 @@ def class_names(spec: str | None) -> list[str] | None:
 def _checked_classes(names: Sequence[str]) -> list[str]:
     names = list(names)
     if not names:
-        raise UsageError("--classes is empty")
+        raise UsageError(f"{arg('classes')} is empty")
     if len(set(names)) != len(names):
-        raise UsageError("--classes names a class twice")
+        raise UsageError(f"{arg('classes')} names a class twice")
     if len(names) > MAX_CLASSES:
-        raise UsageError(f"--classes names {len(names):,} classes, more than {MAX_CLASSES:,}")
+        raise UsageError(f"{arg('classes')} names {len(names):,} classes, more than {MAX_CLASSES:,}")
     return names
 
 
@@ -289,9 +289,9 @@ def index(
     classes = _checked_classes(classes) if classes is not None else None
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {workers}")
+        raise UsageError(f"{arg('workers')} must be >= 1, got {workers}")
     if targets is not None and targets not in kind_names():
-        raise UsageError(f"--targets {targets!r} must be one of {', '.join(kind_names())}")
+        raise UsageError(f"{arg('targets')} {targets!r} must be one of {', '.join(kind_names())}")
     folder = tars[0].parent
     notes: list[str] = []
     previous = _previous(folder, tars, notes)
@@ -316,7 +316,7 @@ def index(
         raise UsageError(
             f"no sample in {folder} has a {spec.member!r} member"
             + (f" (they hold {', '.join(members)})" if members else "")
-            + ": name the target's member with --target-member"
+            + f": name the target's member with {arg('target_member')}"
         )
     infos = [ShardInfo(**r["info"]) for r in found]
     skip = [[r["info"]["name"], i, why] for r in found for i, why in r["skips"]]
@@ -340,8 +340,8 @@ def index(
     if len(skip) * 2 > m.num_samples:  # written, but a run on a fraction of the data is no success
         raise MostSkippedError(
             f"{len(skip):,} of {m.num_samples:,} samples of {folder} are marked to skip ({_summary(skip)}); "
-            f"{MANIFEST_NAME} is written, but check the data and the flags (--classes with the names the tars "
-            "use, --targets, --target-member)",
+            f"{MANIFEST_NAME} is written, but check the data and the arguments ({arg('classes')} with the names "
+            f"the tars use, {arg('targets')}, {arg('target_member')})",
             result,
         )
     return result
@@ -391,7 +391,9 @@ def _split_classes(folder: Path, found: list[dict], spec: Target, classes, previ
     max_label = max(r["max_label"] for r in found)
     if classes is not None and max_label >= len(classes):
         shard = next(r["info"]["name"] for r in found if r["max_label"] == max_label)
-        raise UsageError(f"{folder / shard} has a cls of {max_label} but --classes names only {len(classes)} classes")
+        raise UsageError(
+            f"{folder / shard} has a cls of {max_label} but {arg('classes')} names only {len(classes)} classes"
+        )
     if classes is None:
         grown = max(max_label + 1, len(previous.classes) if previous else 0)
         classes = previous.classes if named else [str(i) for i in range(grown)]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import CheckFailedError, RayError, UsageError, one_line
+from stoker.errors import CheckFailedError, RayError, UsageError, arg, one_line
 
 #: times Ray reruns a task whose worker died (a lost node, an OOM kill)
 MAX_RETRIES = 3
@@ -213,9 +213,9 @@ def engine_session(engine: str, ray_address: str | None, workers: int) -> Iterat
     """Check ``engine`` and ``ray_address``; with Ray, connect to the cluster (or start a local
     Ray with ``workers`` CPUs) for the run."""
     if engine not in ("local", "ray"):
-        raise UsageError(f"--engine must be local or ray, got {engine!r}")
+        raise UsageError(f"{arg('engine')} must be local or ray, got {engine!r}")
     if ray_address and engine != "ray":
-        raise UsageError("--ray-address needs --engine ray")
+        raise UsageError(f"{arg('ray_address')} needs {arg('engine', 'ray')}")
     if engine != "ray":
         yield
         return

@@ -91,14 +91,14 @@ def test_verify_reports_a_flipped_byte_without_raising(src, tmp_path):
     "kw, words",
     [
         ({"quality": 0}, "quality must be in 1..100"),
-        ({"workers": 0}, "--workers must be >= 1, got 0"),
-        ({"val_fraction": 1.0}, "--val-fraction must be in [0, 1), got 1.0"),
-        ({"shard_size": 0}, "--shard-size must be positive"),
-        ({"samples_per_shard": -1}, "--samples-per-shard must be >= 0"),
-        ({"part": 2, "parts": 2}, "--part 2/2 should be I/N"),
-        ({"engine": "spark"}, "--engine must be local or ray"),
-        ({"ray_address": "auto"}, "--ray-address needs --engine ray"),
-        ({"storage_options": {"anon": True}}, "--staging and --storage-option are for a URL OUT"),
+        ({"workers": 0}, "workers must be >= 1, got 0"),
+        ({"val_fraction": 1.0}, "val_fraction must be in [0, 1), got 1.0"),
+        ({"shard_size": 0}, "shard_size must be positive"),
+        ({"samples_per_shard": -1}, "samples_per_shard must be >= 0"),
+        ({"part": 2, "parts": 2}, "part=2, parts=2: should be 0 <= part < parts"),
+        ({"engine": "spark"}, "engine must be local or ray"),
+        ({"ray_address": "auto"}, "ray_address needs engine='ray'"),
+        ({"storage_options": {"anon": True}}, "staging and storage_options are for a URL out"),
     ],
 )
 def test_bad_setting_is_one_usage_error_line_and_writes_nothing(src, tmp_path, kw, words):
@@ -120,14 +120,14 @@ def test_bad_paths_are_one_usage_error_line(src, tmp_path):
     assert "no stoker.json in" in one_line(e)
     with pytest.raises(UsageError) as e:
         verify(tmp_path, sample=-1)
-    assert one_line(e) == "--sample must be >= 0 and --workers >= 1"
+    assert one_line(e) == "sample must be >= 0 and workers >= 1"
 
 
 def test_strict_raises_after_the_pack_is_finished(src, tmp_path):
     with pytest.raises(InputsRejectedError) as e:
         pack(src, tmp_path / "out", strict=True, **SMALL)
     assert isinstance(e.value, CheckFailedError) and isinstance(e.value, StokerError) and e.value.exit_code == 1
-    assert one_line(e) == "4 input(s) rejected (--strict); see rejects.jsonl"
+    assert one_line(e) == "4 input(s) rejected (strict); see rejects.jsonl"
     assert e.value.result.rejected == 4 and Manifest.load(tmp_path / "out" / "train").num_samples > 0
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from stoker.errors import UsageError
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.tools.cli import main as cli
 from stoker.tools.common.synth import draw, encode
@@ -137,6 +138,8 @@ def test_parquet_columns_chosen_by_flag_or_a_one_line_error(tmp_path):
     assert rc == 0 and "targets: float, 2 columns (age: mean 1.5" in out
     rc, _, err = run("pack", tmp_path / "two.parquet", tmp_path / "o3", "-q", "--image-column", "nope")
     assert rc == 2 and "--image-column 'nope' is not a column of" in err and len(err.splitlines()) == 1
+    with pytest.raises(UsageError, match="^image_column 'nope' is not a column of"):  # from Python: the argument
+        pack(tmp_path / "two.parquet", tmp_path / "o4", image_column="nope")
 
 
 def test_a_missing_pyarrow_names_the_extra(tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ import os
 import re
 from pathlib import Path
 
-from stoker.errors import UsageError
+from stoker.errors import UsageError, arg
 from stoker.pipeline.shards.kinds import ClassKind, FloatKind, MultilabelKind, get_kind
 from stoker.pipeline.shards.targets import MAX_COLUMNS, Target, finite_number
 
@@ -148,7 +148,7 @@ def scan_csv(path: Path, rejects: list[tuple[str, str]], targets: str = "auto") 
     """The items of a CSV/TSV list (rules in the module docstring): ``(class names, items,
     target kind)``; bad rows are appended to ``rejects``."""
     if targets not in TARGET_MODES:
-        raise UsageError(f"--targets {targets!r} must be one of {', '.join(TARGET_MODES)}")
+        raise UsageError(f"{arg('targets')} {targets!r} must be one of {', '.join(TARGET_MODES)}")
     delim, rows, header = csv_rows(path)
     width = max((len(r) for _, r in rows), default=2) if header is None else len(header)
     for lineno, r in rows:
@@ -222,15 +222,17 @@ def scan_csv(path: Path, rejects: list[tuple[str, str]], targets: str = "auto") 
 def _kind(path: Path, targets: str, ncols: int, cells: list[str]) -> type[Target]:
     """The kind the target columns hold (``--targets auto`` decides from the cells)."""
     if targets == ClassKind.name and ncols > 1:
-        raise UsageError(f"--targets class takes one label column; {path} has {ncols} (use --targets float)")
+        raise UsageError(
+            f"{arg('targets', 'class')} takes one label column; {path} has {ncols} (use {arg('targets', 'float')})"
+        )
     if targets == MultilabelKind.name and ncols > 1:
-        raise UsageError(f"--targets multilabel takes one column of |-separated labels; {path} has {ncols}")
+        raise UsageError(f"{arg('targets', 'multilabel')} takes one column of |-separated labels; {path} has {ncols}")
     numeric = bool(cells) and all(_is_number(c) for c in cells if c)
     fractional = [c for c in cells if c and _is_number(c) and not _INT.fullmatch(c)]
     if targets == ClassKind.name and numeric and fractional:
         raise UsageError(
-            f"{path}: --targets class but labels are non-integer numbers (e.g. {fractional[0]!r}); "
-            "use --targets float for float targets, or integer class indices"
+            f"{path}: {arg('targets', 'class')} but labels are non-integer numbers (e.g. {fractional[0]!r}); "
+            f"use {arg('targets', 'float')} for float targets, or integer class indices"
         )
     if targets != "auto":
         return get_kind(targets)

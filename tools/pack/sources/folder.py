@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stoker.errors import UsageError
+from stoker.errors import UsageError, arg
 from stoker.pipeline.shards.kinds import ClassKind
 
 from ..sanitize import IMAGE_EXTS
@@ -45,8 +45,8 @@ def scan_class_folders(
 def check_class_targets(options: SourceOptions) -> None:
     if options.targets not in ("auto", ClassKind.name):
         raise UsageError(
-            f"--targets {options.targets} needs a CSV of path,values (a folder's subfolders are classes; "
-            "a mask tree is --masks)"
+            f"{arg('targets', options.targets)} needs a CSV of path,values (a folder's subfolders are classes; "
+            f"a mask tree is {arg('masks')})"
         )
 
 
@@ -78,7 +78,7 @@ def no_class_folders(src: Path) -> None:
     if loose:
         raise UsageError(
             f"SRC {src} holds {len(loose):,} images but no class folders; put them in one subfolder "
-            f"per class, list them in a CSV of path,label, or give their masks with --masks"
+            f"per class, list them in a CSV of path,label, or give their masks with {arg('masks')}"
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stoker.errors import UsageError
+from stoker.errors import UsageError, arg
 from stoker.pipeline.shards.kinds import MaskKind
 
 from .base import SPLITS, FileReader, Item, Scan, display_path
@@ -29,12 +29,16 @@ def scan_masks(
     link, a second link) is a reject ``"same file as <first>"``, while one mask may serve several
     images. The hidden folders of ``src`` left out are appended to ``hidden``."""
     if not masks.is_dir():
-        raise UsageError(f"--masks {masks} is not a folder (a tree parallel to SRC: same relative paths and stems)")
+        raise UsageError(
+            f"{arg('masks', str(masks))} is not a folder (a tree parallel to SRC: same relative paths and stems)"
+        )
     if not src.is_dir():
-        raise UsageError(f"--masks needs SRC to be a folder of images, not {src}")
+        raise UsageError(f"{arg('masks')} needs SRC to be a folder of images, not {src}")
     rs, rm = src.resolve(), masks.resolve()
     if rs == rm or rs in rm.parents or rm in rs.parents:
-        raise UsageError(f"--masks {masks} and SRC {src} overlap: keep the images and the masks in two folders")
+        raise UsageError(
+            f"{arg('masks', str(masks))} and SRC {src} overlap: keep the images and the masks in two folders"
+        )
     top = class_dirs(src)
     names = [s for s in SPLITS if s in top] if "train" in top and set(top) <= set(SPLITS) else [None]
     splits: dict[str, list[Item]] = {}
@@ -96,7 +100,7 @@ class MaskTreeReader(FileReader):
 
     def scan(self) -> Scan:
         if self.mask_base is None:
-            raise UsageError("the mask-tree source needs --masks MASKS (a tree parallel to SRC)")
+            raise UsageError(f"the mask-tree source needs {arg('masks')} (a tree parallel to SRC)")
         src, masks, opts = self.src, self.mask_base, self.options
         skipped = {s: [0] for s in SPLITS}
         rejects: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}

@@ -29,7 +29,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import UsageError
+from stoker.errors import UsageError, arg
 from stoker.pipeline.registry import Registry
 from stoker.pipeline.storage import is_url
 
@@ -71,7 +71,7 @@ def choose_reader(src: str | Path, options: SourceOptions, name: str = "auto") -
     if name != "auto":
         cls = _REGISTRY.get(name)
         if cls is None:
-            raise UsageError(f"--source {name!r} must be one of {', '.join(reader_names())}")
+            raise UsageError(f"{arg('source')} {name!r} must be one of {', '.join(reader_names())}")
         return cls(src, options)
     for cls in readers():
         if cls.recognizes(src, options):
@@ -79,7 +79,7 @@ def choose_reader(src: str | Path, options: SourceOptions, name: str = "auto") -
     if isinstance(src, Path) and src.is_file():
         raise UsageError(f"SRC {src} is a file but not a .csv/.tsv list of 'path,label'")
     names = ", ".join(reader_names()[1:])
-    raise UsageError(f"no pack source reads SRC {src} (sources: {names}); choose one with --source")
+    raise UsageError(f"no pack source reads SRC {src} (sources: {names}); choose one with {arg('source')}")
 
 
 def scan(
@@ -109,7 +109,7 @@ def scan(
     found = reader.scan()
     splits = found.splits
     if "val" in splits and val_fraction:
-        raise UsageError(f"--val-fraction given but {src} already has {found.val_source}")
+        raise UsageError(f"{arg('val_fraction')} given but {src} already has {found.val_source}")
     if opts.train_list is not None or opts.val_list is not None:
         from .splitlists import apply_split_lists
 
@@ -124,8 +124,8 @@ def scan(
         splits["train"], splits["val"] = stratified_split(splits["train"], val_fraction, seed)
         if not splits["val"]:
             raise UsageError(
-                f"--val-fraction {val_fraction} leaves val/ empty: {src} holds only "
-                f"{len(splits['train'])} image(s); drop --val-fraction"
+                f"{arg('val_fraction', val_fraction)} leaves val/ empty: {src} holds only "
+                f"{len(splits['train'])} image(s); drop {arg('val_fraction')}"
             )
     for items in splits.values():
         random.Random(seed).shuffle(items)
