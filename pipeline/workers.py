@@ -306,8 +306,9 @@ class Workers:
         for p in self._procs.values():
             p.join(timeout=5)
         dead = [p for p in self._procs.values() if p.exitcode not in (None, 0)]
-        # the pool terminates (SIGTERM) the others once one has died: the first cause is another signal
-        dead.sort(key=lambda p: p.exitcode == -signal.SIGTERM)
+        # the pool terminates (SIGTERM) the others once one has died, and a status its fork server could
+        # not report reads 255: the cause is the one with another status
+        dead.sort(key=lambda p: (p.exitcode == -signal.SIGTERM, p.exitcode == 255))
         rows = {self._table[3 * k]: (self._table[3 * k + 1], self._table[3 * k + 2]) for k in range(self.workers)}
         what = ""
         if dead:

@@ -362,6 +362,7 @@ def test_a_stand_in_passes_the_mask_header_guard_like_a_planned_sample(tmp_path)
     from stoker.pipeline.backends.base import loadable
     from stoker.pipeline.shards.targets import Target
     from stoker.pipeline.shards.writer import ShardWriter
+    from stoker.pipeline.stages import stand_ins
 
     def encoded(a, fmt):
         buf = _io.BytesIO()
@@ -380,7 +381,7 @@ def test_a_stand_in_passes_the_mask_header_guard_like_a_planned_sample(tmp_path)
     with _loader(split, batch_size=4, crop=16, train=True, backend="pil") as ld:
         assert loadable(ld.index, np.arange(8)).tolist() == [i not in bad for i in range(8)]
         seq = ld.indices().tolist()  # this rank's order: stand-ins are the next loadable ones after the batch
-        picked = ld._stand_in(np.array(seq[:4])).tolist()
+        picked = stand_ins(ld, np.array(seq[:4])).tolist()
         assert picked == [i for i in seq[4:] + seq[:4] if i not in bad] and set(picked) == {4, 6, 7}
 
 
