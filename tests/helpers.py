@@ -96,3 +96,16 @@ def block_on(x: int, target: int, pidfile: str) -> int:
 
         time.sleep(3600)
     return x * x
+
+
+def run_cli(*argv) -> tuple[int, str, str]:
+    """``stoker ARGV`` in this process: ``(exit status, stdout, stderr)``."""
+    import contextlib
+    import io
+
+    from stoker.tools.cli import main as cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli([str(a) for a in argv])
+    return rc, out.getvalue(), err.getvalue()

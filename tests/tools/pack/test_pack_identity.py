@@ -4,8 +4,6 @@ for a remote one). A second reference (a relative and an absolute path, a symlin
 a reject ``same file as <first>``, listed in rejects.jsonl and counted in the summary. Data is
 generated in tmp_path."""
 
-import contextlib
-import io
 import json
 import os
 import random
@@ -15,18 +13,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from helpers import run_cli as run
 from stoker.pipeline.shards.manifest import Manifest
-from stoker.tools.cli import main as cli
 from stoker.tools.common.synth import draw, encode
 from stoker.tools.pack import pack
 from stoker.tools.pack.sources import base
-
-
-def run(*argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli([str(a) for a in argv])
-    return rc, out.getvalue(), err.getvalue()
 
 
 def samples(split_dir: Path) -> dict[str, dict]:

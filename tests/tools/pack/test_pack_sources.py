@@ -2,7 +2,6 @@
 them (local and s3://), image,mask pairs CSVs, official split lists, ;-delimited CSVs, and a
 source reader registered from outside the package, run through pack, the Loader and train."""
 
-import contextlib
 import io
 import json
 import random
@@ -13,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from helpers import run_cli as run
 from stoker.errors import UsageError
 from stoker.pipeline.shards.manifest import Manifest
-from stoker.tools.cli import main as cli
 from stoker.tools.common.synth import draw, encode
 from stoker.tools.pack import pack
 from stoker.tools.pack.sources import FileReader, Item, Scan, reader_names, register_reader, registry
@@ -24,13 +23,6 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 CLASSES = ("circles", "rings", "squares")
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-
-
-def run(*argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli([str(a) for a in argv])
-    return rc, out.getvalue(), err.getvalue()
 
 
 def samples(split_dir: Path) -> dict[str, dict]:

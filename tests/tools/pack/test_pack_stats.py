@@ -2,8 +2,6 @@
 columns, a mask split's classes), a pack that packed nothing or rejected most inputs for one
 reason, and a pack that is not finished (the Loader and `stoker index` say so)."""
 
-import contextlib
-import io
 import json
 import re
 import shutil
@@ -12,18 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from helpers import run_cli as run
 from stoker.errors import InputsRejectedError, ManifestError
 from stoker.pipeline.shards.manifest import Manifest
-from stoker.tools.cli import main as cli
 from stoker.tools.common.synth import make_regression_csv, make_segmentation_tree
 from stoker.tools.pack import merge_parts, pack
-
-
-def run(*argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli([str(a) for a in argv])
-    return rc, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")

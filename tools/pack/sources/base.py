@@ -35,6 +35,34 @@ SPLITS = ("train", "val")
 MAX_LABEL = 1_000_000  # integer labels above this are rejects: a class list that long is a typo
 
 
+def repeated_row(
+    rejects: list, conflicting: set, key, first: tuple[str, int], row: tuple[str, int], *, same: bool, differ: str
+) -> None:
+    """A list's ``row`` (path, line) reaching the input of an earlier row ``first`` (its path,
+    line), by the same path or another one (:func:`input_identity`). With the ``same`` target it
+    is a listed reject (the input is packed once); with another (``differ`` says how) which one is
+    right cannot be told: neither is packed (``key`` joins ``conflicting``), both are listed."""
+    (first_rel, line), (rel, lineno) = first, row
+    again = os.path.normpath(first_rel) == os.path.normpath(rel)
+    if same:
+        rejects.append(
+            (
+                rel,
+                f"listed again on line {lineno} (first on line {line})"
+                if again
+                else same_file(first_rel, f"line {line}"),
+            )
+        )
+        return
+    if again:
+        rejects.append((rel, f"listed {differ}"))
+    else:
+        rejects.append((rel, f"{same_file(first_rel)}, listed {differ}"))
+        if key not in conflicting:  # the first path is not packed either: said once
+            rejects.append((first_rel, f"{same_file(rel)}, listed {differ}"))
+    conflicting.add(key)
+
+
 def normalized_url(url: str) -> str:
     """``url`` with its scheme and host lowercased and its ``.``/``..`` segments resolved (empty
     segments kept: ``a//b`` is another object key than ``a/b``); no fragment."""
@@ -308,6 +336,7 @@ __all__ = [
     "display_path",
     "input_identity",
     "normalized_url",
+    "repeated_row",
     "same_file",
     "sanitize_item",
     "stat_identity",

@@ -51,7 +51,7 @@ from stoker.pipeline.shards.kinds import ClassKind, FloatKind, MultilabelKind, g
 from stoker.pipeline.shards.targets import MAX_COLUMNS, Target, finite_number
 
 from ..sanitize import IMAGE_EXTS
-from .base import MAX_LABEL, FileReader, Item, Scan, input_identity, same_file
+from .base import MAX_LABEL, FileReader, Item, Scan, input_identity, repeated_row
 
 TARGET_MODES = ("auto", ClassKind.name, FloatKind.name, MultilabelKind.name)
 _PATH_WORDS = {"path", "file", "filename", "filepath", "file_path", "image", "img", "image_path", "image_name"}
@@ -187,26 +187,8 @@ def scan_csv(path: Path, rejects: list[tuple[str, str]], targets: str = "auto") 
             good.append((rel, cells, key))
             continue
         line, was, first_rel = first[key]
-        again = os.path.normpath(first_rel) == os.path.normpath(rel)
-        if was == cells:  # the same image again: packed once
-            why = (
-                f"listed again on line {lineno} (first on line {line})"
-                if again
-                else same_file(first_rel, f"line {line}")
-            )
-            rejects.append((rel, why))
-            continue
-        # which target is right cannot be told: neither is packed
-        targets_differ = (
-            f"on lines {line} ({delim.join(was)}) and {lineno} ({delim.join(cells)}) with different targets"
-        )
-        if again:
-            rejects.append((rel, f"listed {targets_differ}"))
-        else:
-            rejects.append((rel, f"{same_file(first_rel)}, listed {targets_differ}"))
-            if key not in conflicting:  # the first path is not packed either: said once
-                rejects.append((first_rel, f"{same_file(rel)}, listed {targets_differ}"))
-        conflicting.add(key)
+        differ = f"on lines {line} ({delim.join(was)}) and {lineno} ({delim.join(cells)}) with different targets"
+        repeated_row(rejects, conflicting, key, (first_rel, line), (rel, lineno), same=was == cells, differ=differ)
     good = [(rel, cells) for rel, cells, key in good if key not in conflicting]
     kind = _kind(path, targets, ncols, [c[0] for _, c in good])
     if kind is FloatKind:

@@ -20,7 +20,7 @@ from stoker.errors import UsageError, arg
 from stoker.pipeline.shards.kinds import MaskKind
 
 from ..sanitize import IMAGE_EXTS
-from .base import FileReader, Item, Scan, input_identity, same_file
+from .base import FileReader, Item, Scan, input_identity, repeated_row
 from .csvlist import csv_rows
 
 _MASK_WORDS = {"mask", "mask_path", "masks", "annotation", "annotation_path", "segmentation", "label_path", "seg"}
@@ -98,25 +98,11 @@ class PairsReader(FileReader):
                 items[key] = Item(Path(image).as_posix(), mask=Path(mask).as_posix())
                 continue
             line, was, first_image = first[key]
-            again = os.path.normpath(first_image) == os.path.normpath(image)
-            if was == mask or input_identity(os.path.join(path.parent, was)) == input_identity(
+            same = was == mask or input_identity(os.path.join(path.parent, was)) == input_identity(
                 os.path.join(path.parent, mask)
-            ):
-                why = (
-                    f"listed again on line {lineno} (first on line {line})"
-                    if again
-                    else same_file(first_image, f"line {line}")
-                )
-                rejects.append((image, why))
-                continue
-            masks_differ = f"on lines {line} ({was}) and {lineno} ({mask}) with different masks"
-            if again:
-                rejects.append((image, f"listed {masks_differ}"))
-            else:
-                rejects.append((image, f"{same_file(first_image)}, listed {masks_differ}"))
-                if key not in conflicting:  # the first path is not packed either: said once
-                    rejects.append((first_image, f"{same_file(image)}, listed {masks_differ}"))
-            conflicting.add(key)
+            )
+            differ = f"on lines {line} ({was}) and {lineno} ({mask}) with different masks"
+            repeated_row(rejects, conflicting, key, (first_image, line), (image, lineno), same=same, differ=differ)
         kept = [it for key, it in items.items() if key not in conflicting]
         classes = [str(i) for i in range(opts.num_classes)] if opts.num_classes else []
         target = MaskKind.of(num_classes=opts.num_classes, ignore_index=opts.ignore_index)
