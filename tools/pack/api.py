@@ -402,6 +402,7 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
             part=part,
             parts=parts,
             hidden=source.hidden,
+            val_only=source.val_only,
         )
     totals = merge(out, shard_ok)
     if remote is None:
@@ -418,6 +419,7 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
         targets=targets,
         targets_found=found,
         hidden=source.hidden,
+        val_only=source.val_only,
     )
 
 

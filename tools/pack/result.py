@@ -30,6 +30,8 @@ class PackResult(Result):
         targets_found: Masks: the values the masks hold (``"classes 0..20 found"``).
         hidden: Hidden folders of SRC left out (``.ipynb_checkpoints/``, ``rings/.thumbs/``),
             relative to SRC: never packed, named in the summary. Empty after a merge.
+        val_only: The classes with val images but no train image (a split list, a val/ folder of
+            their own): no model trained on train/ learns them; named in :meth:`notes`.
     """
 
     out: str
@@ -43,6 +45,7 @@ class PackResult(Result):
     targets: str = ""
     targets_found: str = ""
     hidden: list = dataclasses.field(default_factory=list)
+    val_only: list = dataclasses.field(default_factory=list)
 
     @property
     def packed(self) -> int:
@@ -62,6 +65,8 @@ class PackResult(Result):
     def notes(self) -> list[str]:
         """The lines ``stoker pack`` prints on stderr: shards restored, splits left empty."""
         lines = [f"restored {self.restored} missing or damaged shard(s) of {self.out}"] if self.restored else []
+        if self.val_only and not self.up_to_date:
+            lines.append(self.val_only_line())
         if self.up_to_date or self.parts > 1 or not self.packed:  # nothing packed: the pack's error says why
             return lines
         for split, t in self.splits.items():  # never an empty split without a word
@@ -69,6 +74,16 @@ class PackResult(Result):
                 why = f"all {t['rejected']:,} inputs were rejected" if t["rejected"] else "it has no input images"
                 lines.append(f"note: {split}/ holds no samples: {why}")
         return lines
+
+    def val_only_line(self) -> str:
+        """``note: 2 classes are in val/ only (no train image, so never learnt): cat, dog`` (the
+        first 5 named)."""
+        n = len(self.val_only)
+        more = f", and {n - 5:,} more" if n > 5 else ""
+        return (
+            f"note: {n:,} class{'es are' if n != 1 else ' is'} in val/ only (no train image, so never learnt): "
+            f"{', '.join(self.val_only[:5])}{more}"
+        )
 
     def hidden_line(self) -> str:
         """``left out 2 hidden folders: .git/, rings/.thumbs/`` (the first 5 named), or ""."""

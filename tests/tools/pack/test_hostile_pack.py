@@ -2,10 +2,12 @@
 listed in rejects.jsonl with a reason, or as a one-line error. Data is generated in
 tmp_path; the whole file runs in seconds."""
 
+import collections
 import errno
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import re
@@ -481,23 +483,57 @@ def test_csv_errors_are_one_line(tmp_path, capsys):
 # --- splits ------------------------------------------------------------------------------------
 
 
-def test_val_fraction_with_one_image_per_class_keeps_the_overall_fraction(tmp_path, capsys):
-    src = flat_classes(tmp_path / "src", {f"c{i:02d}": 1 for i in range(10)})
-    assert pack(src, tmp_path / "out", "--val-fraction", "0.3") == 0
-    train, val = labels(tmp_path / "out", "train"), labels(tmp_path / "out", "val")
-    assert len(val) == 3 and len(train) == 7 and not set(train) & set(val)
-    pack(src, tmp_path / "again", "--val-fraction", "0.3")
-    assert labels(tmp_path / "again", "val") == val  # deterministic
-    src2 = flat_classes(tmp_path / "src2", {"a": 5, "b": 5, "c": 1, "d": 1, "e": 1})
-    assert pack(src2, tmp_path / "out2", "--val-fraction", "0.25") == 0
-    val2 = labels(tmp_path / "out2", "val")
-    # 13 * 0.25 -> 3: a and b give floor(5 * 0.25) = 1 each; the third also comes from a or b, which keep
-    # train images, before any single-image class would lose its only one
-    assert len(val2) == 3 and set(val2.values()) == {"a", "b"}
+def test_val_fraction_keeps_a_single_image_class_in_train(tmp_path, capsys):
+    # 1 image a class: none can give val one without losing its only train image
     capsys.readouterr()
-    one = flat_classes(tmp_path / "one", {"a": 1})
-    assert pack(one, tmp_path / "out3", "--val-fraction", "0.3") == 2
-    assert "leaves val/ empty" in one_line_error(capsys)
+    ones = flat_classes(tmp_path / "ones", {f"c{i:02d}": 1 for i in range(10)})
+    assert pack(ones, tmp_path / "o1", "--val-fraction", "0.3") == 2
+    assert one_line_error(capsys) == (
+        f"--val-fraction 0.3 leaves val/ empty: each class of {ones} holds a single image, which stays in "
+        "train (a class needs 2 to give val one); drop --val-fraction"
+    )
+    # 2 images a class: 10 x 2 x 0.25 = 5 classes give one each, every class keeps one in train
+    twos = flat_classes(tmp_path / "twos", {f"c{i:02d}": 2 for i in range(10)})
+    assert pack(twos, tmp_path / "o2", "--val-fraction", "0.25") == 0
+    train, val = labels(tmp_path / "o2", "train"), labels(tmp_path / "o2", "val")
+    assert len(val) == 5 and len(set(val.values())) == 5 and set(train.values()) == set(own_images(twos).values())
+    assert "val/ only" not in capsys.readouterr().err
+    pack(twos, tmp_path / "again", "--val-fraction", "0.25")
+    assert labels(tmp_path / "again", "val") == val  # deterministic
+    # mixed: the 5-image classes give floor(1.25) = 1 and share the rest; the single images stay in train
+    mixed = flat_classes(tmp_path / "mixed", {"a": 5, "b": 5, "c": 1, "d": 1, "e": 1})
+    assert pack(mixed, tmp_path / "o3", "--val-fraction", "0.25") == 0
+    val3 = labels(tmp_path / "o3", "val")
+    assert len(val3) == 2 and sorted(val3.values()) == ["a", "b"]
+    assert set(labels(tmp_path / "o3", "train").values()) == {"a", "b", "c", "d", "e"}
+
+
+def test_stratified_split_keeps_every_class_in_train():
+    from stoker.tools.pack.sources.base import Item
+    from stoker.tools.pack.sources.registry import stratified_split
+
+    rng = random.Random(7)
+    sizes = [rng.choice([1, 2, 2, 3, 7, 40]) for _ in range(300)]
+    items = [Item(f"{c}/{i}.jpg", c) for c, n in enumerate(sizes) for i in range(n)]
+    for fraction in (0.01, 0.1, 0.3, 0.5, 0.9):
+        train, val = stratified_split(items, fraction, seed=3)
+        assert sorted(train + val, key=lambda it: it.rel) == sorted(items, key=lambda it: it.rel)
+        assert {it.label for it in train} == set(range(len(sizes)))  # no class lost from train
+        per_class = collections.Counter(it.label for it in val)
+        assert all(abs(per_class[c] - n * fraction) < 1 for c, n in enumerate(sizes) if n >= 2)  # stratified
+        assert not any(per_class[c] for c, n in enumerate(sizes) if n == 1)
+        # the overall fraction of the classes that can give, unless they are all given up to their last image
+        eligible = sum(n for n in sizes if n >= 2)
+        full = all(per_class[c] >= min(math.ceil(n * fraction), n - 1) for c, n in enumerate(sizes) if n >= 2)
+        assert abs(len(val) - fraction * eligible) <= 1 or full
+
+
+def test_a_class_only_in_val_is_named(tmp_path, capsys):
+    src = flat_classes(tmp_path / "src", {"a": 2, "b": 2, "c": 1})
+    (tmp_path / "val.txt").write_text("a/0\nc/0\n")
+    capsys.readouterr()
+    assert pack(src, tmp_path / "out", "--val-list", tmp_path / "val.txt") == 0
+    assert capsys.readouterr().err.strip() == "note: 1 class is in val/ only (no train image, so never learnt): c"
 
 
 def test_flat_folder_of_images_is_one_line(tmp_path, capsys):

@@ -283,6 +283,8 @@ class Source:
     target: Target = field(default_factory=Target)
     #: hidden folders the scan left out (:attr:`Scan.hidden`)
     hidden: list[str] = field(default_factory=list)
+    #: the classes with val items but no train item (named by ``stoker pack``)
+    val_only: list[str] = field(default_factory=list)
 
     def path(self, item: Item) -> str:
         """Where ``item`` is (a file path for file sources)."""

@@ -123,9 +123,14 @@ def scan(
     if val_fraction:
         splits["train"], splits["val"] = stratified_split(splits["train"], val_fraction, seed)
         if not splits["val"]:
+            n = len(splits["train"])
+            why = (
+                f"{src} holds only {n} image(s)"
+                if n < 2
+                else f"each class of {src} holds a single image, which stays in train (a class needs 2 to give val one)"
+            )
             raise UsageError(
-                f"{arg('val_fraction', val_fraction)} leaves val/ empty: {src} holds only "
-                f"{len(splits['train'])} image(s); drop {arg('val_fraction')}"
+                f"{arg('val_fraction', val_fraction)} leaves val/ empty: {why}; drop {arg('val_fraction')}"
             )
     for items in splits.values():
         random.Random(seed).shuffle(items)
@@ -138,6 +143,7 @@ def scan(
         {s: found.rejects.get(s, []) for s in splits},
         target=found.target,
         hidden=list(found.hidden),
+        val_only=val_only_classes(splits, classes),
     )
 
 
@@ -147,38 +153,46 @@ def _first(rejects: dict[str, list[tuple[str, str]]]) -> str:
 
 
 def stratified_split(items: list[Item], fraction: float, seed: int) -> tuple[list[Item], list[Item]]:
-    """Move ``round(len(items) * fraction)`` items (at least 1 and at most all but one,
-    given 2 or more items) from train to val; both keep scan order.
+    """Move a seeded, stratified ``fraction`` of ``items`` from train to val; both keep scan order.
 
-    Each class gives ``floor(n * fraction)`` items; the rest of the total comes from the
-    classes with the largest left-over share (seeded tie-break), first from those that
-    keep at least one train item, then (only when the classes are too small for that,
-    e.g. one image per class) from the others, so the overall fraction always holds.
+    A class of ``n >= 2`` items gives ``floor(n * fraction)`` of them, at most ``n - 1``: it keeps
+    one train item at least. The rest, up to ``round`` of the eligible classes' summed shares (and
+    at least 1), comes one item each from the classes with the largest left-over share (seeded
+    tie-break; largest remainder), so 2-image classes at ``fraction=0.1`` give val one image in
+    five classes, and no class gives more than its share rounded up. A class
+    with one item keeps it in train: a class seen only in val could never be learnt.
     """
     by_class: dict[int, list[int]] = {}
     for i, it in enumerate(items):
         by_class.setdefault(it.label, []).append(i)
-    n = len(items)
-    total = min(max(round(n * fraction), 1 if fraction > 0 and n >= 2 else 0), max(n - 1, 0))
     rng = random.Random(f"stoker-val-{seed}")
     labels = sorted(by_class)
-    take = {lab: int(len(by_class[lab]) * fraction) for lab in labels}
     tie = {lab: rng.random() for lab in labels}
-    left = total - sum(take.values())
-    if left > 0:
-
-        def order(lab: int) -> tuple:
-            share = len(by_class[lab]) * fraction - take[lab]
-            return (len(by_class[lab]) - take[lab] < 2, -share, tie[lab])
-
-        for lab in sorted((lab for lab in labels if take[lab] < len(by_class[lab])), key=order)[:left]:
-            take[lab] += 1
+    room = {lab: len(by_class[lab]) - 1 for lab in labels}  # what a class gives and keeps one train item
+    share = {lab: len(by_class[lab]) * fraction for lab in labels if room[lab] > 0}
+    take = {lab: min(int(share.get(lab, 0.0)), room[lab]) for lab in labels}
+    total = max(round(sum(share.values())), 1 if share and fraction > 0 else 0)
+    # a class rounds its share up or down, never past it: what a capped class cannot give stays in train
+    open_classes = [lab for lab in share if take[lab] < min(room[lab], share[lab])]
+    open_classes.sort(key=lambda lab: (take[lab] - share[lab], tie[lab]))
+    for lab in open_classes[: max(total - sum(take.values()), 0)]:
+        take[lab] += 1
     to_val: set[int] = set()
     for lab in labels:
         to_val.update(rng.sample(by_class[lab], take[lab]))
     train = [it for i, it in enumerate(items) if i not in to_val]
     val = [it for i, it in enumerate(items) if i in to_val]
     return train, val
+
+
+def val_only_classes(splits: dict[str, list[Item]], classes: list[str]) -> list[str]:
+    """The classes with val items but no train item (a split list, a val/ folder of their own):
+    a model trained on train/ cannot learn them, so ``stoker pack`` names them."""
+    if not classes or "val" not in splits:
+        return []
+    seen = {it.label for it in splits.get("train", [])}
+    missing = sorted({it.label for it in splits["val"]} - seen)
+    return [classes[lab] if 0 <= lab < len(classes) else str(lab) for lab in missing]
 
 
 __all__ = ["ENTRY_POINTS", "Scan", "choose_reader", "reader_names", "readers", "register_reader", "scan"]
