@@ -34,7 +34,7 @@ from .backends import Backend
 from .backends.base import DecodeSettings, Runner
 from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler
 from .fsutil import PathLike
-from .loader_checks import DECODES, SHUFFLES, check_stored_size, rank_and_world, torch_device
+from .loader_checks import DECODES, SHUFFLES, check_stored_size, rank_and_world, torch_device, train_for_split
 from .options import BackendOptions, Order, Storage, loader_options
 from .pixels import PixelCache
 from .prefetch import cached_groups
@@ -61,8 +61,11 @@ class Loader(EpochState, DataLoaderSurface):
             are then fetched whole into a local cache and checked against the manifest's
             size and sha256 before use.
         batch_size: samples per batch (the last val batch may be smaller).
-        train: RandomResizedCrop + flip and a fresh permutation each epoch; else the val
-            transform (shorter side to ``crop/crop_pct``, center crop) in stored order.
+        train: RandomResizedCrop + flip and a fresh permutation each epoch, and ``drop_last``;
+            ``False``: the val transform (shorter side to ``crop/crop_pct``, center crop) in stored
+            order, every sample once. ``None`` (the default): what the split is, as its manifest
+            records it (``stoker pack`` writes ``val`` for ``OUT/val``); a split it does not name
+            is trained on.
         crop: output side in pixels, or ``(height, width)``, or the whole crop recipe
             (:class:`~.augment.CropSpec`: ``scale``, ``ratio``, ``crop_pct``, ``val_resize``).
         device: where the batches land (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``).
@@ -103,7 +106,7 @@ class Loader(EpochState, DataLoaderSurface):
         path: PathLike,
         *,
         batch_size: int,
-        train: bool = True,
+        train: bool | None = None,
         crop: int | tuple[int, int] | CropSpec = 224,
         device: str | Any = "cpu",
         seed: int = 0,
@@ -128,11 +131,12 @@ class Loader(EpochState, DataLoaderSurface):
         self.backend_config, self.backend_reason = resolved.backend, resolved.reason
         self.backend, self.backend_options, self.decode = resolved.backend.name, opts.backend, resolved.decode
         self.rank, self.world_size = rank_and_world(rank, world_size)
-        self.batch_size, self.train, self.seed = batch_size, bool(train), int(seed)
+        self.batch_size, self.seed = batch_size, int(seed)
         self.shuffle, self.block_shards = opts.order.shuffle, opts.order.block_shards
         self.channels = opts.backend.channels
         self.source = SplitSource(path, opts.storage)
         self.path, self.index, self.cache = self.source.path, self.source.index, self.source.cache
+        self.train = train_for_split(train, self.index.manifest)
         #: samples the loader draws from (manifest skips and samples without image/cls removed)
         self.num_samples = self.index.num_valid
         if self.num_samples == 0:

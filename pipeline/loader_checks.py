@@ -59,6 +59,15 @@ def rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
     return rank, world_size
 
 
+def train_for_split(train: bool | None, manifest: Manifest) -> bool:
+    """``Loader(train=)``: as given, or (None) what the split is: ``stoker pack`` records
+    ``pack.split`` (``val`` for ``OUT/val``), which takes the val transform (stored order, center
+    crop, every sample once); a split its manifest does not name (foreign tars) is trained on."""
+    if train is None:
+        return manifest.pack.get("split", "train") == "train"
+    return bool(train)
+
+
 def check_every_rank_has_a_batch(sample_order: order.SampleOrder, *, num_samples: int, path: Any) -> None:
     """A rank with no batch would train or evaluate on nothing without a word (and leave
     DDP's collectives unmatched): refuse such settings on every rank alike (``sample_order``
@@ -148,4 +157,5 @@ __all__ = [
     "check_stored_size",
     "rank_and_world",
     "torch_device",
+    "train_for_split",
 ]

@@ -80,6 +80,25 @@ def test_ranks_disjoint_and_covering(split):
         assert sorted(vseen) == list(range(50))
 
 
+def test_train_defaults_to_what_the_manifest_says_the_split_is(split, tmp_path):
+    val_dir = tmp_path / "val"
+    m = write_split(val_dir, num_samples=20, samples_per_shard=8, classes=list(CLASSES) * 10)
+    m.pack["split"] = "val"  # what stoker pack records for OUT/val
+    m.save(val_dir)
+    val = make(val_dir, backend="pil")
+    assert not val.train and not val.drop_last and len(val) == 3
+    images, labels = run(val)
+    assert flat(labels) == list(range(20))  # stored order, every sample once
+    reference, _ = run(make(val_dir, backend="pil", train=False))
+    assert all(torch.equal(a, b) for a, b in zip(images, reference, strict=True))  # the val transform
+    forced = make(val_dir, backend="pil", train=True)  # an explicit train= wins
+    assert forced.train and forced.drop_last and len(forced) == 2
+    assert make(split, backend="pil").train  # a split whose manifest names none (foreign tars) is trained on
+    m.pack["split"] = "train"
+    m.save(val_dir)
+    assert make(val_dir, backend="pil").train
+
+
 @needs_dali
 def test_dali_and_pil_give_same_order_and_similar_pixels(split):
     for train in (True, False):
