@@ -403,6 +403,7 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
             parts=parts,
             hidden=source.hidden,
             val_only=source.val_only,
+            image_settings=_image_settings(job["settings"]),
         )
     totals = merge(out, shard_ok)
     if remote is None:
@@ -420,7 +421,13 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
         targets_found=found,
         hidden=source.hidden,
         val_only=source.val_only,
+        image_settings=_image_settings(job["settings"]),
     )
+
+
+def _image_settings(settings: Settings) -> dict:
+    """What :meth:`PackResult.stored_line` says of how images were stored."""
+    return {"short_side": settings.short_side, "max_side": settings.max_side, "quality": settings.quality}
 
 
 def write_tables(out: Path, splits: list[str]) -> None:

@@ -89,7 +89,7 @@ def _sample_bytes(components: dict[str, bytes]) -> int:
 def pack_part(out: Path, split: str, source: Source, *, part: int, parts: int, **kw) -> dict:
     """Pack part ``part`` of ``parts`` of one split into shards, resuming from the
     journal; ``kw`` as :func:`_pack_part_locked`. Returns this run's counts: packed,
-    rejected, copied, shards, bytes."""
+    rejected, copied, resized, shards, bytes."""
     start, end = part_range(len(source.splits[split]), part, parts)
     state_dir(out).mkdir(parents=True, exist_ok=True)
     with _lock(journal_path(out, split, part, parts).with_suffix(".lock"), f"{split} part {part}/{parts}"):
@@ -122,7 +122,7 @@ def _pack_part_locked(
     records = journal.load(repair=True)
     nshards, pos, done = part_status(records)
     pos = max(pos, start)
-    stats = {"packed": 0, "rejected": 0, "copied": 0, "shards": 0, "bytes": 0, "restored": 0}
+    stats = {"packed": 0, "rejected": 0, "copied": 0, "resized": 0, "shards": 0, "bytes": 0, "restored": 0}
     stats["restored"] = _repair_shards(
         split_dir, records, start, source, split, settings=settings, workers=workers, engine=engine, remote=remote
     )
@@ -256,6 +256,7 @@ class _PartShards:
             self.seen.add(np.asarray(it.target, np.float32))  # the values as stored
         self.stats["packed"] += 1
         self.stats["copied"] += res.copied
+        self.stats["resized"] += res.resized
 
     def close(self, end_pos: int) -> None:
         """Finish the open shard (if any) and journal it with the rejects of its range."""

@@ -21,7 +21,8 @@ class PackResult(Result):
             rejects.jsonl), ``skipped`` (not images), ``shards``, ``bytes``. Empty after a part
             (``parts > 1``): the merge writes the manifests.
         run: Per split, what this run did: ``packed``, ``rejected``, ``copied`` (stored byte for
-            byte), ``shards`` and ``bytes`` written, ``restored`` (damaged shards rebuilt). Empty after a merge.
+            byte), ``resized`` (stored smaller, re-encoded), ``shards`` and ``bytes`` written,
+            ``restored`` (damaged shards rebuilt). Empty after a merge.
         seconds: This run, scan included.
         part: The part packed, of ``parts`` (1: the whole list).
         up_to_date: OUT already held this pack; nothing was written.
@@ -46,6 +47,8 @@ class PackResult(Result):
     targets_found: str = ""
     hidden: list = dataclasses.field(default_factory=list)
     val_only: list = dataclasses.field(default_factory=list)
+    #: how images were stored: ``short_side``, ``max_side``, ``quality`` (for the ``stored:`` line)
+    image_settings: dict = dataclasses.field(default_factory=dict)
 
     @property
     def packed(self) -> int:
@@ -84,6 +87,39 @@ class PackResult(Result):
             f"note: {n:,} class{'es are' if n != 1 else ' is'} in val/ only (no train image, so never learnt): "
             f"{', '.join(self.val_only[:5])}{more}"
         )
+
+    def stored_line(self) -> str:
+        """``stored: 812 resized to a shorter side of 256 px and re-encoded at quality 90, 120
+        re-encoded at quality 90 without resizing, 68 copied byte for byte; --short-side 0 keeps the
+        original sizes``: what this run did to the images it packed, and the flags that keep their
+        sizes when any was resized (a JPEG that every decoder reads alike is then copied as it is)."""
+        count = {k: sum(r.get(k, 0) for r in self.run.values()) for k in ("packed", "copied", "resized")}
+        resized, copied = count["resized"], count["copied"]
+        reencoded = count["packed"] - copied - resized
+        quality = self.image_settings.get("quality")
+        at = f" at quality {quality}" if quality else ""
+        limits = [
+            f"a {name} side of {px} px"
+            for name, px in (
+                ("shorter", self.image_settings.get("short_side")),
+                ("longer", self.image_settings.get("max_side")),
+            )
+            if px
+        ]
+        parts = []
+        if resized:
+            parts.append(f"{resized:,} resized to {' or '.join(limits) or 'fit'} and re-encoded{at}")
+        if reencoded:
+            parts.append(f"{reencoded:,} re-encoded{at} without resizing")
+        if copied or not parts:
+            parts.append(f"{copied:,} copied byte for byte")
+        hint = ""
+        if resized:
+            flags = " ".join(
+                f"--{n} 0" for n in ("short-side", "max-side") if self.image_settings.get(n.replace("-", "_"))
+            )
+            hint = f"; {flags} keeps the original sizes"
+        return "stored: " + ", ".join(parts) + hint
 
     def hidden_line(self) -> str:
         """``left out 2 hidden folders: .git/, rings/.thumbs/`` (the first 5 named), or ""."""
@@ -125,10 +161,8 @@ class PackResult(Result):
         if self.run:  # not after a merge
             n = sum(r["packed"] + r["rejected"] for r in self.run.values())
             rate = n / self.seconds if self.seconds > 0 else 0.0
-            copied = sum(r["copied"] for r in self.run.values())
-            lines.append(
-                f"this run: {n:,} images in {self.seconds:.1f} s ({rate:,.0f} images/s), {copied:,} copied as they were"
-            )
+            lines.append(f"this run: {n:,} images in {self.seconds:.1f} s ({rate:,.0f} images/s)")
+            lines.append(self.stored_line())
         if self.rejected:
             lines.append(f"{self.rejected:,} rejected inputs listed in {self.out.rstrip('/')}/{REJECTS_NAME}")
         return "\n".join(lines)

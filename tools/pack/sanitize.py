@@ -102,6 +102,7 @@ class Sanitized(NamedTuple):
     reason: str | None = None
     mask: bytes | None = None
     mask_counts: tuple = ()  # ((value, pixels), ...) of the stored mask: the split's class shares
+    resized: bool = False  # stored smaller than it came (--short-side, --max-side)
 
 
 def target_size(width: int, height: int, short_side: int, max_side: int) -> tuple[int, int]:
@@ -303,4 +304,4 @@ def _convert(im, data: bytes, settings: Settings) -> tuple[Sanitized, dict | Non
         im = im.resize(stored_target, Image.Resampling.BICUBIC)
     if orientation != 1:
         im = im.transpose(getattr(Image.Transpose, _ORIENT[orientation]))
-    return Sanitized(encode_jpeg(im, settings.quality), uw, uh), geometry
+    return Sanitized(encode_jpeg(im, settings.quality), uw, uh, resized=resize), geometry

@@ -349,3 +349,39 @@ def test_same_part_twice_at_once_is_refused(tmp_path, capsys):
         assert pack(src, tmp_path / "out") == 2
     assert "being packed by another process" in capsys.readouterr().err
     assert pack(src, tmp_path / "out") == 0
+
+
+def test_summary_says_what_was_resized_reencoded_and_copied(tmp_path, capsys):
+    import io
+    import random
+
+    from PIL import Image
+
+    from stoker.tools.common.synth import draw, encode
+
+    src = tmp_path / "src" / "circles"
+    src.mkdir(parents=True)
+    rng = random.Random(0)
+    sizes = {"big0.jpg": (400, 300), "big1.jpg": (300, 500), "small0.jpg": (80, 60), "small1.jpg": (64, 64)}
+    for name, size in sizes.items():
+        (src / name).write_bytes(encode(draw("circles", size, rng)))
+    png = io.BytesIO()
+    draw("circles", (70, 50), rng).save(png, "PNG")  # a PNG is re-encoded at its size
+    (src / "small.png").write_bytes(png.getvalue())
+    capsys.readouterr()
+    assert pack(tmp_path / "src", tmp_path / "out", "--quality", "85") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == (
+        "stored: 2 resized to a shorter side of 256 px and re-encoded at quality 85, 1 re-encoded at quality 85 "
+        "without resizing, 2 copied byte for byte; --short-side 0 keeps the original sizes"
+    )
+    stored = {
+        json.loads(s["json"])["path"]: Image.open(io.BytesIO(s["jpg"])).size
+        for s in read_wds(tmp_path / "out" / "train")
+    }
+    assert sum(min(wh) == 256 for wh in stored.values()) == 2  # what the line says is what the shards hold
+    assert pack(tmp_path / "src", tmp_path / "keep", "--short-side", "0", "--max-side", "0") == 0
+    assert (
+        capsys.readouterr().out.splitlines()[-1]
+        == "stored: 1 re-encoded at quality 90 without resizing, 4 copied byte for byte"
+    )
