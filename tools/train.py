@@ -200,7 +200,20 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
         help="deterministic algorithms (bit-identical reruns and resumes; slower on GPU)",
     )
     p.add_argument(
-        "--log-every", type=int, default=20, help="steps between loss reads / metrics lines (default: %(default)s)"
+        "--log-every",
+        type=int,
+        default=20,
+        metavar="N",
+        help="steps between loss reads and metrics rows; where no progress bar shows (output to a file, "
+        "Slurm, nohup, --no-progress) each prints a line: step, loss, img/s, data wait, lr, ETA (default: %(default)s)",
+    )
+    p.add_argument(
+        "--logger",
+        type=names,
+        default=(),
+        metavar="csv,tensorboard",
+        help="also write the metrics to RUN/metrics.csv (csv) and TensorBoard event files in RUN/ (tensorboard: "
+        "pip install 'stoker[tensorboard]'); RUN/metrics.jsonl and RUN/console.log are always written",
     )
     p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps too (default: epoch ends only)")
     p.add_argument(
@@ -229,6 +242,11 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_storage_flags(p)
+
+
+def names(text: str) -> tuple[str, ...]:
+    """``"csv,tensorboard"`` -> ``("csv", "tensorboard")`` (an argparse type)."""
+    return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
 def main(args: argparse.Namespace) -> int:
@@ -260,10 +278,11 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if summary["world_size"] > 1 and _rank() != 0:
         return 0
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    else:
-        print(format_summary(summary))
+    from stoker.model.train.logs import append_console
+
+    text = json.dumps(summary, indent=1) if args.json else format_summary(summary)
+    print(text)
+    append_console(summary["run_dir"], text)
     if summary["interrupted"]:
         return 128 + int(getattr(signal, summary["interrupted"]))
     return 0

@@ -26,6 +26,7 @@ import torch
 from ..checkpoint import StopSignals, weights_digest
 from .config import BEST, LAST, METRICS, TrainConfig
 from .evaluation import evaluate
+from .logs import shows_progress_bar, step_line
 from .plotting import plot_metrics
 from .run import Run
 from .runtime import all_reduce_sum, broadcast_buffers
@@ -75,6 +76,8 @@ class _Loop:
         self.last_loss = float("nan")
         self.val: dict | None = None
         self.stopped: int | None = None  # the signal that stopped the run
+        # no bar drawn (a log file, Slurm, --no-progress): each log window ends with a plain line
+        self.step_lines = not shows_progress_bar(run.cfg.progress)
 
     def train(self) -> dict[str, Any]:
         """Train the remaining epochs (or until SIGTERM/SIGINT) and return the summary."""
@@ -175,11 +178,31 @@ class _Loop:
             {"img/s": f"{ips:.0f}", "loss": f"{self.last_loss:.3f}", "wait": f"{100 * window.wait / seconds:.0f}%"},
             refresh=False,
         )
+        if self.step_lines:
+            self._say_step(epoch, window.steps, seconds, ips, window.wait / seconds)
         if not math.isfinite(self.last_loss):
             raise FloatingPointError(f"loss became {self.last_loss} at step {run.step}: try a lower --lr or --amp off")
         window.reset()
         if stop_votes > 0:
             self.stopped = signals.received or signal.SIGTERM
+
+    def _say_step(self, epoch: int, steps: int, seconds: float, ips: float, wait: float) -> None:
+        """The plain line of a log window: where the run is, how fast, and the time it still needs."""
+        run = self.run
+        last = run.total_steps
+        self.run.log(
+            step_line(
+                epoch=epoch,
+                epochs=run.cfg.epochs,
+                step=run.step,
+                total=last,
+                loss=self.last_loss,
+                images_per_s=ips,
+                data_wait=wait,
+                lr=run.scheduler.get_last_lr()[0],
+                eta_s=(last - run.step) * seconds / max(1, steps),
+            )
+        )
 
     def _end_epoch(self, epoch: int) -> None:
         """Every rank gets rank 0's BN statistics, then validate and checkpoint (last.pt, best.pt)."""

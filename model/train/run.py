@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,9 @@ from ..checkpoint import load_checkpoint, load_model_state, rng_state, save_chec
 from ..inference import bare_state_dict
 from ..nets import build_model, count_parameters
 from ..normalize import default_stats, with_normalize, with_target_units
-from .config import CONFIG, DEFAULT_ARCH, LAST, METRICS, RUN_FILES, TrainConfig
+from .config import CONFIG, DEFAULT_ARCH, EVENTS_GLOB, LAST, RUN_FILES, TrainConfig
 from .data import make_loaders, split_dirs, standardize
+from .logs import Console, MetricSinks, check_loggers
 from .runtime import (
     Dist,
     init_distributed,
@@ -62,20 +62,20 @@ class Run:
         self.best_score = float("-inf")
         self.loader_state: dict | None = None  # the train loader's position to resume from, once
         self.complete = False  # resumed from the run's last step
+        self.console = Console()  # rank 0's lines, copied into RUN/console.log
+        self.sinks: MetricSinks | None = None  # rank 0's metrics rows (metrics.jsonl, --logger)
 
     # rank-0 outputs ------------------------------------------------------------
     def log(self, msg: str) -> None:
-        """Print ``stoker train: msg`` on stderr (rank 0), above a progress bar."""
+        """Print ``stoker train: msg`` on stderr (rank 0), above a progress bar; copied into
+        ``RUN/console.log``."""
         if self.dist.main:
-            from tqdm import tqdm
-
-            tqdm.write(f"stoker train: {msg}", file=sys.stderr)
+            self.console(msg)
 
     def write_metrics(self, row: dict[str, Any]) -> None:
-        """Append ``row`` to ``RUN/metrics.jsonl`` (rank 0)."""
-        if self.dist.main:
-            with open(self.out / METRICS, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        """Append ``row`` to ``RUN/metrics.jsonl`` and the ``--logger`` sinks (rank 0)."""
+        if self.dist.main and self.sinks is not None:
+            self.sinks.write(row)
 
     def checkpoint(self, *, epoch: int, epoch_complete: bool, path: Path | None = None) -> None:
         """Save the run's state (rank 0) to ``path`` (default ``RUN/last.pt``); mid-epoch with the
@@ -103,7 +103,10 @@ class Run:
             )
 
     def close(self) -> None:
-        """End DDP (when it was started)."""
+        """Close the console copy and the metrics sinks; end DDP (when it was started)."""
+        if self.sinks is not None:
+            self.sinks.close()
+        self.console.close()
         if self.dist is not None:
             shutdown_distributed(self.dist)
 
@@ -112,8 +115,10 @@ class Run:
         """Build everything (a bad setting fails before any I/O it can), resume when asked, and
         write the resolved config (rank 0)."""
         cfg = self.cfg
+        check_loggers(cfg.logger or ())
         self._check_run_dir()
         self._start_runtime()
+        self.console.enabled = self.dist.main
         train_dir, val_dir = split_dirs(cfg)
         classes, num_classes = self._task(train_dir)
         self.channels = cfg.channels or 3
@@ -165,6 +170,8 @@ class Run:
             self._resume()
         if self.dist.main:
             self.out.mkdir(parents=True, exist_ok=True)
+            self.console.open(self.out)
+            self.sinks = MetricSinks(self.out, cfg.logger or ())
             with atomic_write(self.out / CONFIG, "w") as f:
                 json.dump(self.resolved, f, indent=1, default=str)
                 f.write("\n")
@@ -194,7 +201,7 @@ class Run:
         """A run directory that already holds a run is continued (``--resume``) or replaced
         (``--overwrite``, its run files removed), never silently written over."""
         cfg = self.cfg
-        files = [self.out / name for name in RUN_FILES]
+        files = [self.out / name for name in RUN_FILES] + sorted(self.out.glob(EVENTS_GLOB))
         held = [f.name for f in files if f.exists()]
         if not held or cfg.resume:
             return
