@@ -215,6 +215,14 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
         help="also write the metrics to RUN/metrics.csv (csv) and TensorBoard event files in RUN/ (tensorboard: "
         "pip install 'stoker[tensorboard]'); RUN/metrics.jsonl and RUN/console.log are always written",
     )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a smoke run: stop after step N (a checkpoint, then the val pass); the learning-rate schedule "
+        "stays the whole run's, so --resume without it continues the run",
+    )
     p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps too (default: epoch ends only)")
     p.add_argument(
         "--resume-from",
@@ -308,7 +316,8 @@ def format_summary(s: dict) -> str:
         lines = [
             run,
             f"steps      {s['steps']}/{s['total_steps']} in {s['seconds']:.1f} s"
-            + (f"  (stopped by {s['interrupted']}; continue with --resume)" if s["interrupted"] else ""),
+            + (f"  (stopped by {s['interrupted']}; continue with --resume)" if s["interrupted"] else "")
+            + (f"  (--max-steps {s['max_steps']}; continue with --resume)" if s.get("max_steps") else ""),
             f"speed      {ips} images/s, data wait {pct(s['data_wait'])} of train time",
         ]
     val_loss = f", val {s['val_loss']:.4f}" if s["val_loss"] is not None else ""

@@ -43,6 +43,9 @@ from .runtime import (
 from .step import TrainStep, make_optimizer, make_scheduler
 from .tasks import resolve_task
 
+#: the longest warm-up, as a share of its schedule's steps (a longer one leaves too few to decay over)
+MAX_WARMUP_SHARE = 0.25
+
 
 class Run:
     """One call of :func:`~stoker.model.train.loop.train`: :meth:`setup` builds everything
@@ -129,7 +132,7 @@ class Run:
         self.train_loader, self.val_loader, self.steps_per_epoch = data.train, data.val, data.steps_per_epoch
         self.task, self.target_units = standardize(self.task, self.train_loader, cfg.standardize_targets, log=self.log)
         self.total_steps = cfg.epochs * self.steps_per_epoch
-        self.warmup_steps = min(round(cfg.warmup_epochs * self.steps_per_epoch), max(0, self.total_steps - 1))
+        self._plan_schedule(start=0)
         global_batch = cfg.batch_size * self.dist.world_size
         lr, wd = cfg.peak_lr(global_batch), cfg.resolved_weight_decay()
         self._make_model(net, lr=lr, weight_decay=wd)
@@ -160,6 +163,7 @@ class Run:
             "steps_per_epoch": self.steps_per_epoch,
             "total_steps": self.total_steps,
             "warmup_steps": self.warmup_steps,
+            "schedule_start": self.schedule_start,
             "params": count_parameters(net),
             "has_val": self.val_loader is not None,
             "torch": str(torch.__version__),
@@ -175,6 +179,20 @@ class Run:
             with atomic_write(self.out / CONFIG, "w") as f:
                 json.dump(self.resolved, f, indent=1, default=str)
                 f.write("\n")
+
+    def _plan_schedule(self, *, start: int) -> None:
+        """The learning-rate schedule from step ``start`` to the run's last: a linear warm-up of
+        ``--warmup-epochs``, at most :data:`MAX_WARMUP_SHARE` of it (said in one line: with
+        ``--epochs 1`` the default warm-up would be the whole run), then cosine decay to 0."""
+        span = self.total_steps - start
+        asked = round(self.cfg.warmup_epochs * self.steps_per_epoch)
+        cap = int(MAX_WARMUP_SHARE * span)
+        self.warmup_steps, self.schedule_start = min(asked, cap), start
+        if asked > cap:
+            self.log(
+                f"--warmup-epochs {self.cfg.warmup_epochs:g} is {asked} step(s) of the schedule's {span}: warm-up "
+                f"capped at {cap} step(s) ({MAX_WARMUP_SHARE:.0%} of it), then cosine decay to 0"
+            )
 
     def _build_net(self) -> nn.Module:
         """The network: ``--model FILE.py:FUNCTION`` (checked on a batch of 2 against the task's
@@ -266,7 +284,9 @@ class Run:
             weight_decay=weight_decay,
             fused=self.device.type == "cuda",
         )
-        self.scheduler = make_scheduler(self.optimizer, warmup_steps=self.warmup_steps, total_steps=self.total_steps)
+        self.scheduler = make_scheduler(
+            self.optimizer, warmup_steps=self.warmup_steps, total_steps=self.total_steps - self.schedule_start
+        )
         self.scaler = make_scaler(self.amp)
         model = wrap_ddp(self.raw, self.dist, self.device)
         train_model = torch.compile(model) if cfg.compile else model

@@ -90,3 +90,31 @@ def test_a_missing_tensorboard_is_one_line_naming_the_extra(data, tmp_path, monk
     assert not (tmp_path / "r").exists()
     rc, _, err = run_cli("train", data, "--out", tmp_path / "r", *ARGS, "--logger", "wandb")
     assert rc == 2 and "logger='wandb' is not one of csv, tensorboard" in err
+
+
+def _train(*argv):
+    """`stoker train ... --json` in this process: (summary, stderr)."""
+    rc, out, err = run_cli("train", *argv, "--json", "--no-progress")
+    assert rc == 0, err[-2000:]
+    return json.loads(out), err
+
+
+def test_one_epoch_caps_the_warm_up_and_says_so(logged_run):
+    run, text = logged_run
+    config = json.loads((run / "config.json").read_text())
+    assert config["total_steps"] == 6 and config["warmup_steps"] == 1  # not the whole run: 25% of it
+    assert "--warmup-epochs 1 is 6 step(s) of the schedule's 6: warm-up capped at 1 step(s) (25% of it)" in text
+    lrs = [r["lr"] for r in _rows(run) if r["kind"] == "train"]
+    assert lrs[0] > lrs[1] > lrs[2] == 0  # past the peak from the first window on: cosine decay
+
+
+def test_max_steps_is_a_smoke_run_that_resume_continues(data, tmp_path):
+    full, _ = _train(data, "--out", tmp_path / "full", "--epochs", "2", *ARGS)
+    smoke, err = _train(data, "--out", tmp_path / "smoke", "--epochs", "2", *ARGS, "--max-steps", "3")
+    assert smoke["steps"] == 3 and smoke["max_steps"] == 3 and not smoke["complete"]
+    assert smoke["val"]["n"] == 21  # the val pass ran too
+    assert "--max-steps 3: stopping after step 3 of 12" in err
+    rc, _, err = run_cli("train", data, "--out", tmp_path / "smoke", "--epochs", "2", *ARGS)
+    assert rc == 2 and "continue it with --resume" in err  # the smoke run is a run: continued, not overwritten
+    rest, _ = _train(data, "--out", tmp_path / "smoke", "--epochs", "2", *ARGS, "--resume")
+    assert rest["steps"] == 12 and rest["weights_sha256"] == full["weights_sha256"]
