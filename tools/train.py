@@ -35,12 +35,19 @@ from stoker.model.train.config import AMP_CHOICES, CHANNELS, MIXUP_MODES, OPTIMI
 
 from .common.loader_flags import add_crop_flags, add_decode_flags, add_pixel_flags, add_storage_flags, floats
 from .common.loader_flags import crop as crop_type
+from .common.saved_run import given_flags, note_given_flags, resume_settings
 
 HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", metavar="DATA", help="dataset root holding train/ (and val/) packed by `stoker pack`")
+    note_given_flags(p)  # --resume takes RUN/config.json's settings except the flags given
+    p.add_argument(
+        "data",
+        metavar="DATA",
+        nargs="?",
+        help="dataset root holding train/ (and val/) packed by `stoker pack` (with --resume: the run's own)",
+    )
     p.add_argument("--out", required=True, metavar="RUN", help="run directory (created)")
     _model_flags(p)
     _batch_and_resolution_flags(p)
@@ -241,6 +248,14 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
         "learning-rate schedule (per step) are unchanged: with 2 -> 1 processes pass twice the --batch-size",
     )
     p.add_argument(
+        "--init-from",
+        default=None,
+        metavar="CKPT",
+        help="start a new run from the weights of CKPT (a stoker checkpoint, or a state_dict file such as "
+        "torchvision's): the tensors whose names and shapes fit are loaded, the rest (a new head) stay "
+        "initialised; one line says which. For fine-tuning: the optimizer and schedule start afresh",
+    )
+    p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace the run RUN holds (its config, metrics and checkpoints are removed first); without it "
@@ -267,11 +282,21 @@ def main(args: argparse.Namespace) -> int:
 
     if args.resume and args.resume_from:
         raise UsageError("give --resume (RUN/last.pt) or --resume-from CKPT, not both")
-    config = TrainConfig.from_any({**vars(args), "resume": args.resume_from or args.resume})
-    config.storage_options = parse_storage_options(args.storage_option) or None
-    config.cache_limit = parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None
     tier = pixel_cache(args)
-    config.pixel_cache_budget = tier.budget if tier is not None else None
+    fields = {
+        **vars(args),
+        "resume": args.resume_from or args.resume,
+        "storage_options": parse_storage_options(args.storage_option) or None,
+        "cache_limit": parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None,
+        "pixel_cache_budget": tier.budget if tier is not None else None,
+    }
+    if args.resume:  # the run's own settings; the flags on this command line change them
+        fields, said = resume_settings(args.out, fields, given_flags(args))
+        if said and _rank() == 0:
+            print(f"stoker train: {said}", file=sys.stderr)
+    if fields["data"] is None:
+        raise UsageError("DATA is missing: give the packed dataset (DATA/train, DATA/val), or --resume a run in RUN")
+    config = TrainConfig.from_any(fields)
     try:
         summary = train(config)
     except (ManifestError, KeyboardInterrupt):

@@ -87,7 +87,10 @@ class _Loop:
         run, cfg = self.run, self.run.cfg
         t_start = time.perf_counter()
         if run.complete:  # resumed from its last step: say so, and report what the run reached
-            run.log(f"{run.out} is complete ({run.step}/{run.total_steps} steps): nothing to resume")
+            run.log(
+                f"{run.out} is complete ({run.step}/{run.total_steps} steps): nothing to resume; to train it "
+                f"longer, extend it with --resume --epochs {cfg.epochs + 1} (or more)"
+            )
             self._from_metrics()
             return self._summary(time.perf_counter() - t_start)
         if cfg.max_steps is not None and cfg.max_steps < run.total_steps:

@@ -118,3 +118,105 @@ def test_max_steps_is_a_smoke_run_that_resume_continues(data, tmp_path):
     assert rc == 2 and "continue it with --resume" in err  # the smoke run is a run: continued, not overwritten
     rest, _ = _train(data, "--out", tmp_path / "smoke", "--epochs", "2", *ARGS, "--resume")
     assert rest["steps"] == 12 and rest["weights_sha256"] == full["weights_sha256"]
+
+
+def _copy(run, to):
+    import shutil
+
+    shutil.copytree(run, to)
+    return to
+
+
+def test_resume_takes_the_saved_config_and_says_so(logged_run, tmp_path):
+    run = _copy(logged_run[0], tmp_path / "run")
+    s, err = _train("--out", run, "--resume")  # no DATA, no flags: the run's own
+    assert s["complete"] and s["steps"] == 6 and s["arch"] == "inception"
+    assert f"stoker train: the run's settings from {run / 'config.json'} (no flag changes them)" in err
+    assert "nothing to resume; to train it longer, extend it with --resume --epochs 2 (or more)" in err
+
+
+def test_extending_a_finished_run_and_resuming_the_extension(logged_run, tmp_path):
+    straight = _copy(logged_run[0], tmp_path / "straight")
+    s, err = _train("--out", straight, "--resume", "--epochs", "3")
+    assert s["steps"] == 18 and s["complete"]
+    assert "from the command line: --epochs 3 (was 1)" in err
+    assert f"extending {straight}: it finished 1 epoch(s) (6 steps); epochs 2-3 train from its weights" in err
+    config = json.loads((straight / "config.json").read_text())
+    assert config["extended_from"]["step"] == 6 and config["schedule_start"] == 6 and config["warmup_steps"] == 3
+    lrs = [r["lr"] for r in _rows(straight) if r["kind"] == "train" and r["step"] > 6]
+    # the finished run's lr had decayed to 0: the new schedule climbs to the peak again, then decays
+    assert lrs[0] == pytest.approx(config["lr"]) and lrs == sorted(lrs, reverse=True) and lrs[-1] == 0
+    # the same extension stopped at step 9 (--max-steps) and resumed: the same weights
+    stepped = _copy(logged_run[0], tmp_path / "stepped")
+    part, _ = _train("--out", stepped, "--resume", "--epochs", "3", "--max-steps", "9")
+    assert part["steps"] == 9
+    rest, err = _train("--out", stepped, "--resume")  # --epochs 3 comes from its config.json
+    assert rest["steps"] == 18 and rest["weights_sha256"] == s["weights_sha256"]
+    # fewer epochs than it trained: one line with the fix, exit 2
+    rc, _, err = run_cli("train", "--out", straight, "--resume", "--epochs", "2")
+    assert rc == 2 and err.strip().endswith(
+        "the run finished its 3 epoch(s); --epochs 2 is not more: give --epochs 4 or more to extend it"
+    )
+
+
+def test_resume_mistakes_exit_2_with_the_fix(data, logged_run, tmp_path):
+    smoke = tmp_path / "smoke"
+    _train(data, "--out", smoke, "--epochs", "1", *ARGS, "--max-steps", "3")
+    for argv, needle in (
+        (["--out", smoke, "--resume", "--epochs", "2"], "the run stopped at step 3 of its 6 (--epochs 1): finish it"),
+        (
+            ["--out", smoke, "--resume", "--batch-size", "4"],
+            "resuming needs the run's batch size (8 x 1 process(es), now 4 x 1): use --batch-size 8",
+        ),
+        (["--out", tmp_path / "none", "--resume"], "holds no run to resume (config.json is missing): give DATA"),
+        (["--out", tmp_path / "none"], "DATA is missing"),
+        ([data, "--out", tmp_path / "x", "--resume", "--init-from", smoke / "last.pt"], "give one"),
+    ):
+        rc, _, err = run_cli("train", *argv)
+        assert rc == 2 and needle in err.strip().splitlines()[-1], (argv, err)
+
+
+def test_init_from_loads_what_fits_and_says_what_not(data, logged_run, tmp_path):
+    import torch
+
+    from helpers import CLASSES
+    from stoker.model import load_checkpoint
+
+    three = tmp_path / "three"
+    write_split(three / "train", num_samples=24, samples_per_shard=24, classes=CLASSES[:3])
+    best = logged_run[0] / "best.pt"
+    s, err = _train(three, "--out", tmp_path / "ft", *ARGS, "--epochs", "1", "--init-from", best)
+    config = json.loads((tmp_path / "ft" / "config.json").read_text())["init_from"]
+    assert config["reshaped"] == ["net.fc.weight", "net.fc.bias"] and not config["absent"]
+    total = config["loaded"] + 2
+    assert (
+        f"weights from {best}: {config['loaded']} of {total} tensors loaded; 2 skipped, shapes differ: "
+        "net.fc.weight (6, 384) -> (3, 384), net.fc.bias (6,) -> (3,)" in err
+    )
+    # a bare network's state_dict (torchvision's kind of file) fits by its names without "net."
+    bare = tmp_path / "bare.pt"
+    torch.save(load_checkpoint(best)["net"], bare)
+    _, err = _train(data, "--out", tmp_path / "same", *ARGS, "--epochs", "1", "--init-from", bare)
+    assert f"weights from {bare}: {total} of {total} tensors loaded" in err
+    for extra, needle in (
+        (["--init-from", tmp_path / "nope.pt"], f"--init-from {tmp_path / 'nope.pt'}: no such file"),
+        (["--init-from", best, "--arch", "resnet18"], "most of its tensors do not fit this network (resnet18)"),
+    ):
+        rc, _, err = run_cli("train", data, "--out", tmp_path / "x", *ARGS, "--epochs", "1", *extra)
+        assert rc == 2 and needle in err.strip().splitlines()[-1], err
+
+
+def test_load_matching_copies_the_tensors_that_fit():
+    import torch
+
+    from stoker.model import build_model, with_normalize
+    from stoker.model.checkpoint import load_matching
+
+    torch.manual_seed(0)
+    source = with_normalize(build_model("inception", 6))
+    torch.manual_seed(1)
+    target = with_normalize(build_model("inception", 3))
+    match = load_matching(target, source.state_dict())
+    theirs, ours = source.state_dict(), target.state_dict()
+    assert match.loaded and all(torch.equal(theirs[k], ours[k]) for k in match.loaded)
+    assert not torch.equal(theirs["net.fc.weight"][:3], ours["net.fc.weight"])  # the new head stays new
