@@ -36,7 +36,7 @@ from ..inference import bare_state_dict
 from ..nets import build_model, count_parameters
 from ..normalize import default_stats, with_normalize, with_target_units
 from .config import CONFIG, DEFAULT_ARCH, EVENTS_GLOB, LAST, RUN_FILES, TrainConfig
-from .data import make_loaders, split_dirs, standardize
+from .data import make_loaders, say_val_only_classes, split_dirs, standardize
 from .logs import Console, MetricSinks, check_loggers
 from .runtime import (
     Dist,
@@ -138,6 +138,8 @@ class Run:
             cfg, self.factory, train_dir, val_dir, task=self.task, dist=self.dist, device=self.device, log=self.log
         )
         self.train_loader, self.val_loader, self.steps_per_epoch = data.train, data.val, data.steps_per_epoch
+        if self.dist.main:
+            say_val_only_classes(self.train_loader, self.val_loader, classes, self.log)
         self.task, self.target_units = standardize(self.task, self.train_loader, cfg.standardize_targets, log=self.log)
         self.total_steps = cfg.epochs * self.steps_per_epoch
         self._plan_schedule(start=0, say=not cfg.resume)  # a resumed run's is planned once it is read

@@ -220,3 +220,16 @@ def test_load_matching_copies_the_tensors_that_fit():
     theirs, ours = source.state_dict(), target.state_dict()
     assert match.loaded and all(torch.equal(theirs[k], ours[k]) for k in match.loaded)
     assert not torch.equal(theirs["net.fc.weight"][:3], ours["net.fc.weight"])  # the new head stays new
+
+
+def test_classes_only_in_val_are_named_at_the_start(data, logged_run, tmp_path):
+    lopsided = tmp_path / "lopsided"
+    write_split(lopsided / "train", num_samples=4, samples_per_shard=4)  # labels 0-3: no rings, no triangles
+    write_split(lopsided / "val", num_samples=12, samples_per_shard=12, seed=1)
+    rc, _, err = run_cli("train", lopsided, "--out", tmp_path / "r", *ARGS, "--batch-size", "2", "--max-steps", "1")
+    assert rc == 0, err
+    assert (
+        "stoker train: 2 class(es) have val samples but no train sample, so the run cannot learn them (their val "
+        "top-1 stays 0): rings, triangles; repack so that each class keeps train samples"
+    ) in err.splitlines()
+    assert "no train sample" not in logged_run[1]  # every class of data/val has train samples
