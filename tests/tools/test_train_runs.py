@@ -233,3 +233,22 @@ def test_classes_only_in_val_are_named_at_the_start(data, logged_run, tmp_path):
         "top-1 stays 0): rings, triangles; repack so that each class keeps train samples"
     ) in err.splitlines()
     assert "no train sample" not in logged_run[1]  # every class of data/val has train samples
+
+
+def test_train_help_groups_its_options():
+    import argparse
+
+    from stoker.tools import train as train_cli
+
+    p = argparse.ArgumentParser()
+    train_cli.add_arguments(p)
+    groups = {g.title: [(a.option_strings or [a.dest])[0] for a in g._group_actions] for g in p._action_groups}
+    assert groups["options"] == ["-h", "--out"]  # everything else sits in a titled group
+    assert (
+        "--epochs" in groups["epochs, batches and crops"]
+        and "--lr" in groups[next(t for t in groups if t.startswith("optimisation"))]
+    )
+    assert {"--logger", "--max-steps", "--resume", "--init-from"} <= set(
+        groups["logs, checkpoints, resuming and fine-tuning"]
+    )
+    assert len(groups) >= 8 and all(len(v) <= 15 for v in groups.values())
