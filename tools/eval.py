@@ -58,7 +58,8 @@ _COLUMNS = {
 
 
 def format_result(r: dict) -> str:
-    """The figures, then a table of the per-class rows."""
+    """The figures, then a table of the per-class rows (those the split holds no sample of left out:
+    a pack's manifest may name 1,000 classes of which a small split holds a few)."""
     from stoker.model.train.loop import format_val
 
     lines = [
@@ -70,6 +71,12 @@ def format_result(r: dict) -> str:
     if rows:
         key = next(k for k in _COLUMNS if k in rows[0])
         heading, count, count_heading = _COLUMNS[key]
+        held = [row for row in rows if row[count]]
+        if len(held) < len(rows):
+            lines.append(
+                f"per class  ({len(rows) - len(held)} of {len(rows)} classes without {count_heading} left out)"
+            )
+        rows = held or rows
         width = max(len("class"), *(len(row["class"]) for row in rows))
         lines.append(f"  {'class':<{width}}  {heading:>7}  {count_heading:>9}")
         lines += [f"  {row['class']:<{width}}  {_pct(row[key]):>7}  {row[count]:>9}" for row in rows]

@@ -87,3 +87,24 @@ def test_per_class_rows_of_masks_and_multilabel():
         and rows[1]["ap"] == 1.0
         and rows[0]["ap"] == pytest.approx(0.8333, abs=1e-4)
     )
+
+
+def test_text_leaves_out_the_classes_without_samples():
+    from stoker.tools.eval import format_result
+
+    rows = [{"class": f"n{k:03d}", "n": 2 if k < 2 else 0, "top1": 0.5 if k < 2 else None} for k in range(1000)]
+    text = format_result(
+        {
+            "checkpoint": "b.pt",
+            "split": "v",
+            "arch": "a",
+            "task": "classify",
+            "n": 4,
+            "loss": 1.0,
+            "top1": 0.5,
+            "top5": 1.0,
+            "per_class": rows,
+        }
+    )
+    assert "(998 of 1000 classes without samples left out)" in text
+    assert [line.split()[0] for line in text.splitlines()[-2:]] == ["n000", "n001"]
