@@ -227,3 +227,79 @@ class StopSignals:
         for s, h in self._old.items():
             signal.signal(s, h)
         self._old.clear()
+
+
+# --- starting a new run from another's weights (fine-tuning: stoker train --init-from)
+
+
+def read_weights(path: PathLike) -> dict[str, torch.Tensor]:
+    """The tensors to start a run from: a stoker checkpoint's ``model``, or a state_dict file
+    (torchvision's, timm's; a ``state_dict``/``model`` entry holding it is taken), read with
+    ``weights_only=True``.
+
+    Raises:
+        CheckpointError: missing, unreadable, a damaged stoker checkpoint, or no tensors in it.
+    """
+    try:
+        return dict(load_checkpoint(path)["model"])
+    except CheckpointError as e:
+        if "not a stoker checkpoint" not in str(e):
+            raise
+    state = torch.load(path, map_location="cpu", weights_only=True)  # load_checkpoint read it already
+    for key in ("state_dict", "model"):
+        if isinstance(state.get(key), Mapping):
+            state = state[key]
+            break
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise CheckpointError(f"{path}: holds no tensors to start from")
+    return tensors
+
+
+def _names(names: list[str], limit: int = 3) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+class WeightsMatch:
+    """What :func:`load_matching` loaded: ``loaded`` names, ``reshaped`` ``(name, theirs, ours)``
+    shapes that differ, ``absent`` names the source lacks."""
+
+    def __init__(self, loaded: list[str], reshaped: list[tuple[str, tuple, tuple]], absent: list[str]) -> None:
+        self.loaded, self.reshaped, self.absent = loaded, reshaped, absent
+
+    def describe(self) -> str:
+        """``118 of 120 tensors loaded; 2 skipped, shapes differ: net.fc.weight (6, 384) -> (3, 384), ...``."""
+        total = len(self.loaded) + len(self.reshaped) + len(self.absent)
+        parts = [f"{len(self.loaded)} of {total} tensors loaded"]
+        if self.reshaped:
+            shapes = [f"{n} {tuple(a)} -> {tuple(b)}" for n, a, b in self.reshaped]
+            parts.append(f"{len(self.reshaped)} skipped, shapes differ: {_names(shapes, 2)}")
+        if self.absent:
+            parts.append(f"{len(self.absent)} not in the checkpoint: {_names(self.absent)}")
+        return "; ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"loaded": len(self.loaded), "reshaped": [n for n, _, _ in self.reshaped], "absent": self.absent}
+
+
+def load_matching(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor], *, prefix: str = "net.") -> WeightsMatch:
+    """Load into ``model``'s tensors under ``prefix`` (the network, not this run's normalization)
+    those of ``tensors`` with the same name and shape; a name is also looked up without ``prefix``
+    (a bare network's state_dict) and with DDP's ``module.``. The rest keep their initial values."""
+    own = model.state_dict()
+    take, loaded, reshaped, absent = {}, [], [], []
+    for name, mine in own.items():
+        if not name.startswith(prefix):
+            continue
+        bare = name[len(prefix) :]
+        theirs = next((tensors[k] for k in (name, bare, "module." + bare) if k in tensors), None)
+        if theirs is None:
+            absent.append(name)
+        elif tuple(theirs.shape) != tuple(mine.shape):
+            reshaped.append((name, tuple(theirs.shape), tuple(mine.shape)))
+        else:
+            take[name] = theirs
+            loaded.append(name)
+    model.load_state_dict(take, strict=False)
+    return WeightsMatch(loaded, reshaped, absent)

@@ -23,6 +23,7 @@ COMMANDS = {
     "bench-pack": "stoker.tools.bench.packing",
     "bench": "stoker.tools.bench.loader",
     "train": "stoker.tools.train",
+    "eval": "stoker.tools.eval",
     "bench-model": "stoker.benchmarks.model",
     "diagnose": "stoker.tools.diagnose.command",
     "demo": "stoker.tools.demo",

@@ -35,23 +35,32 @@ from stoker.model.train.config import AMP_CHOICES, CHANNELS, MIXUP_MODES, OPTIMI
 
 from .common.loader_flags import add_crop_flags, add_decode_flags, add_pixel_flags, add_storage_flags, floats
 from .common.loader_flags import crop as crop_type
+from .common.saved_run import given_flags, note_given_flags, resume_settings
 
 HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", metavar="DATA", help="dataset root holding train/ (and val/) packed by `stoker pack`")
+    note_given_flags(p)  # --resume takes RUN/config.json's settings except the flags given
+    p.add_argument(
+        "data",
+        metavar="DATA",
+        nargs="?",
+        help="dataset root holding train/ (and val/) packed by `stoker pack` (with --resume: the run's own)",
+    )
     p.add_argument("--out", required=True, metavar="RUN", help="run directory (created)")
     _model_flags(p)
     _batch_and_resolution_flags(p)
     _augmentation_flags(p)
     _optimizer_flags(p)
+    _device_flags(p)
     _run_flags(p)
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
     """The network, its task and targets, and the input normalization."""
-    p.add_argument(
+    g = p.add_argument_group("model and task")
+    g.add_argument(
         "--arch",
         default="auto",
         help="auto: inception (for segmentation the same block, per pixel); report (the case study's "
@@ -59,7 +68,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         "torchvision segmentation model (fcn_resnet50, deeplabv3_resnet50, ...). No pretrained weights. "
         "(default: %(default)s)",
     )
-    p.add_argument(
+    g.add_argument(
         "--model",
         default=None,
         metavar="FILE.py:FUNCTION",
@@ -67,14 +76,14 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         "nn.Module taking normalized float NCHW input; it is called with num_classes=/num_outputs= and "
         "in_channels=/in_chans= when it accepts them. Checkpoints' 'net' holds its own parameter names",
     )
-    p.add_argument(
+    g.add_argument(
         "--no-standardize-targets",
         dest="standardize_targets",
         action="store_false",
         help="regression: train on the float targets as they are; by default the network learns "
         "(y - mean) / std per column (the train split's statistics) and answers in the targets' units",
     )
-    p.add_argument(
+    g.add_argument(
         "--task",
         choices=TASKS,
         default="auto",
@@ -82,35 +91,36 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         "MSE; on a class split the case study: one output regressed onto the label value); segment "
         "(masks); multilabel",
     )
-    p.add_argument(
+    g.add_argument(
         "--num-classes",
         type=int,
         default=None,
         metavar="N",
         help="classes (segment: when the manifest does not declare them; default: from the manifest)",
     )
-    p.add_argument(
+    g.add_argument(
         "--channels",
         type=int,
         choices=CHANNELS,
         default=None,
         help="input channels: 3 (RGB, default) or 1 (grayscale; the first layer is built for it)",
     )
-    p.add_argument(
+    g.add_argument(
         "--mean",
         type=floats,
         default=None,
         metavar="M[,M,M]",
         help="normalization mean per channel, 0..1 scale (default: ImageNet's; their average for 1 channel)",
     )
-    p.add_argument("--std", type=floats, default=None, metavar="S[,S,S]", help="normalization std, as --mean")
+    g.add_argument("--std", type=floats, default=None, metavar="S[,S,S]", help="normalization std, as --mean")
 
 
 def _batch_and_resolution_flags(p: argparse.ArgumentParser) -> None:
     """Epochs, the batch, crops and resolutions, and the pixel cache."""
-    p.add_argument("--epochs", type=int, default=5, help="epochs to train")
-    p.add_argument("--batch-size", type=int, default=64, help="per process (default: %(default)s)")
-    add_crop_flags(p)
+    g = p.add_argument_group("epochs, batches and crops")
+    g.add_argument("--epochs", type=int, default=5, metavar="N", help="epochs to train")
+    g.add_argument("--batch-size", type=int, default=64, metavar="N", help="per process (default: %(default)s)")
+    add_crop_flags(g)
     g = p.add_argument_group("resolution (FFCV's progressive resizing; FixRes: evaluate larger than you train)")
     g.add_argument(
         "--progressive",
@@ -140,41 +150,63 @@ def _augmentation_flags(p: argparse.ArgumentParser) -> None:
         help="RandAugment / AutoAugment / TrivialAugment: timm's strings (rand-m9-mstd0.5-inc1, original, v0) "
         "or ta_wide (default: none)",
     )
-    g.add_argument("--reprob", type=float, default=0.0, help="random erasing probability (default: %(default)s)")
+    g.add_argument(
+        "--reprob", metavar="P", type=float, default=0.0, help="random erasing probability (default: %(default)s)"
+    )
     g.add_argument("--remode", choices=REMODES, default="const", help="random erasing fill (default: const)")
-    g.add_argument("--recount", type=int, default=1, help="random erasing boxes at most (default: %(default)s)")
+    g.add_argument(
+        "--recount", metavar="N", type=int, default=1, help="random erasing boxes at most (default: %(default)s)"
+    )
     g.add_argument(
         "--color-jitter", type=float, default=None, metavar="F", help="colour jitter strength, without --aa (timm)"
     )
     g.add_argument("--mixup", type=float, default=0.0, metavar="ALPHA", help="MixUp alpha (0: off; timm: 0.8)")
     g.add_argument("--cutmix", type=float, default=0.0, metavar="ALPHA", help="CutMix alpha (0: off; timm: 1.0)")
     g.add_argument("--cutmix-minmax", type=floats, default=None, metavar="LO,HI", help="CutMix box size range (timm)")
-    g.add_argument("--mixup-prob", type=float, default=1.0, help="probability of mixing a batch (default: 1)")
     g.add_argument(
-        "--mixup-switch-prob", type=float, default=0.5, help="CutMix instead of MixUp when both (default: 0.5)"
+        "--mixup-prob", metavar="P", type=float, default=1.0, help="probability of mixing a batch (default: 1)"
+    )
+    g.add_argument(
+        "--mixup-switch-prob",
+        metavar="P",
+        type=float,
+        default=0.5,
+        help="CutMix instead of MixUp when both (default: 0.5)",
     )
     g.add_argument("--mixup-mode", choices=MIXUP_MODES, default="batch", help="how lambda is drawn (default: batch)")
 
 
 def _optimizer_flags(p: argparse.ArgumentParser) -> None:
     """The optimizer, its schedule, the loss and the precision."""
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="SGD (Nesterov) or AdamW")
-    p.add_argument(
-        "--lr", type=float, default=None, help="peak learning rate (default: sgd 0.1 x global batch/256, adamw 1e-3)"
+    g = p.add_argument_group("optimisation: the optimizer, its schedule, the loss, the precision")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="SGD (Nesterov) or AdamW")
+    g.add_argument(
+        "--lr",
+        metavar="LR",
+        type=float,
+        default=None,
+        help="peak learning rate (default: sgd 0.1 x global batch/256, adamw 1e-3)",
     )
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD (Nesterov) momentum")
-    p.add_argument(
-        "--weight-decay", type=float, default=None, help="default: sgd 5e-5, adamw 0.05 (not on norms/biases)"
+    g.add_argument("--momentum", metavar="M", type=float, default=0.9, help="SGD (Nesterov) momentum")
+    g.add_argument(
+        "--weight-decay",
+        metavar="WD",
+        type=float,
+        default=None,
+        help="default: sgd 5e-5, adamw 0.05 (not on norms/biases)",
     )
-    p.add_argument("--warmup-epochs", type=float, default=1.0, help="linear warm-up, then cosine decay to 0")
-    p.add_argument(
+    g.add_argument(
+        "--warmup-epochs", metavar="EPOCHS", type=float, default=1.0, help="linear warm-up, then cosine decay to 0"
+    )
+    g.add_argument(
         "--label-smoothing",
         "--smoothing",
+        metavar="F",
         type=float,
         default=0.0,
         help="label smoothing (with --mixup/--cutmix: the mixing's, as timm; default: %(default)s)",
     )
-    p.add_argument(
+    g.add_argument(
         "--amp",
         choices=AMP_CHOICES,
         default="auto",
@@ -184,51 +216,101 @@ def _optimizer_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _run_flags(p: argparse.ArgumentParser) -> None:
-    """The device, decoding, seeds, logs, checkpoints, resume and the output."""
-    p.add_argument("--channels-last", action="store_true", help="model and batches in channels_last memory format")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
-    add_decode_flags(p)
-    p.add_argument(
-        "--torch-threads", type=int, default=None, help="torch intra-op threads (CPU training; default: torch's choice)"
+def _device_flags(p: argparse.ArgumentParser) -> None:
+    """The device, decoding, seeds."""
+    g = p.add_argument_group("device, decoding and seeds")
+    g.add_argument("--channels-last", action="store_true", help="model and batches in channels_last memory format")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
+    add_decode_flags(g)
+    g.add_argument(
+        "--torch-threads",
+        metavar="N",
+        type=int,
+        default=None,
+        help="torch intra-op threads (CPU training; default: torch's choice)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seeds the order, the augmentation and the initial weights")
-    p.add_argument(
+    g.add_argument(
+        "--seed", metavar="N", type=int, default=0, help="seeds the order, the augmentation and the initial weights"
+    )
+    g.add_argument(
         "--deterministic",
         action="store_true",
         help="deterministic algorithms (bit-identical reruns and resumes; slower on GPU)",
     )
-    p.add_argument(
-        "--log-every", type=int, default=20, help="steps between loss reads / metrics lines (default: %(default)s)"
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    """Logs, checkpoints, resuming, fine-tuning and the output; object storage."""
+    g = p.add_argument_group("logs, checkpoints, resuming and fine-tuning")
+    g.add_argument(
+        "--log-every",
+        type=int,
+        default=20,
+        metavar="N",
+        help="steps between loss reads and metrics rows; where no progress bar shows (output to a file, "
+        "Slurm, nohup, --no-progress) each prints a line: step, loss, img/s, data wait, lr, ETA (default: %(default)s)",
     )
-    p.add_argument("--ckpt-every", type=int, default=0, help="checkpoint every N steps too (default: epoch ends only)")
-    p.add_argument(
+    g.add_argument(
+        "--logger",
+        type=names,
+        default=(),
+        metavar="csv,tensorboard",
+        help="also write the metrics to RUN/metrics.csv (csv) and TensorBoard event files in RUN/ (tensorboard: "
+        "pip install 'stoker[tensorboard]'); RUN/metrics.jsonl and RUN/console.log are always written",
+    )
+    g.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a smoke run: stop after step N (a checkpoint, then the val pass); the learning-rate schedule "
+        "stays the whole run's, so --resume without it continues the run",
+    )
+    g.add_argument(
+        "--ckpt-every", metavar="N", type=int, default=0, help="checkpoint every N steps too (default: epoch ends only)"
+    )
+    g.add_argument(
         "--resume-from",
         default=None,
         metavar="CKPT",
         help="continue from the checkpoint CKPT (as --resume does from RUN/last.pt)",
     )
-    p.add_argument(
+    g.add_argument(
         "--resume",
         action="store_const",
         const="auto",
         default=None,
-        help="continue from RUN/last.pt; mid-epoch included, also on another number of "
+        help="continue from RUN/last.pt with the run's settings (RUN/config.json: DATA and flags need not be "
+        "repeated; those given change them); a finished run given a larger --epochs is extended on a new "
+        "learning-rate schedule. Mid-epoch included, also on another number of "
         "processes (torchrun --nproc_per_node): the epoch goes on with the samples not yet seen, each once. "
         "The run keeps its global batch (--batch-size x processes), so its steps per epoch and its "
         "learning-rate schedule (per step) are unchanged: with 2 -> 1 processes pass twice the --batch-size",
     )
-    p.add_argument(
+    g.add_argument(
+        "--init-from",
+        default=None,
+        metavar="CKPT",
+        help="start a new run from the weights of CKPT (a stoker checkpoint, or a state_dict file such as "
+        "torchvision's): the tensors whose names and shapes fit are loaded, the rest (a new head) stay "
+        "initialised; one line says which. For fine-tuning: the optimizer and schedule start afresh",
+    )
+    g.add_argument(
         "--overwrite",
         action="store_true",
         help="replace the run RUN holds (its config, metrics and checkpoints are removed first); without it "
         "and without --resume an existing run is refused",
     )
-    p.add_argument("--plot", action="store_true", help="write RUN/curves.png (needs matplotlib)")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    g.add_argument("--plot", action="store_true", help="write RUN/curves.png (needs matplotlib)")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    g.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_storage_flags(p)
+
+
+def names(text: str) -> tuple[str, ...]:
+    """``"csv,tensorboard"`` -> ``("csv", "tensorboard")`` (an argparse type)."""
+    return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
 def main(args: argparse.Namespace) -> int:
@@ -241,11 +323,21 @@ def main(args: argparse.Namespace) -> int:
 
     if args.resume and args.resume_from:
         raise UsageError("give --resume (RUN/last.pt) or --resume-from CKPT, not both")
-    config = TrainConfig.from_any({**vars(args), "resume": args.resume_from or args.resume})
-    config.storage_options = parse_storage_options(args.storage_option) or None
-    config.cache_limit = parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None
     tier = pixel_cache(args)
-    config.pixel_cache_budget = tier.budget if tier is not None else None
+    fields = {
+        **vars(args),
+        "resume": args.resume_from or args.resume,
+        "storage_options": parse_storage_options(args.storage_option) or None,
+        "cache_limit": parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None,
+        "pixel_cache_budget": tier.budget if tier is not None else None,
+    }
+    if args.resume:  # the run's own settings; the flags on this command line change them
+        fields, said = resume_settings(args.out, fields, given_flags(args))
+        if said and _rank() == 0:
+            print(f"stoker train: {said}", file=sys.stderr)
+    if fields["data"] is None:
+        raise UsageError("DATA is missing: give the packed dataset (DATA/train, DATA/val), or --resume a run in RUN")
+    config = TrainConfig.from_any(fields)
     try:
         summary = train(config)
     except (ManifestError, KeyboardInterrupt):
@@ -260,10 +352,11 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if summary["world_size"] > 1 and _rank() != 0:
         return 0
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    else:
-        print(format_summary(summary))
+    from stoker.model.train.logs import append_console
+
+    text = json.dumps(summary, indent=1) if args.json else format_summary(summary)
+    print(text)
+    append_console(summary["run_dir"], text)
     if summary["interrupted"]:
         return 128 + int(getattr(signal, summary["interrupted"]))
     return 0
@@ -289,7 +382,8 @@ def format_summary(s: dict) -> str:
         lines = [
             run,
             f"steps      {s['steps']}/{s['total_steps']} in {s['seconds']:.1f} s"
-            + (f"  (stopped by {s['interrupted']}; continue with --resume)" if s["interrupted"] else ""),
+            + (f"  (stopped by {s['interrupted']}; continue with --resume)" if s["interrupted"] else "")
+            + (f"  (--max-steps {s['max_steps']}; continue with --resume)" if s.get("max_steps") else ""),
             f"speed      {ips} images/s, data wait {pct(s['data_wait'])} of train time",
         ]
     val_loss = f", val {s['val_loss']:.4f}" if s["val_loss"] is not None else ""

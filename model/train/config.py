@@ -29,6 +29,8 @@ CHANNELS = (1, 3)
 #: ``--remode``: random erasing's fill; ``--mixup-mode``: how MixUp/CutMix draw lambda (timm's)
 REMODES = ("const", "rand", "pixel")
 MIXUP_MODES = ("batch", "pair", "elem")
+#: ``--logger``: where the metrics go besides ``metrics.jsonl`` (:mod:`stoker.model.train.logs`)
+LOGGERS = ("csv", "tensorboard")
 
 # The run directory.
 LAST = "last.pt"
@@ -36,8 +38,12 @@ BEST = "best.pt"
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
 PLOT = "curves.png"
-#: what a run writes into its directory (``--overwrite`` removes them, nothing else)
-RUN_FILES = (CONFIG, METRICS, LAST, BEST, PLOT)
+CONSOLE = "console.log"
+METRICS_CSV = "metrics.csv"
+#: TensorBoard's event files (``SummaryWriter(RUN)`` names them so)
+EVENTS_GLOB = "events.out.tfevents.*"
+#: what a run writes into its directory (``--overwrite`` removes them and the event files, nothing else)
+RUN_FILES = (CONFIG, METRICS, LAST, BEST, PLOT, CONSOLE, METRICS_CSV)
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -128,7 +134,12 @@ class TrainConfig:
     torch_threads: int | None = None
     log_every: int = 20
     ckpt_every: int = 0
+    # metrics sinks besides metrics.jsonl (LOGGERS); a smoke run's step budget
+    logger: tuple = ()
+    max_steps: int | None = None
     resume: str | None = None
+    # weights only (fine-tuning): the tensors of this checkpoint that fit the network
+    init_from: str | None = None
     overwrite: bool = False
     plot: bool = False
     progress: bool = True
@@ -198,6 +209,19 @@ class TrainConfig:
             raise ArgumentError(f"model={self.model!r} must look like 'file.py:FUNCTION' or 'package.module:FUNCTION'")
         if self.num_classes is not None and self.num_classes < 1:
             raise ArgumentError(f"num_classes={self.num_classes} must be >= 1")
+        self._validate_run_options()
+
+    def _validate_run_options(self) -> None:
+        """The loggers, the step budget and where the weights start from."""
+        for name in self.logger or ():
+            check_choice("logger", name, LOGGERS)
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ArgumentError(f"max_steps={self.max_steps} must be >= 1")
+        if self.init_from and self.resume:
+            raise ArgumentError(
+                f"{arg('init_from')} starts a new run from a checkpoint's weights, {arg('resume')} continues "
+                "a run: give one"
+            )
 
     def crop_schedule(self):
         """The train crop of each epoch (:class:`~stoker.pipeline.augment.ProgressiveCrop`) of

@@ -174,6 +174,37 @@ def say_when_small(data: RunData, batch_size: int, world_size: int, log: Log) ->
             )
 
 
+def classes_only_in_val(train: Any, val: Any, classes: list[str] | None) -> list[str]:
+    """The classes of a class split that val holds and train does not (a run cannot learn them:
+    their val top-1 is 0). Read from the Loaders' indexes (``[]`` for a loader without one); the
+    train split is read until every val class is seen."""
+    import numpy as np
+
+    indexes = [getattr(loader, "index", None) for loader in (train, val)]
+    if not classes or any(i is None or getattr(i.target, "task", None) != "classify" for i in indexes):
+        return []
+    tr, va = indexes
+    missing = set()
+    for start in range(0, va.num_valid, 65536):
+        missing |= set(np.unique(va.labels(va.valid_at(np.arange(start, min(start + 65536, va.num_valid))))).tolist())
+    for start in range(0, tr.num_valid, 65536):
+        if not missing:
+            break
+        missing -= set(np.unique(tr.labels(tr.valid_at(np.arange(start, min(start + 65536, tr.num_valid))))).tolist())
+    return [classes[k] for k in sorted(missing) if k < len(classes)]
+
+
+def say_val_only_classes(train: Any, val: Any, classes: list[str] | None, log: Log) -> None:
+    """One line naming the classes only val holds (:func:`classes_only_in_val`), and the fix."""
+    only = classes_only_in_val(train, val, classes) if val is not None else []
+    if only:
+        names = ", ".join(only[:5]) + (f" and {len(only) - 5} more" if len(only) > 5 else "")
+        log(
+            f"{len(only)} class(es) have val samples but no train sample, so the run cannot learn them (their val "
+            f"top-1 stays 0): {names}; repack so that each class keeps train samples"
+        )
+
+
 def _samples(loader: Any) -> int:
     """The loadable samples of a loader's split (0 when it cannot say: a user's loader)."""
     try:
@@ -240,4 +271,15 @@ def standardize(task: Task, train: Any, enabled: bool, *, log: Log) -> tuple[Tas
     return task, None
 
 
-__all__ = ["FEW_STEPS", "FEW_VAL", "RunData", "augmentation", "has_split", "make_loaders", "split_dirs", "standardize"]
+__all__ = [
+    "FEW_STEPS",
+    "FEW_VAL",
+    "RunData",
+    "augmentation",
+    "classes_only_in_val",
+    "has_split",
+    "make_loaders",
+    "say_val_only_classes",
+    "split_dirs",
+    "standardize",
+]

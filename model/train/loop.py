@@ -26,6 +26,7 @@ import torch
 from ..checkpoint import StopSignals, weights_digest
 from .config import BEST, LAST, METRICS, TrainConfig
 from .evaluation import evaluate
+from .logs import shows_progress_bar, step_line
 from .plotting import plot_metrics
 from .run import Run
 from .runtime import all_reduce_sum, broadcast_buffers
@@ -75,6 +76,9 @@ class _Loop:
         self.last_loss = float("nan")
         self.val: dict | None = None
         self.stopped: int | None = None  # the signal that stopped the run
+        self.at_max_steps = False  # a smoke run (--max-steps) reached its budget
+        # no bar drawn (a log file, Slurm, --no-progress): each log window ends with a plain line
+        self.step_lines = not shows_progress_bar(run.cfg.progress)
 
     def train(self) -> dict[str, Any]:
         """Train the remaining epochs (or until SIGTERM/SIGINT) and return the summary."""
@@ -83,11 +87,19 @@ class _Loop:
         run, cfg = self.run, self.run.cfg
         t_start = time.perf_counter()
         if run.complete:  # resumed from its last step: say so, and report what the run reached
-            run.log(f"{run.out} is complete ({run.step}/{run.total_steps} steps): nothing to resume")
+            run.log(
+                f"{run.out} is complete ({run.step}/{run.total_steps} steps): nothing to resume; to train it "
+                f"longer, extend it with --resume --epochs {cfg.epochs + 1} (or more)"
+            )
             self._from_metrics()
             return self._summary(time.perf_counter() - t_start)
+        if cfg.max_steps is not None and cfg.max_steps < run.total_steps:
+            run.log(
+                f"--max-steps {cfg.max_steps}: stopping after step {cfg.max_steps} of {run.total_steps}; the "
+                "learning-rate schedule is the whole run's, so --resume continues it"
+            )
         bar = tqdm(
-            total=run.total_steps,
+            total=min(run.total_steps, cfg.max_steps or run.total_steps),
             initial=run.step,
             unit="step",
             dynamic_ncols=True,
@@ -99,9 +111,11 @@ class _Loop:
             for epoch in range(run.start_epoch, cfg.epochs):
                 bar.set_description(f"epoch {epoch + 1}/{cfg.epochs}")
                 if not self._train_epoch(epoch, signals, bar):
+                    if self.at_max_steps:  # a smoke run tries the val pass too
+                        self._validate(epoch)
                     break  # stopped mid-epoch: last.pt holds where
                 self._end_epoch(epoch)
-                if self.stopped:
+                if self.stopped or self.at_max_steps:
                     break
         bar.close()
         if run.dist.main and cfg.plot and (run.out / METRICS).exists():
@@ -131,15 +145,17 @@ class _Loop:
             run.epoch_step += 1
             bar.update(1)
             end_of_epoch = run.epoch_step >= run.steps_per_epoch
-            if run.step % cfg.log_every == 0 or end_of_epoch:
+            self.at_max_steps = cfg.max_steps is not None and run.step >= cfg.max_steps
+            if run.step % cfg.log_every == 0 or end_of_epoch or self.at_max_steps:
                 self._close_window(epoch, window, signals, bar)
             if not run.dist.enabled and signals.received is not None:
                 self.stopped = signals.received  # one process: stop at once, no vote needed
             if end_of_epoch:
                 continue
-            if self.stopped or (cfg.ckpt_every and run.step % cfg.ckpt_every == 0):
+            ending = self.stopped or self.at_max_steps
+            if ending or (cfg.ckpt_every and run.step % cfg.ckpt_every == 0):
                 run.checkpoint(epoch=epoch, epoch_complete=False)
-            if self.stopped:
+            if ending:
                 # Close the abandoned iteration now, while the loader's pipeline is alive
                 # (left to the garbage collector it may run after DALI shut down at exit).
                 close = getattr(it, "close", None)
@@ -175,14 +191,45 @@ class _Loop:
             {"img/s": f"{ips:.0f}", "loss": f"{self.last_loss:.3f}", "wait": f"{100 * window.wait / seconds:.0f}%"},
             refresh=False,
         )
+        if self.step_lines:
+            self._say_step(epoch, window.steps, seconds, ips, window.wait / seconds)
         if not math.isfinite(self.last_loss):
             raise FloatingPointError(f"loss became {self.last_loss} at step {run.step}: try a lower --lr or --amp off")
         window.reset()
         if stop_votes > 0:
             self.stopped = signals.received or signal.SIGTERM
 
+    def _say_step(self, epoch: int, steps: int, seconds: float, ips: float, wait: float) -> None:
+        """The plain line of a log window: where the run is, how fast, and the time it still needs."""
+        run = self.run
+        last = run.total_steps
+        self.run.log(
+            step_line(
+                epoch=epoch,
+                epochs=run.cfg.epochs,
+                step=run.step,
+                total=last,
+                loss=self.last_loss,
+                images_per_s=ips,
+                data_wait=wait,
+                lr=run.scheduler.get_last_lr()[0],
+                eta_s=(last - run.step) * seconds / max(1, steps),
+            )
+        )
+
     def _end_epoch(self, epoch: int) -> None:
         """Every rank gets rank 0's BN statistics, then validate and checkpoint (last.pt, best.pt)."""
+        run = self.run
+        self._validate(epoch)
+        run.checkpoint(epoch=epoch, epoch_complete=True)
+        score = None if self.val is None else self.val.get(run.task.metric)
+        if score is not None and math.isfinite(score) and score > run.best_score:
+            run.best_score = score
+            run.checkpoint(epoch=epoch, epoch_complete=True, path=run.out / BEST)
+
+    def _validate(self, epoch: int) -> None:
+        """Every rank gets rank 0's BN statistics; the val figures (when there is a val split),
+        written and said."""
         run = self.run
         broadcast_buffers(run.raw, run.dist)
         if run.val_loader is not None:
@@ -192,11 +239,6 @@ class _Loop:
             )
             run.write_metrics({"kind": "val", "epoch": epoch, "step": run.step, **self.val, "time": time.time()})
             run.log(f"epoch {epoch + 1}/{run.cfg.epochs}: val {format_val(self.val)}")
-        run.checkpoint(epoch=epoch, epoch_complete=True)
-        score = None if self.val is None else self.val.get(run.task.metric)
-        if score is not None and math.isfinite(score) and score > run.best_score:
-            run.best_score = score
-            run.checkpoint(epoch=epoch, epoch_complete=True, path=run.out / BEST)
 
     def _from_metrics(self) -> None:
         """The last train loss and val figures a finished run wrote (``RUN/metrics.jsonl``)."""
@@ -238,6 +280,7 @@ class _Loop:
             "val_samples": val.get("n"),
             "interrupted": signal.Signals(self.stopped).name if self.stopped else None,
             "complete": run.step >= run.total_steps,
+            "max_steps": run.cfg.max_steps if self.at_max_steps and run.step < run.total_steps else None,
             "weights_sha256": weights_digest(run.raw),
         }
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,16 +19,25 @@ import torch
 from torch import nn
 
 from stoker import __version__
-from stoker.errors import ArgumentError, CheckpointError
+from stoker.errors import ArgumentError, CheckpointError, arg
 from stoker.pipeline.fsutil import atomic_write
 from stoker.pipeline.storage import redact_options
 
-from ..checkpoint import load_checkpoint, load_model_state, rng_state, save_checkpoint, set_rng_state
+from ..checkpoint import (
+    load_checkpoint,
+    load_matching,
+    load_model_state,
+    read_weights,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from ..inference import bare_state_dict
 from ..nets import build_model, count_parameters
 from ..normalize import default_stats, with_normalize, with_target_units
-from .config import CONFIG, DEFAULT_ARCH, LAST, METRICS, RUN_FILES, TrainConfig
-from .data import make_loaders, split_dirs, standardize
+from .config import CONFIG, DEFAULT_ARCH, EVENTS_GLOB, LAST, RUN_FILES, TrainConfig
+from .data import make_loaders, say_val_only_classes, split_dirs, standardize
+from .logs import Console, MetricSinks, check_loggers
 from .runtime import (
     Dist,
     init_distributed,
@@ -42,6 +50,9 @@ from .runtime import (
 )
 from .step import TrainStep, make_optimizer, make_scheduler
 from .tasks import resolve_task
+
+#: the longest warm-up, as a share of its schedule's steps (a longer one leaves too few to decay over)
+MAX_WARMUP_SHARE = 0.25
 
 
 class Run:
@@ -62,20 +73,20 @@ class Run:
         self.best_score = float("-inf")
         self.loader_state: dict | None = None  # the train loader's position to resume from, once
         self.complete = False  # resumed from the run's last step
+        self.console = Console()  # rank 0's lines, copied into RUN/console.log
+        self.sinks: MetricSinks | None = None  # rank 0's metrics rows (metrics.jsonl, --logger)
 
     # rank-0 outputs ------------------------------------------------------------
     def log(self, msg: str) -> None:
-        """Print ``stoker train: msg`` on stderr (rank 0), above a progress bar."""
+        """Print ``stoker train: msg`` on stderr (rank 0), above a progress bar; copied into
+        ``RUN/console.log``."""
         if self.dist.main:
-            from tqdm import tqdm
-
-            tqdm.write(f"stoker train: {msg}", file=sys.stderr)
+            self.console(msg)
 
     def write_metrics(self, row: dict[str, Any]) -> None:
-        """Append ``row`` to ``RUN/metrics.jsonl`` (rank 0)."""
-        if self.dist.main:
-            with open(self.out / METRICS, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        """Append ``row`` to ``RUN/metrics.jsonl`` and the ``--logger`` sinks (rank 0)."""
+        if self.dist.main and self.sinks is not None:
+            self.sinks.write(row)
 
     def checkpoint(self, *, epoch: int, epoch_complete: bool, path: Path | None = None) -> None:
         """Save the run's state (rank 0) to ``path`` (default ``RUN/last.pt``); mid-epoch with the
@@ -103,7 +114,10 @@ class Run:
             )
 
     def close(self) -> None:
-        """End DDP (when it was started)."""
+        """Close the console copy and the metrics sinks; end DDP (when it was started)."""
+        if self.sinks is not None:
+            self.sinks.close()
+        self.console.close()
         if self.dist is not None:
             shutdown_distributed(self.dist)
 
@@ -112,8 +126,10 @@ class Run:
         """Build everything (a bad setting fails before any I/O it can), resume when asked, and
         write the resolved config (rank 0)."""
         cfg = self.cfg
+        check_loggers(cfg.logger or ())
         self._check_run_dir()
         self._start_runtime()
+        self.console.enabled = self.dist.main
         train_dir, val_dir = split_dirs(cfg)
         classes, num_classes = self._task(train_dir)
         self.channels = cfg.channels or 3
@@ -122,9 +138,11 @@ class Run:
             cfg, self.factory, train_dir, val_dir, task=self.task, dist=self.dist, device=self.device, log=self.log
         )
         self.train_loader, self.val_loader, self.steps_per_epoch = data.train, data.val, data.steps_per_epoch
+        if self.dist.main:
+            say_val_only_classes(self.train_loader, self.val_loader, classes, self.log)
         self.task, self.target_units = standardize(self.task, self.train_loader, cfg.standardize_targets, log=self.log)
         self.total_steps = cfg.epochs * self.steps_per_epoch
-        self.warmup_steps = min(round(cfg.warmup_epochs * self.steps_per_epoch), max(0, self.total_steps - 1))
+        self._plan_schedule(start=0, say=not cfg.resume)  # a resumed run's is planned once it is read
         global_batch = cfg.batch_size * self.dist.world_size
         lr, wd = cfg.peak_lr(global_batch), cfg.resolved_weight_decay()
         self._make_model(net, lr=lr, weight_decay=wd)
@@ -155,19 +173,40 @@ class Run:
             "steps_per_epoch": self.steps_per_epoch,
             "total_steps": self.total_steps,
             "warmup_steps": self.warmup_steps,
+            "schedule_start": self.schedule_start,
             "params": count_parameters(net),
             "has_val": self.val_loader is not None,
             "torch": str(torch.__version__),
             "stoker": __version__,
+            # what was asked, before resolving: what `--resume` takes when no flag is repeated
+            "requested": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "storage_options"},
         }
         self.log(f"amp {self.amp.name} ({self.amp.why})")
+        if cfg.init_from:
+            self._init_weights(Path(cfg.init_from))
         if cfg.resume:
             self._resume()
         if self.dist.main:
             self.out.mkdir(parents=True, exist_ok=True)
+            self.console.open(self.out)
+            self.sinks = MetricSinks(self.out, cfg.logger or ())
             with atomic_write(self.out / CONFIG, "w") as f:
                 json.dump(self.resolved, f, indent=1, default=str)
                 f.write("\n")
+
+    def _plan_schedule(self, *, start: int, say: bool = True) -> None:
+        """The learning-rate schedule from step ``start`` to the run's last: a linear warm-up of
+        ``--warmup-epochs``, at most :data:`MAX_WARMUP_SHARE` of it (said in one line: with
+        ``--epochs 1`` the default warm-up would be the whole run), then cosine decay to 0."""
+        span = self.total_steps - start
+        asked = round(self.cfg.warmup_epochs * self.steps_per_epoch)
+        cap = int(MAX_WARMUP_SHARE * span)
+        self.warmup_steps, self.schedule_start = min(asked, cap), start
+        if asked > cap and say:
+            self.log(
+                f"--warmup-epochs {self.cfg.warmup_epochs:g} is {asked} step(s) of the schedule's {span}: warm-up "
+                f"capped at {cap} step(s) ({MAX_WARMUP_SHARE:.0%} of it), then cosine decay to 0"
+            )
 
     def _build_net(self) -> nn.Module:
         """The network: ``--model FILE.py:FUNCTION`` (checked on a batch of 2 against the task's
@@ -194,7 +233,7 @@ class Run:
         """A run directory that already holds a run is continued (``--resume``) or replaced
         (``--overwrite``, its run files removed), never silently written over."""
         cfg = self.cfg
-        files = [self.out / name for name in RUN_FILES]
+        files = [self.out / name for name in RUN_FILES] + sorted(self.out.glob(EVENTS_GLOB))
         held = [f.name for f in files if f.exists()]
         if not held or cfg.resume:
             return
@@ -259,7 +298,9 @@ class Run:
             weight_decay=weight_decay,
             fused=self.device.type == "cuda",
         )
-        self.scheduler = make_scheduler(self.optimizer, warmup_steps=self.warmup_steps, total_steps=self.total_steps)
+        self.scheduler = make_scheduler(
+            self.optimizer, warmup_steps=self.warmup_steps, total_steps=self.total_steps - self.schedule_start
+        )
         self.scaler = make_scaler(self.amp)
         model = wrap_ddp(self.raw, self.dist, self.device)
         train_model = torch.compile(model) if cfg.compile else model
@@ -277,37 +318,40 @@ class Run:
             scheduler=self.scheduler,
         )
 
+    def _init_weights(self, path: Path) -> None:
+        """``--init-from``: the network's tensors that fit (name and shape) from ``path``; the
+        optimizer and schedule start afresh. One line says what was loaded and what was not."""
+        if not path.is_file():
+            raise ArgumentError(f"{arg('init_from', path)}: no such file")
+        match = load_matching(self.raw, read_weights(path))
+        if len(match.loaded) < len(match.absent) + len(match.reshaped):  # a stray bias is no start
+            raise ArgumentError(
+                f"{path}: most of its tensors do not fit this network ({self.arch}): {match.describe()}; was it "
+                f"trained with another {arg('arch')}?"
+            )
+        self.resolved["init_from"] = {"path": str(path), **match.as_dict()}
+        self.log(f"weights from {path}: {match.describe()}")
+
     def _resume(self) -> None:
+        """Continue the run of ``--resume`` (``RUN/last.pt``) or ``--resume-from CKPT`` where it
+        stopped; a finished run given more ``--epochs`` is extended (:meth:`_extend`)."""
         cfg = self.cfg
         path = self.out / LAST if cfg.resume in ("auto", "last") else Path(cfg.resume)
         state = load_checkpoint(path, arch=self.arch, num_outputs=self.num_outputs)
         old = state["config"]
-        old_batch, old_world = old.get("batch_size"), old.get("world_size")
-        if old_world == self.dist.world_size and old_batch != cfg.batch_size:
-            raise CheckpointError(
-                f"{path}: resuming needs the same batch size and world size (checkpoint: "
-                f"{old_batch} x {old_world}, now: {cfg.batch_size} x {self.dist.world_size})"
-            )
-        if old_world != self.dist.world_size and old_batch * old_world != cfg.batch_size * self.dist.world_size:
-            # another number of processes keeps the global batch, so the steps and the schedule stay
-            global_batch, world = old_batch * old_world, self.dist.world_size
-            fix = (
-                f"use --batch-size {global_batch // world}"
-                if global_batch % world == 0
-                else f"{global_batch} does not split over {world} processes"
-            )
-            raise CheckpointError(
-                f"{path}: resuming on {world} process(es) keeps the run's global batch of {global_batch} "
-                f"({old_batch} x {old_world}): {fix}"
-            )
-        if old.get("total_steps") != self.total_steps:
-            raise CheckpointError(
-                f"{path}: the checkpoint's run has {old.get('total_steps')} steps in all, this one "
-                f"{self.total_steps} (change of --epochs or data?): the schedule would not match"
-            )
+        self._check_global_batch(path, old)
+        extend = self._extends(path, state)
+        start = int(old.get("schedule_start") or 0)
+        if not extend:  # the run's schedule (an extended run's starts where it was extended)
+            self._plan_schedule(start=start)
+            if start:
+                self._rebuild_scheduler()
         load_model_state(self.raw, state["model"], source=str(path))
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        if extend:
+            self._extend(path, old)
+        else:
+            self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
         self.step = int(state["step"])
@@ -318,10 +362,83 @@ class Run:
         else:
             self.start_epoch, self.epoch_step = int(state["epoch"]), int(state["epoch_step"])
             self.loader_state = state["loader"]
-        self.resolved["resumed_from"] = {"path": str(path), "step": self.step, "world_size": old_world}
+        self.resolved.update(warmup_steps=self.warmup_steps, schedule_start=self.schedule_start)
+        self.resolved["resumed_from"] = {"path": str(path), "step": self.step, "world_size": old.get("world_size")}
         #: the checkpoint is the run's last step: nothing is left to train
         self.complete = self.step >= self.total_steps
         self.log(
             f"resumed from {path} at step {self.step} (epoch {self.start_epoch + 1}, "
             f"step {self.epoch_step} of {self.steps_per_epoch})"
         )
+
+    def _check_global_batch(self, path: Path, old: dict) -> None:
+        """The run's global batch is kept (so its steps and schedule are): one line with the
+        ``--batch-size`` to use otherwise."""
+        cfg = self.cfg
+        old_batch, old_world = old.get("batch_size"), old.get("world_size")
+        if old_world == self.dist.world_size and old_batch != cfg.batch_size:
+            raise ArgumentError(
+                f"{path}: resuming needs the run's batch size ({old_batch} x {old_world} process(es), now "
+                f"{cfg.batch_size} x {self.dist.world_size}): use {arg('batch_size', old_batch)}"
+            )
+        if old_world != self.dist.world_size and old_batch * old_world != cfg.batch_size * self.dist.world_size:
+            # another number of processes keeps the global batch, so the steps and the schedule stay
+            global_batch, world = old_batch * old_world, self.dist.world_size
+            fix = (
+                f"use {arg('batch_size', global_batch // world)}"
+                if global_batch % world == 0
+                else f"{global_batch} does not split over {world} processes"
+            )
+            raise ArgumentError(
+                f"{path}: resuming on {world} process(es) keeps the run's global batch of {global_batch} "
+                f"({old_batch} x {old_world}): {fix}"
+            )
+
+    def _extends(self, path: Path, state: dict) -> bool:
+        """Does this resume extend a finished run (more ``--epochs``)? Another number of steps on a
+        run that is not finished, or fewer than it trained, is one line with the fix."""
+        old, step = state["config"], int(state["step"])
+        old_total, old_epochs = old.get("total_steps"), old.get("epochs")
+        if old_total == self.total_steps:
+            return False
+        if old.get("steps_per_epoch") != self.steps_per_epoch:
+            raise CheckpointError(
+                f"{path}: the checkpoint's run has {old.get('steps_per_epoch')} steps an epoch, this one "
+                f"{self.steps_per_epoch} (other data?): the epochs would not match"
+            )
+        finished = state["epoch_complete"] and step >= old_total
+        if not finished:
+            raise ArgumentError(
+                f"{path}: the run stopped at step {step} of its {old_total} ({arg('epochs', old_epochs)}): finish "
+                f"it with {arg('epochs', old_epochs)}, then resume it with more epochs to extend it"
+            )
+        if self.total_steps <= step:
+            raise ArgumentError(
+                f"{path}: the run finished its {old_epochs} epoch(s); {arg('epochs', self.cfg.epochs)} is not "
+                f"more: give {arg('epochs', old_epochs + 1)} or more to extend it"
+            )
+        return True
+
+    def _extend(self, path: Path, old: dict) -> None:
+        """A finished run given more epochs: its weights and optimizer state go on, on a new
+        learning-rate schedule over the added steps (warm-up, then cosine decay to 0)."""
+        step = int(old.get("total_steps"))
+        self._plan_schedule(start=step)
+        for group in self.optimizer.param_groups:  # the new schedule peaks at this run's --lr
+            group["lr"] = group["initial_lr"] = self.resolved["lr"]
+        self._rebuild_scheduler()
+        self.resolved["extended_from"] = {"path": str(path), "step": step, "epochs": old.get("epochs")}
+        added = old.get("epochs") + 1
+        epochs = f"epoch {added}" if added == self.cfg.epochs else f"epochs {added}-{self.cfg.epochs}"
+        self.log(
+            f"extending {path.parent}: it finished {old.get('epochs')} epoch(s) ({step} steps); {epochs} "
+            "train from its weights on a new schedule "
+            f"({self.warmup_steps} warm-up step(s), then cosine decay to 0 at step {self.total_steps})"
+        )
+
+    def _rebuild_scheduler(self) -> None:
+        """A fresh scheduler of the planned schedule, stepped by the train step."""
+        self.scheduler = make_scheduler(
+            self.optimizer, warmup_steps=self.warmup_steps, total_steps=self.total_steps - self.schedule_start
+        )
+        self.train_step.scheduler = self.scheduler

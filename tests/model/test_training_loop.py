@@ -11,7 +11,7 @@ import torch
 from fake_loader import factory
 
 from helpers import run_in_group, write_split
-from stoker.errors import CheckpointError
+from stoker.errors import ArgumentError, CheckpointError
 from stoker.model import build_model, load_checkpoint, with_normalize
 from stoker.model.checkpoint import weights_digest
 from stoker.model.train import TrainConfig, lr_factor, resolve_amp, train
@@ -66,9 +66,10 @@ def test_train_writes_run_and_learns(data, tmp_path):
     assert [r["step"] for r in tr] == [2, 4, 6, 8, 10, 12, 14, 16, 18]
     assert all(r["images_per_s"] > 0 and 0 <= r["data_wait"] <= 1 and math.isfinite(r["loss"]) for r in tr)
     assert [r["epoch"] for r in va] == [0, 1, 2] and all(r["n"] == 48 for r in va)
-    # lr: warm-up over epoch 1, then cosine down to 0 at the last step
+    # lr: warm-up over epoch 1 capped at a quarter of the run (4 of 18 steps), then cosine down to 0
     lrs = [r["lr"] for r in tr]
-    assert lrs[2] == pytest.approx(cfg["lr"]) and lrs[-1] == pytest.approx(0.0, abs=1e-12)
+    assert cfg["warmup_steps"] == 4 and lrs[0] < lrs[1] == pytest.approx(cfg["lr"])
+    assert lrs[-1] == pytest.approx(0.0, abs=1e-12)
     assert s["val_top1"] > 0.4 and s["val_top5"] >= s["val_top1"]  # chance is 1/6
     assert s["val_samples"] == 48
     assert (out / "last.pt").exists() and (out / "best.pt").exists() and (out / "curves.png").stat().st_size > 1000
@@ -134,7 +135,7 @@ def test_resume_refuses_other_arch_and_other_batch_size(data, tmp_path):
     train(_cfg(data, out, epochs=1), loader_factory=factory())
     with pytest.raises(CheckpointError, match="arch 'inception', this run uses 'resnet18'"):
         train(_cfg(data, out, epochs=1, arch="resnet18", resume="auto"), loader_factory=factory())
-    with pytest.raises(CheckpointError, match="same batch size"):
+    with pytest.raises(ArgumentError, match="needs the run's batch size .*use batch_size=8"):
         train(_cfg(data, out, epochs=1, batch_size=4, resume="auto"), loader_factory=factory())
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         train(_cfg(data, tmp_path / "empty", epochs=1, resume="auto"), loader_factory=factory())

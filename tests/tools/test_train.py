@@ -258,7 +258,7 @@ def test_resume_on_another_process_count_keeps_the_global_batch(data, tmp_path, 
     assert config["resumed_from"]["world_size"] == 1 and config["global_batch"] == 8
     # back on one process with the per-process batch size kept: one line saying which to use
     capsys.readouterr()
-    assert cli(["train", str(data), "--out", str(run), *args, "--resume"]) == 1
+    assert cli(["train", str(data), "--out", str(run), *args, "--resume"]) == 2  # a user's mistake: exit 2
     assert "keeps the run's global batch of 8 (4 x 2): use --batch-size 8" in capsys.readouterr().err
 
 
