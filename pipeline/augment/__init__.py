@@ -41,8 +41,11 @@ from .crops import (
     CropSpec,
     center_crop,
     crop_mask,
+    full_places,
+    letterbox_places,
     random_resized_crop,
     uniforms,
+    whole_image,
 )
 from .erasing import RandomErasing
 from .jitter import ColorJitter

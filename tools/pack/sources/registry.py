@@ -35,6 +35,7 @@ from stoker.pipeline.storage import is_url
 
 from .base import Item, Scan, Source, SourceOptions, SourceReader, display_path
 from .csvlist import CsvReader
+from .detection import CocoReader, VocReader, YoloReader
 from .folder import FolderReader
 from .masktree import MaskTreeReader
 from .pairs import PairsReader
@@ -53,6 +54,8 @@ def register_reader(cls: type[SourceReader]) -> type[SourceReader]:
 
 
 for _cls in (MaskTreeReader, ParquetReader, PairsReader, CsvReader, TrainValReader, FolderReader):
+    register_reader(_cls)
+for _cls in (CocoReader, YoloReader, VocReader):  # detection: boxes
     register_reader(_cls)
 
 
