@@ -241,7 +241,11 @@ class BoxStats(StatsAccumulator):
             "images": self.count,
             "boxes": int(sum(self.per_class.values())) or boxes,
             "negatives": int(hist[0]),
-            "per_image": {"mean": boxes / self.count, "max": int(nonzero[-1]), "histogram": hist[: nonzero[-1] + 1].tolist()},
+            "per_image": {
+                "mean": boxes / self.count,
+                "max": int(nonzero[-1]),
+                "histogram": hist[: nonzero[-1] + 1].tolist(),
+            },
             "per_class": {str(c): n for c, n in sorted(self.per_class.items())},
             "size_edges": list(SIZE_EDGES),
             "sizes": self.sizes.tolist(),

@@ -10,8 +10,6 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
-import numpy as np
-
 from stoker.errors import CheckFailedError, UsageError
 from stoker.pipeline.shards.manifest import idx_path
 from stoker.pipeline.shards.writer import ShardWriter, shard_name

@@ -210,7 +210,10 @@ def _yolo_rows(path: Path, num_classes: int | None) -> tuple[tuple, str | None]:
         except ValueError:
             return (), f"{path.name} line {lineno} is not 'class cx cy w h': {line.strip()[:60]!r}"
         if len(cells) != 5:
-            return (), f"{path.name} line {lineno} has {len(cells)} values, not 5 (class cx cy w h; polygons are not boxes)"
+            return (
+                (),
+                f"{path.name} line {lineno} has {len(cells)} values, not 5 (class cx cy w h; polygons are not boxes)",
+            )
         boxes.append((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2, cls, 0))
     # shares of the image already: an image of 1 x 1, the slack a share (half a pixel of 1000)
     classes = num_classes if num_classes is not None else 1 << 30
