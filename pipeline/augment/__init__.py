@@ -55,6 +55,9 @@ from .schedule import ProgressiveCrop
 from .timm_policies import TimmAutoAugment, TimmRandAugment, parse_aa
 
 __all__ = [
+    "full_places",
+    "letterbox_places",
+    "whole_image",
     "ATTEMPTS",
     "MAX_CROP",
     "RATIO",

@@ -234,18 +234,13 @@ class BoxStats(StatsAccumulator):
     def result(self, ignore_index: int | None = None) -> TargetStats | None:
         if not self.count:
             return None
-        hist = self.per_image
-        boxes = int((hist * np.arange(len(hist))).sum()) if hist[-1] == 0 else int(sum(self.per_class.values()))
-        nonzero = np.flatnonzero(hist)
+        hist, boxes = self.per_image, int(sum(self.per_class.values()))
+        last = int(np.flatnonzero(hist)[-1])  # the histogram's last bin: that many boxes or more
         detail = {
             "images": self.count,
-            "boxes": int(sum(self.per_class.values())) or boxes,
+            "boxes": boxes,
             "negatives": int(hist[0]),
-            "per_image": {
-                "mean": boxes / self.count,
-                "max": int(nonzero[-1]),
-                "histogram": hist[: nonzero[-1] + 1].tolist(),
-            },
+            "per_image": {"mean": boxes / self.count, "max": last, "histogram": hist[: last + 1].tolist()},
             "per_class": {str(c): n for c, n in sorted(self.per_class.items())},
             "size_edges": list(SIZE_EDGES),
             "sizes": self.sizes.tolist(),

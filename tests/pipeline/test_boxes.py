@@ -75,7 +75,8 @@ def _check_rectangles(batches: list) -> int:
         assert isinstance(t, BoxBatch) and t.boxes.dtype == torch.float32 and t.labels.dtype == torch.int64
         h, w = images.shape[-2:]
         for k in range(len(t)):
-            for (x0, y0, x1, y1), c in zip(t.boxes[k, : t.counts[k]].tolist(), t.labels[k, : t.counts[k]].tolist()):
+            n = int(t.counts[k])
+            for (x0, y0, x1, y1), c in zip(t.boxes[k, :n].tolist(), t.labels[k, :n].tolist(), strict=True):
                 assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h
                 a, b = int(np.ceil(x0 + MARGIN)), int(np.floor(x1 - MARGIN))
                 top, bottom = int(np.ceil(y0 + MARGIN)), int(np.floor(y1 - MARGIN))
