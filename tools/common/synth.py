@@ -295,7 +295,7 @@ def make_detection_scenes(
     ``formats``: ``root/coco`` (``images/`` + ``annotations/instances_{train,val}.json``),
     ``root/yolo`` (``images/{train,val}/`` + ``labels/{train,val}/*.txt`` + ``data.yaml``),
     ``root/voc`` (``JPEGImages/``, ``Annotations/*.xml``, ``ImageSets/Main/{train,val}.txt``).
-    PNG pictures (exact colours); images with no shape are negatives. Returns each format's
+    PNG pictures (exact colours); every fifth scene (and some others) has no shape: a negative. Returns each format's
     folder (what ``stoker pack`` takes as SRC)."""
     from PIL import Image
 
@@ -304,7 +304,7 @@ def make_detection_scenes(
     scenes = []
     for k in range(n + val):
         size = (rng.randint(min_side, max_side), rng.randint(min_side, max_side))
-        image, boxes = draw_scene(size, rng)
+        image, boxes = draw_scene(size, rng, max_objects=0 if k % 5 == 4 else 3)  # every fifth a negative
         scenes.append(("val" if k >= n else "train", f"{k:05d}", image, boxes))
     out = {}
     for fmt in formats:

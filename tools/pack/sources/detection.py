@@ -83,7 +83,10 @@ class CocoReader(FileReader):
 
     def scan(self) -> Scan:
         _check_targets(self.options, "COCO")
-        files = _coco_files(self.src)
+        src = self.src
+        files = [src] if src.is_file() and src.suffix == ".json" else _coco_files(src)  # named: any .json
+        if not files:
+            raise UsageError(f"SRC {src} holds no COCO file (annotations/instances_*.json, or a .json as SRC)")
         root = self.src if self.src.is_dir() else self.src.parent
         self.base = root.parent if root.name == "annotations" else root
         classes: list[str] | None = None

@@ -80,7 +80,9 @@ def choose_reader(src: str | Path, options: SourceOptions, name: str = "auto") -
         if cls.recognizes(src, options):
             return cls(src, options)
     if isinstance(src, Path) and src.is_file():
-        raise UsageError(f"SRC {src} is a file but not a .csv/.tsv list of 'path,label'")
+        raise UsageError(
+            f"SRC {src} is a file but not a .csv/.tsv list of 'path,label' (or name its reader: {arg('source')})"
+        )
     names = ", ".join(reader_names()[1:])
     raise UsageError(f"no pack source reads SRC {src} (sources: {names}); choose one with {arg('source')}")
 
