@@ -19,9 +19,10 @@ SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 ATTEMPTS = 10  # torchvision's RandomResizedCrop tries 10 times, then falls back to a center crop
 VAL_CROP_FRACTION = 0.875  # val: resize shorter side to crop / 0.875, center crop
-#: the val transforms: ``center`` (resize the shorter side, center crop) or ``letterbox`` (the whole
-#: image resized keeping its aspect ratio into the top-left of the output, the rest zero: detection)
-VAL_FITS = ("center", "letterbox")
+#: the val transforms: ``center`` (resize the shorter side, center crop), ``letterbox`` (the whole
+#: image resized keeping its aspect ratio into the top-left of the output, the rest zero) or
+#: ``auto`` (the split's kind says: a kind whose targets follow the crop keeps the whole image)
+VAL_FITS = ("auto", "center", "letterbox")
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -52,12 +53,12 @@ class CropSpec:
     ratio: tuple[float, float] = RATIO
     crop_pct: float = VAL_CROP_FRACTION
     val_resize: float | None = None
-    val_fit: str = "center"
+    val_fit: str = "auto"
 
-    @property
-    def letterbox(self) -> bool:
-        """The val transform keeps the whole image (resize keeping the aspect ratio, then pad)."""
-        return self.val_fit == "letterbox"
+    def letterbox(self, kind_fit: str = "center") -> bool:
+        """The val transform keeps the whole image (resize keeping the aspect ratio, then pad);
+        ``kind_fit``: the split's kind's own (what ``auto`` means)."""
+        return (kind_fit if self.val_fit == "auto" else self.val_fit) == "letterbox"
 
     @classmethod
     def of(
@@ -68,7 +69,7 @@ class CropSpec:
         ratio=RATIO,
         crop_pct: float | None = None,
         val_resize: float | None = None,
-        val_fit: str = "center",
+        val_fit: str = "auto",
     ) -> CropSpec:
         """Validate the Loader's arguments (``crop`` an int or ``(height, width)``); a bad one is a
         ValueError naming it."""

@@ -175,12 +175,18 @@ class Plan(NamedTuple):
         )
 
 
+def letterbox(settings: DecodeSettings) -> bool:
+    """A val Loader whose crop recipe (or, for ``val_fit="auto"``, the split's kind) keeps the
+    whole image: resized keeping its aspect ratio, then padded."""
+    return not settings.train and settings.crops.letterbox(settings.index.target.val_fit)
+
+
 def crop_boxes(settings: DecodeSettings, wh: np.ndarray, ids: np.ndarray, *, epoch: int, seed: int) -> tuple:
     """``(boxes, flips)`` of ``ids``: random resized crops and flips for train (a pure function of
     ``(seed, epoch, sample)``), the center crop (or the whole image, letterboxed) and no flip for val."""
     if settings.train:
         return augment.random_resized_crop(wh, ids, seed=seed, epoch=epoch, scale=settings.scale, ratio=settings.ratio)
-    if settings.crops.letterbox:  # resized whole, then fitted into the output (.letterbox)
+    if letterbox(settings):  # resized whole, then fitted into the output (.letterbox)
         return augment.whole_image(wh), np.zeros(len(ids), bool)
     boxes = augment.center_crop(wh, settings.crop, settings.crop_pct, resize=settings.val_resize)
     return boxes, np.zeros(len(ids), bool)
@@ -313,7 +319,7 @@ def crop_masks(settings: DecodeSettings, decoded: list, plan: Plan):
 def places_of(settings: DecodeSettings, wh: np.ndarray) -> np.ndarray:
     """Where each crop box lands in the output (``[N, 4]`` ``x y w h``): all of it, or the val
     letterbox's part."""
-    if not settings.train and settings.crops.letterbox:
+    if letterbox(settings):
         return augment.letterbox_places(wh, settings.crop)
     return augment.full_places(len(wh), settings.crop)
 
@@ -371,6 +377,7 @@ __all__ = [
     "empty_batch",
     "empty_images",
     "empty_targets",
+    "letterbox",
     "loadable",
     "places_of",
     "plan_batch",

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import augment
-from .base import Batch, DecodeSettings, Runner
+from .base import Batch, DecodeSettings, Runner, letterbox
 
 
 def fit_images(images, places: np.ndarray, *, fill: float = 0.0, mode: str = "bilinear"):
@@ -92,7 +92,7 @@ class LetterboxRunner:
 
 def letterboxed(runner: Runner, settings: DecodeSettings) -> Runner:
     """``runner`` wrapped when its settings ask for the val letterbox, else itself."""
-    if settings.train or not settings.crops.letterbox:
+    if not letterbox(settings):
         return runner
     return LetterboxRunner(runner, settings)
 

@@ -255,6 +255,7 @@ class BoxKind(Target):
 
     name, member, task, named_classes, dtype, sized = "boxes", "boxes.npy", "detect", True, "float32", True
     follows_crop = True
+    val_fit = "letterbox"  # a val batch keeps every box: the whole image, its aspect ratio kept
 
     # ---- pack
     def encode(self, value):

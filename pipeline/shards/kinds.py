@@ -219,6 +219,8 @@ class Target:
     #: its values move with the crop box and flip of their image but are no image (boxes): the
     #: backends read them with :meth:`decode` and place them with :meth:`follow`
     follows_crop: ClassVar[bool] = False
+    #: the val transform a Loader of ``val_fit="auto"`` applies: ``center`` crop or ``letterbox``
+    val_fit: ClassVar[str] = "center"
 
     def __new__(cls, *args: Any, **kw: Any):
         return object.__new__(_kind_class(cls, kw.get("kind", args[0] if args else None)))

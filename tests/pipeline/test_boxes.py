@@ -101,7 +101,9 @@ def test_a_solid_rectangle_stays_under_its_box(split, tmp_path, backend, extra):
     val = _batches(_loader(split, backend, extra, tmp_path / "v", crop=letterbox, train=False))
     assert _check_rectangles(val) >= 20  # nothing is cropped away: every box of the split
     assert sum(int(t.counts.sum()) for _, t in val) == sum(len(r) for r in _rows(split))
-    center = _batches(_loader(split, backend, extra, tmp_path / "c", crop=48, train=False))
+    center = _batches(
+        _loader(split, backend, extra, tmp_path / "c", crop=CropSpec.of(48, val_fit="center"), train=False)
+    )
     _check_rectangles(center)
     reference = _batches(_loader(split, "pil", {}, tmp_path / "r", crop=48, train=True, seed=5))
     for (_, a), (_, b) in zip(train, reference, strict=True):
@@ -172,3 +174,14 @@ def test_no_file_outside_the_kind_names_it():
             continue
         naming += [f"{rel}: {line.strip()}" for line in path.read_text().splitlines() if pattern.search(line)]
     assert not naming, "\n".join(naming)
+
+
+def test_photometric_augment_is_taken_geometric_refused(split):
+    from stoker.errors import ArgumentError
+    from stoker.pipeline.augment import ColorJitter
+
+    loader = Loader(split, batch_size=4, crop=32, backend="pil", threads=0, augment=ColorJitter(0.4, 0.4, 0.4))
+    images, targets = next(iter(loader))
+    assert len(images) == len(targets) == 4
+    with pytest.raises(ArgumentError, match="moves pixels"):
+        Loader(split, batch_size=4, crop=32, backend="pil", threads=0, augment="rand-m9-n2")
