@@ -372,6 +372,7 @@ def resized(crops: CropSpec, crop: Any) -> CropSpec:
         ratio=crops.ratio,
         crop_pct=None if crops.val_resize is not None else crops.crop_pct,
         val_resize=crops.val_resize,
+        val_fit=crops.val_fit,
     )
 
 

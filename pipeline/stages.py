@@ -21,6 +21,7 @@ from stoker.errors import ArgumentError, LoaderError
 from . import order
 from .augment import CropSpec
 from .backends.base import DecodeSettings, Runner, next_loadable
+from .backends.letterbox import letterboxed
 from .cache import ShardCache, is_url
 from .deps import usable_cores
 from .loader_checks import check_cache_limit, check_every_rank_has_a_batch, check_stored_size
@@ -233,6 +234,7 @@ class DecodeStage:
                 self.runner = make_runner(settings, self.pixel_cache, lambda: self.open_store(crops))
             else:
                 self.runner = self.resolved.backend.make_runner(settings)
+            self.runner = letterboxed(self.runner, settings)  # the val letterbox, on every backend
         self._runner_crops = crops
         return self.runner
 

@@ -41,8 +41,11 @@ from .crops import (
     CropSpec,
     center_crop,
     crop_mask,
+    full_places,
+    letterbox_places,
     random_resized_crop,
     uniforms,
+    whole_image,
 )
 from .erasing import RandomErasing
 from .jitter import ColorJitter
@@ -52,6 +55,9 @@ from .schedule import ProgressiveCrop
 from .timm_policies import TimmAutoAugment, TimmRandAugment, parse_aa
 
 __all__ = [
+    "full_places",
+    "letterbox_places",
+    "whole_image",
     "ATTEMPTS",
     "MAX_CROP",
     "RATIO",

@@ -37,6 +37,11 @@ class TrainRecipe:
             )
         if augment is not None and not callable(augment):
             raise ArgumentError(f"augment={augment!r} must be a transform of stoker.pipeline.augment or a policy name")
+        if augment is not None and target.follows_crop and moves_pixels(augment):
+            raise ArgumentError(
+                f"augment={augment!r} moves pixels (geometric ops); the {target.kind} targets of {path} follow "
+                "the crop and flip only: use photometric ops (ColorJitter, or a policy without geometric ops)"
+            )
         if mixing is not None:
             if target.task != "classify":
                 raise ArgumentError(
@@ -58,6 +63,17 @@ class TrainRecipe:
         return images, targets
 
 
+def moves_pixels(augment: Any, *, samples: int = 64, side: int = 16) -> bool:
+    """Whether ``augment`` moved a probe mask (a distinct value a pixel) in ``samples`` draws: a
+    transform with geometric ops, which targets that are no image cannot follow."""
+    import torch
+
+    masks = (torch.arange(side * side) % 251).to(torch.uint8).view(1, side, side).repeat(samples, 1, 1)
+    images = torch.full((samples, 3, side, side), 128, dtype=torch.uint8)
+    out = augment(images, torch.arange(samples), seed=0, epoch=0, masks=masks)
+    return not torch.equal(out[1], masks)
+
+
 def mix(mixing: Any, images, targets, ids, *, seed: int, epoch: int) -> tuple:
     """``mixing`` over the batch's first even number of rows (timm mixes pairs); an odd last row
     keeps its own image and gets its label smoothed as mixing smooths them."""
@@ -76,4 +92,4 @@ def mix(mixing: Any, images, targets, ids, *, seed: int, epoch: int) -> tuple:
     return images, soft
 
 
-__all__ = ["TrainRecipe", "mix"]
+__all__ = ["TrainRecipe", "mix", "moves_pixels"]

@@ -19,6 +19,10 @@ SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 ATTEMPTS = 10  # torchvision's RandomResizedCrop tries 10 times, then falls back to a center crop
 VAL_CROP_FRACTION = 0.875  # val: resize shorter side to crop / 0.875, center crop
+#: the val transforms: ``center`` (resize the shorter side, center crop), ``letterbox`` (the whole
+#: image resized keeping its aspect ratio into the top-left of the output, the rest zero) or
+#: ``auto`` (the split's kind says: a kind whose targets follow the crop keeps the whole image)
+VAL_FITS = ("auto", "center", "letterbox")
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -49,6 +53,12 @@ class CropSpec:
     ratio: tuple[float, float] = RATIO
     crop_pct: float = VAL_CROP_FRACTION
     val_resize: float | None = None
+    val_fit: str = "auto"
+
+    def letterbox(self, kind_fit: str = "center") -> bool:
+        """The val transform keeps the whole image (resize keeping the aspect ratio, then pad);
+        ``kind_fit``: the split's kind's own (what ``auto`` means)."""
+        return (kind_fit if self.val_fit == "auto" else self.val_fit) == "letterbox"
 
     @classmethod
     def of(
@@ -59,6 +69,7 @@ class CropSpec:
         ratio=RATIO,
         crop_pct: float | None = None,
         val_resize: float | None = None,
+        val_fit: str = "auto",
     ) -> CropSpec:
         """Validate the Loader's arguments (``crop`` an int or ``(height, width)``); a bad one is a
         ValueError naming it."""
@@ -82,7 +93,10 @@ class CropSpec:
             raise ArgumentError(f"crop_pct={crop_pct!r} must be in (0, 1] (the crop's share of the resized short side)")
         if val_resize is not None and not val_resize >= min(size):
             raise ArgumentError(f"val_resize={val_resize!r} must be at least the crop's shorter side ({min(size)})")
-        return cls(tuple(size), scale, ratio, VAL_CROP_FRACTION if crop_pct is None else float(crop_pct), val_resize)
+        if val_fit not in VAL_FITS:
+            raise ArgumentError(f"val_fit={val_fit!r} must be one of {', '.join(VAL_FITS)}")
+        pct = VAL_CROP_FRACTION if crop_pct is None else float(crop_pct)
+        return cls(tuple(size), scale, ratio, pct, val_resize, val_fit)
 
 
 def _pair(value, name: str) -> tuple[float, float]:
@@ -183,6 +197,30 @@ def center_crop(
     return np.stack([x, y, w, h], axis=1)
 
 
+def whole_image(wh: np.ndarray) -> np.ndarray:
+    """``[B, 4]`` int64 ``(0, 0, w, h)``: the crop box of a transform that keeps the whole image."""
+    wh = np.asarray(wh, np.int64).reshape(-1, 2)
+    return np.concatenate([np.zeros_like(wh), wh], axis=1)
+
+
+def letterbox_places(wh: np.ndarray, crop) -> np.ndarray:
+    """Where the letterbox puts each whole image in the ``crop`` output: ``[B, 4]`` int64 ``(0, 0,
+    w, h)``, the image resized by one factor (the largest that fits) into the top-left corner (the
+    rest is padding: a box scales by one factor and needs no shift back to the original pixels)."""
+    ch, cw = (crop, crop) if np.isscalar(crop) else (int(crop[0]), int(crop[1]))
+    wh = np.asarray(wh, np.float64).reshape(-1, 2)
+    s = np.minimum(cw / wh[:, 0], ch / wh[:, 1])
+    w = np.clip(np.rint(wh[:, 0] * s), 1, cw).astype(np.int64)
+    h = np.clip(np.rint(wh[:, 1] * s), 1, ch).astype(np.int64)
+    return np.stack([np.zeros_like(w), np.zeros_like(h), w, h], axis=1)
+
+
+def full_places(n: int, crop) -> np.ndarray:
+    """``[n, 4]`` ``(0, 0, width, height)`` of ``crop``: every crop box resized onto the whole output."""
+    ch, cw = (crop, crop) if np.isscalar(crop) else (int(crop[0]), int(crop[1]))
+    return np.tile(np.array([[0, 0, cw, ch]], np.int64), (n, 1))
+
+
 def crop_mask(mask: np.ndarray, box, flip: bool, out: np.ndarray) -> None:
     """Crop ``box`` (``(x, y, w, h)``) out of ``mask`` (``[H, W]`` uint8 class indices), resize it to
     ``out``'s shape with nearest neighbour, flip it where ``flip``, and write it into ``out``.
@@ -206,9 +244,13 @@ __all__ = [
     "RATIO",
     "SCALE",
     "VAL_CROP_FRACTION",
+    "VAL_FITS",
     "CropSpec",
     "center_crop",
     "crop_mask",
+    "full_places",
+    "letterbox_places",
+    "whole_image",
     "random_resized_crop",
     "uniforms",
 ]

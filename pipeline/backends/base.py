@@ -175,11 +175,19 @@ class Plan(NamedTuple):
         )
 
 
+def letterbox(settings: DecodeSettings) -> bool:
+    """A val Loader whose crop recipe (or, for ``val_fit="auto"``, the split's kind) keeps the
+    whole image: resized keeping its aspect ratio, then padded."""
+    return not settings.train and settings.crops.letterbox(settings.index.target.val_fit)
+
+
 def crop_boxes(settings: DecodeSettings, wh: np.ndarray, ids: np.ndarray, *, epoch: int, seed: int) -> tuple:
     """``(boxes, flips)`` of ``ids``: random resized crops and flips for train (a pure function of
-    ``(seed, epoch, sample)``), the center crop and no flip for val."""
+    ``(seed, epoch, sample)``), the center crop (or the whole image, letterboxed) and no flip for val."""
     if settings.train:
         return augment.random_resized_crop(wh, ids, seed=seed, epoch=epoch, scale=settings.scale, ratio=settings.ratio)
+    if letterbox(settings):  # resized whole, then fitted into the output (.letterbox)
+        return augment.whole_image(wh), np.zeros(len(ids), bool)
     boxes = augment.center_crop(wh, settings.crop, settings.crop_pct, resize=settings.val_resize)
     return boxes, np.zeros(len(ids), bool)
 
@@ -308,11 +316,30 @@ def crop_masks(settings: DecodeSettings, decoded: list, plan: Plan):
     return out
 
 
-def targets_of(settings: DecodeSettings, ids: np.ndarray):
-    """The non-spatial targets of ``ids`` as a CPU tensor (classes, floats, multi-hot)."""
+def places_of(settings: DecodeSettings, wh: np.ndarray) -> np.ndarray:
+    """Where each crop box lands in the output (``[N, 4]`` ``x y w h``): all of it, or the val
+    letterbox's part."""
+    if letterbox(settings):
+        return augment.letterbox_places(wh, settings.crop)
+    return augment.full_places(len(wh), settings.crop)
+
+
+def targets_of(settings: DecodeSettings, ids: np.ndarray, *, plan: Plan | None = None, epoch: int = 0, seed: int = 0):
+    """The non-spatial targets of ``ids`` as a CPU tensor (classes, floats, multi-hot), or, for a
+    kind that :attr:`~..shards.kinds.Target.follows_crop`, moved with their images' crops: the
+    ``plan``'s, or computed again here from ``(seed, epoch, sample)`` (a runner whose plans are
+    made in worker processes)."""
     import torch
 
-    return torch.from_numpy(settings.index.targets(ids))
+    target, values = settings.index.target, settings.index.targets(ids)
+    if not target.follows_crop:
+        return torch.from_numpy(values)
+    if plan is None:
+        _, wh = settings.index.images(ids)
+        boxes, flips = crop_boxes(settings, wh, ids, epoch=epoch, seed=seed)
+    else:
+        wh, boxes, flips = plan.wh, plan.boxes, plan.flips
+    return target.follow(values, boxes, flips, places_of(settings, wh))
 
 
 def empty_images(settings: DecodeSettings, n: int, *, pin_memory: bool = False, device: Any | None = None):
@@ -329,12 +356,8 @@ def empty_images(settings: DecodeSettings, n: int, *, pin_memory: bool = False, 
 
 def empty_targets(settings: DecodeSettings, n: int = 0):
     """An empty target batch of the split's kind on the device (an empty val batch's)."""
-    import torch
-
     target = settings.index.target
-    spec, classes = target.spec, settings.index.manifest.classes
-    shape = spec.batch_shape(target, n, settings.crop, spec.num_classes(target, classes))
-    return torch.empty(shape, dtype=getattr(torch, spec.dtype), device=settings.device)
+    return target.empty(n, settings.crop, target.class_count(settings.index.manifest.classes), settings.device)
 
 
 def empty_batch(settings: DecodeSettings, consumed: int, skipped: int) -> Batch:
@@ -354,7 +377,9 @@ __all__ = [
     "empty_batch",
     "empty_images",
     "empty_targets",
+    "letterbox",
     "loadable",
+    "places_of",
     "plan_batch",
     "plan_with_masks",
     "targets_of",

@@ -78,7 +78,7 @@ class DaliRunner(ProducerThread):
             empties = empties + [(plan.consumed, plan.skipped)]
         self._carry = []
         # a mask is cropped here, with its image's box and flip: exactly as the other backends do
-        targets = targets_of(s, plan.ids) if masks is None else crop_masks(s, masks, plan)
+        targets = targets_of(s, plan.ids, plan=plan) if masks is None else crop_masks(s, masks, plan)
         self._meta.append((targets, plan.flips, plan.consumed, plan.skipped, plan.ids, empties))
         anchors = plan.boxes[:, :2].astype(np.float32)
         shapes = plan.boxes[:, 2:].astype(np.float32)

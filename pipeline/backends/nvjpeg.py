@@ -273,7 +273,7 @@ class NvjpegRunner(ProducerThread):
                 img.record_stream(current)
         images = empty_images(s, len(plan.ids))
         self.crop_resize(d.images, d.boxes, plan.flips, images)
-        targets = targets_of(s, plan.ids) if d.masks is None else crop_masks(s, d.masks, plan)
+        targets = targets_of(s, plan.ids, plan=plan) if d.masks is None else crop_masks(s, d.masks, plan)
         return Batch(images, targets.to(self.device, non_blocking=True), plan.consumed, plan.skipped, plan.ids)
 
     def _release(self, wait: bool = False) -> None:

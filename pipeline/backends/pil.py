@@ -189,9 +189,10 @@ class PilRunner:
         self.dataset = PilBatches(settings, self.pool)
         self.dl = batch_loader(self.dataset, self.plan, settings)
 
-    def _targets(self, ids: np.ndarray, masks, bad: np.ndarray):
-        """The batch's targets: the worker's cropped masks, or the others read here."""
-        return masks if masks is not None else targets_of(self.settings, ids[~bad])
+    def _targets(self, ids: np.ndarray, masks, bad: np.ndarray, epoch: int, seed: int):
+        """The batch's targets: the worker's cropped masks, or the others read here (boxes moved
+        with the workers' crops, computed again from ``(seed, epoch, sample)``)."""
+        return masks if masks is not None else targets_of(self.settings, ids[~bad], epoch=epoch, seed=seed)
 
     def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[Batch]:
         """One :class:`.base.Batch` per array of global sample positions in ``batches``."""
@@ -207,12 +208,12 @@ class PilRunner:
         for k, ((images, masks, bad), ids) in enumerate(zip(worker_batches(it), batches, strict=True)):
             if pool is not None:  # copied out of the slot: it is written again later
                 images, masks = (copy_out(v, pin=s.device.type == "cuda") for v in pool.views(k % slots, images))
-            targets, consumed, nbad = self._targets(ids, masks, bad), len(ids), int(bad.sum())
+            targets, consumed, nbad = self._targets(ids, masks, bad, epoch, seed), len(ids), int(bad.sum())
             rows = ids[~bad]
             if not len(targets) and s.train:  # nothing loadable: stand-ins, decoded here (rare)
                 stand_in = s.stand_in(ids)
                 images, masks, stand_in_bad = self.dataset[(epoch, seed, stand_in, None)]
-                targets = self._targets(stand_in, masks, stand_in_bad)
+                targets = self._targets(stand_in, masks, stand_in_bad, epoch, seed)
                 rows = stand_in[~stand_in_bad]
             if s.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC memory → NCHW shape, channels_last

@@ -174,8 +174,11 @@ class PixelRunner:
             self.shutdown()
             self.dl = None  # made again at the next iteration, with slots for this crop
 
-    def _targets(self, ids: np.ndarray, masks, bad: np.ndarray):
-        return masks if masks is not None else targets_of(self.settings, ids[~bad])
+    def _targets(self, ids: np.ndarray, masks, bad: np.ndarray, epoch: int, seed: int, crops: CropSpec):
+        if masks is not None:
+            return masks
+        s = self.settings if crops == self.settings.crops else dataclasses.replace(self.settings, crops=crops)
+        return targets_of(s, ids[~bad], epoch=epoch, seed=seed)  # boxes: the workers' crops, computed again
 
     def iterate(self, batches: list, epoch: int, seed: int) -> Iterator[Batch]:
         """One :class:`~..backends.base.Batch` per array of global sample positions in ``batches``."""
@@ -191,13 +194,13 @@ class PixelRunner:
             if pool is not None:  # copied out of the slot: it is written again later
                 views = pool.views(k % slots, images, crops.size)
                 images, masks = (copy_out(v, pin=s.device.type == "cuda") for v in views)
-            targets, consumed, nbad = self._targets(ids, masks, bad), len(ids), int(bad.sum())
+            targets, consumed, nbad = self._targets(ids, masks, bad, epoch, seed, crops), len(ids), int(bad.sum())
             rows = ids[~bad]
             if not len(targets) and s.train:  # nothing loadable: stand-ins, made here (rare)
                 stand_in = s.stand_in(ids)
                 images, masks, stand_in_bad, more = self.dataset[(epoch, seed, stand_in, crops, None)]
                 decoded += more
-                targets = self._targets(stand_in, masks, stand_in_bad)
+                targets = self._targets(stand_in, masks, stand_in_bad, epoch, seed, crops)
                 rows = stand_in[~stand_in_bad]
             self.decoded += decoded
             self.from_store += len(rows) - decoded

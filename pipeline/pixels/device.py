@@ -215,7 +215,7 @@ class DevicePixelRunner(ProducerThread):
             return empty_batch(s, plan.consumed, plan.skipped)
         out = empty_images(s, len(plan.ids))
         crop_resize(images, boxes, plan.flips, out)
-        targets = targets_of(s, plan.ids) if masks is None else masks
+        targets = targets_of(s, plan.ids, plan=plan) if masks is None else masks
         return Batch(out, targets.to(s.device, non_blocking=True), plan.consumed, plan.skipped, plan.ids)
 
     def _load(self, s: DecodeSettings, plan) -> tuple:

@@ -196,6 +196,8 @@ class Target:
         dtype: the dtype of a batch of it (``"int64"``, ``"float32"``, ``"uint8"``).
         format: the manifest format that records it (1: what every stoker reads; 2: with ``target``).
         sized: :meth:`check` needs the image's size (``stoker verify``/``index`` read it then).
+        follows_crop: a batch of it is :meth:`decode`'s values moved by :meth:`follow` with each
+            image's crop box, flip and placement (boxes).
         max_bytes: a larger member is no target (:meth:`oversize` says so, unread).
     """
 
@@ -214,6 +216,11 @@ class Target:
     format: ClassVar[int] = 2
     sized: ClassVar[bool] = True
     max_bytes: ClassVar[int] = MAX_TARGET_BYTES
+    #: its values move with the crop box and flip of their image but are no image (boxes): the
+    #: backends read them with :meth:`decode` and place them with :meth:`follow`
+    follows_crop: ClassVar[bool] = False
+    #: the val transform a Loader of ``val_fit="auto"`` applies: ``center`` crop or ``letterbox``
+    val_fit: ClassVar[str] = "center"
 
     def __new__(cls, *args: Any, **kw: Any):
         return object.__new__(_kind_class(cls, kw.get("kind", args[0] if args else None)))
@@ -312,6 +319,16 @@ class Target:
         """What a packed sample's ``json`` member records of its target (readable: class names)."""
         return {}
 
+    def pack_value(self, item: Any, res: Any, classes: Sequence[str]) -> tuple[Any, dict[str, Any]]:
+        """``(value, meta)`` pack writes of a scanned ``item`` whose image the sanitizer made
+        ``res``: the value :meth:`encode` takes and what the sample's ``json`` records of it."""
+        value = item.label if item.target is None else item.target
+        return value, self.meta(value, classes)
+
+    def add_seen(self, acc: StatsAccumulator, item: Any, res: Any, value: Any) -> None:
+        """Count a packed sample's target ``value`` (:meth:`pack_value`'s) in the split's statistics."""
+        acc.add(np.asarray(value, np.float32))
+
     # ---- what the Loader reads ---------------------------------------------------------------
     def decode(self, raws: Sequence, *, classes: Sequence[str], where: Where, split: Any) -> np.ndarray:
         """A batch of targets as the Loader yields them (on the CPU) from the members' bytes
@@ -322,6 +339,18 @@ class Target:
     def batch_shape(self, n: int, crop: tuple[int, int], num_classes: int) -> tuple[int, ...]:
         """The shape of a batch of ``n`` of these targets (an empty val batch is made of it)."""
         return (n,)
+
+    def empty(self, n: int, crop: tuple[int, int], num_classes: int, device: Any) -> Any:
+        """An uninitialised batch of ``n`` of these targets on ``device`` (an empty val batch's)."""
+        import torch
+
+        return torch.empty(self.batch_shape(n, crop, num_classes), dtype=getattr(torch, self.dtype), device=device)
+
+    def follow(self, decoded: Any, crops: np.ndarray, flips: np.ndarray, places: np.ndarray) -> Any:
+        """A kind that :attr:`follows_crop`: the batch of :meth:`decode`'s ``decoded`` values moved
+        as their images are (crop boxes ``x y w h`` in stored pixels, flips, and where each crop
+        lands in the output, ``x y w h``), on the CPU."""
+        raise NotImplementedError
 
     def class_count(self, classes: Sequence[str]) -> int:
         """The classes its values span (0 when it has none)."""
@@ -692,6 +721,12 @@ class MaskKind(Target):
     def accumulator(self):
         return MaskStats("mask")
 
+    def pack_value(self, item, res, classes):
+        return res.mask, {"mask": item.mask}  # the sanitizer checked and wrote the mask beside its image
+
+    def add_seen(self, acc, item, res, value):
+        acc.add_counts(res.mask_counts)  # the sanitizer counted the mask's pixels
+
     def encode(self, value):
         return bytes(value)  # pack's sanitizer already wrote the PNG
 
@@ -789,6 +824,8 @@ def _num(v: float) -> str:
         return f"{v:,.0f}"
     return f"{v:.3g}"
 
+
+from . import boxes as _boxes  # noqa: E402,F401  (the box kind registers itself)
 
 __all__ = [
     "IGNORE_INDEX",

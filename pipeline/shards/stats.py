@@ -3,7 +3,7 @@ and the mergeable :class:`StatsAccumulator` that pack and ``stoker index`` sum t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -32,6 +32,8 @@ class TargetStats:
     min: tuple[float, ...] = ()
     max: tuple[float, ...] = ()
     class_share: tuple[float, ...] = ()
+    #: what a kind keeps beyond these (JSON; boxes: counts per image and class, sizes)
+    detail: dict | None = field(default=None, compare=False)
 
     @property
     def scale(self) -> tuple[float, ...]:
@@ -61,13 +63,14 @@ class TargetStats:
         return as_t(self.mean), as_t(self.scale)
 
     def to_json(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if v != ()}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if v not in ((), None)}
 
     @classmethod
     def from_json(cls, d: dict) -> TargetStats:
         if not isinstance(d, dict) or not isinstance(d.get("count"), int):
             raise ArgumentError(f"target stats must be an object with a count, got {d!r}")
-        return cls(count=d["count"], **{k: tuple(float(v) for v in d.get(k) or ()) for k in _STAT_LISTS})
+        lists = {k: tuple(float(v) for v in d.get(k) or ()) for k in _STAT_LISTS}
+        return cls(count=d["count"], detail=d.get("detail") if isinstance(d.get("detail"), dict) else None, **lists)
 
 
 _STAT_LISTS = ("mean", "std", "min", "max", "class_share")

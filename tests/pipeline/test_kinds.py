@@ -83,8 +83,8 @@ def test_the_builtin_kinds_describe_themselves():
     }
     assert [get_kind(k).spatial for k in ("class", "mask")] == [False, True]
     assert Target.of("mask").ignore_index == 255 and Target.of("float", columns=("y",)).member == "target.npy"
-    with pytest.raises(ValueError, match="target kind 'boxes' is not one of"):
-        Target(kind="boxes")
+    with pytest.raises(ValueError, match="target kind 'polygons' is not one of"):
+        Target(kind="polygons")
     with pytest.raises(ValueError, match="already registered"):
         register_kind(type("Again", (TargetKind,), {"name": "class", "member": "x"}))
 

@@ -247,3 +247,127 @@ def make_segmentation_tree(
         m.putpalette(palette)
         m.save(masks / f"{k:05d}.png")
     return images, masks
+
+
+#: the shapes of the detection scenes (class index = position)
+SHAPES = ("box", "disc", "bar")
+
+
+def draw_scene(size: tuple[int, int], rng: random.Random, *, max_objects: int = 3) -> tuple[np.ndarray, list]:
+    """An RGB picture (uint8 ``[h, w, 3]``) of 0 to ``max_objects`` solid shapes on a noisy
+    background and their exact boxes ``[(x0, y0, x1, y1, class), ...]`` in pixels (``x1``: one
+    past the last column of the shape): ``box`` a solid rectangle filling its box, ``disc`` an
+    ellipse touching its box's sides, ``bar`` a rectangle three times as wide as tall."""
+    w, h = size
+    image = np.clip(rng.uniform(40, 200) + np.random.default_rng(rng.getrandbits(32)).normal(0, 12, (h, w, 3)), 0, 255)
+    image = image.astype(np.uint8)
+    boxes = []
+    y, x = np.mgrid[0:h, 0:w]
+    for _ in range(rng.randint(0, max_objects)):
+        cls = rng.randrange(len(SHAPES))
+        bw = rng.randint(max(4, w // 6), max(5, w // 2))
+        bh = bw // 3 if SHAPES[cls] == "bar" else rng.randint(max(4, h // 6), max(5, h // 2))
+        bh = max(3, min(bh, h - 1))
+        x0, y0 = rng.randint(0, w - bw), rng.randint(0, h - bh)
+        colour = np.array([rng.choice((0, 255)) if c == cls else rng.randint(0, 80) for c in range(3)], np.uint8)
+        if SHAPES[cls] == "disc":
+            cx, cy = x0 + (bw - 1) / 2, y0 + (bh - 1) / 2
+            inside = ((x - cx) / (bw / 2)) ** 2 + ((y - cy) / (bh / 2)) ** 2 <= 1.0
+        else:
+            inside = (x >= x0) & (x < x0 + bw) & (y >= y0) & (y < y0 + bh)
+        ys, xs = np.nonzero(inside)
+        image[inside] = colour
+        boxes.append((int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1, cls))
+    return image, boxes
+
+
+def make_detection_scenes(
+    root: str | Path,
+    *,
+    n: int = 40,
+    seed: int = 0,
+    min_side: int = 48,
+    max_side: int = 96,
+    formats: tuple[str, ...] = ("coco", "yolo", "voc"),
+    val: int = 0,
+) -> dict[str, Path]:
+    """``n`` scenes of :func:`draw_scene` (``val`` more for a val split), written in each of
+    ``formats``: ``root/coco`` (``images/`` + ``annotations/instances_{train,val}.json``),
+    ``root/yolo`` (``images/{train,val}/`` + ``labels/{train,val}/*.txt`` + ``data.yaml``),
+    ``root/voc`` (``JPEGImages/``, ``Annotations/*.xml``, ``ImageSets/Main/{train,val}.txt``).
+    PNG pictures (exact colours); every fifth scene (and some others) has no shape: a negative. Returns each format's
+    folder (what ``stoker pack`` takes as SRC)."""
+    from PIL import Image
+
+    root = Path(root)
+    rng = random.Random(seed)
+    scenes = []
+    for k in range(n + val):
+        size = (rng.randint(min_side, max_side), rng.randint(min_side, max_side))
+        image, boxes = draw_scene(size, rng, max_objects=0 if k % 5 == 4 else 3)  # every fifth a negative
+        scenes.append(("val" if k >= n else "train", f"{k:05d}", image, boxes))
+    out = {}
+    for fmt in formats:
+        folder = out[fmt] = root / fmt
+        for split, name, image, _ in scenes:
+            rel = {"coco": f"images/{name}.png", "yolo": f"images/{split}/{name}.png", "voc": f"JPEGImages/{name}.png"}
+            path = folder / rel[fmt]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(path)
+        {"coco": _write_coco, "yolo": _write_yolo, "voc": _write_voc}[fmt](folder, scenes)
+    return out
+
+
+def _write_coco(folder: Path, scenes: list) -> None:
+    import json
+
+    (folder / "annotations").mkdir(parents=True, exist_ok=True)
+    categories = [{"id": c + 1, "name": s} for c, s in enumerate(SHAPES)]
+    for split in sorted({s[0] for s in scenes}):
+        images, annotations = [], []
+        for k, (sp, name, image, boxes) in enumerate(scenes):
+            if sp != split:
+                continue
+            h, w = image.shape[:2]
+            images.append({"id": k + 1, "file_name": f"{name}.png", "width": w, "height": h})
+            for x0, y0, x1, y1, c in boxes:
+                bbox = [x0, y0, x1 - x0, y1 - y0]
+                ann = {"image_id": k + 1, "bbox": bbox, "category_id": c + 1, "iscrowd": 0, "area": bbox[2] * bbox[3]}
+                annotations.append({"id": len(annotations) + 1, **ann})
+        doc = {"images": images, "annotations": annotations, "categories": categories}
+        (folder / "annotations" / f"instances_{split}.json").write_text(json.dumps(doc))
+
+
+def _write_yolo(folder: Path, scenes: list) -> None:
+    for split, name, image, boxes in scenes:
+        h, w = image.shape[:2]
+        lines = [
+            f"{c} {(x0 + x1) / 2 / w:.8f} {(y0 + y1) / 2 / h:.8f} {(x1 - x0) / w:.8f} {(y1 - y0) / h:.8f}"
+            for x0, y0, x1, y1, c in boxes
+        ]
+        path = folder / "labels" / split / f"{name}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(line + "\n" for line in lines))
+    names = "".join(f"  {c}: {s}\n" for c, s in enumerate(SHAPES))
+    (folder / "data.yaml").write_text(f"train: images/train\nval: images/val\nnames:\n{names}")
+
+
+def _write_voc(folder: Path, scenes: list) -> None:
+    (folder / "Annotations").mkdir(parents=True, exist_ok=True)
+    lists: dict[str, list[str]] = {}
+    for split, name, image, boxes in scenes:
+        h, w = image.shape[:2]
+        objects = "".join(
+            f"<object><name>{SHAPES[c]}</name><difficult>0</difficult><bndbox><xmin>{x0 + 1}</xmin>"
+            f"<ymin>{y0 + 1}</ymin><xmax>{x1}</xmax><ymax>{y1}</ymax></bndbox></object>"
+            for x0, y0, x1, y1, c in boxes
+        )
+        xml = (
+            f"<annotation><filename>{name}.png</filename><size><width>{w}</width><height>{h}</height>"
+            f"<depth>3</depth></size>{objects}</annotation>"
+        )
+        (folder / "Annotations" / f"{name}.xml").write_text(xml)
+        lists.setdefault(split, []).append(name)
+    (folder / "ImageSets" / "Main").mkdir(parents=True, exist_ok=True)
+    for split, names in lists.items():
+        (folder / "ImageSets" / "Main" / f"{split}.txt").write_text("".join(n + "\n" for n in names))

@@ -10,8 +10,6 @@ from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
-import numpy as np
-
 from stoker.errors import CheckFailedError, UsageError
 from stoker.pipeline.shards.manifest import idx_path
 from stoker.pipeline.shards.writer import ShardWriter, shard_name
@@ -73,13 +71,10 @@ def _components(it: Item, res: Sanitized, source: Source) -> dict[str, bytes]:
     """The tar members of one packed sample (:mod:`stoker.pipeline.shards.targets`; file names
     stored as valid UTF-8)."""
     meta = {"path": display_path(it.rel), "width": res.width, "height": res.height}
-    target, spec = source.target, source.target.spec
-    if spec.spatial:  # the sanitizer checked and wrote the mask beside its image
-        value, meta["mask"] = res.mask, display_path(it.mask)
-    else:
-        value = it.label if it.target is None else it.target
-        meta.update(spec.meta(target, value, source.classes))
-    return {target.member: spec.encode(target, value), "jpg": res.jpg, "json": json.dumps(meta).encode()}
+    target = source.target
+    value, more = target.pack_value(it, res, source.classes)
+    meta.update({k: display_path(v) if isinstance(v, str) else v for k, v in more.items()})
+    return {target.member: target.encode(value), "jpg": res.jpg, "json": json.dumps(meta).encode()}
 
 
 def _sample_bytes(components: dict[str, bytes]) -> int:
@@ -250,10 +245,8 @@ class _PartShards:
         if self.writer is None:  # entered and exited by hand: shards roll over mid-loop
             self.writer = ShardWriter(self.split_dir / self.name(self.nshards)).__enter__()
         self.writer.write(f"{i:09d}", comps)
-        if self.seen is not None and self.target.spatial:
-            self.seen.add_counts(res.mask_counts)  # the sanitizer counted the mask's pixels
-        elif self.seen is not None:
-            self.seen.add(np.asarray(it.target, np.float32))  # the values as stored
+        if self.seen is not None:  # the values as stored (a mask: the pixels the sanitizer counted)
+            self.target.add_seen(self.seen, it, res, self.target.pack_value(it, res, ())[0])
         self.stats["packed"] += 1
         self.stats["copied"] += res.copied
         self.stats["resized"] += res.resized

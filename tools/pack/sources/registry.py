@@ -35,6 +35,7 @@ from stoker.pipeline.storage import is_url
 
 from .base import Item, Scan, Source, SourceOptions, SourceReader, display_path
 from .csvlist import CsvReader
+from .detection import CocoReader, VocReader, YoloReader
 from .folder import FolderReader
 from .masktree import MaskTreeReader
 from .pairs import PairsReader
@@ -53,6 +54,8 @@ def register_reader(cls: type[SourceReader]) -> type[SourceReader]:
 
 
 for _cls in (MaskTreeReader, ParquetReader, PairsReader, CsvReader, TrainValReader, FolderReader):
+    register_reader(_cls)
+for _cls in (CocoReader, YoloReader, VocReader):  # detection: boxes
     register_reader(_cls)
 
 
@@ -77,7 +80,9 @@ def choose_reader(src: str | Path, options: SourceOptions, name: str = "auto") -
         if cls.recognizes(src, options):
             return cls(src, options)
     if isinstance(src, Path) and src.is_file():
-        raise UsageError(f"SRC {src} is a file but not a .csv/.tsv list of 'path,label'")
+        raise UsageError(
+            f"SRC {src} is a file but not a .csv/.tsv list of 'path,label' (or name its reader: {arg('source')})"
+        )
     names = ", ".join(reader_names()[1:])
     raise UsageError(f"no pack source reads SRC {src} (sources: {names}); choose one with {arg('source')}")
 
