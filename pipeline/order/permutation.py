@@ -39,7 +39,8 @@ def _mix(x: np.ndarray, key: np.uint64) -> np.ndarray:
 
 
 class Permutation:
-    """``π``: a bijection of ``[0, n)`` that depends only on ``(seed, epoch)``.
+    """``π``: a bijection of ``[0, n)`` that depends only on ``(seed, epoch)`` (and ``stream``, a
+    few integers naming one of many independent bijections of the same seed).
 
     >>> p = Permutation(10, seed=0, epoch=0)
     >>> sorted(p(np.arange(10)).tolist()) == list(range(10))
@@ -48,7 +49,7 @@ class Permutation:
     7
     """
 
-    def __init__(self, n: int, *, seed: int, epoch: int):
+    def __init__(self, n: int, *, seed: int, epoch: int, stream: tuple[int, ...] = ()):
         if n < 1:
             raise ArgumentError(f"a permutation needs n >= 1, got {n}")
         self.n = int(n)
@@ -56,7 +57,8 @@ class Permutation:
         self._hi_bits, self._lo_bits = bits // 2, bits - bits // 2
         self._lo_mask = np.uint64((1 << self._lo_bits) - 1)
         self._hi_mask = np.uint64((1 << self._hi_bits) - 1)
-        entropy = [int(seed), int(epoch), 0xFE15]
+        # ``stream``: independent bijections of one (seed, epoch), e.g. a mix's slot and cycle
+        entropy = [int(seed), int(epoch), 0xFE15, *(int(v) for v in stream)]
         self._keys = np.random.SeedSequence(entropy).generate_state(ROUNDS, np.uint64)
 
     def _rounds(self, x: np.ndarray, keys) -> np.ndarray:
