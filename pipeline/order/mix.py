@@ -6,7 +6,9 @@ quota (``L`` by the split weights, largest-remainder rounding, so the quotas sum
 inside a balanced split, each class's quota (the split's by the class weights, the same
 rounding). A slot of ``n`` samples hands out its quota ``q`` each epoch from a stream of draws:
 draw ``d`` (epoch ``e``'s are ``e * q .. e * q + q - 1``) is sample ``σ_c(d mod n)`` of the
-slot, ``σ_c`` a seeded permutation of cycle ``c = d // n``. Inside a cycle no sample repeats, so
+slot, ``σ_c`` a seeded permutation of cycle ``c = d // n`` (the plain order's Feistel bijection
+with the slot's and cycle's own keys: :func:`~.permutation.permute_many`, every slot of a batch
+in one vectorized pass). Inside a cycle no sample repeats, so
 a large split is sub-sampled (every sample once before any twice) and a small one repeats (each
 cycle a fresh order).
 
@@ -33,10 +35,8 @@ import numpy as np
 from stoker.errors import ArgumentError
 
 from .base import Cursor, SampleOrder, non_negative
-from .permutation import Permutation
-
-#: slot permutations kept (each ~ a few hundred bytes; a batch reaches at most its size of them)
-_PERM_CACHE = 4096
+from .global_order import CHUNK
+from .permutation import Permutation, permute_many, stream_keys
 
 
 def largest_remainder(total: int, weights: Sequence) -> np.ndarray:
@@ -119,20 +119,16 @@ class MixPlan:
         text = json.dumps(self._description, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def draws(self, seed: int, epoch: int, m: np.ndarray, perms: dict) -> tuple[np.ndarray, np.ndarray]:
+    def draws(self, seed: int, epoch: int, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(slot, member)`` of the multiset's draws ``m`` in ``epoch``: the slot and the sample's
-        place in it (``perms``: a cache of the slots' cycle permutations)."""
+        place in it, by the slot's permutation of the draw's cycle (all slots at once)."""
         slot = np.searchsorted(self.slot_start, m, side="right") - 1
         d = epoch * self.slot_quota[slot] + (m - self.slot_start[slot])  # the draw in the slot's stream
         size = self.slot_size[slot]
         cycle, t = d // size, d % size
-        member = np.empty_like(t)
-        key = slot * (int(cycle.max(initial=0)) + 1) + cycle
-        for u in np.unique(key).tolist():
-            sel = key == u
-            k, c = int(slot[sel][0]), int(cycle[sel][0])
-            member[sel] = _slot_perm(perms, int(self.slot_size[k]), seed, k, c)(t[sel])
-        return slot, member
+        stream = (slot.astype(np.uint64) << np.uint64(40)) ^ cycle.astype(np.uint64)  # one bijection per (slot, cycle)
+        streams, which = np.unique(stream, return_inverse=True)
+        return slot, permute_many(t, size, stream_keys(seed, streams), which.reshape(-1))
 
     def cycles(self) -> list[Fraction]:
         """Per split: its quota over its size (above 1: it repeats; below: it is sub-sampled)."""
@@ -160,18 +156,6 @@ def _weights(w) -> list | None:
     return None if w is None else [float(x) for x in w]
 
 
-def _slot_perm(perms: dict, n: int, seed: int, slot: int, cycle: int) -> Permutation:
-    """Slot ``slot``'s permutation of cycle ``cycle`` (independent of the epoch: a cycle spans
-    epochs), from the cache."""
-    key = (seed, slot, cycle)
-    p = perms.get(key)
-    if p is None:
-        if len(perms) >= _PERM_CACHE:
-            perms.pop(next(iter(perms)))
-        p = perms[key] = Permutation(n, seed=seed, epoch=0, stream=(0x313C, slot, cycle))
-    return p
-
-
 class MixOrder(SampleOrder):
     """The order of a mix (:class:`MixPlan`): train lays out the epoch's multiset by a seeded
     bijection and splits it over the ranks by striding; val reads every split whole, one after
@@ -196,7 +180,6 @@ class MixOrder(SampleOrder):
         self.split_offsets = np.asarray(split_offsets, np.int64)
         self._resumed: MixPlan | None = None  # the saved length's plan, for an epoch resumed from an offset
         self._perm: tuple | None = None
-        self._slot_perms: dict = {}
 
     def _plan(self, offset: int) -> MixPlan:
         return self._resumed if offset and self._resumed is not None else self.plan
@@ -214,12 +197,13 @@ class MixOrder(SampleOrder):
         if not self.train:
             return self.rank + self.world_size * k
         plan = self._plan(offset)
-        at = offset + self.rank + self.world_size * k
-        return self.locate(plan, seed, epoch, self._layout(plan.length, seed, epoch)(at))
+        at, layout = offset + self.rank + self.world_size * k, self._layout(plan.length, seed, epoch)
+        parts = [self.locate(plan, seed, epoch, layout(at[i : i + CHUNK])) for i in range(0, len(at), CHUNK)]
+        return np.concatenate(parts) if parts else k  # bounded temporaries: a chunk at a time
 
     def locate(self, plan: MixPlan, seed: int, epoch: int, m: np.ndarray) -> np.ndarray:
         """The mix's loadable positions of the multiset's draws ``m`` of ``epoch``."""
-        slot, member = plan.draws(seed, epoch, m, self._slot_perms)
+        slot, member = plan.draws(seed, epoch, m)
         split = plan.slot_split[slot]
         out = member.copy()
         for s, fn in enumerate(self.members):

@@ -273,3 +273,19 @@ def test_class_members_file_is_built_once_beside_the_table(splits):
     table = np.load(files[0])
     assert table[:7].tolist() == [0, 10, 20, 30, 40, 50, 60]
     assert json.loads((splits / "big" / "stoker.json").read_text())["num_samples"] == 60
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 64, 1000, 4097])
+def test_many_bijections_at_once_are_the_permutations_rounds_with_their_own_keys(n):
+    from stoker.pipeline.order.permutation import ROUNDS, Permutation, permute_many, stream_keys
+
+    p, i = Permutation(n, seed=3, epoch=2), np.arange(n)
+    assert np.array_equal(permute_many(i, n, np.broadcast_to(p._keys, (n, ROUNDS))), p(i))
+    sizes = np.array([n, 7, 1, 300])
+    t = np.concatenate([np.arange(s) for s in sizes])
+    size = np.repeat(sizes, sizes)
+    out = permute_many(t, size, stream_keys(5, np.repeat(np.arange(4), sizes)))
+    for k, s in enumerate(np.split(out, np.cumsum(sizes)[:-1])):
+        assert sorted(s.tolist()) == list(range(sizes[k]))  # each a bijection of its own domain
+    again = permute_many(t, size, stream_keys(6, np.repeat(np.arange(4), sizes)))
+    assert not np.array_equal(out[n + 8 :], again[n + 8 :])  # another seed, another order
