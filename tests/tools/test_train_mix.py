@@ -62,3 +62,14 @@ def test_a_mixed_balanced_run_names_the_mix_and_validates_each_dataset(data, tmp
 def test_a_bad_mix_is_one_line(data, tmp_path, flags, message):
     rc, _, err = run_cli("train", data, "--out", tmp_path / "r", *flags, *ARGS)
     assert rc == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_val_reports_the_balanced_top1_the_mean_of_each_class_recall():
+    from stoker.model.train.runtime import Dist
+    from stoker.model.train.tasks import ClassifyMetrics, Task
+
+    metrics = ClassifyMetrics(Task("classify", 3, "top1"), torch.device("cpu"))
+    out = torch.tensor([[5.0, 0, 0], [5, 0, 0], [5, 0, 0], [0, 5, 0], [5, 0, 0]])
+    metrics.update(out, torch.tensor([0, 0, 0, 1, 2]))  # class 0: 3/3, class 1: 1/1, class 2: 0/1
+    figures = metrics.compute(Dist())
+    assert figures["top1"] == pytest.approx(0.8) and figures["balanced_top1"] == pytest.approx(2 / 3)
