@@ -2,6 +2,11 @@
 resume, at several split sizes and world sizes, ranks simulated one after another.
 
     python -m stoker.benchmarks.scale --samples 1000000,10000000 --worlds 1,8,64,512
+    python -m stoker.benchmarks.scale --samples 1000000,10000000 --worlds 64,512 --mix --balance
+
+``--mix`` reads a 2-split mix (the split and one a tenth its size, weights 0.7/0.3: ``Loader([a,
+b], weights=...)``); ``--balance`` balances the classes (``balance="classes"``; the class
+members file is built once per split before the ranks, timed like the table).
 
 The splits are built cheaply: one shard of ``--samples-per-shard`` tiny JPEGs is written once
 and hard-linked as many times as the split needs (the shards' bytes are shared, their names
@@ -95,8 +100,9 @@ def _memory() -> tuple[int, int]:
     return out["Anonymous"], out["Rss"] - out["Anonymous"]
 
 
-def measure_rank(split: str, rank: int, world: int, batch: int) -> dict:
-    """One rank's figures (run in a fresh process)."""
+def measure_rank(split, rank: int, world: int, batch: int, mix: dict | None = None) -> dict:
+    """One rank's figures (run in a fresh process); ``split`` a path or, with ``mix`` (the
+    Loader's ``weights=``/``balance=``), a list of them."""
     import warnings
 
     warnings.simplefilter("ignore")
@@ -104,7 +110,7 @@ def measure_rank(split: str, rank: int, world: int, batch: int) -> dict:
 
     from stoker.pipeline import Loader
 
-    kw = dict(batch_size=batch, rank=rank, world_size=world, crop=16, backend="pil", threads=0, seed=0)
+    kw = dict(batch_size=batch, rank=rank, world_size=world, crop=16, backend="pil", threads=0, seed=0, **(mix or {}))
     warm = Loader(split, **{**kw, "train": False})  # the decode path's modules imported once, measured out
     next(iter(warm))
     warm.close()
@@ -148,8 +154,9 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def _child(split: Path, rank: int, world: int, batch: int) -> dict:
-    cmd = [sys.executable, "-m", "stoker.benchmarks.scale", "--child", json.dumps([str(split), rank, world, batch])]
+def _child(split, rank: int, world: int, batch: int, mix: dict | None = None) -> dict:
+    paths = [str(p) for p in split] if isinstance(split, list) else str(split)
+    cmd = [sys.executable, "-m", "stoker.benchmarks.scale", "--child", json.dumps([paths, rank, world, batch, mix])]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"rank {rank} of {world} on {split} failed: {proc.stderr.strip()[-2000:]}")
@@ -163,9 +170,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     for n in args.samples:
         split, build_s = build_split(root, n, args.samples_per_shard)
         print(f"split of {n:,} samples ({n // args.samples_per_shard:,} shards): table built in {build_s:.2f} s")
+        split, mix = _mixed(root, split, n, args)
         for world in args.worlds:
             for rank in sorted({0, world - 1}):
-                runs = [_child(split, rank, world, args.batch_size) for _ in range(args.repeat)]
+                runs = [_child(split, rank, world, args.batch_size, mix) for _ in range(args.repeat)]
                 row = {"samples": n, "shards": n // args.samples_per_shard, "world": world, "rank": rank}
                 for key in ("construct_s", "epoch_start_s", "order_s", "resume_s"):
                     vals = [r[key] for r in runs]
@@ -176,6 +184,28 @@ def run(args: argparse.Namespace) -> list[dict]:
                 rows.append(row)
                 print(_line(row), flush=True)
     return rows
+
+
+def _mixed(root: Path, split: Path, n: int, args: argparse.Namespace) -> tuple:
+    """The Loader's split(s) and mix keywords for ``--mix``/``--balance`` (a second split a tenth
+    the size; the class members files built once, timed), or ``(split, None)``."""
+    if not (args.mix or args.balance):
+        return split, None
+    splits, mix = [split], {}
+    if args.mix:
+        small = max(args.samples_per_shard, n // 10 // args.samples_per_shard * args.samples_per_shard)
+        splits.append(build_split(root, small, args.samples_per_shard)[0])
+        mix["weights"] = [0.7, 0.3]
+    if args.balance:
+        from stoker.pipeline.mixsource import class_members
+        from stoker.pipeline.shards.samples import open_split
+
+        mix["balance"] = "classes"
+        for s in splits:
+            t0 = time.perf_counter()
+            class_members(open_split(s))
+            print(f"{s.name}: class members built in {time.perf_counter() - t0:.2f} s (once per split)")
+    return splits, mix
 
 
 def _line(r: dict) -> str:
@@ -246,6 +276,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=3, help="runs per rank (min/median reported)")
     p.add_argument("--extrapolate", type=int, default=2_000_000_000, help="samples to extrapolate to")
     p.add_argument("--json", metavar="FILE", help="write the rows as JSON")
+    p.add_argument("--mix", action="store_true", help="a 2-split mix: the split and one a tenth its size, 0.7/0.3")
+    p.add_argument("--balance", action="store_true", help='balance the classes (balance="classes")')
     p.add_argument("--child", help=argparse.SUPPRESS)
     return p
 
@@ -253,8 +285,8 @@ def get_args_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = get_args_parser().parse_args(argv)
     if args.child:
-        split, rank, world, batch = json.loads(args.child)
-        print(json.dumps(measure_rank(split, rank, world, batch)))
+        split, rank, world, batch, mix = json.loads(args.child)
+        print(json.dumps(measure_rank(split, rank, world, batch, mix)))
         return 0
     print(HEADER)
     rows = run(args)

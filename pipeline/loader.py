@@ -35,6 +35,7 @@ from .backends.base import DecodeSettings, Runner
 from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler
 from .fsutil import PathLike
 from .loader_checks import DECODES, SHUFFLES, check_stored_size, rank_and_world, torch_device, train_for_split
+from .mixsource import MixSource, MixSpec, mix_order, start_mix
 from .options import BackendOptions, Order, Storage, loader_options
 from .pixels import PixelCache
 from .prefetch import cached_groups
@@ -119,6 +120,8 @@ class Loader(EpochState, DataLoaderSurface):
         pixel_cache: PathLike | PixelCache | None = None,
         **options: Any,
     ):
+        # Loader([a, b], weights=, epoch_length=, balance=): a mix (pipeline/mixsource.py)
+        mix = MixSpec.of(path, options, pixel_cache=pixel_cache)
         opts = loader_options(
             crop=crop, backend=backend, shuffle=shuffle, storage=storage, augment=augment, keywords=options
         )
@@ -134,7 +137,7 @@ class Loader(EpochState, DataLoaderSurface):
         self.batch_size, self.seed = batch_size, int(seed)
         self.shuffle, self.block_shards = opts.order.shuffle, opts.order.block_shards
         self.channels = opts.backend.channels
-        self.source = SplitSource(path, opts.storage)
+        self.source = SplitSource(path, opts.storage) if mix is None else MixSource(mix, opts.storage)
         self.path, self.index, self.cache = self.source.path, self.source.index, self.source.cache
         self.train = train_for_split(train, self.index.manifest)
         #: samples the loader draws from (manifest skips and samples without image/cls removed)
@@ -142,7 +145,7 @@ class Loader(EpochState, DataLoaderSurface):
         if self.num_samples == 0:
             raise ArgumentError(f"{self.path} has no loadable samples")
         #: this rank's sample order (:mod:`.order`): share, positions, windows, what a state holds
-        self.order = sample_order(
+        self.order = (sample_order if mix is None else mix_order)(
             opts.order, self.source, rank=self.rank, world_size=self.world_size, train=self.train, batch_size=batch_size
         )
         self.drop_last = self.order.drop_last
@@ -171,6 +174,8 @@ class Loader(EpochState, DataLoaderSurface):
         )
         self.threads, self.pixel_cache = self.decoding.threads, self.decoding.pixel_cache
         self.decoding.check_pixel_tier(self.source, self.shuffle, self.crops)
+        #: a mix's :class:`~.mixsource.Mix` (quotas, cycles, ``summary()``, ``split_of(ids)``), else ``None``
+        self.mix = start_mix(self, mix)
 
     @property
     def crops(self) -> CropSpec:

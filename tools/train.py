@@ -20,6 +20,7 @@ examples:
   stoker train data/ --out runs/a --epochs 10 --batch-size 128 --crop 160 --resume
   stoker train data/ --out runs/p --epochs 16 --progressive 160:192:11-13 --val-crop 256 --pixel-cache /dev/shm/px
   torchrun --nproc_per_node 2 -m stoker train data/ --out runs/ddp
+  stoker train data/ --out runs/mix --mix web:0.7,curated:0.3 --balance classes   # data/web, data/curated
 """
 
 from __future__ import annotations
@@ -55,6 +56,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _optimizer_flags(p)
     _device_flags(p)
     _run_flags(p)
+    _mix_flags(p)
+
+
+def _mix_flags(p: argparse.ArgumentParser) -> None:
+    """Several datasets in proportions, classes in equal shares (exact every epoch, every rank)."""
+    g = p.add_argument_group("mix and balance")
+    g.add_argument(
+        "--mix",
+        metavar="NAME:W,...",
+        help="train on several datasets in these proportions (DATA/NAME, an absolute path or a URL, each "
+        "holding train/ and val/): web:0.7,curated:0.3; val reports each dataset and all together",
+    )
+    g.add_argument(
+        "--balance",
+        choices=["classes"],
+        help="each class an equal share of every epoch (a small class repeats, a large one is sub-sampled)",
+    )
+    g.add_argument(
+        "--epoch-length",
+        type=int,
+        metavar="N",
+        help="samples an epoch with --mix/--balance (default: the splits' sum, rounded to whole global batches)",
+    )
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:

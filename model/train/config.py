@@ -15,6 +15,8 @@ from typing import Any
 from stoker.errors import ArgumentError, arg
 from stoker.pipeline.order import SHUFFLES  # the Loader's sample orders, named once (numpy, no torch)
 
+from .mix import check_mix_settings
+
 #: ``--arch auto``: the network of each task (the inception block, as a per-pixel net to segment)
 DEFAULT_ARCH = {"classify": "inception", "regress": "inception", "multilabel": "inception", "segment": "inception"}
 #: ``--amp``: ``auto`` resolves per device (:func:`stoker.model.train.runtime.resolve_amp`).
@@ -150,6 +152,10 @@ class TrainConfig:
     cache_limit: int | None = None
     shuffle: str = "global"
     block_shards: int = 4
+    # a mix of datasets ("web:0.7,curated:0.3") and the balance inside each (model/train/mix.py)
+    mix: str | None = None
+    balance: str | None = None
+    epoch_length: int | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad value."""
@@ -210,6 +216,7 @@ class TrainConfig:
         if self.num_classes is not None and self.num_classes < 1:
             raise ArgumentError(f"num_classes={self.num_classes} must be >= 1")
         self._validate_run_options()
+        check_mix_settings(self)
 
     def _validate_run_options(self) -> None:
         """The loggers, the step budget and where the weights start from."""

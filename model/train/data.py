@@ -18,6 +18,7 @@ from stoker.errors import ArgumentError, NoBatchError, arg
 
 from ..normalize import default_stats
 from .config import TrainConfig
+from .mix import mix_options, mix_split_dirs, open_val, train_source
 from .runtime import Dist
 from .tasks import Task
 
@@ -41,6 +42,8 @@ def split_dirs(cfg: TrainConfig) -> tuple[str, str]:
     """``(DATA/train, DATA/val)``; a local DATA without ``train/`` is a FileNotFoundError."""
     from stoker.pipeline.storage import is_url
 
+    if cfg.mix:  # several datasets: each one's train/ and val/ (model/train/mix.py)
+        return mix_split_dirs(cfg)
     if is_url(cfg.data):  # object storage: the manifests say what is there
         base = cfg.data.rstrip("/")
         return f"{base}/train", f"{base}/val"
@@ -119,7 +122,19 @@ def make_loaders(
 
     try:
         recipe = augmentation(cfg, task)
-        train = factory(train_dir, train=True, drop_last=None, crop=train_crops, **kw, **recipe, **cache("train"))
+        mixed = mix_options(cfg, train_dir)  # --mix, --balance: the Loader's weights= and balance=
+        train = factory(
+            train_source(train_dir),
+            train=True,
+            drop_last=None,
+            crop=train_crops,
+            **kw,
+            **recipe,
+            **cache("train"),
+            **mixed,
+        )
+        if getattr(train, "mix", None) is not None:
+            log(f"mix: {train.mix.describe()}")
         if schedule is not None:  # applied at each epoch's start; a state saved mid-epoch keeps its crop
             train.set_crop(schedule)
             h, w = val_crops.size
@@ -130,11 +145,8 @@ def make_loaders(
             f"{train_dir}: --batch-size {cfg.batch_size} is larger than a rank's share of the "
             f"split ({e.share} samples over {dist.world_size} rank(s)); use --batch-size {e.share} or less"
         ) from None
-    val = (
-        factory(val_dir, train=False, drop_last=False, crop=val_crops, **kw, **cache("val"))
-        if has_split(val_dir, cfg.storage_options)
-        else None
-    )
+    exists = lambda split: has_split(split, cfg.storage_options)  # noqa: E731
+    val = open_val(factory, val_dir, exists, train=False, drop_last=False, crop=val_crops, **kw, **cache("val"))
     if val is None:
         log(
             f"no val split in {cfg.data} ({val_dir} is missing): training without validation, so no best.pt; "

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .mix import SplitVals
 from .runtime import AmpSpec, Dist
 from .tasks import Task
 
@@ -22,6 +23,9 @@ def evaluate(
     sample counts exactly once when the loader splits val samples without padding.
     ``model`` must not be the DDP wrapper (ranks may see different batch counts).
 
+    A mix's :class:`~.mix.SplitVals` is read split by split: the figures are over all of them, and
+    ``splits`` holds each split's own (by its name).
+
     Returns:
         ``n`` (samples), ``loss`` (mean per sample) and the task's figures: ``top1``/``top5``
         (classify), ``mse``/``mae``/``r2`` (regress), ``miou``/``pixel_acc`` (segment), ``map``
@@ -30,10 +34,23 @@ def evaluate(
     was_training = model.training
     model.eval()
     metrics = task.metrics(device)
+    if isinstance(loader, SplitVals):  # a mix: each split's figures too, and overall
+        per_split = {name: task.metrics(device) for name, _ in loader.loaders}
+        for name, split_loader in loader.loaders:
+            _accumulate(model, split_loader, (metrics, per_split[name]), device=device, amp=amp)
+    else:
+        _accumulate(model, loader, (metrics,), device=device, amp=amp)
+    model.train(was_training)
+    figures = metrics.compute(dist or Dist())  # the one sync of the evaluation (one per split more in a mix)
+    if isinstance(loader, SplitVals):
+        figures["splits"] = {name: m.compute(dist or Dist()) for name, m in per_split.items()}
+    return figures
+
+
+def _accumulate(model: nn.Module, loader: Iterable, metrics: tuple, *, device: torch.device, amp: AmpSpec) -> None:
     for images, targets in loader:
         targets = targets.to(device, non_blocking=True)
         with amp.autocast():
-            out = model(images)
-        metrics.update(out.float(), targets)
-    model.train(was_training)
-    return metrics.compute(dist or Dist())  # the one sync of the evaluation
+            out = model(images).float()
+        for m in metrics:
+            m.update(out, targets)

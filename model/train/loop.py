@@ -299,7 +299,9 @@ def format_val(val: dict) -> str:
         parts.append(f"mIoU {100 * val['miou']:.1f}%, pixel accuracy {100 * val['pixel_acc']:.1f}%")
     if "map" in val:
         parts.append(f"mAP {100 * val['map']:.1f}%")
-    return ", ".join(parts + [f"loss {val['loss']:.4f} ({val['n']} samples)"])
+    from .mix import format_splits  # a mix's figures per split, after the overall ones
+
+    return ", ".join(parts + [f"loss {val['loss']:.4f} ({val['n']} samples)"]) + format_splits(val)
 
 
 def train(

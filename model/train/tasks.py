@@ -149,7 +149,9 @@ class Metrics:
 class ClassifyMetrics(Metrics):
     def __init__(self, task: Task, device: torch.device):
         super().__init__(task, device)
-        self.stats = torch.zeros(4, dtype=torch.float64, device=device)  # top1, top5, n, loss sum
+        k = task.num_outputs
+        # top1, top5, n, loss sum; then per class: samples, top-1 hits (the balanced accuracy)
+        self.stats = torch.zeros(4 + 2 * k, dtype=torch.float64, device=device)
 
     def update(self, out, y):
         top = out.topk(min(5, out.shape[1]), dim=1).indices
@@ -158,10 +160,24 @@ class ClassifyMetrics(Metrics):
         self.stats[1] += hit.any(dim=1).sum()
         self.stats[2] += y.numel()
         self.stats[3] += F.cross_entropy(out, y, reduction="sum")
+        k = self.task.num_outputs
+        self.stats[4:] += torch.cat(
+            [torch.bincount(y, minlength=k).double(), torch.bincount(y, hit[:, 0].double(), minlength=k)]
+        )
 
     def compute(self, dist):
-        top1, top5, n, loss = all_reduce_sum(self.stats, dist).tolist()
-        return {"n": int(n), "top1": _div(top1, n), "top5": _div(top5, n), "loss": _div(loss, n)}
+        stats = all_reduce_sum(self.stats, dist)
+        top1, top5, n, loss = stats[:4].tolist()
+        seen, hits = stats[4:].view(2, -1)
+        # the mean of the per-class top-1 over the classes val holds: a long tail's rare classes count
+        balanced = (hits[seen > 0] / seen[seen > 0]).mean().item() if bool((seen > 0).any()) else None
+        return {
+            "n": int(n),
+            "top1": _div(top1, n),
+            "top5": _div(top5, n),
+            "loss": _div(loss, n),
+            "balanced_top1": balanced,
+        }
 
 
 class CaseStudyMetrics(Metrics):

@@ -89,4 +89,42 @@ class Permutation:
         return self._walk(j, list(enumerate(self._keys))[::-1])
 
 
-__all__ = ["Permutation", "ROUNDS"]
+def stream_keys(seed: int, streams: np.ndarray) -> np.ndarray:
+    """Round keys ``[len(streams), ROUNDS]`` of many independent bijections of one seed, one per
+    ``streams`` value (uint64; a mix's slot and cycle packed): each key is the splitmix64
+    finalizer of the stream keyed by a per-round key from ``SeedSequence((seed, tag))``."""
+    base = np.random.SeedSequence([int(seed), 0x313C]).generate_state(ROUNDS, np.uint64)
+    s = np.asarray(streams, np.uint64)[:, None]
+    return _mix(_mix(s, base[None, :]), base[None, ::-1])
+
+
+def permute_many(i, n, keys: np.ndarray, which=None) -> np.ndarray:
+    """``π_e(i_e)`` for many bijections at once: element ``e`` in ``[0, n_e)`` by the Feistel
+    network and cycle walking of :class:`Permutation` (the same rounds) with its own round keys
+    ``keys[which[e]]`` (rows of :func:`stream_keys`; ``which`` default: row ``e``). Vectorized
+    across bijections: a batch drawn from hundreds of slots costs one pass, not one per slot."""
+    x = np.asarray(i, np.int64)
+    n = np.broadcast_to(np.asarray(n, np.int64), x.shape)
+    which = np.arange(len(x)) if which is None else np.asarray(which, np.int64)
+    if x.size and (x.min() < 0 or np.any(x >= n)):
+        raise ArgumentError("positions must be in [0, n) of their permutation")
+    bits = np.maximum(2, np.frexp(np.maximum(n - 1, 0).astype(np.float64))[1])  # bit_length(n - 1), n < 2^53
+    one = np.uint64(1)
+    lo_bits = (bits - bits // 2).astype(np.uint64)
+    lo_mask, hi_mask = (one << lo_bits) - one, (one << (bits // 2).astype(np.uint64)) - one
+    n, y = n.astype(np.uint64), x.astype(np.uint64)
+    todo = np.arange(len(y))
+    while len(todo):  # cycle walking: fewer than two passes per value on average
+        v, lb, k = y[todo], lo_bits[todo], which[todo]
+        hi, lo = v >> lb, v & lo_mask[todo]
+        for r in range(ROUNDS):
+            if r % 2 == 0:
+                hi = hi ^ (_mix(lo, keys[k, r]) & hi_mask[todo])
+            else:
+                lo = lo ^ (_mix(hi, keys[k, r]) & lo_mask[todo])
+        y[todo] = (hi << lb) | lo
+        todo = todo[y[todo] >= n[todo]]
+    return y.astype(np.int64)
+
+
+__all__ = ["Permutation", "ROUNDS", "permute_many", "stream_keys"]

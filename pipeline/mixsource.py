@@ -1,0 +1,460 @@
+"""The split source of a mix: several splits read as one (``Loader([a, b], weights=[0.7, 0.3])``),
+and the class members a balanced split draws from (``balance="classes"``).
+
+:class:`MixSource` is a :class:`~.stages.SplitSource` of several splits: its :class:`MixIndex`
+numbers the splits' samples one split after another, so the batch planner, every backend and the
+train recipe read a mix as they read a split. The order over it is :class:`~.order.mix.MixOrder`
+(:func:`mix_order`). A balanced split's samples by class are a memory-mapped file beside its
+table (:func:`class_members`: built once per manifest, read where a rank's draws land).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stoker.errors import ArgumentError
+
+from .fsutil import atomic_write
+from .loader_checks import check_cache_limit, check_every_rank_has_a_batch
+from .options import Order, Storage
+from .order.mix import MixOrder, MixPlan
+from .shards.samples import SampleIndex
+from .shards.table import manifest_digest
+
+#: what ``balance=`` takes by name
+BALANCES = ("classes",)
+
+
+@dataclass(frozen=True)
+class MixSpec:
+    """A Loader's mix: its splits, their weights, the epoch length (``None``: the sum of the
+    splits, rounded down so the ranks' batches divide it) and the balance inside each split
+    (``None``, ``"classes"``, or ``{class_index: weight}``)."""
+
+    paths: tuple
+    weights: tuple
+    epoch_length: int | None = None
+    balance: Any = None
+
+    @classmethod
+    def of(cls, path: Any, options: dict, *, pixel_cache: Any = None) -> MixSpec | None:
+        """The mix ``Loader(path, weights=, epoch_length=, balance=)`` asks for (those keywords
+        are taken out of ``options``), or ``None``: one split, plainly."""
+        weights = options.pop("weights", None)
+        length = options.pop("epoch_length", None)
+        balance = options.pop("balance", None)
+        many = isinstance(path, (list, tuple))
+        if not many and weights is None and length is None and balance is None:
+            return None
+        if pixel_cache is not None:
+            raise ArgumentError("pixel_cache= keeps one split's pixels; a mix or a balanced split reads without it")
+        paths = tuple(path) if many else (path,)
+        if not paths:
+            raise ArgumentError("Loader([]) needs at least one split")
+        weights = (1.0,) * len(paths) if weights is None else tuple(weights)
+        if len(weights) != len(paths):
+            raise ArgumentError(f"weights={list(weights)} has {len(weights)} values for {len(paths)} splits")
+        for w in weights:
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0 or w == float("inf"):
+                raise ArgumentError(f"weights={list(weights)}: each must be a finite number >= 0")
+        if not sum(weights):
+            raise ArgumentError(f"weights={list(weights)}: at least one must be above 0")
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+            raise ArgumentError(f"epoch_length={length!r} must be a positive integer")
+        if balance is not None and balance not in BALANCES and not isinstance(balance, dict):
+            raise ArgumentError(
+                f"balance={balance!r} must be one of {list(BALANCES)} or a {{class_index: weight}} dict"
+            )
+        return cls(paths, tuple(float(w) for w in weights), length, balance)
+
+
+class MixIndex:
+    """Several splits' :class:`~.shards.samples.SampleIndex` as one: sample ``g`` of the mix is
+    sample ``g - start[s]`` of split ``s``; shards and loadable positions are numbered the same
+    way (one split after another). Shard names are the shards' full paths."""
+
+    def __init__(self, parts: Sequence[SampleIndex]):
+        self.parts = list(parts)
+        first = self.parts[0]
+        self.target, self.manifest, self.with_json = first.target, first.manifest, first.with_json
+        self.split_dir = first.split_dir
+        #: where each split's samples, loadable samples and shards begin (and the totals)
+        self.starts = np.cumsum([0, *(len(p) for p in self.parts)])
+        self.valid_starts = np.cumsum([0, *(p.num_valid for p in self.parts)])
+        self.shard_names = [str(p.split_dir / n) for p in self.parts for n in p.shard_names]
+        self.shard_start = np.concatenate(
+            [p.shard_start[:-1] + s for p, s in zip(self.parts, self.starts, strict=False)] + [self.starts[-1:]]
+        )
+        self.num_skipped = sum(p.num_skipped for p in self.parts)
+
+    @property
+    def num_valid(self) -> int:
+        return int(self.valid_starts[-1])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def max_maps(self) -> int | None:
+        return self.parts[0].max_maps
+
+    @max_maps.setter
+    def max_maps(self, value: int | None) -> None:
+        for p in self.parts:
+            p.max_maps = value
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def _split(self, idx, starts) -> np.ndarray:
+        return np.searchsorted(starts, np.asarray(idx, np.int64), side="right") - 1
+
+    def _each(self, idx, fn):
+        """``fn(part, local positions)`` per split the samples ``idx`` are in, with the selection."""
+        idx = np.asarray(idx, np.int64)
+        split = self._split(idx, self.starts)
+        for s in np.unique(split).tolist():
+            sel = split == s
+            yield sel, fn(self.parts[s], idx[sel] - self.starts[s])
+
+    def valid_at(self, k) -> np.ndarray:
+        k = np.asarray(k, np.int64)
+        out = np.empty(k.shape, np.int64)
+        split = self._split(k, self.valid_starts)
+        for s in np.unique(split).tolist():
+            sel = split == s
+            out[sel] = self.parts[s].valid_at(k[sel] - self.valid_starts[s]) + self.starts[s]
+        return out
+
+    def valid_position(self, g: int) -> int:
+        s = int(self._split(g, self.starts))
+        return int(self.valid_starts[s]) + self.parts[s].valid_position(int(g - self.starts[s]))
+
+    @property
+    def valid(self) -> np.ndarray:
+        return np.concatenate([p.valid + s for p, s in zip(self.parts, self.starts, strict=False)])
+
+    def valid_counts(self) -> np.ndarray:
+        return np.concatenate([p.valid_counts() for p in self.parts])
+
+    def shard_of(self, i: int) -> int:
+        return int(np.searchsorted(self.shard_start, i, side="right") - 1)
+
+    def shard_path(self, i: int) -> Path:
+        return Path(self.shard_names[self.shard_of(i)])
+
+    def images(self, idx) -> tuple[list, np.ndarray]:
+        out, wh = [None] * len(idx), np.zeros((len(idx), 2), np.int64)
+        for sel, (views, dims) in self._each(idx, lambda p, i: p.images(i)):
+            for k, v in zip(np.flatnonzero(sel).tolist(), views, strict=True):
+                out[k] = v
+            wh[sel] = dims
+        return out, wh
+
+    def masks(self, idx) -> tuple[list, np.ndarray]:
+        out, wh = [None] * len(idx), np.zeros((len(idx), 2), np.int64)
+        for sel, (views, dims) in self._each(idx, lambda p, i: p.masks(i)):
+            for k, v in zip(np.flatnonzero(sel).tolist(), views, strict=True):
+                out[k] = v
+            wh[sel] = dims
+        return out, wh
+
+    def _gather(self, idx, fn) -> np.ndarray:
+        out = None
+        for sel, part in self._each(idx, fn):
+            if out is None:
+                out = np.empty((len(idx), *part.shape[1:]), part.dtype)
+            out[sel] = part
+        return out if out is not None else fn(self.parts[0], np.asarray(idx, np.int64))
+
+    def targets(self, idx) -> np.ndarray:
+        return self._gather(idx, lambda p, i: p.targets(i))
+
+    def labels(self, idx) -> np.ndarray:
+        return self._gather(idx, lambda p, i: p.labels(i))
+
+    def label(self, i: int) -> int:
+        return int(self.labels(np.array([i], np.int64))[0])
+
+    def _one(self, i: int, method: str):
+        s = int(self._split(i, self.starts))
+        return getattr(self.parts[s], method)(int(i - self.starts[s]))
+
+    def key(self, i: int) -> str:
+        return self._one(i, "key")
+
+    def meta(self, i: int) -> bytes:
+        return self._one(i, "meta")
+
+    def describe(self, i: int) -> str:
+        return self._one(i, "describe")
+
+    def image(self, i: int) -> np.ndarray:
+        return self._one(i, "image")
+
+    def target_stats(self):
+        return None  # a mix's statistics are its splits' (loader.mix_sources[s].target_stats())
+
+    def close(self) -> None:
+        for p in self.parts:
+            p.close()
+
+
+class MixCache:
+    """A mix's URL splits' caches as one: :meth:`ensure` fetches each shard (named by its full
+    path in the :class:`MixIndex`) through its split's cache."""
+
+    def __init__(self, sources: Sequence[Any]):
+        self._by_name = {}
+        for src in sources:
+            if src.cache is not None:
+                for name in src.index.shard_names:
+                    self._by_name[str(src.index.split_dir / name)] = (src.cache, name)
+        self.cache_limit = None
+
+    def ensure(self, names) -> None:
+        wanted: dict = {}
+        for n in names:
+            if n in self._by_name:
+                cache, name = self._by_name[n]
+                wanted.setdefault(id(cache), (cache, []))[1].append(name)
+        for cache, shard_names in wanted.values():
+            cache.ensure(shard_names)
+
+
+class MixSource:
+    """The split source of a mix: each split's :class:`~.stages.SplitSource` (local, or a URL's
+    through its cache), checked to agree on the target kind, read as one :class:`MixIndex`."""
+
+    def __init__(self, spec: MixSpec, storage: Storage):
+        from .stages import SplitSource
+
+        self.spec = spec
+        self.sources = []
+        try:
+            for p in spec.paths:
+                self.sources.append(SplitSource(p, storage))
+        except BaseException:
+            self.close()
+            raise
+        self._check_kinds()
+        self.remote = any(s.remote for s in self.sources)
+        #: the mix's name in messages: its splits, joined
+        self.path = " + ".join(str(s.path) for s in self.sources)
+        self.index = MixIndex([s.index for s in self.sources])
+        self.cache = MixCache(self.sources) if self.remote else None
+
+    def _check_kinds(self) -> None:
+        first = self.sources[0]
+        for other in self.sources[1:]:
+            a, b = first.index.manifest, other.index.manifest
+            if a.target != b.target or (a.target.kind == "class" and a.classes != b.classes):
+                raise ArgumentError(
+                    f"a mix needs splits of one target: {first.path} has {_target_text(a)}, "
+                    f"{other.path} has {_target_text(b)}"
+                )
+
+    def target_stats(self):
+        return None
+
+    def check_cache_limit(self, sample_order: Any, *, seed: int, block_shards: int) -> None:
+        """Each URL split's cache holds that split whole (a mix reads every split each epoch)."""
+        for s in self.sources:
+            if s.cache is not None:
+                limit = s.cache.cache_limit
+                check_cache_limit(limit, sample_order, s.index, seed=seed, block_shards=block_shards, path=s.path)
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()
+
+
+def _target_text(m) -> str:
+    t = m.target
+    if t.kind == "class":
+        return f"{len(m.classes)} classes ({', '.join(m.classes[:3])}{', ...' if len(m.classes) > 3 else ''})"
+    return f"{t.kind} targets ({t.to_json()})"
+
+
+# ---- balance: a class split's samples by class ------------------------------------------------
+CLASSES_NAME = "stoker.classes"
+
+
+def class_members(index: SampleIndex) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, members)`` of a class split: its loadable positions sorted by class (stable), and
+    where each class begins in them (``num_classes + 1`` values). Memory-mapped from
+    ``stoker.classes.<manifest digest>.npy`` beside the split's table (built once, under a lock);
+    in memory when the folder cannot be written."""
+    split = Path(index.split_dir)
+    path = split / f"{CLASSES_NAME}.{manifest_digest(split).hex()[:16]}.npy"
+    num_classes = len(index.manifest.classes)
+    table = _open(path)
+    if table is None:
+        try:
+            lock = os.open(split / f".{CLASSES_NAME}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:  # a read-only split: every rank builds it
+            table = _build(index, num_classes)
+        else:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                table = _open(path)
+                if table is None:
+                    built = _build(index, num_classes)
+                    try:
+                        with atomic_write(path) as f:
+                            np.save(f, built)
+                        table = _open(path)
+                    except PermissionError:
+                        table = built
+            finally:
+                os.close(lock)
+    return table[: num_classes + 1], table[num_classes + 1 :]
+
+
+def _open(path: Path) -> np.ndarray | None:
+    try:
+        return np.load(path, mmap_mode="r")
+    except (OSError, ValueError):
+        return None
+
+
+def _build(index: SampleIndex, num_classes: int, chunk: int = 1 << 16) -> np.ndarray:
+    """Every loadable sample's class read once (the split's ``cls`` members), sorted."""
+    labels = np.empty(index.num_valid, np.int64)
+    for s in range(0, index.num_valid, chunk):
+        k = np.arange(s, min(s + chunk, index.num_valid))
+        labels[k] = index.labels(index.valid_at(k))
+    members = np.argsort(labels, kind="stable").astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=num_classes))])
+    return np.concatenate([starts, members])
+
+
+class ClassSlots:
+    """A balanced split's slot members: ``(class, place)`` to the split's loadable position."""
+
+    def __init__(self, starts: np.ndarray, members: np.ndarray):
+        self.starts, self.members = starts, members
+
+    def __call__(self, klass: np.ndarray, place: np.ndarray) -> np.ndarray:
+        return np.asarray(self.members[np.asarray(self.starts)[klass] + place], np.int64)
+
+    def counts(self) -> np.ndarray:
+        return np.diff(np.asarray(self.starts))
+
+
+def _class_weights(balance: Any, num_classes: int, where: Any) -> np.ndarray:
+    if balance == "classes":
+        return np.ones(num_classes)
+    w = np.zeros(num_classes)
+    for c, v in balance.items():
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < num_classes:
+            raise ArgumentError(f"balance={{{c!r}: ...}}: a class index of {where} is 0 .. {num_classes - 1}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
+            raise ArgumentError(f"balance={{{c}: {v!r}}}: a weight must be a finite number >= 0")
+        w[c] = v
+    return w
+
+
+def mix_order(
+    options: Order, source: MixSource, *, rank: int, world_size: int, train: bool, batch_size: int
+) -> MixOrder:
+    """The order stage of a mix: its plan (quotas per split and class), checked to give every rank
+    a batch. ``shuffle="block"`` and a balanced split that is not a class split are one line."""
+    spec = source.spec
+    if options.shuffle != "global":
+        raise ArgumentError(f"a mix reads shuffle='global' only, not shuffle={options.shuffle!r}")
+    drop_last = train if options.drop_last is None else bool(options.drop_last)
+    sizes = [s.index.num_valid for s in source.sources]
+    members, counts, weights = [], [], []
+    for s in source.sources:
+        if spec.balance is None or not train:
+            members.append(None), counts.append(None), weights.append(None)
+            continue
+        if s.index.target.kind != "class":
+            raise ArgumentError(
+                f"balance={spec.balance!r} balances a class split; {s.path} is a {s.index.target.kind} split "
+                "(multi-label, mask and per-sample weights are not balanced yet)"
+            )
+        slots = ClassSlots(*class_members(s.index))
+        members.append(slots), counts.append(slots.counts())
+        weights.append(_class_weights(spec.balance, len(s.index.manifest.classes), s.path))
+    length = spec.epoch_length
+    if length is None:
+        step = batch_size * world_size if drop_last else world_size
+        length = max(step, sum(sizes) // step * step)
+    names = [str(s.path) for s in source.sources]
+    plan = MixPlan(sizes, spec.weights, length=length, class_counts=counts, class_weights=weights, names=names)
+    made = MixOrder(
+        plan,
+        members,
+        np.asarray(source.index.valid_starts[:-1]),
+        rank=rank,
+        world_size=world_size,
+        train=train,
+        batch_size=batch_size,
+        drop_last=drop_last,
+    )
+    check_every_rank_has_a_batch(made, num_samples=plan.length if train else sum(sizes), path=source.path)
+    return made
+
+
+class Mix:
+    """What a Loader of a mix says about it (``loader.mix``): each split's weight, quota and
+    cycles (:meth:`summary`), which split a sample is from (:meth:`split_of`)."""
+
+    def __init__(self, plan: MixPlan, index: MixIndex, balance: Any):
+        self.plan, self.balance = plan, balance
+        self.names, self.weights = list(plan.names), list(plan.weights)
+        self.quotas, self.length = plan.split_quota.tolist(), plan.length
+        self._starts = index.starts
+
+    def split_of(self, ids) -> np.ndarray:
+        """The split (its number in the mix) of each sample of ``ids`` (the Loader's sample
+        positions: :meth:`~.loader.Loader.indices`, :meth:`~.loader.Loader.epoch_batches`)."""
+        return np.searchsorted(self._starts, np.asarray(ids, np.int64), side="right") - 1
+
+    def summary(self) -> list[str]:
+        """One line per split: weight, quota of the epoch, its size and cycles (repeats or sub-sampled)."""
+        return self.plan.summary()
+
+    def describe(self) -> str:
+        """The mix in one line (``a:0.7,b:0.3``, with its balance and epoch length)."""
+        total = sum(self.weights)
+        text = ",".join(f"{n}:{w / total:.3g}" for n, w in zip(self.names, self.weights, strict=True))
+        bal = "" if self.balance is None else f" balance={self.balance}"
+        return f"{text} epoch_length={self.length}{bal}"
+
+
+def start_mix(loader: Any, spec: MixSpec | None, pixel_cache: Any = None) -> Mix | None:
+    """A Loader of a mix: its :class:`Mix`, and on rank 0 of a train loader one line per split
+    (its quota and cycles) on stderr."""
+    if spec is None:
+        return None
+    mix = Mix(loader.order.plan, loader.index, spec.balance)
+    if loader.train and loader.rank == 0:
+        for line in mix.summary():
+            print(f"stoker mix: {line}", file=sys.stderr)
+    return mix
+
+
+__all__ = [
+    "Mix",
+    "start_mix",
+    "BALANCES",
+    "ClassSlots",
+    "MixCache",
+    "MixIndex",
+    "MixSource",
+    "MixSpec",
+    "class_members",
+    "mix_order",
+]

@@ -1,0 +1,291 @@
+"""Mixes and balance (pipeline/order/mix.py, pipeline/mixsource.py): exact quotas per split and
+per class every epoch on every rank count, draws without replacement, resume on another number
+of ranks, the state's checks, and the Loader over several generated splits."""
+
+import collections
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from helpers import write_split
+from stoker.pipeline import Loader
+from stoker.pipeline.mixsource import ClassSlots
+from stoker.pipeline.order.mix import MixOrder, MixPlan, largest_remainder
+
+
+def _orders(plan, world, members=None, batch=1):
+    members = members or [None] * len(plan.sizes)
+    offsets = np.cumsum([0, *plan.sizes[:-1]])
+    return [
+        MixOrder(plan, members, offsets, rank=r, world_size=world, train=True, batch_size=batch, drop_last=True)
+        for r in range(world)
+    ]
+
+
+def _epoch(orders, seed, epoch, offset=0, start=0):
+    return np.concatenate([o.positions(seed, epoch, offset)[start:] for o in orders])
+
+
+def _split_counts(plan, positions):
+    return np.bincount(np.searchsorted(np.cumsum(plan.sizes), positions, side="right"), minlength=len(plan.sizes))
+
+
+def test_largest_remainder_sums_to_the_total_and_rounds_each_share_to_a_neighbour():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        w = rng.random(rng.integers(1, 12)) * rng.integers(0, 2, 1)[0] + rng.random(1)[0] * 0.01
+        total = int(rng.integers(0, 5000))
+        parts = largest_remainder(total, w.tolist())
+        assert parts.sum() == total
+        exact = total * w / w.sum()
+        assert np.all(np.abs(parts - exact) < 1)
+    assert largest_remainder(10, [0.7, 0.3]).tolist() == [7, 3]
+    assert largest_remainder(10, [1, 1, 1]).tolist() == [4, 3, 3]  # ties go to the earlier
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_each_split_gets_exactly_its_quota_every_epoch_on_every_rank_count(world):
+    plan = MixPlan([1000, 20], [0.7, 0.3], length=480)
+    assert plan.split_quota.tolist() == [336, 144]
+    orders = _orders(plan, world)
+    assert len({o.share() for o in orders}) == 1  # every rank the same steps
+    for epoch in range(4):
+        got = _epoch(orders, 5, epoch)
+        assert len(got) == 480
+        assert _split_counts(plan, got).tolist() == [336, 144]
+
+
+def test_a_slot_is_drawn_without_replacement_cycle_after_cycle():
+    """The small split (20 samples, 144 draws an epoch) and the large one (1000, 336 an epoch):
+    after E epochs every sample was drawn floor or ceil of E * quota / size times."""
+    plan = MixPlan([1000, 20], [0.7, 0.3], length=480)
+    orders = _orders(plan, 3)
+    seen = np.concatenate([_epoch(orders, 1, e) for e in range(5)])
+    for s, (lo, n) in enumerate(((0, 1000), (1000, 20))):
+        counts = np.bincount(seen[(seen >= lo) & (seen < lo + n)] - lo, minlength=n)
+        total = 5 * plan.split_quota[s]
+        assert set(counts.tolist()) <= {total // n, -(-total // n)}
+    first = _epoch(orders, 1, 0)
+    big = first[first < 1000]
+    assert len(np.unique(big)) == len(big)  # sub-sampled: no sample twice before all are drawn
+    assert not np.array_equal(np.sort(big), np.sort(_epoch(orders, 1, 1)[_epoch(orders, 1, 1) < 1000]))
+
+
+def test_a_three_source_mix_with_a_source_fifty_times_smaller_is_exact():
+    plan = MixPlan([5000, 800, 100], [0.5, 0.3, 0.2], length=2400)
+    for world in (1, 3, 8):
+        orders = _orders(plan, world)
+        for epoch in range(3):
+            got = _epoch(orders, 2, epoch)
+            assert _split_counts(plan, got).tolist() == plan.split_quota.tolist() == [1200, 720, 480]
+        small = np.concatenate([_epoch(orders, 2, e) for e in range(3)])
+        small = small[small >= 5800] - 5800  # 3 x 480 draws of 100 samples, cycle after cycle
+        assert set(np.bincount(small, minlength=100).tolist()) == {14, 15}
+
+
+def _class_slots(labels, num_classes):
+    members = np.argsort(labels, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=num_classes))])
+    return ClassSlots(starts, members)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_balanced_classes_get_exactly_their_quota_every_epoch(world):
+    """A 100:1 long tail over 10 classes, balanced: each class 48 of 480 draws, on every rank count;
+    with dict weights, classes in those proportions."""
+    rng = np.random.default_rng(3)
+    sizes = np.round(1000 * 100 ** (-np.arange(10) / 9)).astype(int)  # 1000 .. 10
+    labels = rng.permutation(np.repeat(np.arange(10), sizes))
+    slots = _class_slots(labels, 10)
+    plan = MixPlan([len(labels)], [1], length=480, class_counts=[slots.counts()], class_weights=[None])
+    orders = _orders(plan, world, [slots])
+    for epoch in range(3):
+        got = _epoch(orders, 7, epoch)
+        assert np.bincount(labels[got], minlength=10).tolist() == [48] * 10
+    weights = np.array([3.0] + [1.0] * 9)
+    plan = MixPlan([len(labels)], [1], length=480, class_counts=[slots.counts()], class_weights=[weights])
+    got = _epoch(_orders(plan, world, [slots]), 7, 0)
+    assert np.bincount(labels[got], minlength=10).tolist() == [120] + [40] * 9
+
+
+def test_a_two_split_mix_with_one_split_balanced():
+    labels = np.repeat(np.arange(4), [300, 60, 30, 10])
+    slots = _class_slots(labels, 4)
+    plan = MixPlan([400, 50], [3, 1], length=480, class_counts=[slots.counts(), None], class_weights=[None, None])
+    assert plan.split_quota.tolist() == [360, 120]
+    got = _epoch(_orders(plan, 8, [slots, None]), 0, 2)
+    assert _split_counts(plan, got).tolist() == [360, 120]
+    assert np.bincount(labels[got[got < 400]], minlength=4).tolist() == [90] * 4
+
+
+def test_resume_mid_epoch_from_four_ranks_on_three_is_exact():
+    """4 ranks read 30 samples each; 3 ranks continue from rank 0's state: seen + rest is exactly
+    the epoch's multiset (360 draws: 120 + 240 split 80 a rank)."""
+    plan = MixPlan([1000, 20], [0.7, 0.3], length=360)
+    four = _orders(plan, 4)
+    seen = np.concatenate([o.positions(4, 2)[:30] for o in four])
+    state = four[0].state(seed=4, epoch=2, position=30, offset=0)
+    rest = []
+    for o in _orders(plan, 3):
+        cursor = o.restore(state, where="mix")
+        assert (cursor.offset, cursor.position) == (120, 0)
+        rest.append(o.positions(cursor.seed, cursor.epoch, cursor.offset)[cursor.position :])
+    assert len({len(r) for r in rest}) == 1
+    whole = collections.Counter(_epoch(_orders(plan, 1), 4, 2).tolist())
+    assert collections.Counter(np.concatenate([seen, *rest]).tolist()) == whole
+
+
+def test_resume_on_another_rank_count_whose_default_length_differs_finishes_the_saved_epoch():
+    """The default length follows the ranks (a multiple of batch x W): the resumed epoch keeps the
+    saved length, its multiset exact; the next epoch is this loader's length."""
+    saved_plan, plan = MixPlan([500, 50], [0.5, 0.5], length=544), MixPlan([500, 50], [0.5, 0.5], length=528)
+    four = _orders(saved_plan, 4, batch=2)  # 544 = 68 x (2 x 4)
+    seen = np.concatenate([o.positions(1, 0)[:20] for o in four])
+    state = four[0].state(seed=1, epoch=0, position=20, offset=0)
+    eight = _orders(plan, 8, batch=2)  # 528 = 33 x (2 x 8)
+    rest = []
+    for o in eight:
+        cursor = o.restore(state, where="mix")
+        assert (cursor.offset, cursor.position, o.stop(cursor.offset)) == (80, 0, 58)
+        rest.append(o.positions(cursor.seed, cursor.epoch, cursor.offset))
+    whole = collections.Counter(_epoch(_orders(saved_plan, 1), 1, 0).tolist())
+    assert collections.Counter(np.concatenate([seen, *rest]).tolist()) == whole  # 80 + 8 x 58
+    assert len(eight[0].positions(1, 1)) == 528 // 8  # the next epoch: this loader's length
+
+
+def test_a_state_of_another_mix_or_of_one_split_is_refused_in_one_line():
+    a = _orders(MixPlan([100, 20], [0.7, 0.3], length=60), 1)[0]
+    b = _orders(MixPlan([100, 20], [0.6, 0.4], length=60), 1)[0]
+    state = a.state(seed=0, epoch=1, position=10, offset=0)
+    assert set(state) >= {"mix", "epoch_length"} and all(not isinstance(v, (list, dict)) for v in state.values())
+    with pytest.raises(ValueError, match=r"^state was saved with mix \w+, this loader has mix \w+ \(other splits"):
+        b.restore(state, where="mix")
+    with pytest.raises(ValueError, match="saved by a loader of one split"):
+        a.restore({"seed": 0, "epoch": 1, "position": 3, "world_size": 1, "num_samples": 120}, where="mix")
+    assert a.restore(state, where="mix").position == 10
+
+
+def test_a_rank_of_a_ten_million_sample_mix_holds_its_share_only():
+    """Plan and order of a 2-split mix of 10 M samples at W=512 and a balanced split read through a
+    memory-mapped member file: a rank's whole epoch allocates on the order of its share."""
+    tracemalloc.start()
+    try:
+        plan = MixPlan([9_000_000, 1_000_000], [0.5, 0.5], length=10_000_000)
+        order = _orders(plan, 512)[511]
+        got = order.positions(0, 3)
+        assert len(got) == 10_000_000 // 512
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 * len(got) + (8 << 20), f"{peak:,} bytes for a share of {len(got):,}"
+
+
+# ---- the Loader over generated splits -------------------------------------------------------
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mix")
+    write_split(root / "big", num_samples=60, samples_per_shard=20)
+    write_split(root / "small", num_samples=12, samples_per_shard=12, seed=1)
+    return root
+
+
+def _loader(paths, **kw):
+    return Loader(paths, **{"batch_size": 8, "crop": 32, "backend": "pil", "threads": 0, **kw})
+
+
+def test_a_loader_of_two_splits_reads_each_its_quota_and_says_so(splits, capsys):
+    loader = _loader([splits / "big", splits / "small"], weights=[0.7, 0.3])
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "50 of 72 an epoch from 60 samples" in err[0] and "repeats" in err[1]
+    assert loader.mix.quotas == [50, 22] and len(loader) == 9
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        ids = np.concatenate(list(loader.epoch_batches()))
+        assert np.bincount(loader.mix.split_of(ids)).tolist() == [50, 22]
+    images, targets = next(iter(loader))
+    assert images.shape == (8, 3, 32, 32) and targets.dtype.is_floating_point is False
+    assert "big:0.7" in loader.mix.describe() and "small:0.3" in loader.mix.describe()
+
+
+def test_a_loader_resumed_mid_epoch_on_another_rank_count_is_exact(splits):
+    paths = [splits / "big", splits / "small"]
+    kw = {"weights": [0.5, 0.5], "epoch_length": 48, "batch_size": 2}
+    two = [_loader(paths, rank=r, world_size=2, **kw) for r in range(2)]
+    seen = [b for ld in two for b in list(ld.epoch_batches())[:3]]
+    state = {**two[0].state_dict(), "position": 6}
+    rest = []
+    for r in range(3):
+        ld = _loader(paths, rank=r, world_size=3, **kw)
+        ld.load_state_dict(state)
+        rest += list(ld.epoch_batches())
+    whole = collections.Counter(np.concatenate(list(_loader(paths, **kw).epoch_batches())).tolist())
+    assert collections.Counter(np.concatenate(seen + rest).tolist()) == whole
+
+
+def test_balance_classes_gives_each_class_its_share(splits):
+    loader = _loader(splits / "big", balance="classes", epoch_length=48)
+    ids = np.concatenate(list(loader.epoch_batches()))
+    assert np.bincount(loader.index.labels(ids)).tolist() == [8] * 6
+    loader = _loader(splits / "big", balance={0: 3, 1: 1}, epoch_length=48)
+    ids = np.concatenate(list(loader.epoch_batches()))
+    assert np.bincount(loader.index.labels(ids), minlength=6).tolist() == [36, 12, 0, 0, 0, 0]
+
+
+def test_val_of_a_mix_reads_every_sample_of_each_split_once(splits):
+    val = _loader([splits / "big", splits / "small"], train=False)
+    ids = np.concatenate([val.indices()])
+    assert sorted(ids.tolist()) == list(range(72))
+    assert sum(len(t) for _, t in val) == 72
+
+
+def test_a_mix_of_splits_with_other_targets_is_one_line_naming_both(splits, tmp_path):
+    write_split(tmp_path / "three", num_samples=6, samples_per_shard=6, classes=["circles", "squares", "rings"])
+    with pytest.raises(
+        ValueError, match=r"a mix needs splits of one target: .*big has 6 classes .*three has 3 classes"
+    ):
+        _loader([splits / "big", tmp_path / "three"])
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"weights": [1]}, r"weights=\[1\] has 1 values for 2 splits"),
+        ({"weights": [1, -1]}, r"each must be a finite number >= 0"),
+        ({"weights": [0, 0]}, "at least one must be above 0"),
+        ({"epoch_length": 0}, "epoch_length=0 must be a positive integer"),
+        ({"balance": "labels"}, "balance='labels' must be one of"),
+        ({"balance": {9: 1}}, "a class index of"),
+        ({"shuffle": "block"}, "a mix reads shuffle='global' only"),
+        ({"pixel_cache": "/tmp/px"}, "pixel_cache= keeps one split's pixels"),
+    ],
+)
+def test_bad_mix_arguments_are_one_line(splits, kw, message):
+    with pytest.raises(ValueError, match=message):
+        _loader([splits / "big", splits / "small"], **kw)
+
+
+def test_class_members_file_is_built_once_beside_the_table(splits):
+    _loader(splits / "big", balance="classes")
+    files = list((splits / "big").glob("stoker.classes.*.npy"))
+    assert len(files) == 1
+    table = np.load(files[0])
+    assert table[:7].tolist() == [0, 10, 20, 30, 40, 50, 60]
+    assert json.loads((splits / "big" / "stoker.json").read_text())["num_samples"] == 60
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 64, 1000, 4097])
+def test_many_bijections_at_once_are_the_permutations_rounds_with_their_own_keys(n):
+    from stoker.pipeline.order.permutation import ROUNDS, Permutation, permute_many, stream_keys
+
+    p, i = Permutation(n, seed=3, epoch=2), np.arange(n)
+    assert np.array_equal(permute_many(i, n, np.broadcast_to(p._keys, (n, ROUNDS))), p(i))
+    sizes = np.array([n, 7, 1, 300])
+    t = np.concatenate([np.arange(s) for s in sizes])
+    size = np.repeat(sizes, sizes)
+    out = permute_many(t, size, stream_keys(5, np.repeat(np.arange(4), sizes)))
+    for k, s in enumerate(np.split(out, np.cumsum(sizes)[:-1])):
+        assert sorted(s.tolist()) == list(range(sizes[k]))  # each a bijection of its own domain
+    again = permute_many(t, size, stream_keys(6, np.repeat(np.arange(4), sizes)))
+    assert not np.array_equal(out[n + 8 :], again[n + 8 :])  # another seed, another order
