@@ -33,6 +33,7 @@ import sys
 # no torch in these imports: `stoker --help` stays instant
 from stoker.errors import CheckFailedError, StokerError, UsageError
 from stoker.model.train.config import AMP_CHOICES, CHANNELS, MIXUP_MODES, OPTIMIZERS, REMODES, TASKS
+from stoker.model.train.mix import BALANCE_CHOICES
 
 from .common.loader_flags import add_crop_flags, add_decode_flags, add_pixel_flags, add_storage_flags, floats
 from .common.loader_flags import crop as crop_type
@@ -70,7 +71,7 @@ def _mix_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--balance",
-        choices=["classes"],
+        choices=BALANCE_CHOICES,
         help="each class an equal share of every epoch (a small class repeats, a large one is sub-sampled)",
     )
     g.add_argument(

@@ -217,6 +217,7 @@ def test_cli_choices_are_the_configs():
     import argparse
 
     from stoker.model.train import config
+    from stoker.model.train.mix import BALANCE_CHOICES
     from stoker.pipeline.backends import DECODES, backend_names
     from stoker.pipeline.backends.decoders import DECODER_NAMES
     from stoker.tools import train as train_cli
@@ -235,6 +236,7 @@ def test_cli_choices_are_the_configs():
         "backend": backend_names(),
         "decoder": DECODER_NAMES,
         "decode": DECODES,
+        "balance": BALANCE_CHOICES,
     }
 
 
