@@ -54,7 +54,7 @@ def run_group(cmd: list, *, timeout: float, cwd=None) -> subprocess.CompletedPro
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(proc)
-        raise TimeoutError(f"`{' '.join(map(str, cmd[:6]))} ...` ran past {timeout:.0f} s") from None
+        raise TimeoutError(f"`{' '.join(map(str, cmd[:6]))} ...` ran past {timeout:.2g} s") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

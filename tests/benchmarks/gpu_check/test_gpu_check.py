@@ -1,6 +1,7 @@
 """The GPU check script, on the CPU: its plumbing, time boxes and failure tolerance."""
 
 import json
+import re
 
 import pytest
 
@@ -354,8 +355,10 @@ def test_a_failing_and_a_timed_out_part_are_recorded_and_the_rest_runs(tiny_shar
     assert parts["loader"]["result"]["rows"]["pil"]["error"].startswith("ManifestError")  # kept, with the reason
     assert len(parts["bench-model"]["result"]["rows"]) == 2  # ran after the failure
     # the parent's box closed, or the part's own did (what was left after starting python): named either way
-    assert parts["train"]["error"].endswith(
-        ("ran past its 1 s time box (partial results kept)", "no time left in its 1 s time box", "ran past 1 s")
+    # (the command's own limit is what was left of the box: under load, a fraction of a second)
+    assert re.search(
+        r"(ran past its 1 s time box \(partial results kept\)|no time left in its 1 s time box|ran past [\d.]+ s)$",
+        parts["train"]["error"],
     )
     md = (out / "gpu_check.md").read_text()
     assert "| loader | failed |" in md and "| train | timeout |" in md and (out / "logs" / "loader.log").exists()
