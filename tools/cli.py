@@ -74,6 +74,12 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(unrecognized(self, extras))
+        return parsed
+
     def error(self, message: str):
         """One line, the way every other stoker error is (argparse prints the whole usage first,
         35 lines for ``stoker train``), and where the options are listed."""
