@@ -168,6 +168,13 @@ class ManifestError(StokerError, ValueError):
     """A missing, malformed or mismatching manifest or shard."""
 
 
+class NotPackedError(UsageError, ManifestError):
+    """A path given where packed data is expected that holds none: it does not exist, holds images
+    (pack them) or tars (index them), is a pack's root where a split is expected (or the other way
+    round), or a pack into it is unfinished. Exit 2; the same line in every command
+    (:mod:`stoker.pipeline.shards.paths`)."""
+
+
 class IdxFormatError(StokerError, ValueError):
     """A malformed or mismatching ``.idx`` file."""
 
@@ -257,6 +264,7 @@ __all__ = [
     "ManifestError",
     "MissingExtraError",
     "MostSkippedError",
+    "NotPackedError",
     "NoBatchError",
     "PixelCacheError",
     "RayError",

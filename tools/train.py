@@ -234,6 +234,7 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from stoker.errors import CheckpointError, ManifestError
     from stoker.model.train import TrainConfig, train
+    from stoker.pipeline.shards.paths import check_path
     from stoker.pipeline.storage import parse_storage_options
 
     from .common.loader_flags import pixel_cache
@@ -246,6 +247,7 @@ def main(args: argparse.Namespace) -> int:
     config.cache_limit = parse_size(args.cache_limit, "--cache-limit") if args.cache_limit else None
     tier = pixel_cache(args)
     config.pixel_cache_budget = tier.budget if tier is not None else None
+    check_path(args.data, "root")  # one line per wrong DATA, the Loader's and every command's
     try:
         summary = train(config)
     except (ManifestError, KeyboardInterrupt):

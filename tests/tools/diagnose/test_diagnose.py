@@ -306,7 +306,7 @@ def test_model_file_factory_loads(tmp_path):
 
 def test_bad_data_and_flags(capsys, tmp_path, shards):
     rc, _, err = _cli(capsys, tmp_path / "nope")
-    assert rc == 2 and "not a folder" in err
+    assert rc == 2 and err.strip() == f"stoker diagnose: error: {tmp_path / 'nope'} does not exist"
     (tmp_path / "empty").mkdir()
     rc, _, err = _cli(capsys, tmp_path / "empty")
     assert rc == 2 and "neither stoker shards" in err
