@@ -17,7 +17,7 @@ This module imports nothing heavy: ``from stoker.errors import ...`` is instant.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
 # An argument named in a message: MARK name [SEP repr(value) SEP str(value)] MARK. Control
 # characters no user text holds, so the command rewrites exactly the marked names, never prose.
@@ -61,6 +61,39 @@ def one_line(e: BaseException, *, with_type: bool = False, limit: int = 200) -> 
     if with_type or not text:
         text = f"{type(e).__name__}: {text}" if text else type(e).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _folded(name: str) -> str:
+    return name.lower().lstrip("-").replace("-", "").replace("_", "")
+
+
+def close_names(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """The ``choices`` a mistyped ``name`` most likely meant, best first (none when nothing is close):
+    ``--batchsize`` -> ``--batch-size``, ``resnet-18`` -> ``resnet18``, ``--epoch`` -> ``--epochs``.
+    Case, dashes and underscores are ignored; the rest is :func:`difflib.get_close_matches`."""
+    import difflib
+
+    by_folded: dict[str, str] = {}
+    for choice in choices:
+        by_folded.setdefault(_folded(choice), choice)
+    if _folded(name) in by_folded:
+        return [by_folded[_folded(name)]]
+    return [by_folded[f] for f in difflib.get_close_matches(_folded(name), list(by_folded), n=n, cutoff=0.6)]
+
+
+def unknown_choice(what: str, name: str, choices: Sequence[str], *, listed: int = 12) -> str:
+    """The one line of a ``name`` that is none of ``choices``: the close ones first (``unknown arch
+    'resnet-18': did you mean resnet18?``), every choice when there are at most ``listed``, else
+    how many there are and where to see them, not a wall of 80 names."""
+    close = close_names(name, choices)
+    text = f"unknown {what} {name!r}"
+    if close:
+        text += f": did you mean {' or '.join([', '.join(close[:-1]), close[-1]] if len(close) > 1 else close)}?"
+    if len(choices) <= listed:
+        return text + f" (choose from {', '.join(choices)})"
+    if close:
+        return text
+    return text + f": none of the {len(choices)} names is close (e.g. {', '.join(choices[:6])}, ...)"
 
 
 class StokerError(Exception):
@@ -133,6 +166,13 @@ class MissingExtraError(StokerError, ImportError):
 # ---- the shard format -----------------------------------------------------------------------
 class ManifestError(StokerError, ValueError):
     """A missing, malformed or mismatching manifest or shard."""
+
+
+class NotPackedError(UsageError, ManifestError):
+    """A path given where packed data is expected that holds none: it does not exist, holds images
+    (pack them) or tars (index them), is a pack's root where a split is expected (or the other way
+    round), or a pack into it is unfinished. Exit 2; the same line in every command
+    (:mod:`stoker.pipeline.shards.paths`)."""
 
 
 class IdxFormatError(StokerError, ValueError):
@@ -224,6 +264,7 @@ __all__ = [
     "ManifestError",
     "MissingExtraError",
     "MostSkippedError",
+    "NotPackedError",
     "NoBatchError",
     "PixelCacheError",
     "RayError",
@@ -236,5 +277,7 @@ __all__ = [
     "WorkerDiedError",
     "WriteFailedError",
     "arg",
+    "close_names",
     "one_line",
+    "unknown_choice",
 ]

@@ -291,11 +291,9 @@ def main(args: argparse.Namespace) -> int:
 def main_argv(argv: Sequence[str] | None = None) -> int:
     """``python -m stoker.benchmarks.model ARGS``: ``stoker bench-model`` without the entry point."""
     from stoker.errors import StokerError
-    from stoker.tools.cli import HelpFormatter
+    from stoker.tools.cli import HelpFormatter, Parser
 
-    p = argparse.ArgumentParser(
-        prog="python -m stoker.benchmarks.model", description=__doc__.strip(), formatter_class=HelpFormatter
-    )
+    p = Parser(prog="python -m stoker.benchmarks.model", description=__doc__.strip(), formatter_class=HelpFormatter)
     add_arguments(p)
     args = p.parse_args(argv)
     try:

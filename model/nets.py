@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stoker.errors import ArgumentError
+from stoker.errors import ArgumentError, unknown_choice
 
 from .blocks import ConvBNReLU, InceptionBlock
 from .case_study import ReportNet
@@ -132,7 +132,7 @@ def build_model(
         return ReportNet(num_classes, image_size=image_size or 224, in_channels=in_channels)
     names = torchvision_archs()
     if arch not in names:
-        raise ArgumentError(f"unknown arch {arch!r}: choose from {', '.join(STOKER_ARCHS + tuple(names))}")
+        raise ArgumentError(unknown_choice("arch", arch, STOKER_ARCHS + tuple(names)))
     import torchvision
 
     kwargs: dict = {"weights": None, "num_classes": num_classes}
@@ -148,7 +148,7 @@ def _segmentation_model(arch: str, num_classes: int, in_channels: int) -> nn.Mod
         return InceptionSegNet(num_classes, in_channels=in_channels)
     names = torchvision_archs("segment")
     if arch not in names:
-        raise ArgumentError(f"unknown segmentation arch {arch!r}: choose from inception, {', '.join(names)}")
+        raise ArgumentError(unknown_choice("segmentation arch", arch, ("inception", *names)))
     net = torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=num_classes)
     return SegmentationOutput(_in_channels(net, in_channels))
 

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import itertools
 import multiprocessing
@@ -128,6 +129,40 @@ if sys.platform != "win32":  # the fork server's classes; pickled to the workers
         Process = _NoMainProcess
 
 
+def _start_fork_server_deaf_to_ctrl_c(ctx: multiprocessing.context.BaseContext) -> None:
+    """Start the fork server (when ``ctx`` uses one and it is not running) with Ctrl-C ignored, a
+    disposition it keeps across its ``exec`` (a blocked mask is not kept): a terminal's Ctrl-C
+    reaches the whole process group, and the server, still importing its preloads, would print a
+    KeyboardInterrupt traceback and die, failing the next worker's start with an EOFError. The
+    server ignores Ctrl-C from then on anyway; only the milliseconds of its ``fork`` and ``exec``
+    are deaf in this process."""
+    if ctx.get_start_method() != "forkserver" or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C until the block ends, then handle it as this process would have: the workers
+    a pool starts are all known (and killed on the way out) instead of one half-started, which
+    would print a traceback of its own once this process is gone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught and callable(previous):
+        previous(signal.SIGINT, None)
+
+
 def check_not_bootstrapping() -> None:
     """Refuse to start workers from a worker's own start-up: a worker imports the main script
     (the spawn and fork-server rule), so a script that calls stoker at its top level would
@@ -227,6 +262,7 @@ class Workers:
 
     def _start(self, fn: Callable, first: list) -> ProcessPoolExecutor:
         ctx = context(main=refers_to_main(fn, first))
+        _start_fork_server_deaf_to_ctrl_c(ctx)
         self._table = ctx.Array("q", 3 * self.workers, lock=False)
         self._table[:] = [0, _NO_TASK, 0] * self.workers
         init = (self._table, ctx.Value("i", 0), dict(os.environ), os.getcwd())
@@ -278,8 +314,9 @@ class Workers:
             position, task = position + len(c), task + 1
             return True
 
-        while len(pending) < self.window * self.workers and submit():
-            pass
+        with _ctrl_c_deferred():  # the first submission starts the workers
+            while len(pending) < self.window * self.workers and submit():
+                pass
         try:
             while pending:
                 if ordered:

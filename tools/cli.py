@@ -1,6 +1,7 @@
 """The ``stoker`` command. Each subcommand lives in its own module exposing
-``HELP`` (one line), ``add_arguments(parser)`` and ``main(args) -> int``; modules
-keep heavy imports (torch, DALI) inside functions so ``stoker --help`` is instant."""
+``HELP`` (one line), ``add_arguments(parser)`` and ``main(args) -> int`` (and, when a rerun
+resumes it, ``ON_INTERRUPT``: what Ctrl-C's one line adds); modules keep heavy imports (torch,
+DALI) inside functions so ``stoker --help`` is instant."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from stoker import __version__
-from stoker.errors import StokerError, UsageError
+from stoker.errors import StokerError, UsageError, close_names, unknown_choice
 
 # name -> module; the order is the order in --help.
 COMMANDS = {
@@ -38,16 +39,69 @@ CHECKOUT_ONLY = {
 }
 
 
+EXAMPLES = """examples:
+  stoker pack photos/ packed/ --val-fraction 0.1     # an ImageFolder -> packed/train + packed/val
+  stoker verify packed/train                         # every shard checked against its manifest
+  stoker bench packed/train                          # the Loader's images/s on this machine
+  stoker train packed/ --out runs/a --epochs 10      # AMP, DDP under torchrun, exact resume
+  stoker diagnose packed/train --arch resnet50       # why is my training slow?
+
+`stoker COMMAND --help` lists a command's options."""
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """The commands' help: the description as written, and every option's default shown (unless
-    its help already says it, or it has none worth saying)."""
+    its help already says it, or it has none worth saying: a flag that takes no value, such as
+    ``--no-progress``, says what it does, not ``(default: True)``)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        quiet = action.default in (None, False, argparse.SUPPRESS) or isinstance(action, argparse._VersionAction)
+        quiet = (
+            action.default in (None, False, argparse.SUPPRESS)
+            or action.nargs == 0  # store_true/store_false/store_const: a switch, not a value
+            or isinstance(action, argparse._VersionAction)
+        )
         if "default" in text or quiet or action.option_strings == [] and action.nargs in ("?", "*"):
             return text
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """stoker's parsers: a flag is spelt whole (``--epoch`` is refused, never taken as ``--epochs``),
+    and a command or choice that is none of its choices names the close ones
+    (:func:`~stoker.errors.unknown_choice`); :func:`unrecognized` does the same for unknown flags."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(unrecognized(self, extras))
+        return parsed
+
+    def error(self, message: str):
+        """One line, the way every other stoker error is (argparse prints the whole usage first,
+        35 lines for ``stoker train``), and where the options are listed."""
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+    def _check_value(self, action: argparse.Action, value) -> None:
+        if action.choices is None or value in action.choices:
+            return
+        what = "command" if isinstance(action, argparse._SubParsersAction) else "value"
+        raise argparse.ArgumentError(action, unknown_choice(what, str(value), [str(c) for c in action.choices]))
+
+
+def unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """argparse's ``unrecognized arguments`` line, with the flags of ``parser`` the first unknown
+    flag most likely meant (``--batchsize`` -> ``--batch-size``)."""
+    text = f"unrecognized arguments: {' '.join(extras)}"
+    flag = next((x.split("=", 1)[0] for x in extras if x.startswith("-") and len(x) > 1), None)
+    if flag is None:
+        return text
+    close = close_names(flag, [o for a in parser._actions for o in a.option_strings if o.startswith("--")])
+    return text + (f": did you mean {' or '.join(close)}?" if close else "")
 
 
 def _command_module(name: str, modname: str) -> ModuleType | None:
@@ -69,7 +123,12 @@ def _checkout_only(name: str, modname: str, args: argparse.Namespace) -> int:
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stoker", description="Keep the GPU fed: pack, load, train, measure.")
+    parser = Parser(
+        prog="stoker",
+        description="Keep the GPU fed: pack, load, train, measure.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("-V", "--version", action="version", version=f"stoker {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, modname in COMMANDS.items():
@@ -85,7 +144,7 @@ def get_args_parser() -> argparse.ArgumentParser:
             formatter_class=HelpFormatter,
         )
         mod.add_arguments(p)
-        p.set_defaults(_main=mod.main)
+        p.set_defaults(_main=mod.main, _on_interrupt=getattr(mod, "ON_INTERRUPT", ""))
     return parser
 
 
@@ -103,11 +162,23 @@ def flag_spelling(parser: argparse.ArgumentParser, command: str) -> Callable[[st
     return lambda name: flags.get(name) or flags.get(name.removesuffix("s")) or "--" + name.replace("_", "-")
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of ``stoker COMMAND`` (``parser`` itself when there is none)."""
+    if command is None:
+        return parser
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = get_args_parser()
-    args, unknown = parser.parse_known_args(argv)
+    try:
+        parser = get_args_parser()
+        args, unknown = parser.parse_known_args(argv)
+    except KeyboardInterrupt:  # before any work: nothing to resume
+        print("stoker: interrupted", file=sys.stderr)
+        return 130
     if unknown and not getattr(args, "_any_flags", False):  # what parse_args says (a stub takes any)
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        command = getattr(args, "command", None)
+        _subparser(parser, command).error(unrecognized(_subparser(parser, command), unknown))
     if args.command is None:  # bare `stoker`: what it can do, and exit 0 (not argparse's usage error)
         parser.print_help()
         return 0
@@ -118,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"stoker {args.command}: {label}{e.spelled(flag_spelling(parser, args.command))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print(f"stoker {args.command}: interrupted", file=sys.stderr)
+        hint = getattr(args, "_on_interrupt", "")
+        print(f"stoker {args.command}: interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
         return 130
     except OSError as e:  # a full disk mid-write, in any command: one line, the journals resume
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -341,6 +341,7 @@ def names(text: str) -> tuple[str, ...]:
 def main(args: argparse.Namespace) -> int:
     from stoker.errors import CheckpointError, ManifestError
     from stoker.model.train import TrainConfig, train
+    from stoker.pipeline.shards.paths import check_path
     from stoker.pipeline.storage import parse_storage_options
 
     from .common.loader_flags import pixel_cache
@@ -362,6 +363,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"stoker train: {said}", file=sys.stderr)
     if fields["data"] is None:
         raise UsageError("DATA is missing: give the packed dataset (DATA/train, DATA/val), or --resume a run in RUN")
+    if not fields.get("mix"):  # a mix's DATA holds its datasets, each checked by its Loader
+        check_path(fields["data"], "root")  # one line per wrong DATA, the Loader's and every command's
     config = TrainConfig.from_any(fields)
     try:
         summary = train(config)

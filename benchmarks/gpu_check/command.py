@@ -319,8 +319,9 @@ def main(args: argparse.Namespace) -> int:
 def main_argv(argv: list | None = None) -> int:
     """``python -m stoker.benchmarks.gpu_check ARGS``: the check without the ``stoker`` entry point."""
     from stoker.errors import StokerError
+    from stoker.tools.cli import Parser
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m stoker.benchmarks.gpu_check",
         description=__doc__.strip(),
         formatter_class=argparse.RawDescriptionHelpFormatter,

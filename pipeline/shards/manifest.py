@@ -26,12 +26,11 @@ from stoker import __version__
 from stoker.errors import ManifestError
 
 from ..fsutil import PathLike, atomic_write, sha256_file
-from .packstate import unfinished_pack
+from .paths import MANIFEST_NAME, check_path
 from .targets import Target
 
 #: the newest format this stoker reads and writes
 FORMAT_VERSION = 3
-MANIFEST_NAME = "stoker.json"
 #: the samples to skip, one ``[shard, index, reason]`` JSON list a line, when the manifest names it
 SKIP_FILE = "skips.jsonl"
 #: the most skips ``pack.skip`` holds; more go to :data:`SKIP_FILE`
@@ -81,7 +80,8 @@ class Manifest:
         split_dir = Path(split_dir)
         path = split_dir / MANIFEST_NAME if split_dir.is_dir() or not split_dir.name.endswith(".json") else split_dir
         if not path.exists():
-            raise ManifestError(_missing(split_dir))
+            check_path(split_dir, "split")
+            raise ManifestError(f"no {MANIFEST_NAME} in {split_dir}")  # a race: it was there a moment ago
         try:
             d = json.loads(path.read_text())
             fmt = d.get("format")
@@ -107,41 +107,6 @@ class Manifest:
         if sum(s.num_samples for s in m.shards) != m.num_samples:
             raise ManifestError(f"{path}: shard counts do not add up to num_samples={m.num_samples}")
         return m
-
-
-def _missing(split_dir: Path) -> str:
-    """Why ``split_dir`` has no manifest, and what to run: it does not exist, it is the pack's root
-    (its ``train/`` is the split), it holds images (pack it) or tars (index them), or a
-    ``stoker pack`` into it is in progress or was stopped (finish it)."""
-    unfinished = unfinished_pack(split_dir)
-    if unfinished:
-        return unfinished
-    if not split_dir.exists():
-        return f"{split_dir} does not exist"
-    if not split_dir.is_dir():
-        return f"{split_dir} is a file, not a split folder (a stoker pack's train/ or val/)"
-    if (split_dir / "train" / MANIFEST_NAME).exists():
-        return f"no {MANIFEST_NAME} in {split_dir} (did you mean {split_dir / 'train'}?)"
-    images, tars = 0, 0
-    for k, entry in enumerate(os.scandir(split_dir)):
-        if k >= 2000:  # enough to tell
-            break
-        name = entry.name.lower()
-        if entry.is_dir(follow_symlinks=False):
-            with os.scandir(entry.path) as inner:
-                images += any(e.name.lower().endswith(_IMAGE_SUFFIXES) for _, e in zip(range(50), inner, strict=False))
-        images += name.endswith(_IMAGE_SUFFIXES)
-        tars += name.endswith(".tar")
-    if tars:
-        return f"no {MANIFEST_NAME} in {split_dir}: it holds tars; make them loadable with `stoker index {split_dir}`"
-    if images:
-        return (
-            f"{split_dir} is an image folder, not packed shards: run `stoker pack {split_dir} OUT` and load OUT/train"
-        )
-    return f"no {MANIFEST_NAME} in {split_dir}: pack it with `stoker pack` or index it with `stoker index`"
-
-
-_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 
 
 def iter_skips(split_dir: PathLike, manifest: Manifest) -> Iterator:

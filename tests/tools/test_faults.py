@@ -78,8 +78,9 @@ def run_and_kill_the_blocked_worker(
     tmp_path: Path, block_on: str, argv: list[str], signal_command: int | None = None
 ) -> tuple[int, str, float]:
     """Run ``stoker ARGV`` with the work on ``block_on`` blocking, kill -9 the worker that holds
-    it (or send ``signal_command`` to the command itself); ``(exit status, stderr, seconds from the
-    kill to the exit, its output pipes closed)``."""
+    it (or send ``signal_command`` to the command's process group, as a terminal's Ctrl-C does: the
+    command, its fork server and its workers); ``(exit status, stderr, seconds from the kill to the
+    exit, its output pipes closed)``."""
     (tmp_path / "blockmod.py").write_text(BLOCKMOD)
     (tmp_path / "blocking_stoker.py").write_text(BLOCKING_STOKER)
     pidfile = tmp_path / "blocked.pid"
@@ -90,7 +91,9 @@ def run_and_kill_the_blocked_worker(
         "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
     }
     cmd = [sys.executable, str(tmp_path / "blocking_stoker.py"), *argv]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 120
         while not pidfile.exists():
@@ -100,7 +103,7 @@ def run_and_kill_the_blocked_worker(
         if signal_command is None:
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
         else:
-            os.kill(proc.pid, signal_command)
+            os.killpg(proc.pid, signal_command)
         killed = time.monotonic()
         try:
             _, err = proc.communicate(timeout=60)
@@ -154,13 +157,50 @@ def test_ctrl_c_stops_pack_and_its_workers_at_once(tmp_path, src):
     block = sorted((src / "rings").iterdir())[2].name
     argv = ["pack", str(src), str(tmp_path / "out"), "-q", "--workers", "2", "--samples-per-shard", "4"]
     rc, err, seconds = run_and_kill_the_blocked_worker(tmp_path, block, argv, signal.SIGINT)
-    assert (rc, err.strip()) == (130, "stoker pack: interrupted")
+    assert (rc, err.strip()) == (130, "stoker pack: interrupted; rerun the same command to resume")
     assert seconds < 15
     worker = int((tmp_path / "blocked.pid").read_text())
     deadline = time.monotonic() + 10
     while alive(worker):
         assert time.monotonic() < deadline, "the blocked worker outlived the pack"
         time.sleep(0.05)
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of ``pid``'s child processes (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    found.append((int(entry), f.read().replace(b"\0", b" ").decode()))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_ctrl_c_while_the_fork_server_starts_is_one_line(tmp_path, src):
+    # a terminal's Ctrl-C reaches the whole process group: the fork server, still importing its
+    # preloads, must not print a traceback of its own (nor die and fail the next worker's start)
+    cmd = [sys.executable, "-m", "stoker", "pack", str(src), str(tmp_path / "out"), "-q", "--workers", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any("forkserver" in c for _, c in _children(proc.pid)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.002)
+        time.sleep(0.1)  # past the interpreter's start: the server imports its preloads
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert (proc.returncode, err.strip()) == (130, "stoker pack: interrupted; rerun the same command to resume")
+    assert cli(cmd[3:]) == 0  # the rerun finishes it
 
 
 def test_a_killed_pack_takes_its_workers_with_it(tmp_path, src):

@@ -344,6 +344,7 @@ def _split(data: str | Path, storage_options: dict | None = None) -> Path:
     from stoker.errors import ManifestError
     from stoker.pipeline.cache import local_copy, read_manifest
     from stoker.pipeline.shards.manifest import MANIFEST_NAME
+    from stoker.pipeline.shards.paths import check_path
     from stoker.pipeline.storage import is_url
 
     if is_url(data):  # fetched whole into the shard cache first; every pipeline then reads it
@@ -354,6 +355,7 @@ def _split(data: str | Path, storage_options: dict | None = None) -> Path:
             url += "/train"
         return local_copy(url, storage_options)
     split = Path(data)
+    check_path(split, "pack")  # the line every command gives a wrong path
     if not (split / MANIFEST_NAME).exists() and (split / "train" / MANIFEST_NAME).exists():
         split = split / "train"
     if not (split / MANIFEST_NAME).exists():

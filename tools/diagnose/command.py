@@ -48,7 +48,7 @@ from pathlib import Path
 from stoker.errors import DiagnoseError, UsageError
 
 from ..common.loader_flags import add_crop_flags, add_decode_flags, add_pixel_flags, add_storage_flags, crop_spec
-from .engine import run_diagnosis
+from .engine import run_diagnosis, time_plan
 from .inputs import (
     backend_choice,
     build_net,
@@ -255,6 +255,7 @@ def diagnose(
     num_classes, num_samples, task = count_data(kind, path)
     if num_samples < batch_size:
         raise UsageError(f"--batch-size {batch_size} is larger than the {num_samples} samples in {path}")
+    say(time_plan(seconds, packed_sample=min(pack_sample_size, num_samples) if kind != "shards" else 0))
     net = build_net(arch, model, num_classes, crop, task)
     fit = _fit_batch(net, batch_size, crop=crop, device=device, task=task, seconds=seconds)
     if fit.why:

@@ -23,6 +23,16 @@ from stoker.errors import ArgumentError, DiagnoseError
 BUDGET = 12
 
 
+def time_plan(seconds: float, *, packed_sample: int = 0) -> str:
+    """The line said before anything is measured: about how long the run takes. Its budget
+    (:data:`BUDGET` x ``seconds``) holds the figures the verdict needs and the model's variants that
+    fit; only a step that alone outlasts ``seconds`` (the report then says so) or many loader
+    alternatives go past it. An ImageFolder's sample is packed first (``packed_sample`` images)."""
+    line = f"this takes about {BUDGET * seconds:.0f} s ({BUDGET} x {seconds:g} s of measurements"
+    line += f"; first {packed_sample} images are packed to measure stoker on them)" if packed_sample else ")"
+    return line
+
+
 def resolve_amp(amp: str, device) -> tuple[str | None, str]:
     """``(dtype or None, why)`` for the AMP measurement on ``device``: the training runtime's
     policy (:func:`stoker.model.train.runtime.resolve_amp`), so ``auto`` measures what

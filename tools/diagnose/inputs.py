@@ -32,6 +32,7 @@ def resolve_data(path: str, storage_options: dict | None = None) -> tuple[str, P
     from stoker.errors import ManifestError
     from stoker.pipeline.cache import local_copy, read_manifest
     from stoker.pipeline.shards.manifest import MANIFEST_NAME
+    from stoker.pipeline.shards.paths import check_path
     from stoker.pipeline.storage import is_url
 
     if is_url(path):
@@ -42,6 +43,7 @@ def resolve_data(path: str, storage_options: dict | None = None) -> tuple[str, P
             url += "/train"
         return "shards", local_copy(url, storage_options)
     root = Path(path).expanduser()
+    check_path(root, "any")  # missing, or an unfinished pack: the line every command gives
     if root.is_file() and root.suffix.lower() in LIST_SUFFIXES:
         raise UsageError(
             f"DATA {path} is a list of images and their targets, not packed shards: pack it first, "

@@ -66,6 +66,8 @@ from .sources import MAX_LABEL
 from .sources.csvlist import TARGET_MODES
 
 HELP = "pack an image folder, CSV or parquet table into WebDataset shards + DALI .idx + stoker.json"
+#: what Ctrl-C's line adds: the journal keeps every finished shard
+ON_INTERRUPT = "rerun the same command to resume"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

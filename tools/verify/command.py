@@ -48,6 +48,7 @@ from stoker.pipeline.shards.idx import (
     scan_tar,
 )
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, idx_path, iter_skips
+from stoker.pipeline.shards.paths import check_path
 from stoker.pipeline.shards.table import manifest_digest
 from stoker.pipeline.shards.targets import Target
 from stoker.pipeline.storage import Store, is_url, parse_storage_options, storage_errors
@@ -349,8 +350,7 @@ def verify(
                     f"{arg('storage_options')} is for a URL (s3://, gs://, https://, file://); {path} is a local path"
                 )
             root = Path(path)
-            if not root.exists():
-                raise UsageError(f"{root} does not exist")
+            check_path(root, "pack")  # the line every command gives a wrong path
             reports = [r for split_dir in find_splits(root) for r in _check(split_dir, **how)]
     return VerifyResult(path=str(path), shards=reports, ok=not any(r.problems for r in reports))
 

@@ -41,11 +41,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stoker import __version__
-from stoker.errors import CheckFailedError, ManifestError, MostSkippedError, UsageError, arg
+from stoker.errors import CheckFailedError, ManifestError, MostSkippedError, NotPackedError, UsageError, arg
 from stoker.pipeline.shards.idx import MAX_CLASSES
 from stoker.pipeline.shards.kinds import get_kind, kind_names
 from stoker.pipeline.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, iter_skips, write_skips
 from stoker.pipeline.shards.packstate import unfinished_pack
+from stoker.pipeline.shards.paths import check_path, contents_problem
 from stoker.pipeline.shards.table import write_split_table
 from stoker.pipeline.shards.targets import IGNORE_INDEX, StatsAccumulator, Target
 
@@ -105,9 +106,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _tars(shards: Sequence[str | Path]) -> list[Path]:
     paths = [Path(s) for s in shards]
+    if len(paths) == 1:
+        check_path(paths[0], "any")  # missing, or an unfinished pack: the line every command gives
     if len(paths) == 1 and paths[0].is_dir():
         folder = paths[0]
         paths = sorted(folder.glob("*.tar"))
+        if not paths and contents_problem(folder):  # images: pack them
+            raise NotPackedError(contents_problem(folder))
         if not paths:
             packed = sorted(p.name for p in folder.iterdir() if p.name.endswith(_COMPRESSED_SUFFIXES))
             splits = sorted(p.parent.name for p in folder.glob(f"*/{MANIFEST_NAME}"))
@@ -285,7 +290,7 @@ def index(
     tars = _tars([shards] if isinstance(shards, (str, Path)) else shards)
     unfinished = unfinished_pack(tars[0].parent)  # indexing it would serve only the shards finished so far
     if unfinished:
-        raise UsageError(f"{tars[0].parent} is not finished: {unfinished}")
+        raise NotPackedError(unfinished)  # the line every command gives an unfinished pack
     classes = _checked_classes(classes) if classes is not None else None
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
