@@ -93,6 +93,10 @@ class _Loop:
             )
             self._from_metrics()
             return self._summary(time.perf_counter() - t_start)
+        if cfg.max_steps is not None and run.step >= cfg.max_steps:
+            run.log(f"--max-steps {cfg.max_steps}: the run is at step {run.step} already; nothing to train")
+            self._from_metrics()
+            return self._summary(time.perf_counter() - t_start)
         if cfg.max_steps is not None and cfg.max_steps < run.total_steps:
             run.log(
                 f"--max-steps {cfg.max_steps}: stopping after step {cfg.max_steps} of {run.total_steps}; the "
