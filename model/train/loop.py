@@ -206,7 +206,7 @@ class _Loop:
     def _say_step(self, epoch: int, steps: int, seconds: float, ips: float, wait: float) -> None:
         """The plain line of a log window: where the run is, how fast, and the time it still needs."""
         run = self.run
-        last = run.total_steps
+        last = min(run.total_steps, run.cfg.max_steps or run.total_steps)  # a smoke run ends at its budget
         self.run.log(
             step_line(
                 epoch=epoch,
