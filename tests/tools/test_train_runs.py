@@ -287,3 +287,24 @@ def test_a_flag_given_at_its_default_value_still_counts_as_given(tmp_path):
         "classes": None,
         "device": "auto",
     }
+
+
+def test_step_lines_only_where_no_bar_is_drawn():
+    import io
+
+    from stoker.model.train.logs import shows_progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert shows_progress_bar(True, Terminal()) and not shows_progress_bar(False, Terminal())
+    assert not shows_progress_bar(True, io.StringIO())  # a file: the plain lines instead
+
+
+def test_overwrite_removes_the_logs_of_the_run_it_replaces(data, logged_run, tmp_path):
+    run = _copy(logged_run[0], tmp_path / "run")
+    _train(data, "--out", run, *ARGS, "--epochs", "1", "--max-steps", "2", "--overwrite")
+    assert not (run / "metrics.csv").exists() and not list(run.glob("events.out.tfevents.*"))
+    console = (run / "console.log").read_text()
+    assert "step 2/2" in console and "step 6/6" not in console  # the new run's lines only
