@@ -8,16 +8,22 @@ the ignore index; val mIoU and pixel accuracy), multi-label targets learnt with 
 mAP). best.pt keeps the best val figure of the task (top-1, R², mIoU, mAP).
 
 Under ``torchrun --nproc_per_node N`` the same command runs DDP (nccl on GPU, gloo on
-CPU; --batch-size is per process). RUN/ receives config.json, metrics.jsonl, last.pt
-(every --ckpt-every steps and each epoch end), best.pt and, with --plot, curves.png. SIGTERM/Ctrl-C write a checkpoint
-and exit; --resume continues exactly where the run stopped, mid-epoch included.
+CPU; --batch-size is per process). RUN/ receives config.json, metrics.jsonl, console.log, last.pt
+(every --ckpt-every steps and each epoch end), best.pt and, with --plot, curves.png (--logger: metrics.csv,
+TensorBoard events). Without a terminal (a log file, Slurm) each --log-every window prints one line.
+SIGTERM/Ctrl-C write a checkpoint and exit; --resume continues exactly where the run stopped, mid-epoch
+included, with the run's saved settings; with a larger --epochs it extends a finished run.
 
 examples:
   stoker train data/ --out runs/a --epochs 10 --batch-size 128 --crop 160
   stoker train ages-packed/ --out runs/age                # float targets (stoker pack ages.csv ages-packed)
   stoker train ages-packed/ --out runs/mine --model nets.py:make_net   # your own network
   stoker train seg-packed/ --out runs/seg --channels 1 --crop 256 --arch deeplabv3_mobilenet_v3_large
-  stoker train data/ --out runs/a --epochs 10 --batch-size 128 --crop 160 --resume
+  stoker train --out runs/a --resume                      # the run's own settings (RUN/config.json)
+  stoker train --out runs/a --resume --epochs 15          # extend a finished 10-epoch run
+  stoker train other/ --out runs/ft --init-from runs/a/best.pt --lr 0.01   # fine-tune: a new head
+  stoker train data/ --out runs/smoke --max-steps 20      # a smoke run
+  stoker train data/ --out runs/c --logger csv,tensorboard > train.out 2>&1
   stoker train data/ --out runs/p --epochs 16 --progressive 160:192:11-13 --val-crop 256 --pixel-cache /dev/shm/px
   torchrun --nproc_per_node 2 -m stoker train data/ --out runs/ddp
   stoker train data/ --out runs/mix --mix web:0.7,curated:0.3 --balance classes   # data/web, data/curated

@@ -13,6 +13,8 @@ module             owns
 ``run``            :class:`~.run.Run`: one run's runtime, loaders, model + optimizer, resume, checkpoints
 ``loop``           :func:`train`: the epochs, log windows (loss, images/s, data wait), validation, summary
 ``evaluation``     :func:`evaluate`: val top-1/top-5 summed over ranks
+``logs``           the console and ``RUN/console.log``, the plain step lines, ``--logger`` csv/tensorboard
+``scoring``        :func:`evaluate_checkpoint`: a checkpoint's figures on any split, per class (``stoker eval``)
 ``plotting``       :func:`plot_metrics`: ``RUN/curves.png``
 =================  =============================================================================
 
@@ -39,6 +41,7 @@ _EXPORTS = {
     "make_optimizer": "step",
     "train": "loop",
     "evaluate": "evaluation",
+    "evaluate_checkpoint": "scoring",
     "plot_metrics": "plotting",
 }
 
@@ -55,6 +58,7 @@ __all__ = [
     "make_optimizer",
     "train",
     "evaluate",
+    "evaluate_checkpoint",
     "plot_metrics",
 ]
 
@@ -64,6 +68,7 @@ if TYPE_CHECKING:
     from .loop import train
     from .plotting import plot_metrics
     from .runtime import AmpSpec, resolve_amp, resolve_device
+    from .scoring import evaluate_checkpoint
     from .step import TrainStep, lr_factor, make_optimizer
 
 

@@ -81,6 +81,10 @@ class TrainConfig:
     ``color_jitter``, ``mixup``/``cutmix`` and the ``mixup_*`` knobs are timm's training recipe,
     applied per sample on the device (:mod:`stoker.pipeline.augment`); with mixing, the label
     smoothing is the mixing's (timm's ``Mixup(label_smoothing=...)``).
+    ``logger``: sinks of the metrics rows besides ``metrics.jsonl`` (:data:`LOGGERS`: ``"csv"``,
+    ``"tensorboard"``). ``max_steps`` stops a smoke run after that step (the schedule stays the whole
+    run's). ``init_from``: a checkpoint (or state_dict file) whose fitting tensors a new run starts from.
+    With ``resume``, a finished run given more ``epochs`` is extended on a new learning-rate schedule.
     """
 
     data: str

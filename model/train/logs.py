@@ -159,7 +159,7 @@ class _TensorBoardSink:
     def __init__(self, run_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir))
+        self.writer = SummaryWriter(log_dir=str(run_dir), flush_secs=30)  # a watched run shows within 30 s
 
     def write(self, row: dict[str, Any]) -> None:
         for key, value in row.items():

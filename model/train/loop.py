@@ -93,6 +93,10 @@ class _Loop:
             )
             self._from_metrics()
             return self._summary(time.perf_counter() - t_start)
+        if cfg.max_steps is not None and run.step >= cfg.max_steps:
+            run.log(f"--max-steps {cfg.max_steps}: the run is at step {run.step} already; nothing to train")
+            self._from_metrics()
+            return self._summary(time.perf_counter() - t_start)
         if cfg.max_steps is not None and cfg.max_steps < run.total_steps:
             run.log(
                 f"--max-steps {cfg.max_steps}: stopping after step {cfg.max_steps} of {run.total_steps}; the "
@@ -202,7 +206,7 @@ class _Loop:
     def _say_step(self, epoch: int, steps: int, seconds: float, ips: float, wait: float) -> None:
         """The plain line of a log window: where the run is, how fast, and the time it still needs."""
         run = self.run
-        last = run.total_steps
+        last = min(run.total_steps, run.cfg.max_steps or run.total_steps)  # a smoke run ends at its budget
         self.run.log(
             step_line(
                 epoch=epoch,

@@ -116,6 +116,8 @@ def test_max_steps_is_a_smoke_run_that_resume_continues(data, tmp_path):
     assert "--max-steps 3: stopping after step 3 of 12" in err
     rc, _, err = run_cli("train", data, "--out", tmp_path / "smoke", "--epochs", "2", *ARGS)
     assert rc == 2 and "continue it with --resume" in err  # the smoke run is a run: continued, not overwritten
+    again, err = _train("--out", tmp_path / "smoke", "--resume", "--max-steps", "3")
+    assert again["steps"] == 3 and "--max-steps 3: the run is at step 3 already; nothing to train" in err
     rest, _ = _train(data, "--out", tmp_path / "smoke", "--epochs", "2", *ARGS, "--resume")
     assert rest["steps"] == 12 and rest["weights_sha256"] == full["weights_sha256"]
 
@@ -252,3 +254,57 @@ def test_train_help_groups_its_options():
         groups["logs, checkpoints, resuming and fine-tuning"]
     )
     assert len(groups) >= 8 and all(len(v) <= 15 for v in groups.values())
+
+
+def test_a_flag_given_at_its_default_value_still_counts_as_given(tmp_path):
+    from stoker.tools.cli import get_args_parser
+    from stoker.tools.common.saved_run import given_flags, resume_settings, saved_settings
+
+    parser = get_args_parser()
+    args = parser.parse_args(["train", "--out", str(tmp_path), "--resume", "--epochs", "5", "--no-progress"])
+    assert given_flags(args) == {"out", "resume", "epochs", "progress"}
+    assert given_flags(parser.parse_args(["train", "d", "--out", "r"])) == {"out"}
+    (tmp_path / "config.json").write_text(json.dumps({"requested": {"data": "d", "epochs": 1, "lr": 0.5, "out": "x"}}))
+    fields, said = resume_settings(tmp_path, {"data": None, "epochs": 5, "lr": None, "out": str(tmp_path)}, {"epochs"})
+    assert fields == {"data": "d", "epochs": 5, "lr": 0.5, "out": str(tmp_path)}
+    assert said.endswith("from the command line: --epochs 5 (was 1)")
+    # a config.json written before "requested": the resolved values' requests
+    old = {
+        "arch": "inception",
+        "arch_requested": "auto",
+        "amp": "off",
+        "amp_requested": "auto",
+        "num_classes": 6,
+        "classes": ["a"] * 6,
+        "device": "cpu",
+    }
+    assert saved_settings(old) | {"classes": None} == {
+        "arch": "auto",
+        "arch_requested": "auto",
+        "amp": "auto",
+        "amp_requested": "auto",
+        "num_classes": None,
+        "classes": None,
+        "device": "auto",
+    }
+
+
+def test_step_lines_only_where_no_bar_is_drawn():
+    import io
+
+    from stoker.model.train.logs import shows_progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert shows_progress_bar(True, Terminal()) and not shows_progress_bar(False, Terminal())
+    assert not shows_progress_bar(True, io.StringIO())  # a file: the plain lines instead
+
+
+def test_overwrite_removes_the_logs_of_the_run_it_replaces(data, logged_run, tmp_path):
+    run = _copy(logged_run[0], tmp_path / "run")
+    _train(data, "--out", run, *ARGS, "--epochs", "1", "--max-steps", "2", "--overwrite")
+    assert not (run / "metrics.csv").exists() and not list(run.glob("events.out.tfevents.*"))
+    console = (run / "console.log").read_text()
+    assert "step 2/2" in console and "step 6/6" not in console  # the new run's lines only

@@ -55,6 +55,8 @@ def saved_settings(config: dict[str, Any]) -> dict[str, Any]:
         if requested in settings:
             settings[key] = settings[requested]
     settings["device"] = "auto"
+    if settings.get("classes"):  # the count was read from the manifest, not asked for
+        settings["num_classes"] = None
     return settings
 
 
