@@ -62,6 +62,8 @@ class Predictor:
         )
         self.channels = int(config.get("channels") or 3)
         self.classes = config.get("classes")
+        #: the val transform keeps the whole image (a detector's: the split's kind says)
+        self.letterbox = self.crops.letterbox(_kind_fit(config.get("task", "classify")))
 
     @classmethod
     def from_checkpoint(
@@ -94,31 +96,61 @@ class Predictor:
     def preprocess(self, images: Sequence[Any]) -> torch.Tensor:
         """The val transform of the Loader: each image (a path, bytes, or a PIL image) resized so
         its shorter side is ``min(crop) / crop_pct`` (or ``val_resize``), center-cropped to
-        ``crop``, antialiased bilinear; a uint8 ``[N, C, H, W]`` batch on the device."""
+        ``crop``, antialiased bilinear (a detector's: the whole image letterboxed); a uint8
+        ``[N, C, H, W]`` batch on the device."""
+        return self._preprocess(images)[0]
+
+    def _preprocess(self, images: Sequence[Any]) -> tuple[torch.Tensor, np.ndarray]:
+        """The batch and each image's ``(width, height)``."""
         from PIL import Image
 
-        from stoker.pipeline.augment import center_crop
+        from stoker.pipeline.augment import center_crop, letterbox_places, whole_image
+        from stoker.pipeline.backends.letterbox import fit_images
         from stoker.pipeline.backends.resize import MODES, decode_region, resize_into
 
         h, w = self.crops.size
         out = np.empty((len(images), self.channels, h, w), np.uint8)
+        sizes = np.zeros((len(images), 2), np.int64)
         for k, image in enumerate(images):
             if isinstance(image, (str, Path)):
                 image = Path(image).read_bytes()
             data = bytes(image) if isinstance(image, (bytes, bytearray)) else None
-            size = Image.open(io.BytesIO(data)).size if data is not None else image.size
-            box = center_crop(np.array([size]), self.crops.size, self.crops.crop_pct, resize=self.crops.val_resize)[0]
+            size = sizes[k] = Image.open(io.BytesIO(data)).size if data is not None else image.size
+            if self.letterbox:
+                box = whole_image(np.array([size]))[0]
+            else:
+                box = center_crop(np.array([size]), self.crops.size, self.crops.crop_pct, resize=self.crops.val_resize)
+                box = box[0]
             if data is not None:  # decoded as the Loader's pil backend decodes (DCT scaling included)
                 image, box = decode_region(data, box, (h, w), self.channels)
             else:
                 image = image.convert(MODES[self.channels])
             resize_into(out, k, image, (h, w), False, box=tuple(box))
-        return torch.from_numpy(out).to(self.device)
+        batch = torch.from_numpy(out)
+        if self.letterbox:  # as the Loader's val letterbox: the whole image fitted back to its aspect
+            batch = fit_images(batch, letterbox_places(sizes, (h, w)))
+        return batch.to(self.device), sizes
 
     @torch.no_grad()
-    def __call__(self, images: Sequence[Any]) -> torch.Tensor:
-        """The network's outputs for ``images`` (logits, values, or per-pixel logits)."""
-        return self.model(self.preprocess(images))
+    def __call__(self, images: Sequence[Any]) -> Any:
+        """The network's outputs for ``images`` (logits, values, or per-pixel logits; a detector's
+        boxes in each original image's pixels)."""
+        from stoker.pipeline.augment import letterbox_places
+
+        batch, sizes = self._preprocess(images)
+        out = self.model(batch)
+        scaled = getattr(out, "scaled", None)  # outputs in the batch's pixels: back to each image's
+        if scaled is not None and self.letterbox:
+            places = letterbox_places(sizes, self.crops.size)
+            out = scaled((sizes / places[:, 2:]).tolist())
+        return out
+
+
+def _kind_fit(task: str) -> str:
+    """The val transform of the target kind a ``task`` trains on (``center`` or ``letterbox``)."""
+    from stoker.pipeline.shards.kinds import kinds
+
+    return next((k.val_fit for k in kinds() if k.task == task), "center")
 
 
 __all__ = ["Predictor", "bare_state_dict"]

@@ -126,6 +126,10 @@ def build_model(
     """
     if task == "segment":
         return _segmentation_model(arch, num_classes, in_channels)
+    if task == "detect":  # a torchvision detector taking box batches (model/detection.py)
+        from .detection import build_detector
+
+        return build_detector(arch, num_classes, image_size=image_size, in_channels=in_channels)
     if arch == "inception":
         return InceptionNet(num_classes, in_channels=in_channels)
     if arch == "report":

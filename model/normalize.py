@@ -81,6 +81,12 @@ class NormalizedNet(nn.Sequential):
     weight decay and ``--layer-decay`` finds its blocks), and any other attribute the network has
     (``pretrained_cfg``, ``num_classes``, ``get_classifier()``, ...)."""
 
+    def forward(self, x, *extra):
+        """The network of normalized ``x``; ``extra`` arguments go to the network (a detector's boxes)."""
+        if not extra:
+            return super().forward(x)
+        return self.net(self.normalize(x), *extra)
+
     def __getattr__(self, name: str):
         try:
             return super().__getattr__(name)

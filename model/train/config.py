@@ -18,14 +18,20 @@ from stoker.pipeline.order import SHUFFLES  # the Loader's sample orders, named 
 from .mix import check_mix_settings
 
 #: ``--arch auto``: the network of each task (the inception block, as a per-pixel net to segment)
-DEFAULT_ARCH = {"classify": "inception", "regress": "inception", "multilabel": "inception", "segment": "inception"}
+DEFAULT_ARCH = {
+    "classify": "inception",
+    "regress": "inception",
+    "multilabel": "inception",
+    "segment": "inception",
+    "detect": "fcos_tiny",  # model/detection.py
+}
 #: ``--amp``: ``auto`` resolves per device (:func:`stoker.model.train.runtime.resolve_amp`).
 AMP_CHOICES = ("auto", "bf16", "fp16", "off")
 #: ``--optimizer``.
 OPTIMIZERS = ("sgd", "adamw")
 #: ``--task``: ``auto`` follows the split's targets (:mod:`stoker.model.train.tasks`); ``regress``
 #: on a class split is the seed report's case study (:mod:`stoker.model.case_study`).
-TASKS = ("auto", "classify", "regress", "segment", "multilabel")
+TASKS = ("auto", "classify", "regress", "segment", "multilabel", "detect")
 #: ``--channels``: RGB, or grayscale (the network's first layer built for one channel)
 CHANNELS = (1, 3)
 #: ``--remode``: random erasing's fill; ``--mixup-mode``: how MixUp/CutMix draw lambda (timm's)

@@ -53,7 +53,9 @@ class TrainStep:
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with self.amp.autocast():
-            loss = self.loss_fn(self.model(images), labels)
+            # a detector's losses need the boxes in its forward (the loss says so)
+            out = self.model(images, labels) if getattr(self.loss_fn, "forward_targets", False) else self.model(images)
+            loss = self.loss_fn(out, labels)
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is None:
             loss.backward()

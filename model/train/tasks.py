@@ -8,6 +8,7 @@ task            split's targets                  loss                     valida
 ``regress``     classes (the case study)         MSE on the label value   rounded accuracy (by), MSE
 ``segment``     masks                            cross-entropy, ignore    mIoU (by), pixel accuracy
 ``multilabel``  multi-hot                        BCE with logits          mAP (by)
+``detect``      boxes                            the detector's losses    COCO mAP (by), mAP@50
 ==============  ===============================  =======================  ===================================
 
 ``auto`` (``stoker train``'s default) picks the task of the split's targets. Each metric sums on
@@ -49,6 +50,10 @@ class Task:
         """``loss(outputs, targets)``, computed under autocast (the reduction in float32)."""
         if self.name == "classify":
             return lambda out, y: F.cross_entropy(out, y, label_smoothing=label_smoothing)
+        if self.name == "detect":  # the detector's own losses, computed in its forward
+            from ..detection import detection_loss
+
+            return detection_loss
         if self.case_study:
             return regress_loss
         if self.name == "regress":
@@ -61,6 +66,10 @@ class Task:
     def metrics(self, device: torch.device) -> Metrics:
         """A fresh accumulator of this task's validation figures."""
         cls = {"classify": ClassifyMetrics, "segment": SegmentMetrics, "multilabel": MultilabelMetrics}.get(self.name)
+        if self.name == "detect":
+            from ..detection import DetectMetrics
+
+            cls = DetectMetrics
         if self.case_study:
             return CaseStudyMetrics(self, device)
         return (cls or RegressMetrics)(self, device)
@@ -76,6 +85,10 @@ class Task:
         }.get(self.name)
         if make is not None:
             return make()
+        if self.name == "detect":
+            from ..detection import synthetic_boxes
+
+            return synthetic_boxes(n, hw, k, generator)
         return torch.randint(0, k, (n, *hw), generator=generator).to(torch.uint8)  # segment: masks
 
 
@@ -121,7 +134,7 @@ def resolve_task(requested: str, target, classes: list, *, num_classes: int | No
 
 
 #: the figure each task's ``best.pt`` is picked by (higher is better)
-_METRIC = {"classify": "top1", "regress": "r2", "multilabel": "map", "segment": "miou"}
+_METRIC = {"classify": "top1", "regress": "r2", "multilabel": "map", "segment": "miou", "detect": "map"}
 
 
 def _kind_of(task: str) -> str:

@@ -19,11 +19,16 @@ from .base import Batch, DecodeSettings, Runner, letterbox
 
 def fit_images(images, places: np.ndarray, *, fill: float = 0.0, mode: str = "bilinear"):
     """``images`` (``[N, C, H, W]`` uint8, or ``[N, H, W]`` masks with ``mode="nearest"``) each
-    resized onto its place ``(x, y, w, h)`` of a canvas of ``fill`` of the same shape."""
+    resized onto its place ``(x, y, w, h)`` of a canvas of ``fill`` of the same shape: pillow on
+    the CPU (antialiased bilinear, as the pil backend resizes), torch on a GPU."""
     import torch
-    import torch.nn.functional as F
 
     out = torch.full_like(images, fill)
+    if images.device.type == "cpu":
+        _fit_cpu(images, out, places, mode)
+        return out
+    import torch.nn.functional as F
+
     spatial = images if images.ndim == 4 else images[:, None]
     target = out if out.ndim == 4 else out[:, None]
     sizes = [tuple(int(v) for v in p) for p in places]
@@ -36,6 +41,21 @@ def fit_images(images, places: np.ndarray, *, fill: float = 0.0, mode: str = "bi
             fitted = F.interpolate(src, size=(h, w), mode=mode, antialias=True, align_corners=False)
         target[rows, :, y : y + h, x : x + w] = fitted.round_().clamp_(0, 255).to(images.dtype)
     return out
+
+
+def _fit_cpu(images, out, places: np.ndarray, mode: str) -> None:
+    """:func:`fit_images` on the CPU, a picture at a time with pillow (no torch op per sample)."""
+    from PIL import Image
+
+    resample = Image.NEAREST if mode == "nearest" else Image.BILINEAR
+    src = images.numpy() if images.ndim == 3 else images.permute(0, 2, 3, 1).numpy()  # HWC views
+    dst = out.numpy() if out.ndim == 3 else out.permute(0, 2, 3, 1).numpy()
+    for k, (x, y, w, h) in enumerate(np.asarray(places, np.int64).tolist()):
+        a = src[k]
+        one = a.ndim == 3 and a.shape[2] == 1
+        im = Image.fromarray(np.ascontiguousarray(a[..., 0] if one else a))
+        fitted = np.asarray(im.resize((w, h), resample))
+        dst[k, y : y + h, x : x + w] = fitted[..., None] if one else fitted
 
 
 def letterbox_batch(settings: DecodeSettings, batch: Batch) -> Batch:

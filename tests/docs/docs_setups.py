@@ -118,6 +118,15 @@ def seg(work: Workdir) -> None:
     _seg(work.root / "seg")
 
 
+@setup("shapes")
+def shapes(work: Workdir) -> None:
+    """``shapes/{coco,yolo,voc}``: 24 + 6 generated pictures of shapes with their exact boxes,
+    written in COCO JSON, YOLO and Pascal VOC (the Detection page's)."""
+    from stoker.tools.common.synth import make_detection_scenes
+
+    make_detection_scenes(work.root / "shapes", n=24, val=6, min_side=48, max_side=80)
+
+
 @setup("scans")
 def scans(work: Workdir) -> None:
     """``scans/``: an ImageFolder of 60 one-channel images (6 classes)."""

@@ -185,3 +185,18 @@ def test_photometric_augment_is_taken_geometric_refused(split):
     assert len(images) == len(targets) == 4
     with pytest.raises(ArgumentError, match="moves pixels"):
         Loader(split, batch_size=4, crop=32, backend="pil", threads=0, augment="rand-m9-n2")
+
+
+def test_box_members_parse_fast_or_slow_and_bad_ones_are_named():
+    from stoker.pipeline.shards.boxes import encode_npy, read_boxes
+
+    rows = np.array([[1, 2, 3, 4, 0, 0], [5, 6, 9, 9, 1, 1]], np.float32)
+    assert np.array_equal(read_boxes(encode_boxes(rows)), rows)
+    assert np.array_equal(read_boxes(encode_boxes(rows)), rows)  # the header is known now: frombuffer
+    assert np.array_equal(read_boxes(encode_npy(rows.astype(np.float64))), rows)
+    assert "do not parse" in read_boxes(b"\x93NUMPY garbage")
+    assert "not float32 (k, 6)" in read_boxes(encode_npy(np.zeros((2, 5), np.float32)))
+    kind = Target.of("boxes")
+    assert "outside its 8x8 image" in kind.check(encode_boxes(rows), num_classes=2, image_wh=(8, 8))
+    assert "not an index below 1" in kind.check(encode_boxes(rows), num_classes=1, image_wh=(10, 10))
+    assert kind.check(encode_boxes(np.zeros((0, 6))), num_classes=1, image_wh=(10, 10)) is None

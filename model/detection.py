@@ -1,0 +1,204 @@
+"""Object detection (``stoker train --task detect``): a torchvision detector built without
+downloaded weights, trained on the Loader's box batches, scored by COCO mAP.
+
+:class:`DetectionNet` wraps a torchvision detector so that it takes what the Loader hands out: the
+images normalized by :class:`~.normalize.Normalize` in front of it and the box batch
+(:class:`~stoker.pipeline.shards.boxes.BoxBatch`); in training ``net(images, boxes)`` is the summed
+loss, in evaluation ``net(images)`` the detections (:class:`Detections`, 0-based labels, boxes in
+the batch image's pixels). Its own transform neither normalizes again nor resizes (the Loader's
+crop is the input size).
+
+Architectures (``--arch``): ``fcos_tiny`` (the default: an FCOS head on a small 3-level FPN
+backbone, trains on a CPU in seconds), or any torchvision detection model name
+(``fasterrcnn_mobilenet_v3_large_fpn``, ``retinanet_resnet50_fpn``, ``fcos_resnet50_fpn``, ...),
+built with ``weights=None, weights_backbone=None``. Validation: torchmetrics'
+``MeanAveragePrecision`` (pycocotools; the ``stoker[detect]`` extra): ``map`` (COCO mAP@[.5:.95],
+picks ``best.pt``) and ``map50``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+from torch import nn
+
+from stoker.errors import ArgumentError
+
+from .train.tasks import Metrics, Task
+
+#: stoker's own detector (the default of ``--task detect``)
+TINY = "fcos_tiny"
+
+
+class Detections(list):
+    """A detector's outputs: ``dict(boxes [k, 4] xyxy, scores [k], labels [k])`` an image, labels
+    0-based (the split's class indices)."""
+
+    def float(self) -> Detections:
+        """Itself: what the evaluation asks of every network's outputs (logits are cast)."""
+        return self
+
+    def scaled(self, factors: Any) -> Detections:
+        """The boxes multiplied per image by ``factors[k]`` (``(sx, sy)``): into another image's pixels."""
+        out = Detections()
+        for d, (sx, sy) in zip(self, factors, strict=True):
+            scale = torch.tensor([sx, sy, sx, sy], dtype=d["boxes"].dtype, device=d["boxes"].device)
+            out.append({**d, "boxes": d["boxes"] * scale})
+        return out
+
+
+class DetectionNet(nn.Module):
+    """A torchvision detector taking normalized image batches and box batches (see the module).
+
+    Args:
+        detector: a torchvision detection model (its transform set not to normalize or resize).
+        in_channels: the images' channels (a 1-channel batch is repeated for a 3-channel detector).
+    """
+
+    def __init__(self, detector: nn.Module, *, in_channels: int = 3, channels: int = 3):
+        super().__init__()
+        self.detector = detector
+        self.repeat = channels if in_channels == 1 and channels != 1 else 1
+
+    def forward(self, images: torch.Tensor, boxes: Any = None):
+        if self.repeat > 1:
+            images = images.expand(-1, self.repeat, -1, -1)
+        if self.training and boxes is not None:
+            targets = [{"boxes": t["boxes"], "labels": t["labels"] + 1} for t in boxes.to_list(crowd=False)]
+            losses = self.detector(list(images), targets)
+            return sum(losses.values())
+        if self.training:
+            raise ArgumentError("a detector in training mode needs its boxes: net(images, boxes)")
+        out = self.detector(list(images))
+        return Detections({"boxes": o["boxes"], "scores": o["scores"], "labels": o["labels"] - 1} for o in out)
+
+
+def _conv(cin: int, cout: int, stride: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class TinyFPN(nn.Module):
+    """A small backbone with an FPN: features at strides 8, 16 and 32, ``out_channels`` each."""
+
+    def __init__(self, in_channels: int = 3, width: int = 24, out_channels: int = 64):
+        super().__init__()
+        w = width
+        self.stem = nn.Sequential(_conv(in_channels, w, 2), _conv(w, w, 1), _conv(w, 2 * w, 2))
+        self.c3, self.c4, self.c5 = _conv(2 * w, 2 * w, 2), _conv(2 * w, 4 * w, 2), _conv(4 * w, 4 * w, 2)
+        self.lateral = nn.ModuleList(nn.Conv2d(c, out_channels, 1) for c in (2 * w, 4 * w, 4 * w))
+        self.smooth = nn.ModuleList(nn.Conv2d(out_channels, out_channels, 3, padding=1) for _ in range(3))
+        self.out_channels = out_channels
+
+    def forward(self, x: torch.Tensor) -> OrderedDict:
+        c3 = self.c3(self.stem(x))
+        c4 = self.c4(c3)
+        c5 = self.c5(c4)
+        p5 = self.lateral[2](c5)
+        p4 = self.lateral[1](c4) + nn.functional.interpolate(p5, size=c4.shape[-2:], mode="nearest")
+        p3 = self.lateral[0](c3) + nn.functional.interpolate(p4, size=c3.shape[-2:], mode="nearest")
+        return OrderedDict((str(k), s(p)) for k, (s, p) in enumerate(zip(self.smooth, (p3, p4, p5), strict=True)))
+
+
+def _transform_kw(image_size: int) -> dict:
+    """The detector's own transform: no second normalization (Normalize is in front), no resize."""
+    return {"min_size": image_size, "max_size": 4 * image_size, "image_mean": [0.0] * 3, "image_std": [1.0] * 3}
+
+
+def build_detector(arch: str, num_classes: int, *, image_size: int | None = None, in_channels: int = 3) -> nn.Module:
+    """A randomly initialised detector of ``num_classes`` classes (no weight downloads), as a
+    :class:`DetectionNet`. Its classes are shifted by one inside (torchvision's 0 is background).
+
+    Raises:
+        ArgumentError: an ``arch`` that is no torchvision detection model.
+    """
+    import torchvision
+    from torchvision.models import detection
+
+    size = int(image_size or 320)
+    if arch == TINY:
+        from torchvision.models.detection.anchor_utils import AnchorGenerator
+        from torchvision.models.detection.fcos import FCOSHead
+
+        backbone = TinyFPN(in_channels)
+        anchors = AnchorGenerator(sizes=((8,), (16,), (32,)), aspect_ratios=((1.0,),) * 3)
+        head = FCOSHead(backbone.out_channels, 1, num_classes + 1, num_convs=2)
+        kw = _transform_kw(size)
+        kw["image_mean"], kw["image_std"] = [0.0] * in_channels, [1.0] * in_channels
+        net = detection.FCOS(backbone, num_classes + 1, anchor_generator=anchors, head=head, **kw)
+        return DetectionNet(net, in_channels=in_channels, channels=in_channels)
+    names = sorted(torchvision.models.list_models(module=detection))
+    if arch not in names:
+        raise ArgumentError(f"unknown detection arch {arch!r}: choose from {', '.join([TINY, *names])}")
+    net = torchvision.models.get_model(
+        arch, weights=None, weights_backbone=None, num_classes=num_classes + 1, **_transform_kw(size)
+    )
+    return DetectionNet(net, in_channels=in_channels)
+
+
+def detection_loss(out: torch.Tensor, boxes: Any) -> torch.Tensor:
+    """The task's loss: the detector computed it in its forward (``net(images, boxes)``)."""
+    return out
+
+
+detection_loss.forward_targets = True  # TrainStep passes the targets into the forward
+
+
+def synthetic_boxes(n: int, hw: tuple[int, int], classes: int, generator: torch.Generator):
+    """``n`` samples of 1 to 3 random boxes in an image of ``hw``: a step timed without data."""
+    from stoker.pipeline.shards.boxes import BoxBatch
+
+    h, w = hw
+    rows = []
+    for _ in range(n):
+        k = int(torch.randint(1, 4, (1,), generator=generator))
+        xy = torch.rand((k, 2), generator=generator) * torch.tensor([w * 0.6, h * 0.6])
+        wh = (torch.rand((k, 2), generator=generator) * 0.3 + 0.1) * torch.tensor([w, h])
+        cls = torch.randint(0, max(classes, 1), (k, 1), generator=generator).float()
+        rows.append(torch.cat([xy, xy + wh, cls, torch.zeros(k, 1)], 1).numpy())
+    return BoxBatch.from_rows(rows)
+
+
+class DetectMetrics(Metrics):
+    """COCO mAP (``map``, over IoU .5:.95) and ``map50`` of every val image, by torchmetrics'
+    ``MeanAveragePrecision`` (crowd boxes scored as "ignore"); the images of every rank gathered."""
+
+    def __init__(self, task: Task, device: torch.device):
+        self.task, self.device = task, device
+        self.preds: list = []
+        self.targets: list = []
+
+    def update(self, out, y):
+        y = y.to("cpu")
+        for o, t in zip(out, y.to_list(), strict=True):
+            self.preds.append({k: v.detach().float().cpu() if k != "labels" else v.cpu() for k, v in o.items()})
+            self.targets.append(t)
+
+    def compute(self, dist):
+        preds, targets = self.preds, self.targets
+        if dist.enabled:
+            import torch.distributed as tdist
+
+            parts: list = [None] * dist.world_size
+            tdist.all_gather_object(parts, (preds, targets))
+            preds, targets = [p for part in parts for p in part[0]], [t for part in parts for t in part[1]]
+        try:
+            from torchmetrics.detection import MeanAveragePrecision
+
+            metric = MeanAveragePrecision(iou_type="bbox")
+        except (ImportError, ModuleNotFoundError) as e:
+            raise ArgumentError(
+                f"--task detect scores COCO mAP with torchmetrics and pycocotools: pip install 'stoker[detect]' ({e})"
+            ) from None
+        if preds:
+            metric.update(preds, targets)
+            r = metric.compute()
+            figure = lambda k: float(r[k]) if float(r[k]) >= 0 else float("nan")  # noqa: E731  (-1: no box at all)
+            mean_ap, ap50 = figure("map"), figure("map_50")
+        else:
+            mean_ap = ap50 = float("nan")
+        return {"n": len(preds), "map": mean_ap, "map50": ap50, "loss": float("nan")}
+
+
+__all__ = ["TINY", "DetectMetrics", "DetectionNet", "Detections", "TinyFPN", "build_detector", "detection_loss"]

@@ -1,0 +1,61 @@
+"""``stoker train --task detect`` on tiny generated scenes (seconds): the tiny detector trains, the
+val figures are COCO mAP and mAP@50, and the Predictor's boxes are in each
+original image's pixels."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import run_cli
+from stoker.model import Predictor
+from stoker.model.train.tasks import Task
+from stoker.tools.common.synth import make_detection_scenes
+from stoker.tools.pack import pack
+
+ARGS = ["--task", "detect", "--batch-size", "4", "--crop", "40", "--device", "cpu", "--threads", "0"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("det")
+    src = make_detection_scenes(root / "src", n=8, val=4, seed=2, min_side=40, max_side=56, formats=("coco",))
+    pack(src["coco"], root / "shards")
+    return root / "shards", src["coco"]
+
+
+@pytest.fixture(scope="module")
+def run(shards, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "r"
+    rc, stdout, err = run_cli("train", shards[0], *ARGS, "--epochs", "1", "--out", out, "--json")
+    assert rc == 0, err
+    return out, json.loads(stdout)
+
+
+def test_detect_trains_and_scores_coco_map(run):
+    out, summary = run
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in rows if r["kind"] == "val"]
+    assert val and 0.0 <= val[-1]["map"] <= val[-1]["map50"] <= 1.0 and val[-1]["n"] == 4
+    assert (out / "last.pt").is_file() and summary["task"] == "detect"
+
+
+def test_predictor_boxes_are_in_the_original_pixels(run, shards):
+    out, _ = run
+    predict = Predictor.from_checkpoint(out / "last.pt")
+    images = sorted((shards[1] / "images").glob("*.png"))[:3]
+    found = predict(images)
+    batch, sizes = predict._preprocess(images)
+    with torch.no_grad():
+        raw = predict.model(batch)
+    for d, r, (w, h) in zip(found, raw, sizes, strict=True):
+        scale = max(w, h) / 40  # the letterbox's one factor, back
+        np.testing.assert_allclose(d["boxes"].numpy(), r["boxes"].numpy() * scale, rtol=1e-4, atol=1e-3)
+        assert set(d) >= {"boxes", "scores", "labels"}
+
+
+def test_a_step_without_data_has_boxes():
+    task = Task("detect", 3, "map")
+    boxes = task.synthetic(4, (32, 32), torch.Generator().manual_seed(0))
+    assert len(boxes) == 4 and (boxes.counts >= 1).all() and (boxes.labels[boxes.labels >= 0] < 3).all()
