@@ -89,7 +89,7 @@ class MixIndex:
         #: where each split's samples, loadable samples and shards begin (and the totals)
         self.starts = np.cumsum([0, *(len(p) for p in self.parts)])
         self.valid_starts = np.cumsum([0, *(p.num_valid for p in self.parts)])
-        self.shard_names = [str(p.split_dir / n) for p in self.parts for n in p.shard_names]
+        self.shard_names = [f"{p.split_dir}{os.sep}{n}" for p in self.parts for n in p.shard_names]  # no Path per shard
         self.shard_start = np.concatenate(
             [p.shard_start[:-1] + s for p, s in zip(self.parts, self.starts, strict=False)] + [self.starts[-1:]]
         )
@@ -218,7 +218,7 @@ class MixCache:
         for src in sources:
             if src.cache is not None:
                 for name in src.index.shard_names:
-                    self._by_name[str(src.index.split_dir / name)] = (src.cache, name)
+                    self._by_name[f"{src.index.split_dir}{os.sep}{name}"] = (src.cache, name)
         self.cache_limit = None
 
     def ensure(self, names) -> None:
@@ -333,8 +333,9 @@ def _build(index: SampleIndex, num_classes: int, chunk: int = 1 << 16) -> np.nda
     for s in range(0, index.num_valid, chunk):
         k = np.arange(s, min(s + chunk, index.num_valid))
         labels[k] = index.labels(index.valid_at(k))
-    members = np.argsort(labels, kind="stable").astype(np.int64)
-    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=num_classes))])
+    dtype = np.int32 if index.num_valid < 2**31 else np.int64  # half the pages a rank's draws touch
+    members = np.argsort(labels, kind="stable").astype(dtype)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=num_classes))]).astype(dtype)
     return np.concatenate([starts, members])
 
 
@@ -345,10 +346,10 @@ class ClassSlots:
         self.starts, self.members = starts, members
 
     def __call__(self, klass: np.ndarray, place: np.ndarray) -> np.ndarray:
-        return np.asarray(self.members[np.asarray(self.starts)[klass] + place], np.int64)
+        return np.asarray(self.members[np.asarray(self.starts, np.int64)[klass] + place], np.int64)
 
     def counts(self) -> np.ndarray:
-        return np.diff(np.asarray(self.starts))
+        return np.diff(np.asarray(self.starts, np.int64))
 
 
 def _class_weights(balance: Any, num_classes: int, where: Any) -> np.ndarray:
