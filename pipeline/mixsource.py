@@ -10,7 +10,9 @@ table (:func:`class_members`: built once per manifest, read where a rank's draws
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import hashlib
 import os
 import sys
 from collections.abc import Sequence
@@ -22,6 +24,7 @@ import numpy as np
 
 from stoker.errors import ArgumentError
 
+from .cache import is_url
 from .fsutil import atomic_write
 from .loader_checks import check_cache_limit, check_every_rank_has_a_batch
 from .options import Order, Storage
@@ -240,9 +243,14 @@ class MixSource:
 
         self.spec = spec
         self.sources = []
+        urls = [p for p in spec.paths if is_url(p)]
         try:
             for p in spec.paths:
-                self.sources.append(SplitSource(p, storage))
+                own = storage
+                if is_url(p) and storage.cache_dir is not None and len(urls) > 1:  # shard names may coincide
+                    sub = hashlib.sha256(str(p).rstrip("/").encode()).hexdigest()[:12]
+                    own = dataclasses.replace(storage, cache_dir=Path(storage.cache_dir) / sub)
+                self.sources.append(SplitSource(p, own))
         except BaseException:
             self.close()
             raise
