@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from fractions import Fraction
 
 import numpy as np
 
@@ -135,10 +134,6 @@ class MixPlan:
         stream = (slot.astype(np.uint64) << np.uint64(40)) ^ cycle.astype(np.uint64)  # one bijection per (slot, cycle)
         streams, which = np.unique(stream, return_inverse=True)
         return slot, permute_many(t, size, stream_keys(seed, streams), which.reshape(-1))
-
-    def cycles(self) -> list[Fraction]:
-        """Per split: its quota over its size (above 1: it repeats; below: it is sub-sampled)."""
-        return [Fraction(int(q), n) for q, n in zip(self.split_quota, self.sizes, strict=True)]
 
     def summary(self) -> list[str]:
         """One line per split: its weight, quota, size and cycles per epoch."""
