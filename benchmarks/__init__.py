@@ -4,7 +4,7 @@ Each is ``python -m stoker.benchmarks.<name>`` with a ``main()``: :mod:`.model` 
 bench-model``: the model alone), :mod:`.gpu_check` (``stoker gpu-check``: the prepared GPU
 measurement), :mod:`.scale` (the billion-sample simulation), :mod:`.accuracy` (time to accuracy),
 :mod:`.frameworks` (Lightning, Accelerate, a plain loop), :mod:`.kinds` (the target kinds),
-:mod:`.augment_cost` (the GPU augmentations' cost) and :mod:`.pixel_stages` (where the pixel
-tier's time goes). The user commands they build on (``stoker bench``, ``bench-pack``) and their
+:mod:`.augment_cost` (the GPU augmentations' cost), :mod:`.pixel_stages` (where the pixel
+tier's time goes) and :mod:`.mix_balance` (exact mixes and balance against weighted samplers). The user commands they build on (``stoker bench``, ``bench-pack``) and their
 pipelines, :mod:`stoker.tools.bench`, stay in the wheel.
 """

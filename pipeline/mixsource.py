@@ -10,7 +10,9 @@ table (:func:`class_members`: built once per manifest, read where a rank's draws
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import hashlib
 import os
 import sys
 from collections.abc import Sequence
@@ -22,6 +24,7 @@ import numpy as np
 
 from stoker.errors import ArgumentError
 
+from .cache import is_url
 from .fsutil import atomic_write
 from .loader_checks import check_cache_limit, check_every_rank_has_a_batch
 from .options import Order, Storage
@@ -89,7 +92,7 @@ class MixIndex:
         #: where each split's samples, loadable samples and shards begin (and the totals)
         self.starts = np.cumsum([0, *(len(p) for p in self.parts)])
         self.valid_starts = np.cumsum([0, *(p.num_valid for p in self.parts)])
-        self.shard_names = [str(p.split_dir / n) for p in self.parts for n in p.shard_names]
+        self.shard_names = [f"{p.split_dir}{os.sep}{n}" for p in self.parts for n in p.shard_names]  # no Path per shard
         self.shard_start = np.concatenate(
             [p.shard_start[:-1] + s for p, s in zip(self.parts, self.starts, strict=False)] + [self.starts[-1:]]
         )
@@ -218,7 +221,7 @@ class MixCache:
         for src in sources:
             if src.cache is not None:
                 for name in src.index.shard_names:
-                    self._by_name[str(src.index.split_dir / name)] = (src.cache, name)
+                    self._by_name[f"{src.index.split_dir}{os.sep}{name}"] = (src.cache, name)
         self.cache_limit = None
 
     def ensure(self, names) -> None:
@@ -240,9 +243,14 @@ class MixSource:
 
         self.spec = spec
         self.sources = []
+        urls = [p for p in spec.paths if is_url(p)]
         try:
             for p in spec.paths:
-                self.sources.append(SplitSource(p, storage))
+                own = storage
+                if is_url(p) and storage.cache_dir is not None and len(urls) > 1:  # shard names may coincide
+                    sub = hashlib.sha256(str(p).rstrip("/").encode()).hexdigest()[:12]
+                    own = dataclasses.replace(storage, cache_dir=Path(storage.cache_dir) / sub)
+                self.sources.append(SplitSource(p, own))
         except BaseException:
             self.close()
             raise
@@ -333,8 +341,9 @@ def _build(index: SampleIndex, num_classes: int, chunk: int = 1 << 16) -> np.nda
     for s in range(0, index.num_valid, chunk):
         k = np.arange(s, min(s + chunk, index.num_valid))
         labels[k] = index.labels(index.valid_at(k))
-    members = np.argsort(labels, kind="stable").astype(np.int64)
-    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=num_classes))])
+    dtype = np.int32 if index.num_valid < 2**31 else np.int64  # half the pages a rank's draws touch
+    members = np.argsort(labels, kind="stable").astype(dtype)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=num_classes))]).astype(dtype)
     return np.concatenate([starts, members])
 
 
@@ -345,10 +354,10 @@ class ClassSlots:
         self.starts, self.members = starts, members
 
     def __call__(self, klass: np.ndarray, place: np.ndarray) -> np.ndarray:
-        return np.asarray(self.members[np.asarray(self.starts)[klass] + place], np.int64)
+        return np.asarray(self.members[np.asarray(self.starts, np.int64)[klass] + place], np.int64)
 
     def counts(self) -> np.ndarray:
-        return np.diff(np.asarray(self.starts))
+        return np.diff(np.asarray(self.starts, np.int64))
 
 
 def _class_weights(balance: Any, num_classes: int, where: Any) -> np.ndarray:

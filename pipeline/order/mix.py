@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from fractions import Fraction
 
 import numpy as np
 
@@ -40,18 +39,21 @@ from .permutation import Permutation, permute_many, stream_keys
 
 
 def largest_remainder(total: int, weights: Sequence) -> np.ndarray:
-    """``total`` cut in integer parts proportional to ``weights`` (Hamilton's method, exact in
-    rationals): each part the floor of its share, the rest one each to the largest remainders
-    (ties to the earlier). The parts sum to ``total``; a zero weight gets nothing."""
-    w = [Fraction(x) for x in weights]
+    """``total`` cut in integer parts proportional to ``weights`` (Hamilton's method): each part
+    the floor of its share, the rest one each to the largest remainders (ties to the earlier).
+    The parts sum to ``total``; a zero weight gets nothing. Exact in integers (a float is a
+    dyadic rational), so every rank and every machine cuts the same parts."""
+    ratios = [float(x).as_integer_ratio() for x in weights]
+    den = max((d for _, d in ratios), default=1)  # powers of two: the largest is a common denominator
+    w = [n * (den // d) for n, d in ratios]
     whole = sum(w)
     if total and not whole:
         raise ArgumentError("the weights are all zero")
-    exact = [total * x / whole if whole else Fraction(0) for x in w]
-    parts = [int(x) for x in exact]  # floor: all non-negative
-    rest = total - sum(parts)
-    order = sorted(range(len(w)), key=lambda i: (-(exact[i] - parts[i]), i))
-    for i in order[:rest]:
+    if not whole:
+        return np.zeros(len(w), np.int64)
+    parts, rems = zip(*(divmod(total * x, whole) for x in w), strict=True) if w else ((), ())
+    parts = list(parts)
+    for i in sorted(range(len(w)), key=lambda i: (-rems[i], i))[: total - sum(parts)]:
         parts[i] += 1
     return np.asarray(parts, np.int64)
 
@@ -92,6 +94,7 @@ class MixPlan:
         self.slot_size, self.slot_quota = np.asarray(size, np.int64), np.asarray(quota, np.int64)
         #: where each slot's draws begin in the epoch's multiset (and its end)
         self.slot_start = np.concatenate([[0], np.cumsum(self.slot_quota)])
+        self._checksum: str | None = None
         self._description = {
             "sizes": self.sizes,
             "weights": self.weights,
@@ -116,8 +119,10 @@ class MixPlan:
     def checksum(self) -> str:
         """What names the mix's sample sequence apart from its length: the splits' sizes, their
         weights and their balance (a state of another mix means nothing in this one)."""
-        text = json.dumps(self._description, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        if self._checksum is None:
+            text = json.dumps(self._description, sort_keys=True, separators=(",", ":"))
+            self._checksum = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return self._checksum
 
     def draws(self, seed: int, epoch: int, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(slot, member)`` of the multiset's draws ``m`` in ``epoch``: the slot and the sample's
@@ -129,10 +134,6 @@ class MixPlan:
         stream = (slot.astype(np.uint64) << np.uint64(40)) ^ cycle.astype(np.uint64)  # one bijection per (slot, cycle)
         streams, which = np.unique(stream, return_inverse=True)
         return slot, permute_many(t, size, stream_keys(seed, streams), which.reshape(-1))
-
-    def cycles(self) -> list[Fraction]:
-        """Per split: its quota over its size (above 1: it repeats; below: it is sub-sampled)."""
-        return [Fraction(int(q), n) for q, n in zip(self.split_quota, self.sizes, strict=True)]
 
     def summary(self) -> list[str]:
         """One line per split: its weight, quota, size and cycles per epoch."""

@@ -366,6 +366,38 @@ def pictures(work: Workdir) -> None:
         (work.root / name).write_bytes(encode(draw("circles", (80, 60), rng), fmt))
 
 
+def _long_tail(split: Path, sizes: list[int], seed: int) -> None:
+    """A class split whose class ``c`` has ``sizes[c]`` samples, shuffled (one shard)."""
+    from stoker.pipeline.shards.manifest import Manifest
+    from stoker.pipeline.shards.writer import ShardWriter
+
+    rng = random.Random(seed)
+    labels = [c for c, n in enumerate(sizes) for _ in range(n)]
+    rng.shuffle(labels)
+    split.mkdir(parents=True, exist_ok=True)
+    with ShardWriter(split / "shard-000000.tar") as w:
+        for i, c in enumerate(labels):
+            image = encode(draw(CLASSES[c], (rng.randint(32, 64), rng.randint(32, 64)), rng), quality=90)
+            w.write(f"{i:09d}", {"jpg": image, "cls": str(c).encode()})
+    Manifest(num_samples=len(labels), classes=list(CLASSES), shards=[w.info], pack={}).save(split)
+
+
+@setup("mix")
+def mix(work: Workdir) -> None:
+    """``datasets/web`` (200 + 30 samples), ``datasets/curated`` (40 + 12) and ``datasets/longtail``
+    (a 100:1 tail over the 6 classes, 150 train samples; val 8 a class): each train/ and val/."""
+    root = work.root / "datasets"
+    for name, (train, val, seed) in {"web": (200, 30, 0), "curated": (40, 12, 2)}.items():
+        write_split(
+            root / name / "train", num_samples=train, samples_per_shard=100, seed=seed, min_side=32, max_side=64
+        )
+        write_split(
+            root / name / "val", num_samples=val, samples_per_shard=100, seed=seed + 1, min_side=32, max_side=64
+        )
+    _long_tail(root / "longtail" / "train", [100, 30, 10, 5, 3, 2], seed=4)
+    _long_tail(root / "longtail" / "val", [8] * 6, seed=5)
+
+
 # ---- the reader's own things ------------------------------------------------------------------
 def tiny_net(num_classes: int = 1000, in_channels: int = 3):
     """A network of a few hundred parameters standing for the reader's own (any input size)."""

@@ -289,3 +289,21 @@ def test_many_bijections_at_once_are_the_permutations_rounds_with_their_own_keys
         assert sorted(s.tolist()) == list(range(sizes[k]))  # each a bijection of its own domain
     again = permute_many(t, size, stream_keys(6, np.repeat(np.arange(4), sizes)))
     assert not np.array_equal(out[n + 8 :], again[n + 8 :])  # another seed, another order
+
+
+def test_url_splits_mix_like_their_local_copies(splits, tmp_path):
+    """Two splits over HTTP (the same shard names, one cache_dir) and their local copies: the
+    same batches, image for image."""
+    import torch
+
+    from storage_servers import http_server
+
+    kw = {"weights": [0.7, 0.3], "epoch_length": 24, "seed": 3}
+    local = _loader([splits / "big", splits / "small"], **kw)
+    with http_server(splits) as base:
+        remote = _loader([f"{base}/big", f"{base}/small"], cache_dir=tmp_path / "cache", **kw)
+        for e in range(2):
+            local.set_epoch(e), remote.set_epoch(e)
+            for (li, lt), (ri, rt) in zip(local, remote, strict=True):
+                assert torch.equal(li, ri) and torch.equal(lt, rt)
+    assert len(list((tmp_path / "cache").iterdir())) == 2  # a cache folder per URL split
