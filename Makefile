@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile constraints.txt tools/install_pillow_simd.sh
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PIP) torch torchvision
-	$(PIP) -e '.[test,plot,tensorboard,detect]'
+	$(PIP) -e '.[test,plot,tensorboard,detect,bench]'
 	bash tools/install_pillow_simd.sh $(PY)
 	@touch $@
 
