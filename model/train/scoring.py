@@ -23,18 +23,16 @@ from .tasks import ClassifyMetrics, MultilabelMetrics, SegmentMetrics, Task, ave
 
 
 def check_paths(checkpoint: str | Path, split: str) -> None:
-    """One line (a usage error) for a checkpoint that is not a file or a split without a manifest,
-    worded as the Loader words its own checks."""
-    from stoker.pipeline.shards.manifest import MANIFEST_NAME, _missing
-    from stoker.pipeline.storage import is_url
+    """One line (exit 2) for a checkpoint that is not a file or a path that is not a split, worded
+    as every command words it (:func:`stoker.pipeline.shards.paths.check_path`)."""
+    from stoker.pipeline.shards.paths import check_path
 
     ckpt = Path(checkpoint)
     if ckpt.is_dir():
         raise UsageError(f"{ckpt} is a run folder, not a checkpoint: give {ckpt / 'best.pt'} or {ckpt / 'last.pt'}")
     if not ckpt.is_file():
         raise UsageError(f"{ckpt} does not exist")
-    if not is_url(split) and not (Path(split) / MANIFEST_NAME).is_file():
-        raise UsageError(_missing(Path(split)))
+    check_path(split, "split")  # the same line as every command's for a wrong split
 
 
 def _task_of(config: dict, manifest: Any, split: str) -> Task:

@@ -42,7 +42,7 @@ def test_a_mistyped_flag_names_the_flag_it_meant(tmp_path):
 
 def test_abbreviations_are_refused_in_every_command(tmp_path):
     line = one_line(run("train", tmp_path, "--out", tmp_path / "r", "--epoch", "2"))
-    assert "unrecognized arguments: --epoch 2: did you mean --epochs?" in line
+    assert "unrecognized arguments: --epoch 2: did you mean --epochs" in line
     parser = get_args_parser()
     assert not parser.allow_abbrev and all(not p.allow_abbrev for p in subparsers(parser).values())
 

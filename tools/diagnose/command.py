@@ -255,8 +255,8 @@ def diagnose(
     num_classes, num_samples, task = count_data(kind, path)
     if num_samples < batch_size:
         raise UsageError(f"--batch-size {batch_size} is larger than the {num_samples} samples in {path}")
+    net = build_net(arch, model, num_classes, crop, task)  # a bad --model is its one line, no plan before it
     say(time_plan(seconds, packed_sample=min(pack_sample_size, num_samples) if kind != "shards" else 0))
-    net = build_net(arch, model, num_classes, crop, task)
     fit = _fit_batch(net, batch_size, crop=crop, device=device, task=task, seconds=seconds)
     if fit.why:
         say(fit.why)
