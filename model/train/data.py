@@ -176,13 +176,15 @@ def say_when_small(data: RunData, batch_size: int, world_size: int, log: Log) ->
 
 def classes_only_in_val(train: Any, val: Any, classes: list[str] | None) -> list[str]:
     """The classes of a class split that val holds and train does not (a run cannot learn them:
-    their val top-1 is 0). Read from the Loaders' indexes (``[]`` for a loader without one); the
-    train split is read until every val class is seen."""
+    their val top-1 is 0). Read from the Loaders' indexes (``[]`` for a loader without one, or
+    reading object storage); the train split is read until every val class is seen."""
     import numpy as np
 
     indexes = [getattr(loader, "index", None) for loader in (train, val)]
     if not classes or any(i is None or getattr(i.target, "task", None) != "classify" for i in indexes):
         return []
+    if any(getattr(loader, "cache", None) is not None for loader in (train, val)):
+        return []  # object storage: the shards arrive as the epochs read them, not before
     tr, va = indexes
     missing = set()
     for start in range(0, va.num_valid, 65536):
