@@ -308,3 +308,18 @@ def test_overwrite_removes_the_logs_of_the_run_it_replaces(data, logged_run, tmp
     assert not (run / "metrics.csv").exists() and not list(run.glob("events.out.tfevents.*"))
     console = (run / "console.log").read_text()
     assert "step 2/2" in console and "step 6/6" not in console  # the new run's lines only
+
+
+def test_the_val_only_scan_is_bounded(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from helpers import CLASSES
+    from stoker.model.train import data as run_data
+    from stoker.pipeline.shards.samples import open_split
+
+    write_split(tmp_path / "train", num_samples=4, samples_per_shard=4)  # classes 0-3
+    write_split(tmp_path / "val", num_samples=6, samples_per_shard=6, seed=1)  # classes 0-5
+    train, val = (SimpleNamespace(index=open_split(tmp_path / s), cache=None) for s in ("train", "val"))
+    assert run_data.classes_only_in_val(train, val, list(CLASSES)) == ["rings", "triangles"]
+    monkeypatch.setattr(run_data, "MAX_LABEL_SCAN", 2)  # past the bound nothing is proven: nothing said
+    assert run_data.classes_only_in_val(train, val, list(CLASSES)) == []
