@@ -323,3 +323,12 @@ def test_the_val_only_scan_is_bounded(tmp_path, monkeypatch):
     assert run_data.classes_only_in_val(train, val, list(CLASSES)) == ["rings", "triangles"]
     monkeypatch.setattr(run_data, "MAX_LABEL_SCAN", 2)  # past the bound nothing is proven: nothing said
     assert run_data.classes_only_in_val(train, val, list(CLASSES)) == []
+
+
+def test_resume_of_a_run_without_a_checkpoint_says_how_to_start_it(data, tmp_path):
+    (tmp_path / "r").mkdir()
+    rc, _, err = run_cli("train", data, "--out", tmp_path / "r", *ARGS, "--resume")
+    assert rc == 2 and err.strip().splitlines()[-1] == (
+        f"stoker train: error: {tmp_path / 'r' / 'last.pt'}: no such checkpoint, so nothing to resume: start the run "
+        f"without --resume (--overwrite replaces what {tmp_path / 'r'} holds)"
+    )
