@@ -109,17 +109,17 @@ def test_one_epoch_caps_the_warm_up_and_says_so(logged_run):
 
 
 def test_max_steps_is_a_smoke_run_that_resume_continues(data, tmp_path):
-    full, _ = _train(data, "--out", tmp_path / "full", "--epochs", "2", *ARGS)
-    smoke, err = _train(data, "--out", tmp_path / "smoke", "--epochs", "2", *ARGS, "--max-steps", "3")
+    full, _ = _train(data, "--out", tmp_path / "full", "--epochs", "1", *ARGS)
+    smoke, err = _train(data, "--out", tmp_path / "smoke", "--epochs", "1", *ARGS, "--max-steps", "3")
     assert smoke["steps"] == 3 and smoke["max_steps"] == 3 and not smoke["complete"]
     assert smoke["val"]["n"] == 21  # the val pass ran too
-    assert "--max-steps 3: stopping after step 3 of 12" in err
-    rc, _, err = run_cli("train", data, "--out", tmp_path / "smoke", "--epochs", "2", *ARGS)
+    assert "--max-steps 3: stopping after step 3 of 6" in err
+    rc, _, err = run_cli("train", data, "--out", tmp_path / "smoke", "--epochs", "1", *ARGS)
     assert rc == 2 and "continue it with --resume" in err  # the smoke run is a run: continued, not overwritten
     again, err = _train("--out", tmp_path / "smoke", "--resume", "--max-steps", "3")
     assert again["steps"] == 3 and "--max-steps 3: the run is at step 3 already; nothing to train" in err
-    rest, _ = _train(data, "--out", tmp_path / "smoke", "--epochs", "2", *ARGS, "--resume")
-    assert rest["steps"] == 12 and rest["weights_sha256"] == full["weights_sha256"]
+    rest, _ = _train(data, "--out", tmp_path / "smoke", "--epochs", "1", *ARGS, "--resume")
+    assert rest["steps"] == 6 and rest["weights_sha256"] == full["weights_sha256"]
 
 
 def _copy(run, to):
