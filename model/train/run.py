@@ -337,6 +337,13 @@ class Run:
         stopped; a finished run given more ``--epochs`` is extended (:meth:`_extend`)."""
         cfg = self.cfg
         path = self.out / LAST if cfg.resume in ("auto", "last") else Path(cfg.resume)
+        if not path.exists():
+            fix = (
+                f"start the run without {arg('resume')} ({arg('overwrite')} replaces what {self.out} holds)"
+                if cfg.resume in ("auto", "last")
+                else "give the path of a checkpoint (RUN/last.pt, RUN/best.pt)"
+            )
+            raise ArgumentError(f"{path}: no such checkpoint, so nothing to resume: {fix}")
         state = load_checkpoint(path, arch=self.arch, num_outputs=self.num_outputs)
         old = state["config"]
         self._check_global_batch(path, old)

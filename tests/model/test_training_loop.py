@@ -137,7 +137,7 @@ def test_resume_refuses_other_arch_and_other_batch_size(data, tmp_path):
         train(_cfg(data, out, epochs=1, arch="resnet18", resume="auto"), loader_factory=factory())
     with pytest.raises(ArgumentError, match="needs the run's batch size .*use batch_size=8"):
         train(_cfg(data, out, epochs=1, batch_size=4, resume="auto"), loader_factory=factory())
-    with pytest.raises(CheckpointError, match="no such checkpoint"):
+    with pytest.raises(ArgumentError, match="no such checkpoint, so nothing to resume: start the run without resume"):
         train(_cfg(data, tmp_path / "empty", epochs=1, resume="auto"), loader_factory=factory())
 
 

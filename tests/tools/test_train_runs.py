@@ -109,17 +109,17 @@ def test_one_epoch_caps_the_warm_up_and_says_so(logged_run):
 
 
 def test_max_steps_is_a_smoke_run_that_resume_continues(data, tmp_path):
-    full, _ = _train(data, "--out", tmp_path / "full", "--epochs", "2", *ARGS)
-    smoke, err = _train(data, "--out", tmp_path / "smoke", "--epochs", "2", *ARGS, "--max-steps", "3")
+    full, _ = _train(data, "--out", tmp_path / "full", "--epochs", "1", *ARGS)
+    smoke, err = _train(data, "--out", tmp_path / "smoke", "--epochs", "1", *ARGS, "--max-steps", "3")
     assert smoke["steps"] == 3 and smoke["max_steps"] == 3 and not smoke["complete"]
     assert smoke["val"]["n"] == 21  # the val pass ran too
-    assert "--max-steps 3: stopping after step 3 of 12" in err
-    rc, _, err = run_cli("train", data, "--out", tmp_path / "smoke", "--epochs", "2", *ARGS)
+    assert "--max-steps 3: stopping after step 3 of 6" in err
+    rc, _, err = run_cli("train", data, "--out", tmp_path / "smoke", "--epochs", "1", *ARGS)
     assert rc == 2 and "continue it with --resume" in err  # the smoke run is a run: continued, not overwritten
     again, err = _train("--out", tmp_path / "smoke", "--resume", "--max-steps", "3")
     assert again["steps"] == 3 and "--max-steps 3: the run is at step 3 already; nothing to train" in err
-    rest, _ = _train(data, "--out", tmp_path / "smoke", "--epochs", "2", *ARGS, "--resume")
-    assert rest["steps"] == 12 and rest["weights_sha256"] == full["weights_sha256"]
+    rest, _ = _train(data, "--out", tmp_path / "smoke", "--epochs", "1", *ARGS, "--resume")
+    assert rest["steps"] == 6 and rest["weights_sha256"] == full["weights_sha256"]
 
 
 def _copy(run, to):
@@ -308,3 +308,27 @@ def test_overwrite_removes_the_logs_of_the_run_it_replaces(data, logged_run, tmp
     assert not (run / "metrics.csv").exists() and not list(run.glob("events.out.tfevents.*"))
     console = (run / "console.log").read_text()
     assert "step 2/2" in console and "step 6/6" not in console  # the new run's lines only
+
+
+def test_the_val_only_scan_is_bounded(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from helpers import CLASSES
+    from stoker.model.train import data as run_data
+    from stoker.pipeline.shards.samples import open_split
+
+    write_split(tmp_path / "train", num_samples=4, samples_per_shard=4)  # classes 0-3
+    write_split(tmp_path / "val", num_samples=6, samples_per_shard=6, seed=1)  # classes 0-5
+    train, val = (SimpleNamespace(index=open_split(tmp_path / s), cache=None) for s in ("train", "val"))
+    assert run_data.classes_only_in_val(train, val, list(CLASSES)) == ["rings", "triangles"]
+    monkeypatch.setattr(run_data, "MAX_LABEL_SCAN", 2)  # past the bound nothing is proven: nothing said
+    assert run_data.classes_only_in_val(train, val, list(CLASSES)) == []
+
+
+def test_resume_of_a_run_without_a_checkpoint_says_how_to_start_it(data, tmp_path):
+    (tmp_path / "r").mkdir()
+    rc, _, err = run_cli("train", data, "--out", tmp_path / "r", *ARGS, "--resume")
+    assert rc == 2 and err.strip().splitlines()[-1] == (
+        f"stoker train: error: {tmp_path / 'r' / 'last.pt'}: no such checkpoint, so nothing to resume: start the run "
+        f"without --resume (--overwrite replaces what {tmp_path / 'r'} holds)"
+    )
