@@ -167,18 +167,28 @@ def test_a_state_of_another_mix_or_of_one_split_is_refused_in_one_line():
     assert a.restore(state, where="mix").position == 10
 
 
-def test_a_rank_of_a_ten_million_sample_mix_holds_its_share_only():
-    """Plan and order of a 2-split mix of 10 M samples at W=512 and a balanced split read through a
-    memory-mapped member file: a rank's whole epoch allocates on the order of its share."""
+def test_a_rank_of_a_ten_million_sample_mix_holds_its_share_only(tmp_path):
+    """A 2-split mix of 10 M samples at W=512, its 9 M split balanced over 900 classes whose members
+    are a memory-mapped file: a rank's whole epoch allocates on the order of its share."""
+    members = np.lib.format.open_memmap(tmp_path / "members.npy", mode="w+", dtype=np.int32, shape=(9_000_000,))
+    members[:] = np.arange(9_000_000, dtype=np.int32)  # sorted by class already: class c is c * 10,000 ..
+    members.flush()
+    slots = ClassSlots(np.arange(0, 9_000_001, 10_000), np.load(tmp_path / "members.npy", mmap_mode="r"))
     tracemalloc.start()
     try:
-        plan = MixPlan([9_000_000, 1_000_000], [0.5, 0.5], length=10_000_000)
-        order = _orders(plan, 512)[511]
-        got = order.positions(0, 3)
-        assert len(got) == 10_000_000 // 512
+        plan = MixPlan(
+            [9_000_000, 1_000_000],
+            [0.5, 0.5],
+            length=10_000_000,
+            class_counts=[slots.counts(), None],
+            class_weights=[None, None],
+        )
+        got = _orders(plan, 512, [slots, None])[511].positions(0, 3)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    assert len(got) == 10_000_000 // 512
+    assert np.bincount(got[got < 9_000_000] // 10_000, minlength=900).max() < 40  # spread over the classes
     assert peak < 40 * len(got) + (8 << 20), f"{peak:,} bytes for a share of {len(got):,}"
 
 
