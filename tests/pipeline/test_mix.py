@@ -317,3 +317,14 @@ def test_url_splits_mix_like_their_local_copies(splits, tmp_path):
             for (li, lt), (ri, rt) in zip(local, remote, strict=True):
                 assert torch.equal(li, ri) and torch.equal(lt, rt)
     assert len(list((tmp_path / "cache").iterdir())) == 2  # a cache folder per URL split
+
+
+def test_balance_of_a_float_split_and_a_float_split_in_a_class_mix_are_one_line(splits, tmp_path):
+    from stoker.tools.common.synth import make_regression_csv
+    from stoker.tools.pack.api import pack
+
+    pack(make_regression_csv(tmp_path / "src", n=12, seed=1), tmp_path / "reg", workers=1)
+    with pytest.raises(ValueError, match=r"balances a class split; .*reg/train is a float split \(multi-label, mask"):
+        _loader(tmp_path / "reg" / "train", balance="classes")
+    with pytest.raises(ValueError, match=r"big has 6 classes .*, .*reg/train has float targets"):
+        _loader([splits / "big", tmp_path / "reg" / "train"])
