@@ -328,3 +328,31 @@ def test_balance_of_a_float_split_and_a_float_split_in_a_class_mix_are_one_line(
         _loader(tmp_path / "reg" / "train", balance="classes")
     with pytest.raises(ValueError, match=r"big has 6 classes .*, .*reg/train has float targets"):
         _loader([splits / "big", tmp_path / "reg" / "train"])
+
+
+def test_the_class_members_read_fast_are_the_splits_labels(tmp_path):
+    """Digit members are parsed in one pass a shard; a shard with a member that is not only digits
+    (a stray space or newline) falls back to the split's decoder: the same classes either way."""
+    from stoker.pipeline.mixsource import _build, _digit_labels
+    from stoker.pipeline.shards.manifest import Manifest
+    from stoker.pipeline.shards.samples import open_split
+    from stoker.pipeline.shards.writer import ShardWriter
+    from stoker.tools.common.synth import CLASSES
+
+    classes = list(CLASSES) * 2  # 12 classes: two-digit members
+    write_split(tmp_path / "a", num_samples=40, samples_per_shard=20, classes=classes)
+    jpg = open_split(tmp_path / "a").image(0).tobytes()
+    with ShardWriter(tmp_path / "a" / "shard-000001.tar") as w:  # padding in the second shard
+        for i, cls in enumerate([b"11", b" 3", b"10", b"0", b"7\n"]):
+            w.write(f"{i:09d}", {"jpg": jpg, "cls": cls})
+    m = Manifest.load(tmp_path / "a")
+    m.shards, m.num_samples = [m.shards[0], w.info], 25
+    m.save(tmp_path / "a")
+    index = open_split(tmp_path / "a")
+    labels = index.labels(index.valid_at(np.arange(index.num_valid)))
+    assert labels[20:].tolist() == [11, 3, 10, 0, 7] and labels[:20].max() == 11
+    assert _digit_labels(index, 0, index.valid_at(np.arange(20)), 12).tolist() == labels[:20].tolist()
+    assert _digit_labels(index, 1, index.valid_at(np.arange(20, 25)), 12) is None  # the decoder reads it
+    table = _build(index, 12)
+    assert table[:13].tolist() == np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=12))]).tolist()
+    assert np.array_equal(labels[table[13:]], np.sort(labels))  # grouped by class
