@@ -62,8 +62,8 @@ def _mix_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--balance",
-        choices=["classes"],
-        help="each class an equal share of every epoch (a small class repeats, a large one is sub-sampled)",
+        metavar="classes",
+        help="classes: each class an equal share of every epoch (a small class repeats, a large one is sub-sampled)",
     )
     g.add_argument(
         "--epoch-length",
