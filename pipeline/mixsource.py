@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import hashlib
+import numbers
 import os
 import sys
 from collections.abc import Sequence
@@ -38,12 +39,13 @@ BALANCES = ("classes",)
 
 @dataclass(frozen=True)
 class MixSpec:
-    """A Loader's mix: its splits, their weights, the epoch length (``None``: the sum of the
-    splits, rounded down so the ranks' batches divide it) and the balance inside each split
-    (``None``, ``"classes"``, or ``{class_index: weight}``)."""
+    """A Loader's mix: its splits, their weights (``None``: their sizes, so an epoch of their sum
+    reads each sample once), the epoch length (``None``: the sum of the splits, rounded down so the
+    ranks' batches divide it) and the balance inside each split (``None``, ``"classes"``, or
+    ``{class_index: weight}``)."""
 
     paths: tuple
-    weights: tuple
+    weights: tuple | None
     epoch_length: int | None = None
     balance: Any = None
 
@@ -62,21 +64,29 @@ class MixSpec:
         paths = tuple(path) if many else (path,)
         if not paths:
             raise ArgumentError("Loader([]) needs at least one split")
-        weights = (1.0,) * len(paths) if weights is None else tuple(weights)
-        if len(weights) != len(paths):
-            raise ArgumentError(f"weights={list(weights)} has {len(weights)} values for {len(paths)} splits")
-        for w in weights:
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0 or w == float("inf"):
-                raise ArgumentError(f"weights={list(weights)}: each must be a finite number >= 0")
-        if not sum(weights):
-            raise ArgumentError(f"weights={list(weights)}: at least one must be above 0")
+        if weights is not None:  # None: the splits' sizes (mix_order), each sample once an epoch
+            if not isinstance(weights, (list, tuple, np.ndarray)):
+                raise ArgumentError(f"weights={weights!r} must be a list of numbers, one per split")
+            weights = tuple(weights)
+            _check_weights(weights, len(paths))
+            weights = tuple(float(w) for w in weights)
         if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
             raise ArgumentError(f"epoch_length={length!r} must be a positive integer")
         if balance is not None and balance not in BALANCES and not isinstance(balance, dict):
             raise ArgumentError(
                 f"balance={balance!r} must be one of {list(BALANCES)} or a {{class_index: weight}} dict"
             )
-        return cls(paths, tuple(float(w) for w in weights), length, balance)
+        return cls(paths, weights, length, balance)
+
+
+def _check_weights(weights: tuple, splits: int) -> None:
+    if len(weights) != splits:
+        raise ArgumentError(f"weights={list(weights)} has {len(weights)} values for {splits} splits")
+    for w in weights:
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not w >= 0 or w == float("inf"):
+            raise ArgumentError(f"weights={list(weights)}: each must be a finite number >= 0")
+    if not sum(weights):
+        raise ArgumentError(f"weights={list(weights)}: at least one must be above 0")
 
 
 class MixIndex:
@@ -424,7 +434,8 @@ def mix_order(
         step = batch_size * world_size if drop_last else world_size
         length = max(step, sum(sizes) // step * step)
     names = [str(s.path) for s in source.sources]
-    plan = MixPlan(sizes, spec.weights, length=length, class_counts=counts, class_weights=weights, names=names)
+    split_weights = spec.weights if spec.weights is not None else sizes
+    plan = MixPlan(sizes, split_weights, length=length, class_counts=counts, class_weights=weights, names=names)
     made = MixOrder(
         plan,
         members,

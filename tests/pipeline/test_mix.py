@@ -263,6 +263,7 @@ def test_a_mix_of_splits_with_other_targets_is_one_line_naming_both(splits, tmp_
     [
         ({"weights": [1]}, r"weights=\[1\] has 1 values for 2 splits"),
         ({"weights": [1, -1]}, r"each must be a finite number >= 0"),
+        ({"weights": 0.7}, r"weights=0.7 must be a list of numbers, one per split"),
         ({"weights": [0, 0]}, "at least one must be above 0"),
         ({"epoch_length": 0}, "epoch_length=0 must be a positive integer"),
         ({"balance": "labels"}, "balance='labels' must be one of"),
@@ -356,3 +357,12 @@ def test_the_class_members_read_fast_are_the_splits_labels(tmp_path):
     table = _build(index, 12)
     assert table[:13].tolist() == np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=12))]).tolist()
     assert np.array_equal(labels[table[13:]], np.sort(labels))  # grouped by class
+
+
+def test_without_weights_a_mix_reads_each_sample_once_an_epoch(splits):
+    loader = _loader([splits / "big", splits / "small"])  # 60 + 12 = 72, 9 batches of 8
+    assert loader.mix.quotas == [60, 12]
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        ids = np.concatenate(list(loader.epoch_batches()))
+        assert sorted(ids.tolist()) == list(range(72))
