@@ -5,6 +5,7 @@ bench-model``: the model alone), :mod:`.gpu_check` (``stoker gpu-check``: the pr
 measurement), :mod:`.scale` (the billion-sample simulation), :mod:`.accuracy` (time to accuracy),
 :mod:`.frameworks` (Lightning, Accelerate, a plain loop), :mod:`.kinds` (the target kinds),
 :mod:`.augment_cost` (the GPU augmentations' cost), :mod:`.pixel_stages` (where the pixel
-tier's time goes) and :mod:`.mix_balance` (exact mixes and balance against weighted samplers). The user commands they build on (``stoker bench``, ``bench-pack``) and their
-pipelines, :mod:`stoker.tools.bench`, stay in the wheel.
+tier's time goes) and :mod:`.mix_balance` (exact mixes and balance against weighted samplers).
+The user commands they build on (``stoker bench``, ``bench-pack``) and their pipelines,
+:mod:`stoker.tools.bench`, stay in the wheel.
 """
