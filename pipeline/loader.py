@@ -85,10 +85,10 @@ class Loader(EpochState, DataLoaderSurface):
         pixel_cache: a folder or a :class:`~.pixels.PixelCache`: the decoded-pixel tier (the first
             epoch decodes each sample into a memory-mapped store; later epochs crop from it).
         weights, epoch_length, balance: a mix (``path`` a list of splits, or one split balanced):
-            each split's proportion, the samples an epoch (default: the splits' sum rounded down
-            to whole global batches) and the balance inside each split (``"classes"`` or
-            ``{class_index: weight}``); the quotas are exact every epoch on every rank
-            (:mod:`.mixsource`, :attr:`mix`).
+            each split's proportion (default: its size), the samples an epoch (default: the
+            splits' sum rounded down to whole global batches) and the balance inside each split
+            (``"classes"`` or ``{class_index: weight}``); the quotas are exact every epoch on
+            every rank (:mod:`.mixsource`, :attr:`mix`).
         **options: a field of those objects given alone (``threads``, ``prefetch``, ``channels``,
             ``channels_last``, ``scale``, ``ratio``, ``crop_pct``, ``val_resize``,
             ``block_shards``, ``drop_last``, ``mixing``, ``storage_options``, ``cache_dir``,

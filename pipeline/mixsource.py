@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import hashlib
+import numbers
 import os
 import sys
 from collections.abc import Sequence
@@ -38,12 +39,13 @@ BALANCES = ("classes",)
 
 @dataclass(frozen=True)
 class MixSpec:
-    """A Loader's mix: its splits, their weights, the epoch length (``None``: the sum of the
-    splits, rounded down so the ranks' batches divide it) and the balance inside each split
-    (``None``, ``"classes"``, or ``{class_index: weight}``)."""
+    """A Loader's mix: its splits, their weights (``None``: their sizes, so an epoch of their sum
+    reads each sample once), the epoch length (``None``: the sum of the splits, rounded down so the
+    ranks' batches divide it) and the balance inside each split (``None``, ``"classes"``, or
+    ``{class_index: weight}``)."""
 
     paths: tuple
-    weights: tuple
+    weights: tuple | None
     epoch_length: int | None = None
     balance: Any = None
 
@@ -62,21 +64,29 @@ class MixSpec:
         paths = tuple(path) if many else (path,)
         if not paths:
             raise ArgumentError("Loader([]) needs at least one split")
-        weights = (1.0,) * len(paths) if weights is None else tuple(weights)
-        if len(weights) != len(paths):
-            raise ArgumentError(f"weights={list(weights)} has {len(weights)} values for {len(paths)} splits")
-        for w in weights:
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0 or w == float("inf"):
-                raise ArgumentError(f"weights={list(weights)}: each must be a finite number >= 0")
-        if not sum(weights):
-            raise ArgumentError(f"weights={list(weights)}: at least one must be above 0")
+        if weights is not None:  # None: the splits' sizes (mix_order), each sample once an epoch
+            if not isinstance(weights, (list, tuple, np.ndarray)):
+                raise ArgumentError(f"weights={weights!r} must be a list of numbers, one per split")
+            weights = tuple(weights)
+            _check_weights(weights, len(paths))
+            weights = tuple(float(w) for w in weights)
         if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
             raise ArgumentError(f"epoch_length={length!r} must be a positive integer")
         if balance is not None and balance not in BALANCES and not isinstance(balance, dict):
             raise ArgumentError(
                 f"balance={balance!r} must be one of {list(BALANCES)} or a {{class_index: weight}} dict"
             )
-        return cls(paths, tuple(float(w) for w in weights), length, balance)
+        return cls(paths, weights, length, balance)
+
+
+def _check_weights(weights: tuple, splits: int) -> None:
+    if len(weights) != splits:
+        raise ArgumentError(f"weights={list(weights)} has {len(weights)} values for {splits} splits")
+    for w in weights:
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not w >= 0 or w == float("inf"):
+            raise ArgumentError(f"weights={list(weights)}: each must be a finite number >= 0")
+    if not sum(weights):
+        raise ArgumentError(f"weights={list(weights)}: at least one must be above 0")
 
 
 class MixIndex:
@@ -335,16 +345,39 @@ def _open(path: Path) -> np.ndarray | None:
         return None
 
 
-def _build(index: SampleIndex, num_classes: int, chunk: int = 1 << 16) -> np.ndarray:
-    """Every loadable sample's class read once (the split's ``cls`` members), sorted."""
+def _build(index: SampleIndex, num_classes: int) -> np.ndarray:
+    """Every loadable sample's class read once (the split's ``cls`` members), sorted: a shard at a
+    time, its digit members parsed in one vectorized pass (:func:`_digit_labels`), any other
+    shard by the split's own decoder (which names a bad member in one line)."""
     labels = np.empty(index.num_valid, np.int64)
-    for s in range(0, index.num_valid, chunk):
-        k = np.arange(s, min(s + chunk, index.num_valid))
-        labels[k] = index.labels(index.valid_at(k))
+    ends = np.cumsum(index.valid_counts())
+    for shard, (lo, hi) in enumerate(zip(np.concatenate([[0], ends[:-1]]).tolist(), ends.tolist(), strict=True)):
+        if hi > lo:
+            g = index.valid_at(np.arange(lo, hi))
+            fast = _digit_labels(index, shard, g, num_classes)
+            labels[lo:hi] = fast if fast is not None else index.labels(g)
     dtype = np.int32 if index.num_valid < 2**31 else np.int64  # half the pages a rank's draws touch
     members = np.argsort(labels, kind="stable").astype(dtype)
     starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=num_classes))]).astype(dtype)
     return np.concatenate([starts, members])
+
+
+def _digit_labels(index: SampleIndex, shard: int, g: np.ndarray, num_classes: int) -> np.ndarray | None:
+    """The classes of shard ``shard``'s samples ``g`` when every ``cls`` member is 1 to 9 ASCII
+    digits naming a class (what ``stoker pack`` writes), read from the shard's bytes at the table's
+    offsets in one pass; else ``None``."""
+    size = np.asarray(index.tgt_size[g], np.int64)
+    if not len(g) or size.min() < 1 or size.max() > 9:
+        return None
+    data = np.memmap(f"{index.split_dir}{os.sep}{index.shard_names[shard]}", np.uint8, mode="r")
+    at = np.asarray(index.tgt_off[g], np.int64)[:, None] + np.arange(int(size.max()))
+    inside = np.arange(int(size.max())) < size[:, None]
+    digits = data[np.minimum(at, len(data) - 1)].astype(np.int64) - ord("0")
+    if not np.all(((digits >= 0) & (digits <= 9)) | ~inside):
+        return None
+    power = 10 ** np.clip(size[:, None] - 1 - np.arange(int(size.max())), 0, None)
+    value = np.where(inside, digits * power, 0).sum(1)
+    return value if value.max() < num_classes else None
 
 
 class ClassSlots:
@@ -401,7 +434,8 @@ def mix_order(
         step = batch_size * world_size if drop_last else world_size
         length = max(step, sum(sizes) // step * step)
     names = [str(s.path) for s in source.sources]
-    plan = MixPlan(sizes, spec.weights, length=length, class_counts=counts, class_weights=weights, names=names)
+    split_weights = spec.weights if spec.weights is not None else sizes
+    plan = MixPlan(sizes, split_weights, length=length, class_counts=counts, class_weights=weights, names=names)
     made = MixOrder(
         plan,
         members,

@@ -167,18 +167,28 @@ def test_a_state_of_another_mix_or_of_one_split_is_refused_in_one_line():
     assert a.restore(state, where="mix").position == 10
 
 
-def test_a_rank_of_a_ten_million_sample_mix_holds_its_share_only():
-    """Plan and order of a 2-split mix of 10 M samples at W=512 and a balanced split read through a
-    memory-mapped member file: a rank's whole epoch allocates on the order of its share."""
+def test_a_rank_of_a_ten_million_sample_mix_holds_its_share_only(tmp_path):
+    """A 2-split mix of 10 M samples at W=512, its 9 M split balanced over 900 classes whose members
+    are a memory-mapped file: a rank's whole epoch allocates on the order of its share."""
+    members = np.lib.format.open_memmap(tmp_path / "members.npy", mode="w+", dtype=np.int32, shape=(9_000_000,))
+    members[:] = np.arange(9_000_000, dtype=np.int32)  # sorted by class already: class c is c * 10,000 ..
+    members.flush()
+    slots = ClassSlots(np.arange(0, 9_000_001, 10_000), np.load(tmp_path / "members.npy", mmap_mode="r"))
     tracemalloc.start()
     try:
-        plan = MixPlan([9_000_000, 1_000_000], [0.5, 0.5], length=10_000_000)
-        order = _orders(plan, 512)[511]
-        got = order.positions(0, 3)
-        assert len(got) == 10_000_000 // 512
+        plan = MixPlan(
+            [9_000_000, 1_000_000],
+            [0.5, 0.5],
+            length=10_000_000,
+            class_counts=[slots.counts(), None],
+            class_weights=[None, None],
+        )
+        got = _orders(plan, 512, [slots, None])[511].positions(0, 3)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    assert len(got) == 10_000_000 // 512
+    assert np.bincount(got[got < 9_000_000] // 10_000, minlength=900).max() < 40  # spread over the classes
     assert peak < 40 * len(got) + (8 << 20), f"{peak:,} bytes for a share of {len(got):,}"
 
 
@@ -253,6 +263,7 @@ def test_a_mix_of_splits_with_other_targets_is_one_line_naming_both(splits, tmp_
     [
         ({"weights": [1]}, r"weights=\[1\] has 1 values for 2 splits"),
         ({"weights": [1, -1]}, r"each must be a finite number >= 0"),
+        ({"weights": 0.7}, r"weights=0.7 must be a list of numbers, one per split"),
         ({"weights": [0, 0]}, "at least one must be above 0"),
         ({"epoch_length": 0}, "epoch_length=0 must be a positive integer"),
         ({"balance": "labels"}, "balance='labels' must be one of"),
@@ -307,3 +318,51 @@ def test_url_splits_mix_like_their_local_copies(splits, tmp_path):
             for (li, lt), (ri, rt) in zip(local, remote, strict=True):
                 assert torch.equal(li, ri) and torch.equal(lt, rt)
     assert len(list((tmp_path / "cache").iterdir())) == 2  # a cache folder per URL split
+
+
+def test_balance_of_a_float_split_and_a_float_split_in_a_class_mix_are_one_line(splits, tmp_path):
+    from stoker.tools.common.synth import make_regression_csv
+    from stoker.tools.pack.api import pack
+
+    pack(make_regression_csv(tmp_path / "src", n=12, seed=1), tmp_path / "reg", workers=1)
+    with pytest.raises(ValueError, match=r"balances a class split; .*reg/train is a float split \(multi-label, mask"):
+        _loader(tmp_path / "reg" / "train", balance="classes")
+    with pytest.raises(ValueError, match=r"big has 6 classes .*, .*reg/train has float targets"):
+        _loader([splits / "big", tmp_path / "reg" / "train"])
+
+
+def test_the_class_members_read_fast_are_the_splits_labels(tmp_path):
+    """Digit members are parsed in one pass a shard; a shard with a member that is not only digits
+    (a stray space or newline) falls back to the split's decoder: the same classes either way."""
+    from stoker.pipeline.mixsource import _build, _digit_labels
+    from stoker.pipeline.shards.manifest import Manifest
+    from stoker.pipeline.shards.samples import open_split
+    from stoker.pipeline.shards.writer import ShardWriter
+    from stoker.tools.common.synth import CLASSES
+
+    classes = list(CLASSES) * 2  # 12 classes: two-digit members
+    write_split(tmp_path / "a", num_samples=40, samples_per_shard=20, classes=classes)
+    jpg = open_split(tmp_path / "a").image(0).tobytes()
+    with ShardWriter(tmp_path / "a" / "shard-000001.tar") as w:  # padding in the second shard
+        for i, cls in enumerate([b"11", b" 3", b"10", b"0", b"7\n"]):
+            w.write(f"{i:09d}", {"jpg": jpg, "cls": cls})
+    m = Manifest.load(tmp_path / "a")
+    m.shards, m.num_samples = [m.shards[0], w.info], 25
+    m.save(tmp_path / "a")
+    index = open_split(tmp_path / "a")
+    labels = index.labels(index.valid_at(np.arange(index.num_valid)))
+    assert labels[20:].tolist() == [11, 3, 10, 0, 7] and labels[:20].max() == 11
+    assert _digit_labels(index, 0, index.valid_at(np.arange(20)), 12).tolist() == labels[:20].tolist()
+    assert _digit_labels(index, 1, index.valid_at(np.arange(20, 25)), 12) is None  # the decoder reads it
+    table = _build(index, 12)
+    assert table[:13].tolist() == np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=12))]).tolist()
+    assert np.array_equal(labels[table[13:]], np.sort(labels))  # grouped by class
+
+
+def test_without_weights_a_mix_reads_each_sample_once_an_epoch(splits):
+    loader = _loader([splits / "big", splits / "small"])  # 60 + 12 = 72, 9 batches of 8
+    assert loader.mix.quotas == [60, 12]
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        ids = np.concatenate(list(loader.epoch_batches()))
+        assert sorted(ids.tolist()) == list(range(72))
