@@ -81,9 +81,22 @@ class Parser(argparse.ArgumentParser):
             self.error(unrecognized(self, extras))
         return parsed
 
+    def note_typos(self, argv: Sequence[str]) -> None:
+        """Remember what the first unknown ``--flag`` of ``argv`` most likely meant, so an error
+        argparse raises before it lists unknown flags (a required flag missing: ``--ouput RUN``
+        for ``--out RUN``) names it too."""
+        known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        flags = [x.split("=", 1)[0] for x in argv if x.startswith("--") and len(x) > 2]
+        typo = next((f for f in flags if f not in known), None)
+        close = close_names(typo, known) if typo else []
+        self._typo = f"{typo} is not a flag: did you mean {' or '.join(close)}?" if close else ""
+
     def error(self, message: str):
         """One line, the way every other stoker error is (argparse prints the whole usage first,
         35 lines for ``stoker train``), and where the options are listed."""
+        typo = getattr(self, "_typo", "")
+        if typo and not message.startswith("unrecognized arguments"):
+            message += f" ({typo})"
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
     def _check_value(self, action: argparse.Action, value) -> None:
@@ -162,16 +175,23 @@ def flag_spelling(parser: argparse.ArgumentParser, command: str) -> Callable[[st
     return lambda name: flags.get(name) or flags.get(name.removesuffix("s")) or "--" + name.replace("_", "-")
 
 
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser of each ``stoker COMMAND``, by name."""
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
 def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
     """The parser of ``stoker COMMAND`` (``parser`` itself when there is none)."""
-    if command is None:
-        return parser
-    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    return parser if command is None else _commands(parser)[command]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = get_args_parser()
+        command = next((a for a in argv if not a.startswith("-")), None)
+        if command in _commands(parser):
+            _commands(parser)[command].note_typos(argv)
         args, unknown = parser.parse_known_args(argv)
     except KeyboardInterrupt:  # before any work: nothing to resume
         print("stoker: interrupted", file=sys.stderr)

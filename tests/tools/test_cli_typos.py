@@ -38,6 +38,9 @@ def test_a_mistyped_flag_names_the_flag_it_meant(tmp_path):
     assert "did you mean --batch-size?" in line and line.endswith("see stoker train --help")
     assert "did you mean --val-fraction?" in one_line(run("pack", tmp_path, tmp_path / "o", "--val_fraction=0.1"))
     assert "did you mean" not in one_line(run("verify", tmp_path, "--zzzzzz"))  # nothing close: no guess
+    # a required flag mistyped: argparse stops at the missing flag, and the line still names the typo
+    line = one_line(run("train", tmp_path, "--ouput", tmp_path / "r"))
+    assert "the following arguments are required: --out (--ouput is not a flag: did you mean --out?)" in line
 
 
 def test_abbreviations_are_refused_in_every_command(tmp_path):

@@ -164,8 +164,8 @@ def stratified_split(items: list[Item], fraction: float, seed: int) -> tuple[lis
     one train item at least. The rest, up to ``round`` of the eligible classes' summed shares (and
     at least 1), comes one item each from the classes with the largest left-over share (seeded
     tie-break; largest remainder), so 2-image classes at ``fraction=0.1`` give val one image in
-    five classes, and no class gives more than its share rounded up. A class
-    with one item keeps it in train: a class seen only in val could never be learnt.
+    five classes, and no class gives more than its share rounded up. A class with one item keeps
+    it in train: a class seen only in val could never be learnt.
     """
     by_class: dict[int, list[int]] = {}
     for i, it in enumerate(items):
