@@ -93,8 +93,8 @@ def _check_rectangles(batches: list) -> int:
 
 @pytest.mark.parametrize("backend, extra", BACKENDS, ids=[b for b, _ in BACKENDS])
 def test_a_solid_rectangle_stays_under_its_box(split, tmp_path, backend, extra):
-    """Train (RandomResizedCrop + flip), val center crop and val letterbox: every box covers its
-    colour on every backend; the boxes are the same on each backend (and run) for one seed."""
+    """Train (RandomResizedCrop + flip; scale jitter), val center crop and val letterbox: every box
+    covers its colour on every backend; the boxes are the same on each backend (and run) for one seed."""
     train = _batches(_loader(split, backend, extra, tmp_path, crop=48, train=True, seed=5))
     assert _check_rectangles(train) >= 10
     letterbox = CropSpec.of(56, val_fit="letterbox")
@@ -105,6 +105,12 @@ def test_a_solid_rectangle_stays_under_its_box(split, tmp_path, backend, extra):
         _loader(split, backend, extra, tmp_path / "c", crop=CropSpec.of(48, val_fit="center"), train=False)
     )
     _check_rectangles(center)
+    jitter = CropSpec.of(48, train_fit="scale-jitter", jitter=(0.3, 1.6))  # crops and pads
+    jittered = _batches(_loader(split, backend, extra, tmp_path / "j", crop=jitter, train=True, seed=5))
+    assert _check_rectangles(jittered) >= 10
+    again = _batches(_loader(split, "pil", {}, tmp_path / "ja", crop=jitter, train=True, seed=5))
+    for (_, a), (_, b) in zip(jittered, again, strict=True):
+        assert torch.equal(a.boxes, b.boxes)
     reference = _batches(_loader(split, "pil", {}, tmp_path / "r", crop=48, train=True, seed=5))
     for (_, a), (_, b) in zip(train, reference, strict=True):
         assert torch.equal(a.boxes, b.boxes) and torch.equal(a.labels, b.labels)
@@ -200,3 +206,21 @@ def test_box_members_parse_fast_or_slow_and_bad_ones_are_named():
     assert "outside its 8x8 image" in kind.check(encode_boxes(rows), num_classes=2, image_wh=(8, 8))
     assert "not an index below 1" in kind.check(encode_boxes(rows), num_classes=1, image_wh=(10, 10))
     assert kind.check(encode_boxes(np.zeros((0, 6))), num_classes=1, image_wh=(10, 10)) is None
+
+
+def test_scale_jitter_pads_where_the_image_is_smaller(split, tmp_path):
+    """A factor below 1 leaves the picture smaller than the output: it sits at the top-left, zeros
+    beyond it, and its boxes scale by the same factor."""
+    from stoker.pipeline.augment import scale_jitter
+
+    crops = CropSpec.of(64, train_fit="scale-jitter", jitter=(0.4, 0.6))
+    loader = _loader(split, "pil", {}, tmp_path, crop=crops, train=True, seed=1)
+    batch = next(iter(loader.decoding.runner_for(loader.crops).iterate([loader.epoch_batches()[0]], 0, 1)))
+    ids = np.asarray(batch.ids)
+    _, wh = loader.index.images(ids)
+    _, _, places = scale_jitter(wh, ids, 64, seed=1, epoch=0, jitter=(0.4, 0.6))
+    for k, (_, _, w, h) in enumerate(places.tolist()):
+        assert w < 64 and h < 64
+        assert (batch.images[k, :, h:, :] == 0).all() and (batch.images[k, :, :, w:] == 0).all()
+        assert batch.images[k, :, : h - 1, : w - 1].float().mean() > 50
+        assert (batch.targets.boxes[k, : batch.targets.counts[k], 2] <= w + 1e-4).all()
