@@ -224,3 +224,31 @@ def test_scale_jitter_pads_where_the_image_is_smaller(split, tmp_path):
         assert (batch.images[k, :, h:, :] == 0).all() and (batch.images[k, :, :, w:] == 0).all()
         assert batch.images[k, :, : h - 1, : w - 1].float().mean() > 50
         assert (batch.targets.boxes[k, : batch.targets.counts[k], 2] <= w + 1e-4).all()
+
+
+def test_verify_and_index_hold_every_box_to_its_image(tmp_path):
+    """``stoker verify`` finds a box outside its image; ``stoker index --targets boxes`` marks it
+    to skip and indexes the rest (a negative included)."""
+    import shutil
+
+    from helpers import run_cli
+
+    split = tmp_path / "train"
+    split.mkdir()
+    image = encode(__import__("PIL.Image").Image.new("RGB", (40, 30), (9, 9, 9)), "PNG")
+    rows = [[[1, 1, 10, 10, 0, 0]], [[1, 1, 50, 10, 0, 0]], []]  # the second is wider than its image
+    with ShardWriter(split / "train-000000.tar") as w:
+        for i, r in enumerate(rows):
+            w.write(f"{i:09d}", {"png": image, "boxes.npy": encode_boxes(r)})
+    Manifest(num_samples=3, classes=["a"], shards=[w.info], target=Target.of("boxes")).save(split)
+    rc, out, err = run_cli("verify", split)
+    assert rc != 0 and "outside its 40x30 image" in out + err
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    shutil.copy(split / "train-000000.tar", foreign)
+    rc, out, err = run_cli("index", foreign, "--targets", "boxes")
+    assert rc == 0, err
+    assert "1 sample(s) marked to skip" in out + err
+    loader = Loader(foreign, batch_size=2, crop=16, train=False, backend="pil", threads=0)
+    counts = [int(c) for _, t in loader for c in t.counts]
+    assert sorted(counts) == [0, 1]
