@@ -11,9 +11,10 @@ crop is the input size).
 Architectures (``--arch``): ``fcos_tiny`` (the default: an FCOS head on a small 3-level FPN
 backbone, trains on a CPU in seconds), or any torchvision detection model name
 (``fasterrcnn_mobilenet_v3_large_fpn``, ``retinanet_resnet50_fpn``, ``fcos_resnet50_fpn``, ...),
-built with ``weights=None, weights_backbone=None``. Validation: torchmetrics'
-``MeanAveragePrecision`` (pycocotools; the ``stoker[detect]`` extra): ``map`` (COCO mAP@[.5:.95],
-picks ``best.pt``) and ``map50``.
+built with ``weights=None, weights_backbone=None``. Validation
+(:class:`stoker.model.train.tasks.DetectMetrics`): torchmetrics' ``MeanAveragePrecision``
+(pycocotools; the ``stoker[detect]`` extra): ``map`` (COCO mAP@[.5:.95], picks ``best.pt``) and
+``map50``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ import torch
 from torch import nn
 
 from stoker.errors import ArgumentError
-
-from .train.tasks import Metrics, Task
 
 #: stoker's own detector (the default of ``--task detect``)
 TINY = "fcos_tiny"
@@ -160,45 +159,4 @@ def synthetic_boxes(n: int, hw: tuple[int, int], classes: int, generator: torch.
     return BoxBatch.from_rows(rows)
 
 
-class DetectMetrics(Metrics):
-    """COCO mAP (``map``, over IoU .5:.95) and ``map50`` of every val image, by torchmetrics'
-    ``MeanAveragePrecision`` (crowd boxes scored as "ignore"); the images of every rank gathered."""
-
-    def __init__(self, task: Task, device: torch.device):
-        self.task, self.device = task, device
-        self.preds: list = []
-        self.targets: list = []
-
-    def update(self, out, y):
-        y = y.to("cpu")
-        for o, t in zip(out, y.to_list(), strict=True):
-            self.preds.append({k: v.detach().float().cpu() if k != "labels" else v.cpu() for k, v in o.items()})
-            self.targets.append(t)
-
-    def compute(self, dist):
-        preds, targets = self.preds, self.targets
-        if dist.enabled:
-            import torch.distributed as tdist
-
-            parts: list = [None] * dist.world_size
-            tdist.all_gather_object(parts, (preds, targets))
-            preds, targets = [p for part in parts for p in part[0]], [t for part in parts for t in part[1]]
-        try:
-            from torchmetrics.detection import MeanAveragePrecision
-
-            metric = MeanAveragePrecision(iou_type="bbox")
-        except (ImportError, ModuleNotFoundError) as e:
-            raise ArgumentError(
-                f"--task detect scores COCO mAP with torchmetrics and pycocotools: pip install 'stoker[detect]' ({e})"
-            ) from None
-        if preds:
-            metric.update(preds, targets)
-            r = metric.compute()
-            figure = lambda k: float(r[k]) if float(r[k]) >= 0 else float("nan")  # noqa: E731  (-1: no box at all)
-            mean_ap, ap50 = figure("map"), figure("map_50")
-        else:
-            mean_ap = ap50 = float("nan")
-        return {"n": len(preds), "map": mean_ap, "map50": ap50, "loss": float("nan")}
-
-
-__all__ = ["TINY", "DetectMetrics", "DetectionNet", "Detections", "TinyFPN", "build_detector", "detection_loss"]
+__all__ = ["TINY", "DetectionNet", "Detections", "TinyFPN", "build_detector", "detection_loss"]

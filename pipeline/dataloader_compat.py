@@ -75,7 +75,8 @@ class LoaderDataset:
             raise TypeError(
                 f"loader.dataset.targets: a {index.target.kind} split's targets are images; iterate the Loader"
             )
-        return index.targets(index.valid).tolist()
+        values = index.targets(index.valid)
+        return values.tolist() if hasattr(values, "tolist") else list(values)  # a kind of ragged values: a list
 
     @property
     def samples(self) -> list:

@@ -373,6 +373,8 @@ def resized(crops: CropSpec, crop: Any) -> CropSpec:
         crop_pct=None if crops.val_resize is not None else crops.crop_pct,
         val_resize=crops.val_resize,
         val_fit=crops.val_fit,
+        train_fit=crops.train_fit,
+        jitter=crops.jitter,
     )
 
 

@@ -67,8 +67,6 @@ class Task:
         """A fresh accumulator of this task's validation figures."""
         cls = {"classify": ClassifyMetrics, "segment": SegmentMetrics, "multilabel": MultilabelMetrics}.get(self.name)
         if self.name == "detect":
-            from ..detection import DetectMetrics
-
             cls = DetectMetrics
         if self.case_study:
             return CaseStudyMetrics(self, device)
@@ -294,6 +292,47 @@ class MultilabelMetrics(Metrics):
         return {"n": int(n), "map": average_precision(scores, targets), "loss": _div(loss, n)}
 
 
+class DetectMetrics(Metrics):
+    """COCO mAP (``map``, over IoU .5:.95) and ``map50`` of every val image, by torchmetrics'
+    ``MeanAveragePrecision`` (crowd boxes scored as "ignore"); the images of every rank gathered."""
+
+    def __init__(self, task: Task, device: torch.device):
+        self.task, self.device = task, device
+        self.preds: list = []
+        self.targets: list = []
+
+    def update(self, out, y):
+        y = y.to("cpu")
+        for o, t in zip(out, y.to_list(), strict=True):
+            self.preds.append({k: v.detach().float().cpu() if k != "labels" else v.cpu() for k, v in o.items()})
+            self.targets.append(t)
+
+    def compute(self, dist):
+        preds, targets = self.preds, self.targets
+        if dist.enabled:
+            import torch.distributed as tdist
+
+            parts: list = [None] * dist.world_size
+            tdist.all_gather_object(parts, (preds, targets))
+            preds, targets = [p for part in parts for p in part[0]], [t for part in parts for t in part[1]]
+        try:
+            from torchmetrics.detection import MeanAveragePrecision
+
+            metric = MeanAveragePrecision(iou_type="bbox")
+        except (ImportError, ModuleNotFoundError) as e:
+            raise ArgumentError(
+                f"--task detect scores COCO mAP with torchmetrics and pycocotools: pip install 'stoker[detect]' ({e})"
+            ) from None
+        if preds:
+            metric.update(preds, targets)
+            r = metric.compute()
+            figure = lambda k: float(r[k]) if float(r[k]) >= 0 else float("nan")  # noqa: E731  (-1: no box at all)
+            mean_ap, ap50 = figure("map"), figure("map_50")
+        else:
+            mean_ap = ap50 = float("nan")
+        return {"n": len(preds), "map": mean_ap, "map50": ap50, "loss": float("nan")}
+
+
 def average_precision(scores: torch.Tensor, targets: torch.Tensor) -> float:
     """The mean over classes with a positive of each class's average precision (the area under
     its precision-recall steps, as scikit-learn's ``average_precision_score``)."""
@@ -319,4 +358,4 @@ def _div(a, b) -> float:
     return a / b if b else float("nan")
 
 
-__all__ = ["TASKS", "Metrics", "Task", "average_precision", "resolve_task"]
+__all__ = ["TASKS", "DetectMetrics", "Metrics", "Task", "average_precision", "resolve_task"]

@@ -44,6 +44,7 @@ from .crops import (
     full_places,
     letterbox_places,
     random_resized_crop,
+    scale_jitter,
     uniforms,
     whole_image,
 )
@@ -55,6 +56,7 @@ from .schedule import ProgressiveCrop
 from .timm_policies import TimmAutoAugment, TimmRandAugment, parse_aa
 
 __all__ = [
+    "scale_jitter",
     "full_places",
     "letterbox_places",
     "whole_image",

@@ -8,6 +8,7 @@ where a resumed run started: DALI decodes exactly the region the pillow backend 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -23,6 +24,12 @@ VAL_CROP_FRACTION = 0.875  # val: resize shorter side to crop / 0.875, center cr
 #: image resized keeping its aspect ratio into the top-left of the output, the rest zero) or
 #: ``auto`` (the split's kind says: a kind whose targets follow the crop keeps the whole image)
 VAL_FITS = ("auto", "center", "letterbox")
+#: the train crops: ``rrc`` (RandomResizedCrop) or ``scale-jitter`` (detection's large-scale
+#: jitter: the whole image fitted to the output, scaled by a random factor in ``jitter``, then a
+#: random crop of the output's size, or the output padded where the image is smaller)
+TRAIN_FITS = ("rrc", "scale-jitter")
+#: torchvision's detection references (``ScaleJitter(scale_range=(0.1, 2.0))``)
+JITTER = (0.1, 2.0)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -54,6 +61,13 @@ class CropSpec:
     crop_pct: float = VAL_CROP_FRACTION
     val_resize: float | None = None
     val_fit: str = "auto"
+    train_fit: str = "rrc"
+    jitter: tuple[float, float] = JITTER
+
+    @property
+    def places_train(self) -> bool:
+        """The train crops land on a part of the output (scale jitter's padding), not all of it."""
+        return self.train_fit == "scale-jitter"
 
     def letterbox(self, kind_fit: str = "center") -> bool:
         """The val transform keeps the whole image (resize keeping the aspect ratio, then pad);
@@ -70,6 +84,8 @@ class CropSpec:
         crop_pct: float | None = None,
         val_resize: float | None = None,
         val_fit: str = "auto",
+        train_fit: str = "rrc",
+        jitter=JITTER,
     ) -> CropSpec:
         """Validate the Loader's arguments (``crop`` an int or ``(height, width)``); a bad one is a
         ValueError naming it."""
@@ -95,8 +111,13 @@ class CropSpec:
             raise ArgumentError(f"val_resize={val_resize!r} must be at least the crop's shorter side ({min(size)})")
         if val_fit not in VAL_FITS:
             raise ArgumentError(f"val_fit={val_fit!r} must be one of {', '.join(VAL_FITS)}")
+        if train_fit not in TRAIN_FITS:
+            raise ArgumentError(f"train_fit={train_fit!r} must be one of {', '.join(TRAIN_FITS)}")
+        jitter = _pair(jitter, "jitter")
+        if not 0 < jitter[0] <= jitter[1]:
+            raise ArgumentError(f"jitter={jitter!r} must satisfy 0 < low <= high (a factor on the fitted size)")
         pct = VAL_CROP_FRACTION if crop_pct is None else float(crop_pct)
-        return cls(tuple(size), scale, ratio, pct, val_resize, val_fit)
+        return cls(tuple(size), scale, ratio, pct, val_resize, val_fit, train_fit, jitter)
 
 
 def _pair(value, name: str) -> tuple[float, float]:
@@ -197,6 +218,37 @@ def center_crop(
     return np.stack([x, y, w, h], axis=1)
 
 
+_JITTER_STREAM = int.from_bytes(hashlib.blake2b(b"scale-jitter", digest_size=8).digest(), "little")
+
+
+def scale_jitter(
+    wh: np.ndarray, ids: np.ndarray, crop, *, seed: int, epoch: int, jitter: tuple[float, float] = JITTER
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Large-scale jitter (torchvision's ``ScaleJitter`` then ``FixedSizeCrop``) for a batch: each
+    image scaled by ``min(out_h / h, out_w / w) * U(jitter)``, then a random window of the output's
+    size (where the scaled image is larger) placed at the output's top-left (the rest padding),
+    a pure function of ``(seed, epoch, sample)``.
+
+    Returns:
+        ``(boxes, flips, places)``: the window in stored pixels ``[B, 4]`` ``(x, y, w, h)``,
+        horizontal flips ``[B]``, and where the window lands in the output ``[B, 4]``.
+    """
+    ch, cw = (crop, crop) if np.isscalar(crop) else (int(crop[0]), int(crop[1]))
+    wh = np.asarray(wh, np.float64).reshape(-1, 2)
+    u = uniforms(ids, 4, seed=(int(seed) ^ _JITTER_STREAM) & (2**64 - 1), epoch=epoch)
+    s = np.minimum(ch / wh[:, 1], cw / wh[:, 0]) * (jitter[0] + u[:, 0] * (jitter[1] - jitter[0]))
+    sw, sh = np.maximum(1, np.rint(wh[:, 0] * s)), np.maximum(1, np.rint(wh[:, 1] * s))
+    pw, ph = np.minimum(sw, cw), np.minimum(sh, ch)  # the part of the output the image covers
+    ox, oy = np.floor(u[:, 1] * (sw - pw + 1)), np.floor(u[:, 2] * (sh - ph + 1))  # in scaled pixels
+    fx, fy = wh[:, 0] / sw, wh[:, 1] / sh  # stored pixels a scaled pixel
+    x, y = np.floor(ox * fx), np.floor(oy * fy)
+    w = np.clip(np.rint(pw * fx), 1, wh[:, 0] - x)
+    h = np.clip(np.rint(ph * fy), 1, wh[:, 1] - y)
+    boxes = np.stack([x, y, w, h], axis=1).astype(np.int64)
+    places = np.stack([np.zeros_like(pw), np.zeros_like(ph), pw, ph], axis=1).astype(np.int64)
+    return boxes, u[:, 3] < 0.5, places
+
+
 def whole_image(wh: np.ndarray) -> np.ndarray:
     """``[B, 4]`` int64 ``(0, 0, w, h)``: the crop box of a transform that keeps the whole image."""
     wh = np.asarray(wh, np.int64).reshape(-1, 2)
@@ -244,6 +296,8 @@ __all__ = [
     "RATIO",
     "SCALE",
     "VAL_CROP_FRACTION",
+    "JITTER",
+    "TRAIN_FITS",
     "VAL_FITS",
     "CropSpec",
     "center_crop",
@@ -252,5 +306,6 @@ __all__ = [
     "letterbox_places",
     "whole_image",
     "random_resized_crop",
+    "scale_jitter",
     "uniforms",
 ]

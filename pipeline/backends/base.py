@@ -160,6 +160,8 @@ class Plan(NamedTuple):
     flips: np.ndarray
     consumed: int
     skipped: int
+    #: ``[len(ids), 4]`` where each crop box lands in the output (:func:`places_of`)
+    places: np.ndarray | None = None
 
     def keep(self, mask: np.ndarray) -> Plan:
         """This plan with only the samples where ``mask`` holds (the rest count as skipped)."""
@@ -171,6 +173,7 @@ class Plan(NamedTuple):
             masks=None if self.masks is None else [m for m, k in zip(self.masks, mask, strict=True) if k],
             boxes=self.boxes[mask],
             flips=self.flips[mask],
+            places=None if self.places is None else self.places[mask],
             skipped=self.skipped + int((~mask).sum()),
         )
 
@@ -184,6 +187,11 @@ def letterbox(settings: DecodeSettings) -> bool:
 def crop_boxes(settings: DecodeSettings, wh: np.ndarray, ids: np.ndarray, *, epoch: int, seed: int) -> tuple:
     """``(boxes, flips)`` of ``ids``: random resized crops and flips for train (a pure function of
     ``(seed, epoch, sample)``), the center crop (or the whole image, letterboxed) and no flip for val."""
+    if settings.train and settings.crops.places_train:  # scale jitter: its window, then placed
+        boxes, flips, _ = augment.scale_jitter(
+            wh, ids, settings.crop, seed=seed, epoch=epoch, jitter=settings.crops.jitter
+        )
+        return boxes, flips
     if settings.train:
         return augment.random_resized_crop(wh, ids, seed=seed, epoch=epoch, scale=settings.scale, ratio=settings.ratio)
     if letterbox(settings):  # resized whole, then fitted into the output (.letterbox)
@@ -220,7 +228,8 @@ def plan_batch(
             ids = settings.stand_in(planned)
             enc, wh, masks, _ = _read(settings, ids)
     boxes, flips = crop_boxes(settings, wh, ids, epoch=epoch, seed=seed)
-    return Plan(ids, enc, wh, masks, boxes, flips, consumed, skipped)
+    places = places_of(settings, wh, ids, epoch=epoch, seed=seed)
+    return Plan(ids, enc, wh, masks, boxes, flips, consumed, skipped, places)
 
 
 def _read(settings: DecodeSettings, ids: np.ndarray, wh: np.ndarray | None = None) -> tuple:
@@ -316,11 +325,20 @@ def crop_masks(settings: DecodeSettings, decoded: list, plan: Plan):
     return out
 
 
-def places_of(settings: DecodeSettings, wh: np.ndarray) -> np.ndarray:
-    """Where each crop box lands in the output (``[N, 4]`` ``x y w h``): all of it, or the val
-    letterbox's part."""
+def placed(settings: DecodeSettings) -> bool:
+    """The crop boxes land on a part of the output (:func:`places_of`): the val letterbox, the
+    train scale jitter. A runner resizes onto the whole output; :mod:`.letterbox` fits the part."""
+    return letterbox(settings) or (settings.train and settings.crops.places_train)
+
+
+def places_of(settings: DecodeSettings, wh: np.ndarray, ids=None, *, epoch: int = 0, seed: int = 0) -> np.ndarray:
+    """Where each crop box lands in the output (``[N, 4]`` ``x y w h``): all of it, the val
+    letterbox's part, or the train scale jitter's (of ``ids`` at ``(seed, epoch)``)."""
     if letterbox(settings):
         return augment.letterbox_places(wh, settings.crop)
+    if settings.train and settings.crops.places_train:
+        jitter = settings.crops.jitter
+        return augment.scale_jitter(wh, ids, settings.crop, seed=seed, epoch=epoch, jitter=jitter)[2]
     return augment.full_places(len(wh), settings.crop)
 
 
@@ -337,9 +355,10 @@ def targets_of(settings: DecodeSettings, ids: np.ndarray, *, plan: Plan | None =
     if plan is None:
         _, wh = settings.index.images(ids)
         boxes, flips = crop_boxes(settings, wh, ids, epoch=epoch, seed=seed)
+        places = places_of(settings, wh, ids, epoch=epoch, seed=seed)
     else:
-        wh, boxes, flips = plan.wh, plan.boxes, plan.flips
-    return target.follow(values, boxes, flips, places_of(settings, wh))
+        boxes, flips, places = plan.boxes, plan.flips, plan.places
+    return target.follow(values, boxes, flips, places)
 
 
 def empty_images(settings: DecodeSettings, n: int, *, pin_memory: bool = False, device: Any | None = None):
@@ -379,6 +398,7 @@ __all__ = [
     "empty_targets",
     "letterbox",
     "loadable",
+    "placed",
     "places_of",
     "plan_batch",
     "plan_with_masks",

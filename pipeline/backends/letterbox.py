@@ -1,6 +1,7 @@
-"""The val letterbox on every backend: the runner decodes the whole image resized to the output
-(:func:`.base.crop_boxes` gives it the whole image as its crop box), and this wrapper fits each
-image back to its aspect ratio into the output's top-left corner (:func:`~..augment.letterbox_places`),
+"""Crops that land on a part of the output, on every backend: the val letterbox and the train
+scale jitter. The runner resizes each crop box onto the whole output (:func:`.base.crop_boxes`:
+the whole image for the letterbox, the jitter's window), and this wrapper fits each image back
+into its place (:func:`.base.places_of`: the output's top-left corner, its aspect ratio kept),
 zeros around it. One code path for dali, pil, nvjpeg and the pixel tier; targets that follow the
 crop are placed by the same places (:func:`.base.targets_of`), a mask is fitted with its image
 (nearest, the padding ``ignore_index``).
@@ -13,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import augment
-from .base import Batch, DecodeSettings, Runner, letterbox
+from .base import Batch, DecodeSettings, Runner, placed, places_of
 
 
 def fit_images(images, places: np.ndarray, *, fill: float = 0.0, mode: str = "bilinear"):
@@ -58,12 +58,13 @@ def _fit_cpu(images, out, places: np.ndarray, mode: str) -> None:
         dst[k, y : y + h, x : x + w] = fitted[..., None] if one else fitted
 
 
-def letterbox_batch(settings: DecodeSettings, batch: Batch) -> Batch:
-    """``batch`` (its images the whole images stretched to the output) letterboxed."""
+def letterbox_batch(settings: DecodeSettings, batch: Batch, *, epoch: int = 0, seed: int = 0) -> Batch:
+    """``batch`` (each crop box resized onto the whole output) with each image fitted into its place."""
     if not len(batch.images):
         return batch
-    _, wh = settings.index.images(np.asarray(batch.ids))
-    places = augment.letterbox_places(wh, settings.crop)
+    ids = np.asarray(batch.ids)
+    _, wh = settings.index.images(ids)
+    places = places_of(settings, wh, ids, epoch=epoch, seed=seed)
     images = fit_images(batch.images, places)
     targets = batch.targets
     if settings.masks:
@@ -73,7 +74,7 @@ def letterbox_batch(settings: DecodeSettings, batch: Batch) -> Batch:
 
 
 class LetterboxRunner:
-    """A runner whose val batches are letterboxed (:func:`letterbox_batch`)."""
+    """A runner whose batches are fitted into their places (:func:`letterbox_batch`)."""
 
     def __init__(self, inner: Runner, settings: DecodeSettings):
         self.inner, self.settings = inner, settings
@@ -82,7 +83,7 @@ class LetterboxRunner:
         it = self.inner.iterate(batches, epoch, seed)
         try:
             for batch in it:
-                yield letterbox_batch(self.settings, batch)
+                yield letterbox_batch(self.settings, batch, epoch=epoch, seed=seed)
         finally:
             close = getattr(it, "close", None)
             if close is not None:
@@ -111,8 +112,8 @@ class LetterboxRunner:
 
 
 def letterboxed(runner: Runner, settings: DecodeSettings) -> Runner:
-    """``runner`` wrapped when its settings ask for the val letterbox, else itself."""
-    if not letterbox(settings):
+    """``runner`` wrapped when its crops land on a part of the output, else itself."""
+    if not placed(settings):
         return runner
     return LetterboxRunner(runner, settings)
 

@@ -279,9 +279,10 @@ class BoxKind(Target):
     def pack_value(self, item, res, classes):
         """Rows the source gave in shares of the image (``x0 y0 x1 y1`` in ``[0, 1]``) in the
         stored image's pixels: pack's resize scales them with the image."""
-        from .samples import image_size
+        from PIL import Image
 
-        w, h = image_size(res.jpg) or (res.width, res.height)
+        with Image.open(io.BytesIO(res.jpg)) as im:  # the stored size: the header alone
+            w, h = im.size
         rows = np.asarray(item.target or (), np.float64).reshape(-1, COLUMNS) * (w, h, w, h, 1, 1)
         rows[:, :4] = np.clip(rows[:, :4], 0, (w, h, w, h))  # a share of exactly 1.0 stays on the image
         rows = rows.astype(np.float32)

@@ -19,7 +19,8 @@ entry points of your package)::
 
 ``Target(kind="score", ...)`` (or ``Target.from_json`` of its manifest) is then a ``Score``. The
 built-in kinds: ``class`` (``cls``), ``float`` (``target.npy``), ``multilabel`` (``labels.npy``)
-and ``mask`` (``mask.png``, spatial); their formats are in :mod:`.targets`.
+and ``mask`` (``mask.png``, spatial), and in a module of its own (:mod:`.boxes`, registered by
+:mod:`.targets`) ``boxes`` (``boxes.npy``, follows the crop); their formats are in :mod:`.targets`.
 """
 
 from __future__ import annotations
@@ -824,8 +825,6 @@ def _num(v: float) -> str:
         return f"{v:,.0f}"
     return f"{v:.3g}"
 
-
-from . import boxes as _boxes  # noqa: E402,F401  (the box kind registers itself)
 
 __all__ = [
     "IGNORE_INDEX",

@@ -7,6 +7,7 @@ kind           member (packed)      stored as                                   
 ``float``      ``target.npy``       float32 ``(K,)`` ``.npy``                     float32 ``[N]`` or ``[N, K]``
 ``multilabel`` ``labels.npy``       int32 ``(n,)`` ``.npy`` of class indices      float32 multi-hot ``[N, C]``
 ``mask``       ``mask.png``         8-bit grayscale PNG, one class index a pixel  uint8 ``[N, H, W]``
+``boxes``      ``boxes.npy``        float32 ``(k, 6)`` rows x0 y0 x1 y1 cls crowd  a box batch (:mod:`.boxes`)
 =============  ===================  ============================================  ==========================
 
 A split's manifest names its kind and member (:class:`Target`: an object of its kind's class, in
@@ -17,6 +18,7 @@ pixel value ``ignore_index`` (255 by default) marks pixels no loss should count.
 
 from __future__ import annotations
 
+from . import boxes as _boxes  # noqa: F401  (the box kind, a module of its own, registers itself)
 from .kinds import (  # the kinds' codecs and the Target, named here too for what imported them from here
     IGNORE_INDEX,
     MAX_COLUMNS,

@@ -146,7 +146,7 @@ def test_resume_refuses_other_arch_and_other_batch_size(data, tmp_path):
     [
         (dict(epochs=0), "epochs=0"),
         (dict(optimizer="lamb"), "optimizer='lamb'"),
-        (dict(task="detection"), "task='detection'"),
+        (dict(task="keypoints"), "task='keypoints'"),
         (dict(lr=-1.0), "lr=-1.0"),
         (dict(label_smoothing=1.0), "label_smoothing=1.0"),
     ],

@@ -93,8 +93,8 @@ def _check_rectangles(batches: list) -> int:
 
 @pytest.mark.parametrize("backend, extra", BACKENDS, ids=[b for b, _ in BACKENDS])
 def test_a_solid_rectangle_stays_under_its_box(split, tmp_path, backend, extra):
-    """Train (RandomResizedCrop + flip), val center crop and val letterbox: every box covers its
-    colour on every backend; the boxes are the same on each backend (and run) for one seed."""
+    """Train (RandomResizedCrop + flip; scale jitter), val center crop and val letterbox: every box
+    covers its colour on every backend; the boxes are the same on each backend (and run) for one seed."""
     train = _batches(_loader(split, backend, extra, tmp_path, crop=48, train=True, seed=5))
     assert _check_rectangles(train) >= 10
     letterbox = CropSpec.of(56, val_fit="letterbox")
@@ -105,6 +105,12 @@ def test_a_solid_rectangle_stays_under_its_box(split, tmp_path, backend, extra):
         _loader(split, backend, extra, tmp_path / "c", crop=CropSpec.of(48, val_fit="center"), train=False)
     )
     _check_rectangles(center)
+    jitter = CropSpec.of(48, train_fit="scale-jitter", jitter=(0.3, 1.6))  # crops and pads
+    jittered = _batches(_loader(split, backend, extra, tmp_path / "j", crop=jitter, train=True, seed=5))
+    assert _check_rectangles(jittered) >= 10
+    again = _batches(_loader(split, "pil", {}, tmp_path / "ja", crop=jitter, train=True, seed=5))
+    for (_, a), (_, b) in zip(jittered, again, strict=True):
+        assert torch.equal(a.boxes, b.boxes)
     reference = _batches(_loader(split, "pil", {}, tmp_path / "r", crop=48, train=True, seed=5))
     for (_, a), (_, b) in zip(train, reference, strict=True):
         assert torch.equal(a.boxes, b.boxes) and torch.equal(a.labels, b.labels)
@@ -200,3 +206,49 @@ def test_box_members_parse_fast_or_slow_and_bad_ones_are_named():
     assert "outside its 8x8 image" in kind.check(encode_boxes(rows), num_classes=2, image_wh=(8, 8))
     assert "not an index below 1" in kind.check(encode_boxes(rows), num_classes=1, image_wh=(10, 10))
     assert kind.check(encode_boxes(np.zeros((0, 6))), num_classes=1, image_wh=(10, 10)) is None
+
+
+def test_scale_jitter_pads_where_the_image_is_smaller(split, tmp_path):
+    """A factor below 1 leaves the picture smaller than the output: it sits at the top-left, zeros
+    beyond it, and its boxes scale by the same factor."""
+    from stoker.pipeline.augment import scale_jitter
+
+    crops = CropSpec.of(64, train_fit="scale-jitter", jitter=(0.4, 0.6))
+    loader = _loader(split, "pil", {}, tmp_path, crop=crops, train=True, seed=1)
+    batch = next(iter(loader.decoding.runner_for(loader.crops).iterate([loader.epoch_batches()[0]], 0, 1)))
+    ids = np.asarray(batch.ids)
+    _, wh = loader.index.images(ids)
+    _, _, places = scale_jitter(wh, ids, 64, seed=1, epoch=0, jitter=(0.4, 0.6))
+    for k, (_, _, w, h) in enumerate(places.tolist()):
+        assert w < 64 and h < 64
+        assert (batch.images[k, :, h:, :] == 0).all() and (batch.images[k, :, :, w:] == 0).all()
+        assert batch.images[k, :, : h - 1, : w - 1].float().mean() > 50
+        assert (batch.targets.boxes[k, : batch.targets.counts[k], 2] <= w + 1e-4).all()
+
+
+def test_verify_and_index_hold_every_box_to_its_image(tmp_path):
+    """``stoker verify`` finds a box outside its image; ``stoker index --targets boxes`` marks it
+    to skip and indexes the rest (a negative included)."""
+    import shutil
+
+    from helpers import run_cli
+
+    split = tmp_path / "train"
+    split.mkdir()
+    image = encode(__import__("PIL.Image").Image.new("RGB", (40, 30), (9, 9, 9)), "PNG")
+    rows = [[[1, 1, 10, 10, 0, 0]], [[1, 1, 50, 10, 0, 0]], []]  # the second is wider than its image
+    with ShardWriter(split / "train-000000.tar") as w:
+        for i, r in enumerate(rows):
+            w.write(f"{i:09d}", {"png": image, "boxes.npy": encode_boxes(r)})
+    Manifest(num_samples=3, classes=["a"], shards=[w.info], target=Target.of("boxes")).save(split)
+    rc, out, err = run_cli("verify", split)
+    assert rc != 0 and "outside its 40x30 image" in out + err
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    shutil.copy(split / "train-000000.tar", foreign)
+    rc, out, err = run_cli("index", foreign, "--targets", "boxes")
+    assert rc == 0, err
+    assert "1 sample(s) marked to skip" in out + err
+    loader = Loader(foreign, batch_size=2, crop=16, train=False, backend="pil", threads=0)
+    counts = [int(c) for _, t in loader for c in t.counts]
+    assert sorted(counts) == [0, 1]

@@ -45,3 +45,13 @@ def test_demo_segment_learns_well_above_background_everywhere(tmp_path, capsys):
     val = result["train"]["val"]
     assert result["task"] == "segment" and 0 < result["chance"] < 0.25
     assert val["miou"] > 2 * result["chance"] and val["pixel_acc"] > 0.5
+
+
+@pytest.mark.slow
+def test_demo_detect_learns_the_shapes_boxes(tmp_path, capsys):
+    # the claim: the detection demo is clearly above guessing (about 0) on a CPU in under a minute
+    assert main(["demo", "--task", "detect", "--per-class", "200", "--cache", str(tmp_path), "--json"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out[out.index("{") :])
+    assert result["task"] == "detect" and result["packed"] == {"train": 240, "val": 50}
+    assert result["train"]["val"]["map50"] > 0.1 and result["seconds"] < 120

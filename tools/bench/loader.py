@@ -529,7 +529,7 @@ def _check_inputs(images, masks, target: str, *, batch_size: int, crop, epochs: 
 def _pipelines(only: Sequence[str] | None, target: str, pixel_cache) -> list[str]:
     """The pipelines to run: ``only``'s, or every one for the split's kind (the ceiling last)."""
     only = [k for k in only or () if k] or [
-        *(k for k in OF_KIND.get(target, ALL) if k != "ceiling"),
+        *(k for k in OF_KIND.get(target, ALL if target == "class" else (*STOKER, "ceiling")) if k != "ceiling"),
         *(PIXELS if pixel_cache else ()),
         "ceiling",
     ]
