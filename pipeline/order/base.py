@@ -38,6 +38,17 @@ def non_negative(value: Any, name: str) -> int:
     return value
 
 
+def saved_cursor(state: dict) -> Cursor:
+    """The ``seed``, ``epoch``, ``position`` and ``offset`` (default 0) ``state`` holds, as saved
+    (before any change of rank count), each checked non-negative."""
+    return Cursor(
+        non_negative(state["seed"], "state['seed']"),
+        non_negative(state["epoch"], "state['epoch']"),
+        non_negative(state["position"], "state['position']"),
+        non_negative(state.get("offset", 0), "state['offset']"),
+    )
+
+
 class SampleOrder:
     """How one rank's epochs are ordered and cut into batches: the strategy a
     :class:`~stoker.pipeline.loader.Loader` holds (``shuffle=`` names it).
@@ -130,10 +141,9 @@ class SampleOrder:
         state.update(self.state_fields())  # a state of one order means nothing in another
         return state
 
-    def restore(self, state: dict, *, where: Any) -> Cursor:
-        """Where ``state`` (a :meth:`state`, possibly saved on another number of ranks) continues
-        on this rank, checked: one ``ArgumentError`` (a ``ValueError``) naming the bad value,
-        ``where`` (the split) in it."""
+    def checked_world(self, state: dict) -> int:
+        """The number of ranks ``state`` was saved on, once its shape (a dict with ``seed``,
+        ``epoch``, ``position``) and :meth:`check_state` pass: one ``ArgumentError`` if not."""
         if not isinstance(state, dict):
             raise ArgumentError(f"state must be the dict Loader.state_dict() returned, not {type(state).__name__}")
         missing = {"seed", "epoch", "position"} - set(state)
@@ -143,14 +153,18 @@ class SampleOrder:
         if not isinstance(saved_world, int) or saved_world < 1:
             raise ArgumentError(f"state['world_size']={saved_world!r} must be a positive integer")
         self.check_state(state, saved_world)
+        return saved_world
+
+    def restore(self, state: dict, *, where: Any) -> Cursor:
+        """Where ``state`` (a :meth:`state`, possibly saved on another number of ranks) continues
+        on this rank, checked: one ``ArgumentError`` (a ``ValueError``) naming the bad value,
+        ``where`` (the split) in it."""
+        saved_world = self.checked_world(state)
         if state.get("num_samples", self.num_samples) != self.num_samples:
             raise ArgumentError(
                 f"state was saved for num_samples={state['num_samples']}, {where} has {self.num_samples}"
             )
-        seed = non_negative(state["seed"], "state['seed']")
-        epoch = non_negative(state["epoch"], "state['epoch']")
-        position = non_negative(state["position"], "state['position']")
-        offset = non_negative(state.get("offset", 0), "state['offset']")
+        seed, epoch, position, offset = saved_cursor(state)
         if saved_world != self.world_size:  # the saved ranks handed out offset .. offset + W * position
             offset, position = (offset + saved_world * position, 0) if self.train else (0, 0)
         if self.train and offset > self.num_samples:

@@ -33,7 +33,7 @@ import numpy as np
 
 from stoker.errors import ArgumentError
 
-from .base import Cursor, SampleOrder, non_negative
+from .base import Cursor, SampleOrder, non_negative, saved_cursor
 from .global_order import CHUNK
 from .permutation import Permutation, permute_many, stream_keys
 
@@ -248,18 +248,8 @@ class MixOrder(SampleOrder):
         """As every order's (one line naming the bad value), and: a state of another mix is
         refused; a train state of another epoch length (the default length follows the ranks)
         continues its epoch at the saved length, the next epochs at this loader's."""
-        if not isinstance(state, dict):
-            raise ArgumentError(f"state must be the dict Loader.state_dict() returned, not {type(state).__name__}")
-        missing = {"seed", "epoch", "position"} - set(state)
-        if missing:
-            raise ArgumentError(f"state is missing {sorted(missing)}")
-        saved_world = state.get("world_size", self.world_size)
-        if not isinstance(saved_world, int) or saved_world < 1:
-            raise ArgumentError(f"state['world_size']={saved_world!r} must be a positive integer")
-        self.check_state(state, saved_world)
-        seed, epoch = non_negative(state["seed"], "state['seed']"), non_negative(state["epoch"], "state['epoch']")
-        position = non_negative(state["position"], "state['position']")
-        offset = non_negative(state.get("offset", 0), "state['offset']")
+        saved_world = self.checked_world(state)
+        seed, epoch, position, offset = saved_cursor(state)
         length = non_negative(state.get("epoch_length", self.plan.length), "state['epoch_length']")
         self._resumed = None
         if not self.train:
