@@ -83,6 +83,13 @@ class SampleOrder:
         ``start .. stop`` of them (default: all), computed for those only."""
         raise NotImplementedError
 
+    def rank_draws(self, offset: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Which of the epoch's draws, counted from ``offset``, this rank's ``start .. stop`` (default:
+        to the end of its share) are: the ranks take turns, ``rank, rank + W, ...``."""
+        share = self.share(self.rank, offset)
+        stop = share if stop is None else min(stop, share)
+        return self.rank + self.world_size * np.arange(start, max(start, stop), dtype=np.int64)
+
     def rank_position(self, seed: int, epoch: int, offset: int, position: int) -> int:
         """Where ``position`` is in this rank's order of ``epoch`` (it must be there)."""
         return int(np.flatnonzero(self.positions(seed, epoch, offset) == position)[0])

@@ -83,14 +83,12 @@ class GlobalOrder(SampleOrder):
             )
 
     def positions(self, seed: int, epoch: int, offset: int = 0, start: int = 0, stop: int | None = None) -> np.ndarray:
-        share = self.share(self.rank, offset)
-        stop = share if stop is None else min(stop, share)
-        k = np.arange(start, max(start, stop), dtype=np.int64)
+        draws = self.rank_draws(offset, start, stop)
         if not self.train:
-            return self.rank + self.world_size * k
+            return draws
         if not 0 <= offset <= self.num_samples:
             raise ArgumentError(f"offset={offset} is outside the epoch's {self.num_samples} samples")
-        perm, at = self._permutation(seed, epoch), offset + self.rank + self.world_size * k
+        perm, at = self._permutation(seed, epoch), offset + draws
         if len(at) <= CHUNK:
             return perm(at)
         return np.concatenate([perm(at[i : i + CHUNK]) for i in range(0, len(at), CHUNK)])  # bounded temporaries

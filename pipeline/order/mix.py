@@ -192,15 +192,13 @@ class MixOrder(SampleOrder):
         return (self._plan(offset).length - offset) // self.world_size
 
     def positions(self, seed: int, epoch: int, offset: int = 0, start: int = 0, stop: int | None = None) -> np.ndarray:
-        share = self.share(self.rank, offset)
-        stop = share if stop is None else min(stop, share)
-        k = np.arange(start, max(start, stop), dtype=np.int64)
+        draws = self.rank_draws(offset, start, stop)
         if not self.train:
-            return self.rank + self.world_size * k
+            return draws
         plan = self._plan(offset)
-        at, layout = offset + self.rank + self.world_size * k, self._layout(plan.length, seed, epoch)
+        at, layout = offset + draws, self._layout(plan.length, seed, epoch)
         parts = [self.locate(plan, seed, epoch, layout(at[i : i + CHUNK])) for i in range(0, len(at), CHUNK)]
-        return np.concatenate(parts) if parts else k  # bounded temporaries: a chunk at a time
+        return np.concatenate(parts) if parts else at  # bounded temporaries: a chunk at a time
 
     def locate(self, plan: MixPlan, seed: int, epoch: int, m: np.ndarray) -> np.ndarray:
         """The mix's loadable positions of the multiset's draws ``m`` of ``epoch``."""
