@@ -73,13 +73,22 @@ def _generate(images: Path, *, per_class: int, val_per_class: int) -> None:
     """Write SRC = images/{train,val}/<class>/ once; a crash leaves no half dataset."""
     from .common.synth import make_image_folder
 
-    if (images / "train").is_dir():
+    def make(tmp: Path) -> None:
+        make_image_folder(tmp / "train", per_class=per_class, seed=0, nasty=True)
+        make_image_folder(tmp / "val", per_class=val_per_class, seed=1)
+
+    _make_once(images, images / "train", make)
+
+
+def _make_once(root: Path, done: Path, make: Callable[[Path], None]) -> None:
+    """Write ``root`` with ``make(tmp)`` unless ``done`` is there, through a ``.tmp`` sibling
+    renamed at the end: a crash leaves no half dataset."""
+    if done.exists():
         return
-    tmp = images.with_name(images.name + ".tmp")
+    tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    make_image_folder(tmp / "train", per_class=per_class, seed=0, nasty=True)
-    make_image_folder(tmp / "val", per_class=val_per_class, seed=1)
-    os.replace(tmp, images)
+    make(tmp)
+    os.replace(tmp, root)
 
 
 @dataclasses.dataclass
@@ -326,9 +335,7 @@ def _prepare_regress(cache: Path, per_class: int, say: Callable[[str], None]) ->
     root, shards = cache / f"regress-{n}", cache / f"regress-{n}-shards"
     say(f"[1/4] dataset: {root} ({n} pictures whose colour temperature is their target)")
     csv = root / "targets.csv"
-    if not csv.exists():
-        make_regression_csv(root.with_name(root.name + ".tmp"), n=n, seed=0)
-        os.replace(root.with_name(root.name + ".tmp"), root)
+    _make_once(root, csv, lambda tmp: make_regression_csv(tmp, n=n, seed=0))
     say(f"[2/4] pack: {shards}")
     packed = pack(csv, shards, val_fraction=0.2)
     return dict(
@@ -356,11 +363,7 @@ def _prepare_segment(cache: Path, per_class: int, say: Callable[[str], None]) ->
     n = per_class
     root, shards = cache / f"segment-{n}", cache / f"segment-{n}-shards"
     say(f"[1/4] dataset: {root} ({n} grayscale pictures of textured shapes, and their masks)")
-    if not (root / "masks").is_dir():
-        tmp = root.with_name(root.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        make_segmentation_tree(tmp, n=n, seed=0)
-        os.replace(tmp, root)
+    _make_once(root, root / "masks", lambda tmp: make_segmentation_tree(tmp, n=n, seed=0))
     say(f"[2/4] pack: {shards}")
     packed = pack(root / "images", shards, masks=root / "masks", num_classes=4, val_fraction=0.2)
     counts = np.zeros(4)
@@ -390,11 +393,11 @@ def _prepare_detect(cache: Path, per_class: int, say: Callable[[str], None]) -> 
     n, val = max(32, per_class + per_class // 5), max(8, per_class // 4)  # a batch of 16 twice, at least
     root, shards = cache / f"detect-{n}", cache / f"detect-{n}-shards"
     say(f"[1/4] dataset: {root} ({n} + {val} pictures of shapes with their exact boxes, COCO JSON)")
-    if not (root / "coco").is_dir():
-        tmp = root.with_name(root.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        make_detection_scenes(tmp, n=n, val=val, seed=0, min_side=56, max_side=72, formats=("coco",))
-        os.replace(tmp, root)
+    _make_once(
+        root,
+        root / "coco",
+        lambda tmp: make_detection_scenes(tmp, n=n, val=val, seed=0, min_side=56, max_side=72, formats=("coco",)),
+    )
     say(f"[2/4] pack: {shards}")
     packed = pack(root / "coco", shards)
     return dict(
