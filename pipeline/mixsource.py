@@ -166,16 +166,15 @@ class MixIndex:
         return Path(self.shard_names[self.shard_of(i)])
 
     def images(self, idx) -> tuple[list, np.ndarray]:
-        out, wh = [None] * len(idx), np.zeros((len(idx), 2), np.int64)
-        for sel, (views, dims) in self._each(idx, lambda p, i: p.images(i)):
-            for k, v in zip(np.flatnonzero(sel).tolist(), views, strict=True):
-                out[k] = v
-            wh[sel] = dims
-        return out, wh
+        return self._gather_views(idx, lambda p, i: p.images(i))
 
     def masks(self, idx) -> tuple[list, np.ndarray]:
+        return self._gather_views(idx, lambda p, i: p.masks(i))
+
+    def _gather_views(self, idx, fn) -> tuple[list, np.ndarray]:
+        """``fn``'s ``(views, (width, height) rows)`` of each split's part of ``idx``, put back in ``idx``'s order."""
         out, wh = [None] * len(idx), np.zeros((len(idx), 2), np.int64)
-        for sel, (views, dims) in self._each(idx, lambda p, i: p.masks(i)):
+        for sel, (views, dims) in self._each(idx, fn):
             for k, v in zip(np.flatnonzero(sel).tolist(), views, strict=True):
                 out[k] = v
             wh[sel] = dims
