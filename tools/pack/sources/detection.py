@@ -70,6 +70,31 @@ def _check_targets(options, name: str) -> None:
         raise UsageError(f"a {name} source's targets are its boxes, not {options.targets!r}")
 
 
+class _Found:
+    """What a box reader's walk found: per split, the images kept with their box rows, and the
+    rejects with why."""
+
+    def __init__(self):
+        self.splits: dict[str, list[Item]] = {}
+        self.rejects: dict[str, list] = {s: [] for s in SPLITS}
+
+    def split(self, name: str) -> None:
+        """``name`` is one of SRC's splits, even if none of its images is kept."""
+        self.splits.setdefault(name, [])
+
+    def add(self, split: str, rel: str, rows: tuple, why: str | None) -> None:
+        """Keep ``rel`` with its box ``rows``, or reject it for ``why``."""
+        if why:
+            self.rejects[split].append((rel, why))
+        else:
+            self.splits.setdefault(split, []).append(Item(rel, target=rows))
+
+    def scan(self, classes: list[str], val_source: str) -> Scan:
+        return Scan(
+            classes, self.splits, {s: 0 for s in self.splits}, self.rejects, box_target(), val_source=val_source
+        )
+
+
 class CocoReader(FileReader):
     """COCO JSON: ``instances_*.json`` beside an image folder."""
 
@@ -90,8 +115,7 @@ class CocoReader(FileReader):
         root = self.src if self.src.is_dir() else self.src.parent
         self.base = root.parent if root.name == "annotations" else root
         classes: list[str] | None = None
-        splits: dict[str, list[Item]] = {}
-        rejects: dict[str, list] = {s: [] for s in SPLITS}
+        found = _Found()
         for path in files:
             try:
                 doc = json.loads(path.read_text())
@@ -109,7 +133,7 @@ class CocoReader(FileReader):
             by_image: dict = {}
             for a in anns:
                 by_image.setdefault(a.get("image_id"), []).append(a)
-            items = splits.setdefault(split, [])
+            found.split(split)
             for im in images:
                 rel = (folder / str(im["file_name"])).relative_to(self.base).as_posix()
                 boxes = []
@@ -118,11 +142,8 @@ class CocoReader(FileReader):
                     cls = index.get(a.get("category_id"), len(cats))
                     boxes.append((x, y, x + bw, y + bh, cls, a.get("iscrowd", 0)))
                 rows, why = normalized_rows(boxes, (float(im.get("width", 0)), float(im.get("height", 0))), len(cats))
-                if why:
-                    rejects[split].append((rel, why))
-                else:
-                    items.append(Item(rel, target=rows))
-        return Scan(classes or [], splits, {s: 0 for s in splits}, rejects, box_target(), val_source="a val COCO file")
+                found.add(split, rel, rows, why)
+        return found.scan(classes or [], val_source="a val COCO file")
 
     def _image_folder(self, path: Path, images: list) -> Path:
         """Where the file names of ``path`` are: the first candidate holding its first image."""
@@ -157,27 +178,23 @@ class YoloReader(FileReader):
 
     def scan(self) -> Scan:
         _check_targets(self.options, "YOLO")
-        src, rejects = self.src, {s: [] for s in SPLITS}
+        src, found = self.src, _Found()
         names = _yolo_names(src)
         subs = sorted(p.name for p in (src / "images").iterdir() if p.is_dir())
         layout = [(s, f"images/{s}", f"labels/{s}") for s in subs] or [("train", "images", "labels")]
-        splits: dict[str, list[Item]] = {}
         for name, images, labels in layout:
             split = _split_of(name)
-            items = splits.setdefault(split, [])
+            found.split(split)
             for path in sorted((src / images).iterdir()):
                 if path.suffix.lower() not in IMAGE_EXTS:
                     continue
                 rel = f"{images}/{path.name}"
                 boxes, why = _yolo_rows(src / labels / f"{path.stem}.txt", len(names) if names else None)
-                if why:
-                    rejects[split].append((rel, why))
-                else:
-                    items.append(Item(rel, target=boxes))
+                found.add(split, rel, boxes, why)
         if not names:  # no names given: classes are the indices found
-            found = max((int(r[4]) for its in splits.values() for it in its for r in it.target), default=-1)
+            found = max((int(r[4]) for its in found.splits.values() for it in its for r in it.target), default=-1)
             names = [str(c) for c in range(found + 1)]
-        return Scan(names, splits, {s: 0 for s in splits}, rejects, box_target(), val_source="images/val")
+        return found.scan(names, val_source="images/val")
 
 
 def _yolo_names(src: Path) -> list[str]:
@@ -236,7 +253,7 @@ class VocReader(FileReader):
 
     def scan(self) -> Scan:
         _check_targets(self.options, "VOC")
-        src, rejects = self.src, {s: [] for s in SPLITS}
+        src, found = self.src, _Found()
         lists = src / "ImageSets" / "Main"
         layout = {s: _ids(lists / f"{s}.txt") for s in SPLITS if (lists / f"{s}.txt").is_file()}
         if not layout:
@@ -244,21 +261,16 @@ class VocReader(FileReader):
         parsed = {s: [(i, _voc_objects(src / "Annotations" / f"{i}.xml")) for i in ids] for s, ids in layout.items()}
         classes = sorted({o[0] for objs in parsed.values() for _, (_, _, ob) in objs for o in ob if o[0]})
         index = {c: k for k, c in enumerate(classes)}
-        splits: dict[str, list[Item]] = {}
         for split, objs in parsed.items():
-            items = splits.setdefault(split, [])
+            found.split(split)
             for name, (file_name, size, ob) in objs:
                 rel = f"JPEGImages/{file_name or name + '.jpg'}"
-                if isinstance(size, str):
-                    rejects[split].append((rel, size))
+                if isinstance(size, str):  # the XML's size is unreadable: why
+                    found.add(split, rel, (), size)
                     continue
                 boxes = [(x0 - 1, y0 - 1, x1, y1, index.get(c, len(classes)), hard) for c, x0, y0, x1, y1, hard in ob]
-                rows, why = normalized_rows(boxes, size, len(classes))
-                if why:
-                    rejects[split].append((rel, why))
-                else:
-                    items.append(Item(rel, target=rows))
-        return Scan(classes, splits, {s: 0 for s in splits}, rejects, box_target(), val_source="ImageSets/Main/val.txt")
+                found.add(split, rel, *normalized_rows(boxes, size, len(classes)))
+        return found.scan(classes, val_source="ImageSets/Main/val.txt")
 
 
 def _ids(path: Path) -> list[str]:
