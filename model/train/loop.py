@@ -291,7 +291,8 @@ class _Loop:
 
 def format_val(val: dict) -> str:
     """One line of validation figures: ``top-1 61.2%, top-5 98.1%``, ``MSE 0.012, MAE 0.08, R² 0.91``,
-    ``mIoU 54.3%, pixel accuracy 88.0%`` or ``mAP 41.0%``; then the loss and the sample count."""
+    ``mIoU 54.3%, pixel accuracy 88.0%`` or ``mAP 41.0%``; then the loss and the sample count, and
+    for a mix each dataset's figures: `` [web: top-1 61.2%, ...; curated: ...]``."""
     parts = []
     if val.get("top1") is not None:
         parts.append(f"top-1 {100 * val['top1']:.1f}%")
@@ -303,9 +304,11 @@ def format_val(val: dict) -> str:
         parts.append(f"mIoU {100 * val['miou']:.1f}%, pixel accuracy {100 * val['pixel_acc']:.1f}%")
     if "map" in val:
         parts.append(f"mAP {100 * val['map']:.1f}%")
-    from .mix import format_splits  # a mix's figures per split, after the overall ones
-
-    return ", ".join(parts + [f"loss {val['loss']:.4f} ({val['n']} samples)"]) + format_splits(val)
+    line = ", ".join(parts + [f"loss {val['loss']:.4f} ({val['n']} samples)"])
+    splits = val.get("splits")  # a mix: each dataset's figures after the overall ones
+    if splits:
+        line += " [" + "; ".join(f"{name}: {format_val(v)}" for name, v in splits.items()) + "]"
+    return line
 
 
 def train(

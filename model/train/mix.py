@@ -130,22 +130,11 @@ def open_val(factory: Callable[..., Any], val_dir: str, exists: Callable[[str], 
     return SplitVals(loaders) if loaders else None
 
 
-def format_splits(val: dict) -> str:
-    """`` [web: top-1 61.2%, ...; curated: ...]`` for a mix's per-split figures, else ``""``."""
-    splits = val.get("splits")
-    if not splits:
-        return ""
-    from .loop import format_val
-
-    return " [" + "; ".join(f"{name}: {format_val(v)}" for name, v in splits.items()) + "]"
-
-
 __all__ = [
     "BALANCE_CHOICES",
     "MixPaths",
     "SplitVals",
     "check_mix_settings",
-    "format_splits",
     "mix_options",
     "mix_split_dirs",
     "open_val",

@@ -61,5 +61,8 @@ def test_build_model_unknown_lists_choices():
     with pytest.raises(ValueError) as e:
         build_model("resnet5O", 3)
     msg = str(e.value)
-    assert "'resnet5O'" in msg and "inception" in msg and "report" in msg and "resnet50" in msg
-    assert "\n" not in msg
+    assert "'resnet5O'" in msg and "did you mean resnet50" in msg and "\n" not in msg
+    with pytest.raises(ValueError) as e:  # nothing close: a few of the names, and where the rest are
+        build_model("qqqqqq", 3)
+    msg = str(e.value)
+    assert "'qqqqqq'" in msg and "inception" in msg and "\n" not in msg
