@@ -126,7 +126,7 @@ class Loader(EpochState, DataLoaderSurface):
         **options: Any,
     ):
         # Loader([a, b], weights=, epoch_length=, balance=): a mix (pipeline/mixsource.py)
-        mix = MixSpec.of(path, options, pixel_cache=pixel_cache)
+        mix = MixSpec.of(path, options)
         opts = loader_options(
             crop=crop, backend=backend, shuffle=shuffle, storage=storage, augment=augment, keywords=options
         )

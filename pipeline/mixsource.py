@@ -50,7 +50,7 @@ class MixSpec:
     balance: Any = None
 
     @classmethod
-    def of(cls, path: Any, options: dict, *, pixel_cache: Any = None) -> MixSpec | None:
+    def of(cls, path: Any, options: dict) -> MixSpec | None:
         """The mix ``Loader(path, weights=, epoch_length=, balance=)`` asks for (those keywords
         are taken out of ``options``), or ``None``: one split, plainly."""
         weights = options.pop("weights", None)
@@ -59,8 +59,6 @@ class MixSpec:
         many = isinstance(path, (list, tuple))
         if not many and weights is None and length is None and balance is None:
             return None
-        if pixel_cache is not None:
-            raise ArgumentError("pixel_cache= keeps one split's pixels; a mix or a balanced split reads without it")
         paths = tuple(path) if many else (path,)
         if not paths:
             raise ArgumentError("Loader([]) needs at least one split")
@@ -476,7 +474,7 @@ class Mix:
         return f"{text} epoch_length={self.length}{bal}"
 
 
-def start_mix(loader: Any, spec: MixSpec | None, pixel_cache: Any = None) -> Mix | None:
+def start_mix(loader: Any, spec: MixSpec | None) -> Mix | None:
     """A Loader of a mix: its :class:`Mix`, and on rank 0 of a train loader one line per split
     (its quota and cycles) on stderr."""
     if spec is None:

@@ -85,22 +85,32 @@ def on_device(settings: Any, cache: PixelCache) -> bool:
 
 def open_store(settings: Any, cache: PixelCache) -> PixelStore:
     """The store of a Loader's split (created, laid out and its space reserved when new: the size
-    check; a stale one replaced). Its key names the decoder that fills it: pillow on the CPU, the
-    nvjpeg backend's decoder with a GPU decode."""
+    check; a stale one replaced); of a mix, one per split (:class:`~.mixstore.MixPixelStore`). Its
+    key names the decoder that fills it: pillow on the CPU, the nvjpeg backend's decoder with a GPU
+    decode."""
     if settings.decode == "mixed":
         from .device import fill_decoder
 
         decoder = fill_decoder(settings).identity
     else:
         decoder = pillow_decoder()
-    return PixelStore(
-        cache.dir,
-        settings.index,
-        decoder=decoder,
-        channels=settings.channels,
-        pixel_format=cache.resolved_format,
-        budget=cache.budget,
-    )
+
+    def open_split(index: Any) -> PixelStore:
+        return PixelStore(
+            cache.dir,
+            index,
+            decoder=decoder,
+            channels=settings.channels,
+            pixel_format=cache.resolved_format,
+            budget=cache.budget,
+        )
+
+    parts = getattr(settings.index, "parts", None)  # a mix: a store per split (.mixstore)
+    if parts is not None:
+        from .mixstore import MixPixelStore
+
+        return MixPixelStore(parts, open_split)
+    return open_split(settings.index)
 
 
 def make_runner(settings: Any, cache: PixelCache, store: Callable[[], PixelStore]) -> Any:

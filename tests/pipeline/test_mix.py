@@ -269,7 +269,6 @@ def test_a_mix_of_splits_with_other_targets_is_one_line_naming_both(splits, tmp_
         ({"balance": "labels"}, "balance='labels' must be one of"),
         ({"balance": {9: 1}}, "a class index of"),
         ({"shuffle": "block"}, "a mix reads shuffle='global' only"),
-        ({"pixel_cache": "/tmp/px"}, "pixel_cache= keeps one split's pixels"),
     ],
 )
 def test_bad_mix_arguments_are_one_line(splits, kw, message):
@@ -366,3 +365,26 @@ def test_without_weights_a_mix_reads_each_sample_once_an_epoch(splits):
         loader.set_epoch(epoch)
         ids = np.concatenate(list(loader.epoch_batches()))
         assert sorted(ids.tolist()) == list(range(72))
+
+
+def test_a_mix_over_the_pixel_tier_reads_the_same_batches_with_a_store_per_split(splits, tmp_path):
+    """The first epoch fills each split's store, the next crops from them: the same samples and
+    labels as the JPEG path, pixels within one grey level, each split its quota."""
+    import torch
+
+    from helpers import run_epoch
+
+    kw = {"weights": [0.7, 0.3], "epoch_length": 40, "seed": 5, "crop": 48}  # no JPEG draft at 48 (test_pixels)
+    paths = [splits / "big", splits / "small"]
+    jpeg, tier = _loader(paths, **kw), _loader(paths, pixel_cache=tmp_path / "px", **kw)
+    for epoch in (0, 1):
+        a, ya = run_epoch(tier, epoch)
+        b, yb = run_epoch(jpeg, epoch)
+        assert torch.equal(torch.cat(ya), torch.cat(yb))
+        assert max(int((x.int() - y.int()).abs().max()) for x, y in zip(a, b, strict=True)) <= 1
+        assert np.bincount(tier.mix.split_of(np.concatenate(list(tier.epoch_batches())))).tolist() == [28, 12]
+    store = tier.pixel_store
+    assert [s.split_dir.name.split("-")[0] for s in store.stores] == ["big", "small"]
+    filled = [s.stats()["filled"] for s in store.stores]
+    assert filled == [56, 12]  # big: 28 an epoch, none twice in its cycle of 60; small: whole each epoch
+    assert store.stats()["filled"] == 68 and tier.runner.from_store == 12  # epoch 1: small's from its store
