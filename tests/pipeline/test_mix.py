@@ -388,3 +388,24 @@ def test_a_mix_over_the_pixel_tier_reads_the_same_batches_with_a_store_per_split
     filled = [s.stats()["filled"] for s in store.stores]
     assert filled == [56, 12]  # big: 28 an epoch, none twice in its cycle of 60; small: whole each epoch
     assert store.stats()["filled"] == 68 and tier.runner.from_store == 12  # epoch 1: small's from its store
+
+
+def test_url_splits_in_a_mix_fill_the_pixel_tier_once_fetched(splits, tmp_path):
+    """Over HTTP, each URL split's store is laid out at the first batch (its shards fetched by
+    then): the same labels as the local JPEG path, pixels within one grey level."""
+    import torch
+
+    from helpers import run_epoch
+    from storage_servers import http_server
+
+    kw = {"weights": [0.5, 0.5], "epoch_length": 16, "seed": 2, "crop": 48}
+    local = _loader([splits / "big", splits / "small"], **kw)
+    with http_server(splits) as base:
+        remote = _loader(
+            [f"{base}/big", f"{base}/small"], cache_dir=tmp_path / "cache", pixel_cache=tmp_path / "px", **kw
+        )
+        a, ya = run_epoch(remote, 0)
+    b, yb = run_epoch(local, 0)
+    assert torch.equal(torch.cat(ya), torch.cat(yb))
+    assert max(int((x.int() - y.int()).abs().max()) for x, y in zip(a, b, strict=True)) <= 1
+    assert [s.stats()["filled"] for s in remote.pixel_store.stores] == [8, 8]
