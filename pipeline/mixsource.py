@@ -29,12 +29,12 @@ from .cache import is_url
 from .fsutil import atomic_write
 from .loader_checks import check_cache_limit, check_every_rank_has_a_batch
 from .options import Order, Storage
-from .order.mix import MixOrder, MixPlan
+from .order.mix import MixOrder, MixPlan, largest_remainder
 from .shards.samples import SampleIndex
 from .shards.table import manifest_digest
 
 #: what ``balance=`` takes by name
-BALANCES = ("classes",)
+BALANCES = ("classes", "weights")
 
 
 @dataclass(frozen=True)
@@ -309,30 +309,38 @@ def class_members(index: SampleIndex) -> tuple[np.ndarray, np.ndarray]:
     where each class begins in them (``num_classes + 1`` values). Memory-mapped from
     ``stoker.classes.<manifest digest>.npy`` beside the split's table (built once, under a lock);
     in memory when the folder cannot be written."""
-    split = Path(index.split_dir)
-    path = split / f"{CLASSES_NAME}.{manifest_digest(split).hex()[:16]}.npy"
     num_classes = len(index.manifest.classes)
-    table = _open(path)
-    if table is None:
-        try:
-            lock = os.open(split / f".{CLASSES_NAME}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:  # a read-only split: every rank builds it
-            table = _build(index, num_classes)
-        else:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                table = _open(path)
-                if table is None:
-                    built = _build(index, num_classes)
-                    try:
-                        with atomic_write(path) as f:
-                            np.save(f, built)
-                        table = _open(path)
-                    except PermissionError:
-                        table = built
-            finally:
-                os.close(lock)
+    table = cached_table(index, CLASSES_NAME, lambda: _build(index, num_classes))
     return table[: num_classes + 1], table[num_classes + 1 :]
+
+
+def cached_table(index: SampleIndex, name: str, build) -> np.ndarray:
+    """The array ``build()`` makes of a split, memory-mapped from ``<name>.<manifest digest>.npy``
+    beside its table: built once by the first rank under a lock, in memory when the folder
+    cannot be written."""
+    split = Path(index.split_dir)
+    path = split / f"{name}.{manifest_digest(split).hex()[:16]}.npy"
+    table = _open(path)
+    if table is not None:
+        return table
+    try:
+        lock = os.open(split / f".{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a read-only split: every rank builds it
+        return build()
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        table = _open(path)
+        if table is None:
+            built = build()
+            try:
+                with atomic_write(path) as f:
+                    np.save(f, built)
+                table = _open(path)
+            except PermissionError:
+                table = built
+    finally:
+        os.close(lock)
+    return table
 
 
 def _open(path: Path) -> np.ndarray | None:
@@ -403,6 +411,25 @@ def _class_weights(balance: Any, num_classes: int, where: Any) -> np.ndarray:
     return w
 
 
+def _balance(balance: Any, source: Any, quota: int) -> tuple:
+    """``(members, slot sizes, slot weights)`` of a split: ``None`` each when it is not balanced;
+    by class (a class split); by its samples' packed weights (:mod:`.sampleweights`)."""
+    if balance is None:
+        return None, None, None
+    if balance == "weights":
+        from .sampleweights import weight_slots
+
+        return weight_slots(source.index, quota)
+    if source.index.target.kind != "class":
+        raise ArgumentError(
+            f"balance={balance!r} balances a class split; {source.path} is a {source.index.target.kind} split "
+            "(multi-label and mask splits are not balanced by class yet; balance='weights' draws by packed "
+            "per-sample weights)"
+        )
+    slots = ClassSlots(*class_members(source.index))
+    return slots, slots.counts(), _class_weights(balance, len(source.index.manifest.classes), source.path)
+
+
 def mix_order(
     options: Order, source: MixSource, *, rank: int, world_size: int, train: bool, batch_size: int
 ) -> MixOrder:
@@ -413,25 +440,17 @@ def mix_order(
         raise ArgumentError(f"a mix reads shuffle='global' only, not shuffle={options.shuffle!r}")
     drop_last = train if options.drop_last is None else bool(options.drop_last)
     sizes = [s.index.num_valid for s in source.sources]
-    members, counts, weights = [], [], []
-    for s in source.sources:
-        if spec.balance is None or not train:
-            members.append(None), counts.append(None), weights.append(None)
-            continue
-        if s.index.target.kind != "class":
-            raise ArgumentError(
-                f"balance={spec.balance!r} balances a class split; {s.path} is a {s.index.target.kind} split "
-                "(multi-label, mask and per-sample weights are not balanced yet)"
-            )
-        slots = ClassSlots(*class_members(s.index))
-        members.append(slots), counts.append(slots.counts())
-        weights.append(_class_weights(spec.balance, len(s.index.manifest.classes), s.path))
     length = spec.epoch_length
     if length is None:
         step = batch_size * world_size if drop_last else world_size
         length = max(step, sum(sizes) // step * step)
-    names = [str(s.path) for s in source.sources]
     split_weights = spec.weights if spec.weights is not None else sizes
+    quotas = largest_remainder(length, split_weights).tolist()
+    members, counts, weights = [], [], []
+    for s, quota in zip(source.sources, quotas, strict=True):
+        slots, c, w = _balance(spec.balance if train else None, s, quota)
+        members.append(slots), counts.append(c), weights.append(w)
+    names = [str(s.path) for s in source.sources]
     plan = MixPlan(sizes, split_weights, length=length, class_counts=counts, class_weights=weights, names=names)
     made = MixOrder(
         plan,

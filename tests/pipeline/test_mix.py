@@ -13,6 +13,7 @@ from helpers import write_split
 from stoker.pipeline import Loader
 from stoker.pipeline.mixsource import ClassSlots
 from stoker.pipeline.order.mix import MixOrder, MixPlan, largest_remainder
+from stoker.pipeline.shards.samples import open_split
 
 
 def _orders(plan, world, members=None, batch=1):
@@ -324,7 +325,7 @@ def test_balance_of_a_float_split_and_a_float_split_in_a_class_mix_are_one_line(
     from stoker.tools.pack.api import pack
 
     pack(make_regression_csv(tmp_path / "src", n=12, seed=1), tmp_path / "reg", workers=1)
-    with pytest.raises(ValueError, match=r"balances a class split; .*reg/train is a float split \(multi-label, mask"):
+    with pytest.raises(ValueError, match=r"balances a class split; .*reg/train is a float split \(multi-label"):
         _loader(tmp_path / "reg" / "train", balance="classes")
     with pytest.raises(ValueError, match=r"big has 6 classes .*, .*reg/train has float targets"):
         _loader([splits / "big", tmp_path / "reg" / "train"])
@@ -409,3 +410,48 @@ def test_url_splits_in_a_mix_fill_the_pixel_tier_once_fetched(splits, tmp_path):
     assert torch.equal(torch.cat(ya), torch.cat(yb))
     assert max(int((x.int() - y.int()).abs().max()) for x, y in zip(a, b, strict=True)) <= 1
     assert [s.stats()["filled"] for s in remote.pixel_store.stores] == [8, 8]
+
+
+@pytest.fixture(scope="module")
+def weighted(tmp_path_factory):
+    """A CSV split packed with ``--weight-column w``: weights 0..5 and a row whose weight is bad."""
+    from stoker.tools.common.synth import make_regression_csv
+    from stoker.tools.pack.api import pack
+
+    root = tmp_path_factory.mktemp("weighted")
+    csv = make_regression_csv(root / "src", n=13, seed=2)
+    lines = csv.read_text().splitlines()
+    weights = {f"images/{k:05d}.jpg": [0, 1, 2, 3, 5, 0.5][k % 6] for k in range(12)}
+    rows = [f"{lines[0]},w"] + [f"{ln},{weights.get(ln.split(',')[0], 'heavy')}" for ln in lines[1:]]
+    csv.write_text("\n".join(rows) + "\n")
+    pack(csv, root / "out", workers=1, weight_column="w")
+    return root / "out" / "train", weights
+
+
+def test_balance_weights_reads_each_sample_its_exact_share_of_the_packed_weights(weighted):
+    split, weights = weighted
+    rejects = "".join(p.read_text() for p in split.parent.rglob("rejects.jsonl"))
+    assert "weight 'w' is not a finite number >= 0: 'heavy'" in rejects
+    index = open_split(split, with_json=True)
+    w = [weights[json.loads(index.meta(i))["path"]] for i in range(len(index))]
+    for world, length in ((1, 50), (2, 52), (3, 51)):
+        expected = largest_remainder(length, w)  # Hamilton's method, in exact integers
+        for epoch in range(2):
+            got = np.zeros(len(w), np.int64)
+            for r in range(world):
+                ld = _loader(split, balance="weights", epoch_length=length, rank=r, world_size=world, batch_size=1)
+                ld.set_epoch(epoch)
+                got += np.bincount(ld.indices(), minlength=len(w))
+            assert got.tolist() == expected.tolist() and got[np.asarray(w) == 0].sum() == 0
+
+
+def test_weights_of_a_split_packed_without_them_and_a_bad_weight_column_are_one_line(splits, weighted, tmp_path):
+    from stoker.errors import UsageError
+    from stoker.tools.pack.api import pack
+
+    with pytest.raises(ValueError, match=r"balance='weights' draws by the weights `stoker pack --weight-column`"):
+        _loader(splits / "big", balance="weights")
+    csv = weighted[0].parent.parent / "src" / "targets.csv"
+    named = r"weight.column 'weight' is not a column of .*targets.csv \(its header names path, temperature, w\)"
+    with pytest.raises(UsageError, match=named):
+        pack(csv, tmp_path / "o", workers=1, weight_column="weight")

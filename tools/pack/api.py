@@ -64,6 +64,7 @@ def pack(
     source: str = "auto",
     image_column: str | None = None,
     target_column: str | None = None,
+    weight_column: str | None = None,
     train_list: str | Path | None = None,
     val_list: str | Path | None = None,
 ) -> PackResult:
@@ -105,6 +106,7 @@ def pack(
         source: The reader of SRC by name (``"auto"``: the first that recognizes it).
         image_column: A table's image column (parquet; None: the one image column).
         target_column: A table's target column, or comma-separated float columns (None: decided).
+        weight_column: A CSV's column of per-sample sampling weights (``Loader(balance="weights")``).
         train_list: A file naming the train split's images (one name, path or stem a line):
             the official split; images in neither list are skipped.
         val_list: A file naming the val split's images (the rest is train without ``train_list``).
@@ -162,6 +164,7 @@ def pack(
         ignore_index=ignore_index,
         image_column=image_column,
         target_column=target_column,
+        weight_column=weight_column,
         train_list=Path(train_list) if train_list is not None else None,
         val_list=Path(val_list) if val_list is not None else None,
         storage_options=dict(storage_options or {}) if is_url(src) else {},

@@ -158,6 +158,12 @@ def _target_flags(p: argparse.ArgumentParser) -> None:
         "of floats (default: a second image column as the mask, else the label-named or only other column)",
     )
     g.add_argument(
+        "--weight-column",
+        metavar="NAME",
+        help="a CSV SRC's column of per-sample sampling weights (numbers >= 0; a header names it), stored "
+        "with each sample and drawn exactly by Loader(balance='weights') / stoker train --balance weights",
+    )
+    g.add_argument(
         "--num-classes",
         type=int,
         default=None,
@@ -292,6 +298,7 @@ def main(args: argparse.Namespace) -> int:
                 source=args.source,
                 image_column=args.image_column,
                 target_column=args.target_column,
+                weight_column=args.weight_column,
                 train_list=args.train_list,
                 val_list=args.val_list,
                 short_side=args.short_side,

@@ -71,6 +71,8 @@ def _components(it: Item, res: Sanitized, source: Source) -> dict[str, bytes]:
     """The tar members of one packed sample (:mod:`stoker.pipeline.shards.targets`; file names
     stored as valid UTF-8)."""
     meta = {"path": display_path(it.rel), "width": res.width, "height": res.height}
+    if it.weight is not None:  # --weight-column: read by Loader(balance="weights")
+        meta["weight"] = it.weight
     target = source.target
     value, more = target.pack_value(it, res, source.classes)
     meta.update({k: display_path(v) if isinstance(v, str) else v for k, v in more.items()})

@@ -124,12 +124,13 @@ class Item:
     """One input: ``rel``, the reader's reference of it (a posix path relative to SRC or as written
     in the CSV; ``<file>#<row>`` for a parquet row), and its target: the class ``label`` index;
     ``target``, the float values or the multi-label class indices; ``mask``, the reader's reference
-    of its mask."""
+    of its mask; ``weight``, its sampling weight (``--weight-column``), or ``None``."""
 
     rel: str
     label: int = 0
     target: tuple | None = None
     mask: str | None = None
+    weight: float | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class SourceOptions:
         ignore_index: masks: the "no class" value.
         image_column: a table's image column (``--image-column``).
         target_column: a table's target column(s), comma-separated (``--target-column``).
+        weight_column: a CSV's column of per-sample sampling weights (``--weight-column``).
         train_list, val_list: official split lists (``--train-list``, ``--val-list``).
         storage_options: fsspec options of a URL SRC.
     """
@@ -153,6 +155,7 @@ class SourceOptions:
     ignore_index: int = IGNORE_INDEX
     image_column: str | None = None
     target_column: str | None = None
+    weight_column: str | None = None
     train_list: Path | None = None
     val_list: Path | None = None
     storage_options: dict = field(default_factory=dict, compare=False)

@@ -42,6 +42,7 @@ read as a decimal point). Paths are relative to the CSV's folder.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -144,12 +145,53 @@ def csv_rows(path: Path) -> tuple[str, list[tuple[int, list[str]]], list[str] | 
     return delim, rows, header
 
 
-def scan_csv(path: Path, rejects: list[tuple[str, str]], targets: str = "auto") -> tuple[list[str], list[Item], Target]:
+def scan_csv(
+    path: Path, rejects: list[tuple[str, str]], targets: str = "auto", weight_column: str | None = None
+) -> tuple[list[str], list[Item], Target]:
     """The items of a CSV/TSV list (rules in the module docstring): ``(class names, items,
-    target kind)``; bad rows are appended to ``rejects``."""
+    target kind)``; bad rows are appended to ``rejects``. ``weight_column`` (a header's name) is
+    taken out of the target columns: each item's sampling weight."""
     if targets not in TARGET_MODES:
         raise UsageError(f"{arg('targets')} {targets!r} must be one of {', '.join(TARGET_MODES)}")
     delim, rows, header = csv_rows(path)
+    rows, header, weights = _weight_cells(path, rows, header, weight_column)
+    items_of = _scan_rows(path, rows, header, delim, targets, rejects)
+    if weight_column is None:
+        return items_of
+    classes, items, kind = items_of
+    return classes, _weighted(items, weights, weight_column, rejects), kind
+
+
+def _weight_cells(path: Path, rows: list, header: list[str] | None, column: str | None) -> tuple:
+    """``(rows, header, {path cell: weight cell})`` with the weight column taken out."""
+    if column is None:
+        return rows, header, {}
+    if header is None or column not in header[1:]:
+        named = f"its header names {', '.join(header)}" if header else "it has no header"
+        raise UsageError(f"{arg('weight_column')} {column!r} is not a column of {path} ({named})")
+    j = header.index(column)
+    cut = [(n, r[:j] + r[j + 1 :]) for n, r in rows]
+    cells: dict[str, str] = {}
+    for _, r in rows:  # a path listed again keeps its first row's weight, as it keeps its first row
+        cells.setdefault(r[0].strip(), r[j].strip() if j < len(r) else "")
+    return cut, header[:j] + header[j + 1 :], cells
+
+
+def _weighted(items: list[Item], cells: dict, column: str, rejects: list) -> list[Item]:
+    """Each item with its weight (a finite number >= 0); a bad cell is a reject."""
+    by_rel = {Path(rel).as_posix(): c for rel, c in cells.items()}
+    out = []
+    for it in items:
+        cell = by_rel.get(it.rel, "")
+        value = finite_number(cell) if cell and _is_number(cell) else None
+        if value is None or value < 0:
+            rejects.append((it.rel, f"weight {column!r} is not a finite number >= 0: {cell[:40]!r}"))
+            continue
+        out.append(dataclasses.replace(it, weight=float(value)))
+    return out
+
+
+def _scan_rows(path: Path, rows: list, header: list[str] | None, delim: str, targets: str, rejects: list) -> tuple:
     width = max((len(r) for _, r in rows), default=2) if header is None else len(header)
     for lineno, r in rows:
         if len(r) < 2 and delim == "," and ";" in r[0]:
@@ -298,7 +340,7 @@ class CsvReader(FileReader):
 
     def scan(self) -> Scan:
         rejects: list[tuple[str, str]] = []
-        classes, items, target = scan_csv(self.src, rejects, self.options.targets)
+        classes, items, target = scan_csv(self.src, rejects, self.options.targets, self.options.weight_column)
         return Scan(classes, {"train": items}, {"train": 0}, {"train": rejects}, target)
 
 

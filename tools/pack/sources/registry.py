@@ -111,6 +111,8 @@ def scan(
         targets=targets, masks=Path(masks) if masks is not None else None, num_classes=num_classes, **extra, **options
     )
     reader = choose_reader(src, opts, source)
+    if opts.weight_column is not None and reader.name != "csv":
+        raise UsageError(f"{arg('weight_column')} reads a CSV/TSV SRC; {src} is read by the {reader.name} source")
     found = reader.scan()
     splits = found.splits
     if "val" in splits and val_fraction:
