@@ -78,7 +78,8 @@ def _mix_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--balance",
         choices=BALANCE_CHOICES,
-        help="each class an equal share of every epoch (a small class repeats, a large one is sub-sampled)",
+        help="classes: each class an equal share of every epoch (a small class repeats, a large one is "
+        "sub-sampled); weights: each sample its exact share of the weights `stoker pack --weight-column` stored",
     )
     g.add_argument(
         "--epoch-length",

@@ -17,7 +17,7 @@ from typing import Any
 from stoker.errors import ArgumentError, arg
 
 #: what ``--balance`` takes
-BALANCE_CHOICES = ("classes",)
+BALANCE_CHOICES = ("classes", "weights")
 
 
 def parse_mix(text: str) -> list[tuple[str, float]]:
