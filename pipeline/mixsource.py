@@ -446,12 +446,25 @@ def mix_order(
         length = max(step, sum(sizes) // step * step)
     split_weights = spec.weights if spec.weights is not None else sizes
     quotas = largest_remainder(length, split_weights).tolist()
-    members, counts, weights = [], [], []
+    members, counts, weights, by_length = [], [], [], []
     for s, quota in zip(source.sources, quotas, strict=True):
         slots, c, w = _balance(spec.balance if train else None, s, quota)
         members.append(slots), counts.append(c), weights.append(w)
+        by_length.append(
+            f"weights {manifest_digest(Path(s.index.split_dir)).hex()[:16]}"
+            if train and spec.balance == "weights"
+            else None
+        )
     names = [str(s.path) for s in source.sources]
-    plan = MixPlan(sizes, split_weights, length=length, class_counts=counts, class_weights=weights, names=names)
+    plan = MixPlan(
+        sizes,
+        split_weights,
+        length=length,
+        class_counts=counts,
+        class_weights=weights,
+        names=names,
+        by_length=by_length,
+    )
     made = MixOrder(
         plan,
         members,

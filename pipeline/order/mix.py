@@ -68,9 +68,14 @@ class MixPlan:
         class_counts: per split, its samples per class (balanced), or ``None`` (one slot).
         class_weights: per split, its classes' weights (``None``: equal), where balanced.
         names: the splits' names, for the summary.
+        by_length: per split, ``None``, or the name of a balance whose slots are cut from the
+            epoch length (per-sample weights): it stands for the split's slots in the checksum,
+            and the plan has no other length (:meth:`with_length`).
     """
 
-    def __init__(self, sizes, weights, *, length: int, class_counts=None, class_weights=None, names=None):
+    def __init__(
+        self, sizes, weights, *, length: int, class_counts=None, class_weights=None, names=None, by_length=None
+    ):
         self.sizes = [int(n) for n in sizes]
         self.weights = [float(w) for w in weights]
         self.length = non_negative(length, "epoch_length")
@@ -95,17 +100,24 @@ class MixPlan:
         #: where each slot's draws begin in the epoch's multiset (and its end)
         self.slot_start = np.concatenate([[0], np.cumsum(self.slot_quota)])
         self._checksum: str | None = None
+        self.by_length = list(by_length) if by_length is not None else [None] * len(self.sizes)
         self._description = {
             "sizes": self.sizes,
             "weights": self.weights,
             "balance": [
-                None if c is None else [list(map(int, c)), _weights(w)]
-                for c, w in zip(class_counts, class_weights, strict=True)
+                b if b is not None else None if c is None else [list(map(int, c)), _weights(w)]
+                for c, w, b in zip(class_counts, class_weights, self.by_length, strict=True)
             ],
         }
 
     def with_length(self, length: int) -> MixPlan:
-        """The same mix over another epoch length."""
+        """The same mix over another epoch length (refused in one line where a split's slots are
+        cut from the length)."""
+        if length != self.length and any(self.by_length):
+            raise ArgumentError(
+                f"this state's epoch has epoch_length={length}, this loader's {self.length}: balance='weights' cuts "
+                f"each sample's count from the epoch length, so give epoch_length={length} to finish that epoch"
+            )
         bal = self._description["balance"]
         return MixPlan(
             self.sizes,
@@ -144,7 +156,11 @@ class MixPlan:
             how = "repeats" if q > n else "sub-sampled" if q < n else "each sample once"
             slots = int(np.sum(self.slot_split == s))
             bal = (
-                f", balanced over {slots} classes" if self.slot_class[self.slot_split == s].max(initial=-1) >= 0 else ""
+                ", each sample its share of its packed weight"
+                if self.by_length[s]
+                else f", balanced over {slots} classes"
+                if self.slot_class[self.slot_split == s].max(initial=-1) >= 0
+                else ""
             )
             lines.append(
                 f"{name}: weight {self.weights[s] / total:.3g}, {q:,} of {self.length:,} a epoch from "

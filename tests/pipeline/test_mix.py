@@ -455,3 +455,23 @@ def test_weights_of_a_split_packed_without_them_and_a_bad_weight_column_are_one_
     named = r"weight.column 'weight' is not a column of .*targets.csv \(its header names path, temperature, w\)"
     with pytest.raises(UsageError, match=named):
         pack(csv, tmp_path / "o", workers=1, weight_column="weight")
+
+
+def test_a_weighted_state_resumes_at_its_epoch_length_only(weighted):
+    """Each sample's count is cut from the epoch length: a state resumes mid-epoch exactly at the
+    same length on another number of ranks; at another length, one line naming the length."""
+    split = weighted[0]
+    kw = {"balance": "weights", "epoch_length": 48, "batch_size": 2}
+    two = [_loader(split, rank=r, world_size=2, **kw) for r in range(2)]
+    seen = [b for ld in two for b in list(ld.epoch_batches())[:3]]
+    state = {**two[0].state_dict(), "position": 6}
+    rest = []
+    for r in range(3):
+        ld = _loader(split, rank=r, world_size=3, **kw)
+        ld.load_state_dict(state)
+        rest += list(ld.epoch_batches())
+    whole = collections.Counter(np.concatenate(list(_loader(split, **kw).epoch_batches())).tolist())
+    assert collections.Counter(np.concatenate(seen + rest).tolist()) == whole
+    other = _loader(split, **{**kw, "epoch_length": 40})
+    with pytest.raises(ValueError, match=r"epoch_length=48, this loader's 40: .*give epoch_length=48"):
+        other.load_state_dict(state)
