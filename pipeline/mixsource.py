@@ -302,6 +302,7 @@ def _target_text(m) -> str:
 
 # ---- balance: a class split's samples by class ------------------------------------------------
 CLASSES_NAME = "stoker.classes"
+RAREST_NAME = "stoker.rarest"
 
 
 def class_members(index: SampleIndex) -> tuple[np.ndarray, np.ndarray]:
@@ -310,8 +311,27 @@ def class_members(index: SampleIndex) -> tuple[np.ndarray, np.ndarray]:
     ``stoker.classes.<manifest digest>.npy`` beside the split's table (built once, under a lock);
     in memory when the folder cannot be written."""
     num_classes = len(index.manifest.classes)
+    if index.target.kind == "multilabel":  # by each sample's rarest label; one more group: no label
+        table = cached_table(index, RAREST_NAME, lambda: _sorted(_rarest_labels(index, num_classes), num_classes + 1))
+        return table[: num_classes + 2], table[num_classes + 2 :]
     table = cached_table(index, CLASSES_NAME, lambda: _build(index, num_classes))
     return table[: num_classes + 1], table[num_classes + 1 :]
+
+
+def _rarest_labels(index: SampleIndex, num_classes: int) -> np.ndarray:
+    """A multi-label split's samples each by its rarest label (the label fewest samples carry;
+    ties to the lower index), ``num_classes`` for a sample with none: two passes over the
+    targets, a chunk of samples at a time."""
+    chunks = [np.arange(lo, min(lo + 65536, index.num_valid)) for lo in range(0, index.num_valid, 65536)]
+    carried = np.zeros(num_classes, np.int64)
+    for k in chunks:
+        carried += (index.targets(index.valid_at(k)) > 0).sum(0)
+    labels = np.empty(index.num_valid, np.int64)
+    for k in chunks:
+        hot = index.targets(index.valid_at(k)) > 0
+        rarest = np.where(hot, carried, np.iinfo(np.int64).max).argmin(1)
+        labels[k] = np.where(hot.any(1), rarest, num_classes)
+    return labels
 
 
 def cached_table(index: SampleIndex, name: str, build) -> np.ndarray:
@@ -361,9 +381,14 @@ def _build(index: SampleIndex, num_classes: int) -> np.ndarray:
             g = index.valid_at(np.arange(lo, hi))
             fast = _digit_labels(index, shard, g, num_classes)
             labels[lo:hi] = fast if fast is not None else index.labels(g)
-    dtype = np.int32 if index.num_valid < 2**31 else np.int64  # half the pages a rank's draws touch
+    return _sorted(labels, num_classes)
+
+
+def _sorted(labels: np.ndarray, groups: int) -> np.ndarray:
+    """``starts`` (``groups + 1`` values) then the positions sorted by ``labels`` (stable), one array."""
+    dtype = np.int32 if len(labels) < 2**31 else np.int64  # half the pages a rank's draws touch
     members = np.argsort(labels, kind="stable").astype(dtype)
-    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=num_classes))]).astype(dtype)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=groups))]).astype(dtype)
     return np.concatenate([starts, members])
 
 
@@ -420,14 +445,17 @@ def _balance(balance: Any, source: Any, quota: int) -> tuple:
         from .sampleweights import weight_slots
 
         return weight_slots(source.index, quota)
-    if source.index.target.kind != "class":
+    kind = source.index.target.kind
+    if kind not in ("class", "multilabel"):
         raise ArgumentError(
-            f"balance={balance!r} balances a class split; {source.path} is a {source.index.target.kind} split "
-            "(multi-label and mask splits are not balanced by class yet; balance='weights' draws by packed "
-            "per-sample weights)"
+            f"balance={balance!r} balances a class or multi-label split; {source.path} is a {kind} split "
+            "(mask splits are not balanced by class yet; balance='weights' draws by packed per-sample weights)"
         )
     slots = ClassSlots(*class_members(source.index))
-    return slots, slots.counts(), _class_weights(balance, len(source.index.manifest.classes), source.path)
+    weights = _class_weights(balance, len(source.index.manifest.classes), source.path)
+    if kind == "multilabel":  # the samples with no label: a group of their own, not drawn
+        weights = np.append(weights, 0.0)
+    return slots, slots.counts(), weights
 
 
 def mix_order(

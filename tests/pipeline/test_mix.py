@@ -325,7 +325,7 @@ def test_balance_of_a_float_split_and_a_float_split_in_a_class_mix_are_one_line(
     from stoker.tools.pack.api import pack
 
     pack(make_regression_csv(tmp_path / "src", n=12, seed=1), tmp_path / "reg", workers=1)
-    with pytest.raises(ValueError, match=r"balances a class split; .*reg/train is a float split \(multi-label"):
+    with pytest.raises(ValueError, match=r"multi-label split; .*reg/train is a float split \(mask splits"):
         _loader(tmp_path / "reg" / "train", balance="classes")
     with pytest.raises(ValueError, match=r"big has 6 classes .*, .*reg/train has float targets"):
         _loader([splits / "big", tmp_path / "reg" / "train"])
@@ -475,3 +475,28 @@ def test_a_weighted_state_resumes_at_its_epoch_length_only(weighted):
     other = _loader(split, **{**kw, "epoch_length": 40})
     with pytest.raises(ValueError, match=r"epoch_length=48, this loader's 40: .*give epoch_length=48"):
         other.load_state_dict(state)
+
+
+def test_balance_classes_of_a_multilabel_split_gives_each_rarest_label_its_share(tmp_path):
+    """Each sample counts for its rarest label: a (on all 12), b (on 4), c (on 2) each a third."""
+    from stoker.tools.common.synth import make_regression_csv
+    from stoker.tools.pack.api import pack
+
+    csv = make_regression_csv(tmp_path / "src", n=12, seed=3)
+    lines = csv.read_text().splitlines()
+    cells = ["a|c" if k in (1, 2) else "a|b" if k % 3 == 0 else "a" for k in range(12)]
+    rows = [f"{ln.split(',')[0]},{c}" for ln, c in zip(lines[1:], cells, strict=True)]
+    csv.write_text("\n".join(["path,label", *rows]) + "\n")
+    pack(csv, tmp_path / "out", workers=1, targets="multilabel")
+    split = tmp_path / "out" / "train"
+    for world in (1, 2, 3):
+        got = []
+        for r in range(world):
+            ld = _loader(split, balance="classes", epoch_length=30, rank=r, world_size=world, batch_size=1)
+            got += ld.indices().tolist()
+        hot = ld.index.targets(np.asarray(got)) > 0
+        rarest = np.where(hot, np.array([12, 4, 2]), 99).argmin(1)  # the samples each label is on
+        assert np.bincount(rarest, minlength=3).tolist() == [10, 10, 10]
+        assert len(set(np.asarray(got)[rarest == 2].tolist())) == 2  # c's two samples, 5 times each
+    only_c = _loader(split, balance={2: 1}, epoch_length=8, batch_size=1).indices()
+    assert (_loader(split, train=False).index.targets(only_c)[:, 2] > 0).all()
