@@ -59,6 +59,7 @@ class Predictor:
             tuple(crop) if isinstance(crop, list) else crop,
             crop_pct=config.get("crop_pct"),
             val_resize=config.get("val_resize"),
+            val_fit=config.get("val_fit", "auto"),
         )
         self.channels = int(config.get("channels") or 3)
         self.classes = config.get("classes")

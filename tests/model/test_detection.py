@@ -2,6 +2,8 @@
 val figures are COCO mAP and mAP@50, and the Predictor's boxes are in each
 original image's pixels."""
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -11,6 +13,7 @@ import torch
 from helpers import run_cli
 from stoker.model import Predictor
 from stoker.model.train.tasks import Task
+from stoker.tools.cli import main as cli
 from stoker.tools.common.synth import make_detection_scenes
 from stoker.tools.pack import pack
 
@@ -53,6 +56,36 @@ def test_predictor_boxes_are_in_the_original_pixels(run, shards):
         scale = max(w, h) / 40  # the letterbox's one factor, back
         np.testing.assert_allclose(d["boxes"].numpy(), r["boxes"].numpy() * scale, rtol=1e-4, atol=1e-3)
         assert set(d) >= {"boxes", "scores", "labels"}
+
+
+def test_scale_jitter_from_the_command_line_trains(shards, tmp_path):
+    out = tmp_path / "jit"
+    flags = ["--train-fit", "scale-jitter", "--jitter", "0.5:1.5", "--val-fit", "letterbox", "--max-steps", "1"]
+    rc, _, err = run_cli("train", shards[0], *ARGS, "--epochs", "1", "--out", out, *flags)
+    assert rc == 0, err
+    config = json.loads((out / "config.json").read_text())
+    assert (config["train_fit"], config["jitter"], config["val_fit"]) == ("scale-jitter", [0.5, 1.5], "letterbox")
+    assert (out / "last.pt").is_file()
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--train-fit", "crop"], "--train-fit"),
+        (["--val-fit", "pad"], "--val-fit"),
+        (["--jitter", "2,1"], "--jitter"),
+        (["--jitter", "x"], "--jitter"),
+    ],
+)
+def test_a_bad_fit_is_one_line(shards, tmp_path, flags, says):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:  # argparse's own refusals exit
+            rc = cli(["train", str(shards[0]), *ARGS, "--out", str(tmp_path / "r"), *flags])
+        except SystemExit as e:
+            rc = e.code
+    err = err.getvalue()
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and says in err and "Traceback" not in err, err
 
 
 def test_a_step_without_data_has_boxes():
