@@ -44,6 +44,15 @@ def test_detect_trains_and_scores_coco_map(run):
     assert (out / "last.pt").is_file() and summary["task"] == "detect"
 
 
+def test_the_val_line_shows_map50_and_no_loss(run):
+    out, summary = run
+    val = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"val"' in line][-1]
+    assert "loss" not in val and summary["val_loss"] is None  # a detector's evaluation computes none
+    line = next(line for line in (out / "console.log").read_text().splitlines() if ": val mAP " in line)
+    assert f"mAP@50 {100 * val['map50']:.1f}%" in line and "loss" not in line and "nan" not in line, line
+    assert line.endswith("(4 samples)")
+
+
 def test_predictor_boxes_are_in_the_original_pixels(run, shards):
     out, _ = run
     predict = Predictor.from_checkpoint(out / "last.pt")
