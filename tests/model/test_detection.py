@@ -97,6 +97,46 @@ def test_a_bad_fit_is_one_line(shards, tmp_path, flags, says):
     assert rc == 2 and len(err.strip().splitlines()) == 1 and says in err and "Traceback" not in err, err
 
 
+NETS = """
+from torch import nn
+from torchvision.models.detection import FCOS
+from torchvision.models.detection.anchor_utils import AnchorGenerator
+
+from stoker.model.detection import TinyFPN
+
+
+def detector(num_classes):
+    anchors = AnchorGenerator(sizes=((8,), (16,), (32,)), aspect_ratios=((1.0,),) * 3)
+    return FCOS(TinyFPN(), num_classes, anchor_generator=anchors)
+
+
+def classifier(num_classes):
+    return nn.Sequential(nn.Flatten(), nn.LazyLinear(num_classes))
+"""
+
+
+def test_your_own_torchvision_detector_trains_and_predicts(shards, tmp_path):
+    (tmp_path / "nets.py").write_text(NETS)
+    out = tmp_path / "mine"
+    rc, _, err = run_cli(
+        "train", shards[0], *ARGS, "--out", out, "--model", f"{tmp_path}/nets.py:detector", "--max-steps", "1"
+    )
+    assert rc == 0, err
+    predict = Predictor.from_checkpoint(out / "last.pt")
+    fcos = predict.model[1].detector
+    assert fcos.head.classification_head.num_classes == 4  # the split's 3 classes and the background
+    assert fcos.transform.min_size == (40,) and fcos.transform.image_std == [1.0] * 3  # the crop, Normalize's
+    found = predict(sorted((shards[1] / "images").glob("*.png"))[:2])
+    assert len(found) == 2 and all(set(d) >= {"boxes", "scores", "labels"} for d in found)
+
+
+def test_a_network_that_is_no_detector_is_one_line(shards, tmp_path):
+    (tmp_path / "nets.py").write_text(NETS)
+    spec = f"{tmp_path}/nets.py:classifier"
+    rc, _, err = run_cli("train", shards[0], *ARGS, "--out", tmp_path / "r", "--model", spec)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "torchvision detection model" in err, err
+
+
 def test_a_step_without_data_has_boxes():
     task = Task("detect", 3, "map")
     boxes = task.synthetic(4, (32, 32), torch.Generator().manual_seed(0))
