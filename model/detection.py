@@ -11,7 +11,8 @@ crop is the input size).
 Architectures (``--arch``): ``fcos_tiny`` (the default: an FCOS head on a small 3-level FPN
 backbone, trains on a CPU in seconds), or any torchvision detection model name
 (``fasterrcnn_mobilenet_v3_large_fpn``, ``retinanet_resnet50_fpn``, ``fcos_resnet50_fpn``, ...),
-built with ``weights=None, weights_backbone=None``. Validation
+built with ``weights=None, weights_backbone=None``; or your own torchvision detector,
+``--model FILE.py:FUNCTION`` (:func:`user_detector`). Validation
 (:class:`stoker.model.train.tasks.DetectMetrics`): torchmetrics' ``MeanAveragePrecision``
 (pycocotools; the ``stoker[detect]`` extra): ``map`` (COCO mAP@[.5:.95], picks ``best.pt``) and
 ``map50``.
@@ -136,6 +137,46 @@ def build_detector(arch: str, num_classes: int, *, image_size: int | None = None
     return DetectionNet(net, in_channels=in_channels)
 
 
+def user_detector(spec: str, num_classes: int, *, image_size: int, in_channels: int = 3) -> DetectionNet:
+    """``--model FILE.py:FUNCTION`` for ``--task detect``: the factory builds a torchvision detection
+    model (``FCOS``, ``RetinaNet``, ``FasterRCNN``, ... : a list of images and target dicts in, its
+    losses or its detections out), called with ``num_classes`` = the split's classes + 1 (torchvision's
+    class 0 is the background). Its transform is set as ``--arch``'s (no second normalization, no
+    resize) and it is wrapped in a :class:`DetectionNet`, then run once on a zero batch.
+
+    Raises:
+        UsageError: the factory returns another kind of network, or the detector fails on a batch.
+    """
+    from torchvision.models.detection.transform import GeneralizedRCNNTransform
+
+    from stoker.errors import UsageError, arg, one_line
+
+    from .user import build_user_model
+
+    net = build_user_model(spec, num_classes + 1, in_channels=in_channels)
+    transform = getattr(net, "transform", None)
+    if not isinstance(transform, GeneralizedRCNNTransform):
+        raise UsageError(
+            f"{arg('model')} {spec!r}: --task detect needs a torchvision detection model (FCOS, RetinaNet, "
+            f"FasterRCNN, ... taking images and target dicts), not a {type(net).__name__}; or use --arch"
+        )
+    kw = _transform_kw(image_size)
+    transform.min_size, transform.max_size = (kw["min_size"],), kw["max_size"]
+    transform.image_mean, transform.image_std = kw["image_mean"], kw["image_std"]
+    wrapped = DetectionNet(net, in_channels=in_channels)
+    x = torch.zeros((2, in_channels, image_size, image_size))
+    wrapped.eval()
+    try:
+        with torch.no_grad():
+            wrapped(x)
+    except Exception as e:  # boundary: the user's network, raised as one UsageError line
+        raise UsageError(
+            f"{arg('model')} {spec!r}: the detector fails on a {list(x.shape)} batch ({type(e).__name__}: "
+            f"{one_line(e)}); it gets {in_channels} channel(s) at {image_size} px ({arg('crop')})"
+        ) from None
+    return wrapped.train()
+
+
 def detection_loss(out: torch.Tensor, boxes: Any) -> torch.Tensor:
     """The task's loss: the detector computed it in its forward (``net(images, boxes)``)."""
     return out
@@ -159,4 +200,4 @@ def synthetic_boxes(n: int, hw: tuple[int, int], classes: int, generator: torch.
     return BoxBatch.from_rows(rows)
 
 
-__all__ = ["TINY", "DetectionNet", "Detections", "TinyFPN", "build_detector", "detection_loss"]
+__all__ = ["TINY", "DetectionNet", "Detections", "TinyFPN", "build_detector", "detection_loss", "user_detector"]

@@ -59,6 +59,7 @@ class Predictor:
             tuple(crop) if isinstance(crop, list) else crop,
             crop_pct=config.get("crop_pct"),
             val_resize=config.get("val_resize"),
+            val_fit=config.get("val_fit", "auto"),
         )
         self.channels = int(config.get("channels") or 3)
         self.classes = config.get("classes")
@@ -78,6 +79,10 @@ class Predictor:
         crop = cfg.get("crop", 224)
         side = crop if isinstance(crop, int) else min(crop)
         channels = int(cfg.get("channels") or 3)
+        if net is None and cfg.get("model") and cfg.get("task") == "detect":
+            from .detection import user_detector
+
+            net = user_detector(cfg["model"], cfg["num_outputs"], image_size=side, in_channels=channels)
         if net is None and cfg.get("model"):
             from .user import build_user_model
 

@@ -5,7 +5,8 @@ are normalized on the device. The task follows the split's targets (--task auto)
 are classified (cross-entropy; val top-1/top-5), float targets regressed (K outputs, MSE;
 val MSE, MAE, R²), masks segmented (a torchvision segmentation model, cross-entropy with
 the ignore index; val mIoU and pixel accuracy), multi-label targets learnt with BCE (val
-mAP). best.pt keeps the best val figure of the task (top-1, R², mIoU, mAP).
+mAP), boxes detected (a torchvision detector; val COCO mAP and mAP@50). best.pt keeps the best
+val figure of the task (top-1, R², mIoU, mAP).
 
 Under ``torchrun --nproc_per_node N`` the same command runs DDP (nccl on GPU, gloo on
 CPU; --batch-size is per process). RUN/ receives config.json, metrics.jsonl, console.log, last.pt
@@ -19,6 +20,7 @@ examples:
   stoker train ages-packed/ --out runs/age                # float targets (stoker pack ages.csv ages-packed)
   stoker train ages-packed/ --out runs/mine --model nets.py:make_net   # your own network
   stoker train seg-packed/ --out runs/seg --channels 1 --crop 256 --arch deeplabv3_mobilenet_v3_large
+  stoker train coco-packed/ --out runs/det --task detect --crop 512 --train-fit scale-jitter --jitter 0.5,1.5
   stoker train --out runs/a --resume                      # the run's own settings (RUN/config.json)
   stoker train --out runs/a --resume --epochs 15          # extend a finished 10-epoch run
   stoker train other/ --out runs/ft --init-from runs/a/best.pt --lr 0.01   # fine-tune: a new head

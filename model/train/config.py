@@ -78,8 +78,10 @@ class TrainConfig:
     the targets' units through a last :class:`~stoker.model.normalize.TargetUnits` layer.
     ``channels=None`` is 3 (RGB); 1 trains on grayscale, the network's first layer built for it.
     ``mean``/``std`` (0..1 scale) default to ImageNet's (their average for one channel).
-    ``crop`` is a side or ``(height, width)``; ``scale``, ``ratio``, ``crop_pct`` and
-    ``val_resize`` are the Loader's crop recipe. ``progressive`` (``"START:END[:EPOCHS]"``) ramps the
+    ``crop`` is a side or ``(height, width)``; ``scale``, ``ratio``, ``crop_pct``,
+    ``val_resize``, ``train_fit`` (``rrc`` or detection's ``scale-jitter``, its factor range ``jitter``)
+    and ``val_fit`` (``auto``, ``center``, ``letterbox``) are the Loader's crop recipe
+    (:class:`~stoker.pipeline.augment.CropSpec`). ``progressive`` (``"START:END[:EPOCHS]"``) ramps the
     train crop over the epochs as FFCV does (:class:`~stoker.pipeline.augment.ProgressiveCrop`);
     ``val_crop`` is the val crop when it differs from ``crop`` (train low, evaluate high: FixRes).
     ``pixel_cache`` (a folder) and ``pixel_cache_budget`` (bytes) are the Loader's decoded-pixel tier.
@@ -115,6 +117,10 @@ class TrainConfig:
     ratio: tuple = (3 / 4, 4 / 3)
     crop_pct: float | None = None
     val_resize: float | None = None
+    # which train crop and val transform (detection: scale jitter, letterbox)
+    train_fit: str = "rrc"
+    jitter: tuple = (0.1, 2.0)
+    val_fit: str = "auto"
     # the resolution schedule: "START:END[:EPOCHS]" (FFCV's progressive resizing), the val crop
     progressive: str | None = None
     val_crop: Any = None
@@ -187,6 +193,7 @@ class TrainConfig:
                     f"{arg('progressive')} changes the input size; {arg('arch', 'report')}'s Linear layer takes "
                     "one size"
                 )
+        self._validate_fits()
         if self.pixel_cache_budget is not None and not self.pixel_cache:
             raise ArgumentError("pixel_cache_budget needs pixel_cache (the folder the pixels go to)")
         if self.channels is not None:
@@ -227,6 +234,21 @@ class TrainConfig:
             raise ArgumentError(f"num_classes={self.num_classes} must be >= 1")
         self._validate_run_options()
         check_mix_settings(self)
+
+    def _validate_fits(self) -> None:
+        """The train crop and val transform names and the scale jitter's range (before any data is read)."""
+        from stoker.pipeline.augment.crops import TRAIN_FITS, VAL_FITS
+
+        check_choice("train_fit", self.train_fit, TRAIN_FITS)
+        check_choice("val_fit", self.val_fit, VAL_FITS)
+        try:
+            lo, hi = (float(v) for v in self.jitter)
+        except (TypeError, ValueError):
+            raise ArgumentError(f"{arg('jitter', self.jitter)} must be a (low, high) pair of numbers") from None
+        if not 0 < lo <= hi:
+            raise ArgumentError(
+                f"{arg('jitter', self.jitter)} must satisfy 0 < low <= high (a factor on the fitted size)"
+            )
 
     def _validate_run_options(self) -> None:
         """The loggers, the step budget and where the weights start from."""

@@ -89,10 +89,17 @@ def make_loaders(
     from stoker.pipeline.options import backend_for
     from stoker.pipeline.storage import is_url
 
-    def spec(side: Any) -> CropSpec:  # the recipe, whole: --crop, --scale, --ratio, --crop-pct, --val-resize
+    def spec(side: Any) -> CropSpec:  # the recipe, whole: --crop ... --val-resize, --train-fit, --jitter, --val-fit
         side = tuple(side) if isinstance(side, (list, tuple)) else side
         return CropSpec.of(
-            side, scale=tuple(cfg.scale), ratio=tuple(cfg.ratio), crop_pct=cfg.crop_pct, val_resize=cfg.val_resize
+            side,
+            scale=tuple(cfg.scale),
+            ratio=tuple(cfg.ratio),
+            crop_pct=cfg.crop_pct,
+            val_resize=cfg.val_resize,
+            train_fit=cfg.train_fit,
+            jitter=tuple(cfg.jitter),
+            val_fit=cfg.val_fit,
         )
 
     schedule = cfg.crop_schedule()  # --progressive: the train crop of each epoch

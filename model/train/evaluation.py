@@ -27,9 +27,9 @@ def evaluate(
     ``splits`` holds each split's own (by its name).
 
     Returns:
-        ``n`` (samples), ``loss`` (mean per sample) and the task's figures: ``top1``/``top5``
-        (classify), ``mse``/``mae``/``r2`` (regress), ``miou``/``pixel_acc`` (segment), ``map``
-        (multilabel).
+        ``n`` (samples), ``loss`` (mean per sample; none for detect) and the task's figures:
+        ``top1``/``top5`` (classify), ``mse``/``mae``/``r2`` (regress), ``miou``/``pixel_acc``
+        (segment), ``map`` (multilabel), ``map``/``map50`` (detect).
     """
     was_training = model.training
     model.eval()

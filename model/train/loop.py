@@ -291,8 +291,9 @@ class _Loop:
 
 def format_val(val: dict) -> str:
     """One line of validation figures: ``top-1 61.2%, top-5 98.1%``, ``MSE 0.012, MAE 0.08, R² 0.91``,
-    ``mIoU 54.3%, pixel accuracy 88.0%`` or ``mAP 41.0%``; then the loss and the sample count, and
-    for a mix each dataset's figures: `` [web: top-1 61.2%, ...; curated: ...]``."""
+    ``mIoU 54.3%, pixel accuracy 88.0%``, ``mAP 41.0%`` or ``mAP 41.0%, mAP@50 63.2%``; then the loss
+    (a detector's evaluation computes none) and the sample count, and for a mix each dataset's
+    figures: `` [web: top-1 61.2%, ...; curated: ...]``."""
     parts = []
     if val.get("top1") is not None:
         parts.append(f"top-1 {100 * val['top1']:.1f}%")
@@ -304,7 +305,11 @@ def format_val(val: dict) -> str:
         parts.append(f"mIoU {100 * val['miou']:.1f}%, pixel accuracy {100 * val['pixel_acc']:.1f}%")
     if "map" in val:
         parts.append(f"mAP {100 * val['map']:.1f}%")
-    line = ", ".join(parts + [f"loss {val['loss']:.4f} ({val['n']} samples)"])
+    if "map50" in val:
+        parts.append(f"mAP@50 {100 * val['map50']:.1f}%")
+    if val.get("loss") is not None:
+        parts.append(f"loss {val['loss']:.4f}")
+    line = ", ".join(parts) + f" ({val['n']} samples)"
     splits = val.get("splits")  # a mix: each dataset's figures after the overall ones
     if splits:
         line += " [" + "; ".join(f"{name}: {format_val(v)}" for name, v in splits.items()) + "]"

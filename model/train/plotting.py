@@ -26,8 +26,9 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
     va = [r for r in rows if r.get("kind") == "val"]
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     ax[0].plot([r["step"] for r in tr], [r["loss"] for r in tr], label="train loss")
-    if va:
-        ax[0].plot([r["step"] for r in va], [r["loss"] for r in va], "o-", label="val loss")
+    va_loss = [r for r in va if r.get("loss") is not None]  # a detector's evaluation has no loss
+    if va_loss:
+        ax[0].plot([r["step"] for r in va_loss], [r["loss"] for r in va_loss], "o-", label="val loss")
     ax[0].set_xlabel("step")
     ax[0].set_title("loss")
     ax[0].legend()

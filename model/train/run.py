@@ -219,6 +219,10 @@ class Run:
             from ..user import build_user_model, check_outputs, resolve_spec
 
             self.model_spec = self.arch = resolve_spec(cfg.model)
+            if self.task.name == "detect":  # a torchvision detector, wrapped as --arch's are
+                from ..detection import user_detector
+
+                return user_detector(self.model_spec, self.num_outputs, image_size=min(crop), in_channels=self.channels)
             net = build_user_model(self.model_spec, self.num_outputs, in_channels=self.channels)
             check_outputs(
                 net, cfg.model, num_outputs=self.num_outputs, in_channels=self.channels, size=crop, task=self.task.name

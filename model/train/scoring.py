@@ -93,6 +93,7 @@ def _val_loader(config: dict, split: str, *, batch_size: int, device: torch.devi
         tuple(crop) if isinstance(crop, list) else crop,
         crop_pct=config.get("crop_pct"),
         val_resize=config.get("val_resize"),
+        val_fit=config.get("val_fit", "auto"),
     )
     channels = int(config.get("channels") or 3)
     return Loader(

@@ -330,7 +330,7 @@ class DetectMetrics(Metrics):
             mean_ap, ap50 = figure("map"), figure("map_50")
         else:
             mean_ap = ap50 = float("nan")
-        return {"n": len(preds), "map": mean_ap, "map50": ap50, "loss": float("nan")}
+        return {"n": len(preds), "map": mean_ap, "map50": ap50}  # no loss: a detector in eval mode computes none
 
 
 def average_precision(scores: torch.Tensor, targets: torch.Tensor) -> float:

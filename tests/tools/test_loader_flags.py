@@ -28,6 +28,21 @@ def test_the_recipe_is_carried_whole():
     assert loader_flags.loader_options(args) == {"backend": "pil", "decoder": "auto", "decode": "auto", "threads": None}
 
 
+def test_the_fits_are_the_crop_specs():
+    from stoker.pipeline.augment import crops
+
+    p = argparse.ArgumentParser()
+    loader_flags.add_crop_flags(p)
+    spec = loader_flags.crop_spec(
+        p.parse_args(["--train-fit", "scale-jitter", "--jitter", "0.5:1.5", "--val-fit", "center"])
+    )
+    assert (spec.train_fit, spec.jitter, spec.val_fit) == ("scale-jitter", (0.5, 1.5), "center")
+    assert loader_flags.crop_spec(p.parse_args([])) == crops.CropSpec.of(224)  # the flags' defaults are the Loader's
+    assert (loader_flags.TRAIN_FITS, loader_flags.VAL_FITS) == (crops.TRAIN_FITS, crops.VAL_FITS)
+    with pytest.raises(argparse.ArgumentTypeError, match="LO,HI"):
+        loader_flags.pair("0.5")
+
+
 def test_the_commands_share_the_flags():
     from stoker.tools.cli import get_args_parser
 

@@ -1,7 +1,8 @@
 """The Loader's flags, declared once for every command that builds a Loader.
 
 ``stoker train``, ``stoker diagnose`` and ``stoker bench`` take the same crop recipe (``--crop PX``
-or ``--crop H,W``, ``--scale``, ``--ratio``, ``--crop-pct``, ``--val-resize``), the same decode
+or ``--crop H,W``, ``--scale``, ``--ratio``, ``--crop-pct``, ``--val-resize``, and detection's
+``--train-fit``, ``--jitter``, ``--val-fit``), the same decode
 choices (``--backend`` from the backend registry, ``--decode``, ``--decoder``, ``--threads``), the
 decoded-pixel tier (``--pixel-cache``, ``--pixel-cache-budget``) and, where they read object
 storage, the same storage and order flags. :func:`crop_spec` carries the
@@ -18,6 +19,11 @@ from typing import Any
 #: the random resized crop's defaults (torchvision's RandomResizedCrop)
 SCALE = (0.08, 1.0)
 RATIO = (3 / 4, 4 / 3)
+#: the train crops, the val transforms and the scale jitter's default range, as
+#: :class:`~stoker.pipeline.augment.CropSpec` names them (written here too: ``--help`` imports no torch)
+TRAIN_FITS = ("rrc", "scale-jitter")
+VAL_FITS = ("auto", "center", "letterbox")
+JITTER = (0.1, 2.0)
 
 
 def floats(text: str) -> tuple[float, ...]:
@@ -26,6 +32,14 @@ def floats(text: str) -> tuple[float, ...]:
         return tuple(float(v) for v in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+
+
+def pair(text: str) -> tuple[float, float]:
+    """``"0.1,2"`` or ``"0.1:2"`` -> ``(0.1, 2.0)`` (an argparse type)."""
+    values = floats(text.replace(":", ","))
+    if len(values) != 2:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LO,HI (two numbers)")
+    return values
 
 
 def crop(text: str) -> int | tuple[int, int]:
@@ -40,8 +54,9 @@ def crop(text: str) -> int | tuple[int, int]:
 
 
 def add_crop_flags(p: argparse.ArgumentParser, *, default: int | None = 224, recipe: bool = True) -> None:
-    """``--crop`` (and with ``recipe`` the train crop's ``--scale``/``--ratio`` and the val resize's
-    ``--crop-pct``/``--val-resize``)."""
+    """``--crop`` (and with ``recipe`` the train crop's ``--scale``/``--ratio``, the val resize's
+    ``--crop-pct``/``--val-resize``, and which train crop and val transform: ``--train-fit``,
+    ``--jitter``, ``--val-fit``)."""
     p.add_argument(
         "--crop",
         type=crop,
@@ -78,6 +93,28 @@ def add_crop_flags(p: argparse.ArgumentParser, *, default: int | None = 224, rec
         default=None,
         metavar="PX",
         help="val: the shorter side before the center crop, instead of --crop-pct (torchvision's Resize)",
+    )
+    p.add_argument(
+        "--train-fit",
+        choices=TRAIN_FITS,
+        default="rrc",
+        help="the train crop: rrc (RandomResizedCrop, --scale/--ratio; default) or scale-jitter (detection's "
+        "large-scale jitter: the whole image fitted to --crop, scaled by a factor in --jitter, then cropped or "
+        "padded to --crop)",
+    )
+    p.add_argument(
+        "--jitter",
+        type=pair,
+        default=JITTER,
+        metavar="LO,HI",
+        help="scale-jitter's factor range on the fitted size (default: 0.1,2, torchvision's detection recipe)",
+    )
+    p.add_argument(
+        "--val-fit",
+        choices=VAL_FITS,
+        default="auto",
+        help="the val transform: center (resize, center crop), letterbox (the whole image, aspect kept, padded) "
+        "or auto (default: the split's kind says; letterbox for boxes)",
     )
 
 
@@ -181,6 +218,9 @@ def crop_spec(args: argparse.Namespace):
         ratio=tuple(getattr(args, "ratio", RATIO)),
         crop_pct=getattr(args, "crop_pct", None),
         val_resize=getattr(args, "val_resize", None),
+        train_fit=getattr(args, "train_fit", "rrc"),
+        jitter=tuple(getattr(args, "jitter", JITTER)),
+        val_fit=getattr(args, "val_fit", "auto"),
     )
 
 
@@ -213,5 +253,6 @@ __all__ = [
     "crop_spec",
     "floats",
     "loader_options",
+    "pair",
     "pixel_cache",
 ]
