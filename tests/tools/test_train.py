@@ -221,6 +221,7 @@ def test_cli_choices_are_the_configs():
     from stoker.pipeline.backends import DECODES, backend_names
     from stoker.pipeline.backends.decoders import DECODER_NAMES
     from stoker.tools import train as train_cli
+    from stoker.tools.common.loader_flags import TRAIN_FITS, VAL_FITS
 
     p = argparse.ArgumentParser()
     train_cli.add_arguments(p)
@@ -237,6 +238,8 @@ def test_cli_choices_are_the_configs():
         "decoder": DECODER_NAMES,
         "decode": DECODES,
         "balance": BALANCE_CHOICES,
+        "train_fit": TRAIN_FITS,
+        "val_fit": VAL_FITS,
     }
 
 
