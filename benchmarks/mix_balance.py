@@ -53,7 +53,7 @@ def _deviation(counts: np.ndarray, length: int) -> float:
 
 def stoker_counts(sizes: np.ndarray, length: int, epochs: int, world: int, seed: int = 0) -> np.ndarray:
     """``[epochs, classes]`` draws of stoker's balanced order, ranks simulated one by one."""
-    from stoker.pipeline.mixsource import ClassSlots
+    from stoker.pipeline.balance_tables import ClassSlots
     from stoker.pipeline.order.mix import MixOrder, MixPlan
 
     labels = np.repeat(np.arange(len(sizes)), sizes)

@@ -197,7 +197,7 @@ def _mixed(root: Path, split: Path, n: int, args: argparse.Namespace) -> tuple:
         splits.append(build_split(root, small, args.samples_per_shard)[0])
         mix["weights"] = [0.7, 0.3]
     if args.balance:
-        from stoker.pipeline.mixsource import class_members
+        from stoker.pipeline.balance_tables import class_members
         from stoker.pipeline.shards.samples import open_split
 
         mix["balance"] = "classes"

@@ -17,7 +17,7 @@ import numpy as np
 
 from stoker.errors import ArgumentError
 
-from .mixsource import ClassSlots, cached_table
+from .balance_tables import ClassSlots, cached_table
 from .shards.samples import SampleIndex, open_split
 
 WEIGHTS_NAME = "stoker.weights"

@@ -237,7 +237,7 @@ class TrainConfig:
 
     def _validate_fits(self) -> None:
         """The train crop and val transform names and the scale jitter's range (before any data is read)."""
-        from stoker.pipeline.augment.crops import TRAIN_FITS, VAL_FITS
+        from stoker.pipeline.fits import TRAIN_FITS, VAL_FITS  # torch-free: the config checks import no torch
 
         check_choice("train_fit", self.train_fit, TRAIN_FITS)
         check_choice("val_fit", self.val_fit, VAL_FITS)

@@ -71,6 +71,49 @@ def has_split(split: str, storage_options: dict | None) -> bool:
     return True
 
 
+def _crop_spec(cfg: TrainConfig, side: Any) -> Any:
+    """The crop recipe, whole (a ``CropSpec``): ``--crop`` ... ``--val-resize``, ``--train-fit``,
+    ``--jitter``, ``--val-fit``."""
+    from stoker.pipeline.augment import CropSpec
+
+    side = tuple(side) if isinstance(side, (list, tuple)) else side
+    return CropSpec.of(
+        side,
+        scale=tuple(cfg.scale),
+        ratio=tuple(cfg.ratio),
+        crop_pct=cfg.crop_pct,
+        val_resize=cfg.val_resize,
+        train_fit=cfg.train_fit,
+        jitter=tuple(cfg.jitter),
+        val_fit=cfg.val_fit,
+    )
+
+
+def _loader_kwargs(cfg: TrainConfig, dist: Dist, device: Any) -> dict[str, Any]:
+    """What the train and val Loaders share: batch, channels, device, seed, this rank, the backend,
+    the order and the decoded-pixel tier (a folder per split inside)."""
+    from stoker.pipeline.options import backend_for
+
+    kw: dict[str, Any] = dict(
+        batch_size=cfg.batch_size,
+        channels=cfg.channels or 3,
+        device=str(device),
+        seed=cfg.seed,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        backend=backend_for(cfg.backend, decode=cfg.decode, decoder=cfg.decoder),
+        threads=cfg.threads,
+        channels_last=cfg.channels_last,
+    )
+    if cfg.shuffle != "global":
+        kw.update(shuffle=cfg.shuffle, block_shards=cfg.block_shards)
+    if cfg.pixel_cache:
+        from stoker.pipeline.pixels import PixelCache
+
+        kw.update(pixel_cache=PixelCache(cfg.pixel_cache, budget=cfg.pixel_cache_budget))
+    return kw
+
+
 def make_loaders(
     cfg: TrainConfig,
     factory: Callable[..., Any],
@@ -85,43 +128,12 @@ def make_loaders(
     """The train Loader (the crop recipe whole, the augmentation, this rank's share) and the val
     Loader when there is a val split; a batch larger than a rank's share is one line naming the
     ``--batch-size`` to use. Says when the epoch or the val split is small (:func:`say_when_small`)."""
-    from stoker.pipeline.augment import CropSpec
-    from stoker.pipeline.options import backend_for
     from stoker.pipeline.storage import is_url
 
-    def spec(side: Any) -> CropSpec:  # the recipe, whole: --crop ... --val-resize, --train-fit, --jitter, --val-fit
-        side = tuple(side) if isinstance(side, (list, tuple)) else side
-        return CropSpec.of(
-            side,
-            scale=tuple(cfg.scale),
-            ratio=tuple(cfg.ratio),
-            crop_pct=cfg.crop_pct,
-            val_resize=cfg.val_resize,
-            train_fit=cfg.train_fit,
-            jitter=tuple(cfg.jitter),
-            val_fit=cfg.val_fit,
-        )
-
     schedule = cfg.crop_schedule()  # --progressive: the train crop of each epoch
-    train_crops = spec(schedule(0) if schedule is not None else cfg.crop)
-    val_crops = spec(cfg.val_crop if cfg.val_crop is not None else cfg.crop)
-    kw: dict[str, Any] = dict(
-        batch_size=cfg.batch_size,
-        channels=cfg.channels or 3,
-        device=str(device),
-        seed=cfg.seed,
-        rank=dist.rank,
-        world_size=dist.world_size,
-        backend=backend_for(cfg.backend, decode=cfg.decode, decoder=cfg.decoder),
-        threads=cfg.threads,
-        channels_last=cfg.channels_last,
-    )
-    if cfg.shuffle != "global":
-        kw.update(shuffle=cfg.shuffle, block_shards=cfg.block_shards)
-    if cfg.pixel_cache:  # the decoded-pixel tier: a folder per split inside
-        from stoker.pipeline.pixels import PixelCache
-
-        kw.update(pixel_cache=PixelCache(cfg.pixel_cache, budget=cfg.pixel_cache_budget))
+    train_crops = _crop_spec(cfg, schedule(0) if schedule is not None else cfg.crop)
+    val_crops = _crop_spec(cfg, cfg.val_crop if cfg.val_crop is not None else cfg.crop)
+    kw = _loader_kwargs(cfg, dist, device)
     remote = is_url(train_dir)
     if remote:
         kw.update(storage_options=cfg.storage_options, cache_limit=cfg.cache_limit)

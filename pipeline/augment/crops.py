@@ -16,20 +16,12 @@ import numpy as np
 
 from stoker.errors import ArgumentError
 
+from ..fits import JITTER, TRAIN_FITS, VAL_FITS  # named where no torch is imported
+
 SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 ATTEMPTS = 10  # torchvision's RandomResizedCrop tries 10 times, then falls back to a center crop
 VAL_CROP_FRACTION = 0.875  # val: resize shorter side to crop / 0.875, center crop
-#: the val transforms: ``center`` (resize the shorter side, center crop), ``letterbox`` (the whole
-#: image resized keeping its aspect ratio into the top-left of the output, the rest zero) or
-#: ``auto`` (the split's kind says: a kind whose targets follow the crop keeps the whole image)
-VAL_FITS = ("auto", "center", "letterbox")
-#: the train crops: ``rrc`` (RandomResizedCrop) or ``scale-jitter`` (detection's large-scale
-#: jitter: the whole image fitted to the output, scaled by a random factor in ``jitter``, then a
-#: random crop of the output's size, or the output padded where the image is smaller)
-TRAIN_FITS = ("rrc", "scale-jitter")
-#: torchvision's detection references (``ScaleJitter(scale_range=(0.1, 2.0))``)
-JITTER = (0.1, 2.0)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)

@@ -18,7 +18,7 @@ over the ranks by striding from ``offset`` (:class:`MixOrder`): every rank takes
 the ranks' union is exactly the multiset (when the ranks divide ``L``; the default length is
 rounded so they do), a resume anywhere is ``O(1)``, and a resume on another number of ranks
 continues the epoch's sequence where the saved ranks left it. Nothing per sample is held: a
-balanced split's class members come from a memory-mapped file (:mod:`stoker.pipeline.mixsource`).
+balanced split's class members come from a memory-mapped file (:mod:`stoker.pipeline.balance_tables`).
 The state is the plain order's integers plus ``epoch_length`` and the mix's checksum
 (:meth:`MixPlan.checksum`): a state of another mix is refused in one line.
 """

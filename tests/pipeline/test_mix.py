@@ -11,7 +11,7 @@ import pytest
 
 from helpers import write_split
 from stoker.pipeline import Loader
-from stoker.pipeline.mixsource import ClassSlots
+from stoker.pipeline.balance_tables import ClassSlots
 from stoker.pipeline.order.mix import MixOrder, MixPlan, largest_remainder
 from stoker.pipeline.shards.samples import open_split
 
@@ -334,7 +334,7 @@ def test_balance_of_a_float_split_and_a_float_split_in_a_class_mix_are_one_line(
 def test_the_class_members_read_fast_are_the_splits_labels(tmp_path):
     """Digit members are parsed in one pass a shard; a shard with a member that is not only digits
     (a stray space or newline) falls back to the split's decoder: the same classes either way."""
-    from stoker.pipeline.mixsource import _build, _digit_labels
+    from stoker.pipeline.balance_tables import _build, _digit_labels
     from stoker.pipeline.shards.manifest import Manifest
     from stoker.pipeline.shards.samples import open_split
     from stoker.pipeline.shards.writer import ShardWriter

@@ -233,7 +233,9 @@ def test_a_killed_verify_or_index_worker_names_its_shard_and_the_rerun_finishes(
     assert rc == 1, err
     assert seconds < 15
     doing = {"verify": "verifying", "index": "indexing"}[command]
-    assert "a worker process died (SIGKILL" in err and f"while {doing} train-000002.tar" in err, err
+    # the signal, where the fork server reported it (under load it may report 255 for the killed one too)
+    assert "a worker process died (SIGKILL" in err or "a worker process died (exit status 255)" in err, err
+    assert f"while {doing} train-000002.tar" in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert cli(argv) == 0
 

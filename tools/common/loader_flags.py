@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from stoker.pipeline.fits import JITTER, TRAIN_FITS, VAL_FITS  # torch-free
+
 #: the random resized crop's defaults (torchvision's RandomResizedCrop)
 SCALE = (0.08, 1.0)
 RATIO = (3 / 4, 4 / 3)
-#: the train crops, the val transforms and the scale jitter's default range, as
-#: :class:`~stoker.pipeline.augment.CropSpec` names them (written here too: ``--help`` imports no torch)
-TRAIN_FITS = ("rrc", "scale-jitter")
-VAL_FITS = ("auto", "center", "letterbox")
-JITTER = (0.1, 2.0)
 
 
 def floats(text: str) -> tuple[float, ...]:
