@@ -106,9 +106,14 @@ def http_server(root: Path) -> Iterator[str]:
         thread.join()
 
 
+#: the sockets that hold dead_endpoint's ports for the session (bound, never listening)
+_HELD_PORTS: list[socket.socket] = []
+
+
 def dead_endpoint() -> str:
-    """``http://127.0.0.1:PORT`` where nothing listens (a port just freed): connections are refused."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    """``http://127.0.0.1:PORT`` where nothing listens: connections are refused. The port stays bound
+    (without listening) for the session, so no server started later (Ray's, moto's) can take it."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _HELD_PORTS.append(s)
+    return f"http://127.0.0.1:{s.getsockname()[1]}"
