@@ -90,13 +90,16 @@ def _identity(x):
 class BatchItems:
     """The sampler's item for each of ``batches``, ``make(ids, slot)``, made as the sampler reaches
     it (a Loader's batches are computed when read: an epoch's start costs one batch); ``slot`` is
-    the shared slot the batch is written to (``None`` without worker processes)."""
+    the shared slot the batch is written to (``None`` without worker processes): batch ``k``'s is
+    ``k % slots``, or what a :class:`~.slots.SlotLender` gives."""
 
-    def __init__(self, batches, slots: int, make):
+    def __init__(self, batches, slots, make):
         self.batches, self.slots, self.make = batches, slots, make
 
     def __iter__(self):
         slots = self.slots
+        if hasattr(slots, "acquire"):
+            return (self.make(b, slots.acquire()) for b in self.batches)
         return (self.make(b, k % slots if slots else None) for k, b in enumerate(self.batches))
 
     def __len__(self) -> int:

@@ -27,7 +27,8 @@ from ..backends.base import Batch, DecodeSettings, decode_masks, plan_batch, tar
 from ..backends.gpu_resize import filter_regions
 from ..backends.pil import BatchItems, EpochItems, batch_loader, worker_batches
 from ..backends.resize import MODES, resize_into
-from ..backends.slots import SlotPool, copy_out
+from ..backends.slots import SlotLender, SlotPool, copy_out
+from .kernel import crop_into
 from .store import PixelStore
 
 
@@ -109,7 +110,7 @@ class PixelBatches:
             i, box, flip = int(plan.ids[j]), boxes[j], flips[j]
             try:
                 if cached[j]:
-                    crop_stored(out, kept, store.pixels(i), box, flip, s.crop, lo[j], hi[j], chw=chw)
+                    crop_into(out, kept, store.pixels(i), box, flip, s.crop, lo[j], hi[j], chw=chw)
                     mask = store.mask(i) if s.masks else None
                 else:
                     mask = next(fresh) if s.masks else None
@@ -153,6 +154,7 @@ class PixelRunner:
         self.items = EpochItems()
         self.dataset: PixelBatches | None = None
         self.pool: SlotPool | None = None
+        self.lender: SlotLender | None = None  # on the CPU: the slots are the batches handed out
         self.dl = None
         self.decoded = self.from_store = 0
 
@@ -162,7 +164,11 @@ class PixelRunner:
         if self.store is None:
             self.store = self._open()
         s = self.settings
-        self.pool = SlotPool.for_settings(s, self.crops.size) if s.threads else None
+        lend = s.device.type == "cpu"  # a CUDA Loader copies each batch to pinned memory for the device
+        self.pool = SlotPool.for_settings(s, self.crops.size, spare=4 if lend else 2) if s.threads else None
+        self.lender = SlotLender(self.pool) if lend and self.pool is not None else None
+        if self.lender is not None and not self.lender.lends:
+            self.lender = None
         self.dataset = PixelBatches(s, self.store, self.pool)
         self.dl = batch_loader(self.dataset, self.items, s)
 
@@ -184,16 +190,22 @@ class PixelRunner:
         """One :class:`~..backends.base.Batch` per array of global sample positions in ``batches``."""
         if self.dl is None:
             self._start()
-        s, crops, pool = self.settings, self.crops, self.pool
+        s, crops, pool, lender = self.settings, self.crops, self.pool, self.lender
         slots = pool.slots if pool is not None else 0
-        self.items.items = BatchItems(batches, slots, lambda b, slot: (epoch, seed, b, crops, slot))
+        if lender is not None:
+            lender.reset()
+        self.items.items = BatchItems(batches, lender or slots, lambda b, slot: (epoch, seed, b, crops, slot))
         it = iter(self.dl)
         if self.dl.num_workers:
             producer.stop_at_exit(self)  # before torch's own exit hook for the workers (see pil.py)
         for k, ((images, masks, bad, decoded), ids) in enumerate(zip(worker_batches(it), batches, strict=True)):
-            if pool is not None:  # copied out of the slot: it is written again later
-                views = pool.views(k % slots, images, crops.size)
-                images, masks = (copy_out(v, pin=s.device.type == "cuda") for v in views)
+            slot = (lender.arrived() if lender is not None else k % slots) if pool is not None else None
+            if slot is not None:
+                views = pool.views(slot, images, crops.size)
+                if lender is not None:  # lent: written again only once nothing refers to it
+                    images, masks = views
+                else:  # copied out of the slot: it is written again later
+                    images, masks = (copy_out(v, pin=s.device.type == "cuda") for v in views)
             targets, consumed, nbad = self._targets(ids, masks, bad, epoch, seed, crops), len(ids), int(bad.sum())
             rows = ids[~bad]
             if not len(targets) and s.train:  # nothing loadable: stand-ins, made here (rare)

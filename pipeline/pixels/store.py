@@ -37,6 +37,7 @@ import json
 import mmap
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,7 @@ class PixelStore:
         self._fds: dict[str, int] = {}
         self._maps: dict[str, mmap.mmap] = {}
         self._use: int | None = None
+        self._lock = threading.Lock()  # the runner's threads map the files at once
         try:
             self.split_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -299,17 +301,23 @@ class PixelStore:
         m = self._maps.get(name)
         if m is None:
             fd = self._fd(name)
-            size = os.fstat(fd).st_size
-            if not size:
-                return memoryview(b"")  # type: ignore[return-value]
-            m = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_READ)
-            self._maps[name] = m
+            with self._lock:
+                m = self._maps.get(name)
+                if m is None:
+                    size = os.fstat(fd).st_size
+                    if not size:
+                        return memoryview(b"")  # type: ignore[return-value]
+                    m = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_READ)
+                    self._maps[name] = m
         return m
 
     def _fd(self, name: str) -> int:
         fd = self._fds.get(name)
         if fd is None:
-            fd = self._fds[name] = os.open(self.dir / name, os.O_RDWR)
+            with self._lock:
+                fd = self._fds.get(name)
+                if fd is None:
+                    fd = self._fds[name] = os.open(self.dir / name, os.O_RDWR)
         return fd
 
     @property
@@ -403,8 +411,11 @@ class PixelStore:
     # worker processes (spawn/forkserver): reopened lazily, the parent keeps the folder in use
     def __getstate__(self) -> dict:
         d = self.__dict__.copy()
-        d.update(_fds={}, _maps={}, _use=None, _index=None)
+        d.update(_fds={}, _maps={}, _use=None, _index=None, _lock=None)
         return d
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
 
 def _sha256(path: Path) -> str:

@@ -574,10 +574,12 @@ class ClassKind(Target):
         return {"class": classes[int(value)]}
 
     def decode(self, raws, *, classes, where, split):
-        names = {c.encode("utf-8", "surrogateescape"): i for i, c in enumerate(classes)}
+        names = None  # made only for a class stored by name: most splits store indices
         out = np.empty(len(raws), np.int64)
         for k, raw in enumerate(raws):
             text = bytes(raw).strip() if len(raw) <= MAX_CLS_BYTES else b"x"
+            if not text.isdigit() and names is None:
+                names = {c.encode("utf-8", "surrogateescape"): i for i, c in enumerate(classes)}
             try:
                 out[k] = int(text) if text.isdigit() else names.get(text, -1)
             except ValueError:  # digits Python will not convert (e.g. too long)

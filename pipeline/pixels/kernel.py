@@ -1,0 +1,130 @@
+"""The warm tier's crop: one resize from the stored pixels straight into the batch.
+
+A crop whose box is no larger than the output on either side (an upscale: at a stored size of
+256 px, ~96% of RandomResizedCrop 224's boxes) is resized by OpenCV's ``INTER_LINEAR``, which reads
+the stored HWC bytes where they lie (a strided view of the memory map) and writes the batch's
+HWC row in place: pillow's bilinear filter upscaling is the same interpolation (half-pixel
+centres, edges clamped), computed in other fixed point, so the pixels are within 1 grey level of
+the JPEG path's (``tests/pipeline/test_pixels.py`` compares them). A box larger than the output
+on a side is antialiased by pillow-simd as on the JPEG path (:func:`.cpu.crop_stored`), where
+OpenCV's filters differ by more than a grey level.
+
+OpenCV releases the GIL for each call, so the CPU runner crops in threads of the Loader's own
+process: no worker processes, no copy of each batch between them (docs/pixel-cache.md). An NCHW
+batch costs one more pass (the HWC crop split into planes, ~40 us an image); a
+``channels_last`` batch is written as it is stored.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+_scratch = threading.local()
+
+
+def _cv2():
+    try:
+        import cv2
+    except ImportError:  # the wheel lacks it on this platform: every crop goes through pillow
+        return None
+    cv2.setNumThreads(1)  # one crop per call, many calls at once: the Loader's workers are the parallelism
+    return cv2 if _agrees(cv2) else None
+
+
+def _agrees(cv2) -> bool:
+    """Does this OpenCV's warp give pillow's pixels within 1 grey level? Checked once a process on
+    noise (the steepest gradients there are) at several scales, both ways round: another OpenCV
+    build with coarser interpolation weights falls back to pillow rather than drift."""
+    from ..backends.resize import resize_into
+
+    pixels = np.random.default_rng(0).integers(0, 256, (61, 67, 3), dtype=np.uint8)
+    for (x, y, w, h), flip, crop in (
+        ((0, 0, 67, 61), False, (96, 80)),
+        ((5, 3, 40, 31), True, (64, 64)),
+        ((20, 9, 13, 50), False, (50, 77)),
+        ((1, 2, 66, 59), True, (59, 66)),
+    ):
+        region = np.ascontiguousarray(pixels[y : y + h, x : x + w])
+        want = np.empty((1, *crop, 3), np.uint8)
+        got = np.empty_like(want)
+        from PIL import Image
+
+        resize_into(want, 0, Image.fromarray(region), crop, flip, chw=False)
+        _warp(cv2, pixels[y : y + h, x : x + w], crop, flip, got[0])
+        if np.abs(want.astype(np.int16) - got).max() > 1:
+            return False
+    return True
+
+
+_CV2: list = []
+
+
+def cv2_or_none():
+    """OpenCV, imported once (``None`` where it cannot be imported: pillow does every crop)."""
+    if not _CV2:
+        _CV2.append(_cv2())
+    return _CV2[0]
+
+
+def fast(box, lo, hi, crop) -> bool:
+    """Does OpenCV crop this box: whole pixels (the box is its own filter region) and no side
+    larger than the output's (an upscale or the same size, where no antialiasing applies)."""
+    x, y, w, h = box
+    return lo[0] == x and lo[1] == y and hi[0] == x + w and hi[1] == y + h and w <= crop[1] and h <= crop[0]
+
+
+def _buffer(name: str, shape: tuple) -> np.ndarray:
+    """A scratch array of this thread's, made once per shape."""
+    key = (name, shape)
+    buf = getattr(_scratch, "bufs", None)
+    if buf is None:
+        buf = _scratch.bufs = {}
+    a = buf.get(key)
+    if a is None:
+        a = buf[key] = np.empty(shape, np.uint8)
+    return a
+
+
+def _matrix(w: int, h: int, crop, flip: bool) -> np.ndarray:
+    """The output-to-input map of a ``w`` x ``h`` region resized to ``crop`` (pillow's pixel
+    centres: input ``(x + 0.5) * w / width - 0.5``), mirrored where ``flip``."""
+    ch, cw = crop
+    sx, sy = w / cw, h / ch
+    if flip:
+        return np.array([[-sx, 0.0, w - 0.5 - 0.5 * sx], [0.0, sy, 0.5 * sy - 0.5]])
+    return np.array([[sx, 0.0, 0.5 * sx - 0.5], [0.0, sy, 0.5 * sy - 0.5]])
+
+
+def _warp(cv2, region: np.ndarray, crop, flip: bool, dst: np.ndarray) -> None:
+    h, w = region.shape[:2]
+    flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
+    cv2.warpAffine(region, _matrix(w, h, crop, flip), crop[::-1], dst=dst, flags=flags, borderMode=cv2.BORDER_REPLICATE)
+
+
+def crop_into(out: np.ndarray, k: int, pixels: np.ndarray, box, flip: bool, crop, lo, hi, *, chw: bool) -> None:
+    """Crop ``box`` (``(x, y, w, h)``) of ``pixels`` (``[H, W, C]`` uint8, read-only) resized to
+    ``crop`` (``(height, width)``) with the JPEG path's filter, flipped where ``flip``, into
+    ``out[k]`` (``[N, C, H, W]`` when ``chw`` else ``[N, H, W, C]``); ``lo``/``hi``: the region
+    the filter reads (see :func:`fast`)."""
+    cv2 = cv2_or_none()
+    if cv2 is None or not fast(box, lo, hi, crop):
+        from .cpu import crop_stored
+
+        crop_stored(out, k, pixels, box, flip, crop, lo, hi, chw=chw)
+        return
+    x, y, w, h = (int(v) for v in box)
+    c = pixels.shape[2]
+    region = pixels[y : y + h, x : x + w]
+    if c == 1:  # one plane: 2-D views in and out
+        _warp(cv2, region[:, :, 0], crop, flip, out[k, 0] if chw else out[k, :, :, 0])
+    elif not chw:
+        _warp(cv2, region, crop, flip, out[k])
+    else:
+        tmp = _buffer("resized", (*crop, c))
+        _warp(cv2, region, crop, flip, tmp)
+        cv2.split(tmp, list(out[k]))  # into the planes in place: ~17 us, a third of extractChannel's
+
+
+__all__ = ["crop_into", "cv2_or_none", "fast"]
