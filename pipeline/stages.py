@@ -231,7 +231,9 @@ class DecodeStage:
             if self.pixel_cache is not None:
                 from .pixels import make_runner
 
-                self.runner = make_runner(settings, self.pixel_cache, lambda: self.open_store(crops))
+                self.runner = make_runner(
+                    settings, self.pixel_cache, lambda: self.open_store(crops), jpeg=self.resolved.backend.make_runner
+                )
             else:
                 self.runner = self.resolved.backend.make_runner(settings)
             self.runner = letterboxed(self.runner, settings)  # the val letterbox, on every backend

@@ -81,6 +81,8 @@ class SlotLender:
         self._idle = [self._count(k) for k in range(pool.slots)]
         self.writing: list[int | None] = []  # the slots of the batches asked for and not yet arrived, in order
         self._next = 0
+        #: batches that found every slot held (sent as torch sends tensors)
+        self.unslotted = 0
 
     def _count(self, k: int) -> int:
         return self._use_count(self._storages[k]._cdata)
@@ -102,6 +104,7 @@ class SlotLender:
                 slot, self._next = k, (k + 1) % n
                 break
         self.writing.append(slot)
+        self.unslotted += slot is None
         return slot
 
     def arrived(self) -> int | None:

@@ -23,6 +23,9 @@ from stoker.errors import ArgumentError
 from ..fsutil import PathLike
 from .store import PIXEL_FORMATS, PixelStore, format_bytes
 
+#: how the store fills (:mod:`.fill`): ``background`` (the JPEG path's epochs while a low-priority
+#: process fills it) or ``inline`` (the first epoch decodes every sample whole into it)
+FILLS = ("background", "inline")
 #: what ``pixel_format=`` may say: ``auto`` is RGB (measured fastest on the CPU: no conversion;
 #: YUV 4:2:0 halves the bytes but is lossy, see docs/pixel-cache.md)
 FORMATS = ("auto", *PIXEL_FORMATS)
@@ -41,17 +44,26 @@ class PixelCache:
             the rest decoded each epoch.
         pixel_format: ``"rgb"``, ``"yuv420"`` (half the bytes; converted on the device; lossy:
             chroma at half resolution), or ``"auto"`` (RGB).
+        fill: on the CPU, ``"background"`` (default: epochs run the JPEG path, as fast as without
+            the tier, while a ``nice 19`` process decodes whole images into the store with the idle
+            CPU; they crop from the store once at most half is missing) or ``"inline"`` (the first
+            epoch decodes every sample whole into the store: the store is full soonest, that epoch
+            is slower than the JPEG path). ``threads=0`` (no processes) always fills inline; a GPU
+            decode fills on the device.
     """
 
     dir: PathLike
     budget: int | None = None
     pixel_format: str = "auto"
+    fill: str = "background"
 
     def __post_init__(self) -> None:
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget < 1):
             raise ArgumentError(f"pixel cache budget={self.budget!r} must be a positive number of bytes")
         if self.pixel_format not in FORMATS:
             raise ArgumentError(f"pixel_format={self.pixel_format!r} must be one of {FORMATS}")
+        if self.fill not in FILLS:
+            raise ArgumentError(f"pixel cache fill={self.fill!r} must be one of {FILLS}")
 
     @classmethod
     def of(cls, value: Any) -> PixelCache | None:
@@ -113,15 +125,31 @@ def open_store(settings: Any, cache: PixelCache) -> PixelStore:
     return open_split(settings.index)
 
 
-def make_runner(settings: Any, cache: PixelCache, store: Callable[[], PixelStore]) -> Any:
-    """The runner of the tier (``store``: opens the Loader's store when first needed)."""
+def make_runner(
+    settings: Any, cache: PixelCache, store: Callable[[], PixelStore], jpeg: Callable[[Any], Any] | None = None
+) -> Any:
+    """The runner of the tier (``store``: opens the Loader's store when first needed; ``jpeg``: makes
+    the Loader's JPEG-path runner for given settings, which a background fill runs meanwhile)."""
     if on_device(settings, cache):
         from .device import DevicePixelRunner
 
         return DevicePixelRunner(settings, store)
-    from .cpu import PixelRunner
+    if cache.fill == "inline" or not settings.threads or jpeg is None:
+        from .cpu import PixelRunner
 
-    return PixelRunner(settings, store)
+        return PixelRunner(settings, store)
+    from .fill import FillingRunner
+
+    return FillingRunner(settings, store, jpeg)
 
 
-__all__ = ["FORMATS", "PixelCache", "PixelStore", "format_bytes", "make_runner", "open_store", "pillow_decoder"]
+__all__ = [
+    "FILLS",
+    "FORMATS",
+    "PixelCache",
+    "PixelStore",
+    "format_bytes",
+    "make_runner",
+    "open_store",
+    "pillow_decoder",
+]

@@ -165,7 +165,7 @@ class PixelRunner:
             self.store = self._open()
         s = self.settings
         lend = s.device.type == "cpu"  # a CUDA Loader copies each batch to pinned memory for the device
-        self.pool = SlotPool.for_settings(s, self.crops.size, spare=4 if lend else 2) if s.threads else None
+        self.pool = SlotPool.for_settings(s, self.crops.size, spare=2) if s.threads else None
         self.lender = SlotLender(self.pool) if lend and self.pool is not None else None
         if self.lender is not None and not self.lender.lends:
             self.lender = None

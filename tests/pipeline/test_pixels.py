@@ -38,7 +38,11 @@ def split(tmp_path):
     return path
 
 
-def make(split, **kw):
+def make(split, fill="inline", **kw):
+    """A Loader of ``split``; its pixel tier fills inline (the first epoch fills the store) unless
+    ``fill`` says otherwise."""
+    if isinstance(kw.get("pixel_cache"), (str, os.PathLike)):
+        kw["pixel_cache"] = PixelCache(kw["pixel_cache"], fill=fill)
     kw.setdefault("batch_size", 8)
     kw.setdefault("crop", CROP)
     kw.setdefault("threads", 0 if kw.get("backend", "pil") == "pil" else 1)
@@ -243,6 +247,8 @@ def test_bad_settings_are_refused_in_one_line(split, tmp_path):
         PixelCache(tmp_path, budget=0)
     with pytest.raises(ValueError, match="pixel_format='bgr' must be one of"):
         PixelCache(tmp_path, pixel_format="bgr")
+    with pytest.raises(ValueError, match="fill='lazy' must be one of"):
+        PixelCache(tmp_path, fill="lazy")
     with pytest.raises(ValueError, match="pixel_cache=3 must be a folder or a PixelCache"):
         make(split, pixel_cache=3)
 

@@ -289,12 +289,14 @@ def _run_stoker(cfg, backend, device="cpu", **kw):
 
 def _run_pixels(cfg, *, fill: bool):
     """The pixel tier (``Loader(pixel_cache=cfg["pixel_cache"])``, a fresh folder): ``fill``, its
-    first epoch alone, which decodes every sample into the store; else the epochs after one filling
-    epoch, untimed, which crop from decoded pixels."""
+    first epoch alone, the JPEG path while a background process fills the store (the default);
+    else the epochs after one epoch that filled the store inline, untimed, which crop from
+    decoded pixels."""
     import shutil
     import tempfile
 
     from stoker.pipeline import Loader
+    from stoker.pipeline.pixels import PixelCache
 
     root = tempfile.mkdtemp(prefix="stoker-bench-pixels-", dir=cfg["pixel_cache"])
     try:
@@ -304,7 +306,7 @@ def _run_pixels(cfg, *, fill: bool):
             crop=cfg["crop"],
             threads=cfg["workers"],
             channels=cfg.get("channels", 3),
-            pixel_cache=root,
+            pixel_cache=PixelCache(root, fill="background" if fill else "inline"),
         )
         if not fill:
             for _ in loader:  # epoch 0 fills the store
