@@ -415,3 +415,97 @@ def test_on_a_gpu_the_store_gives_the_nvjpeg_paths_batches(split, tmp_path, pixe
             mads = [(x.float() - y.float()).abs().mean() for x, y in zip(a, b, strict=True)]
             assert float(torch.stack(mads).mean()) < 4
     assert tier.runner.decoded == 40 and tier.runner.from_store > 0
+
+
+# ---- the warm crop kernel and the background fill ------------------------------------------------
+@pytest.mark.parametrize("chw", [True, False])
+@pytest.mark.parametrize("channels", [3, 1])
+def test_the_warm_crop_is_within_one_grey_level_of_pillows_crop_then_resize(chw, channels):
+    from stoker.pipeline.backends.gpu_resize import filter_regions
+    from stoker.pipeline.backends.resize import MODES, resize_into
+    from stoker.pipeline.pixels import kernel
+
+    assert kernel.cv2_or_none() is not None  # a dependency: this machine's OpenCV passes the check
+    rng = np.random.default_rng(7)
+    pixels = rng.integers(0, 256, (90, 120, channels), dtype=np.uint8)  # noise: the steepest edges
+    crop, fast = (64, 72), 0
+    for _ in range(60):
+        w, h = int(rng.integers(8, 110)), int(rng.integers(8, 85))
+        x, y = int(rng.integers(0, 120 - w)), int(rng.integers(0, 90 - h))
+        flip = bool(rng.integers(2))
+        _, _, lo, hi = filter_regions(np.array([[x, y, w, h]]), np.array([[90, 120]]), crop)
+        lo, hi = lo[0].tolist(), hi[0].tolist()
+        shape = (1, channels, *crop) if chw else (1, *crop, channels)
+        got, want = np.empty(shape, np.uint8), np.empty(shape, np.uint8)
+        kernel.crop_into(got, 0, pixels, (x, y, w, h), flip, crop, lo, hi, chw=chw)
+        region = Image.fromarray(
+            np.ascontiguousarray(pixels[y : y + h, x : x + w]).squeeze(-1)
+            if channels == 1
+            else np.ascontiguousarray(pixels[y : y + h, x : x + w]),
+            MODES[channels],
+        )
+        resize_into(want, 0, region, crop, flip, chw=chw)
+        assert np.abs(got.astype(int) - want).max() <= 1, (x, y, w, h, flip)
+        fast += kernel.fast((x, y, w, h), lo, hi, crop)
+    assert 10 < fast < 60  # both ways were taken: OpenCV's upscales, pillow's antialiased downscales
+
+
+def test_an_opencv_that_drifts_from_pillow_is_not_used(monkeypatch):
+    from stoker.pipeline.pixels import kernel
+
+    cv2 = kernel.cv2_or_none()
+    good = kernel._warp
+
+    def shifted(cv2, region, crop, flip, dst):
+        good(cv2, region, crop, flip, dst)
+        dst[...] = np.clip(dst.astype(int) + 3, 0, 255)
+
+    monkeypatch.setattr(kernel, "_warp", shifted)
+    assert not kernel._agrees(cv2)
+    monkeypatch.setattr(kernel, "_warp", good)
+    assert kernel._agrees(cv2)
+
+
+def test_a_caller_holding_every_batch_still_gets_each_one_right(split, tmp_path):
+    jpeg = make(split, batch_size=2)
+    tier = make(split, pixel_cache=tmp_path / "px", threads=2, batch_size=2)
+    run_epoch(tier, 0)
+    held, _ = run_epoch(tier, 1)  # every batch kept: the slots run out, the rest travel as torch sends them
+    assert max_diff(held, run_epoch(jpeg, 1)[0]) <= 1
+    assert tier.runner.lender.unslotted > 0
+    tier.close()
+
+
+def test_the_background_fill_runs_the_jpeg_path_then_crops_from_the_store(split, tmp_path):
+    from stoker.pipeline.pixels.fill import FillingRunner, missing_share
+
+    jpeg = make(split)
+    tier = make(split, pixel_cache=tmp_path / "px", fill="background", threads=1)
+    a, _ = run_epoch(tier, 0)
+    assert isinstance(tier.runner, FillingRunner) and not tier.runner.cropping
+    assert all(torch.equal(x, y) for x, y in zip(a, run_epoch(jpeg, 0)[0], strict=True))  # the JPEG path itself
+    deadline = time.monotonic() + 60
+    while missing_share(tier.pixel_store) > 0:  # the nice-19 filler ends the store on its own
+        assert time.monotonic() < deadline, "the background fill never finished"
+        time.sleep(0.05)
+    b, _ = run_epoch(tier, 1)
+    assert tier.runner.cropping and tier.runner.from_store == len(torch.cat(b)) and tier.runner.decoded == 0
+    assert max_diff(b, run_epoch(jpeg, 1)[0]) <= 1
+    store, index = tier.pixel_store, open_split(split)
+    for i in (0, 17, 39):  # what the filler wrote is the whole decode
+        whole = np.asarray(Image.open(__import__("io").BytesIO(index.image(i).tobytes())).convert("RGB"))
+        assert np.array_equal(store.pixels(i), whole)
+    tier.close()
+    assert not tier.decoding.runner  # closed: the filler is gone with it
+
+
+def test_the_filler_fills_a_mask_split_with_its_masks(segmentation, tmp_path):
+    from stoker.pipeline.pixels.fill import fill_store, missing_share
+
+    tier = make(segmentation, pixel_cache=tmp_path / "px", threads=0)
+    store = tier.pixel_store
+    assert fill_store(tier.decode_settings(), store, start=5) == 16 and missing_share(store) == 0
+    a, ma = run_epoch(tier, 1)
+    b, mb = run_epoch(make(segmentation), 1)
+    assert max_diff(a, b) <= 1 and all(torch.equal(x, y) for x, y in zip(ma, mb, strict=True))
+    assert tier.runner.decoded == 0
