@@ -23,7 +23,7 @@ from stoker.errors import ArgumentError
 from ..fsutil import PathLike
 from .store import PIXEL_FORMATS, PixelStore, format_bytes
 
-#: how the store fills (:mod:`.fill`): ``background`` (the JPEG path's epochs while a low-priority
+#: how the store fills (:mod:`.fill`): ``background`` (epoch 0 on the JPEG path while a low-priority
 #: process fills it) or ``inline`` (the first epoch decodes every sample whole into it)
 FILLS = ("background", "inline")
 #: what ``pixel_format=`` may say: ``auto`` is RGB (measured fastest on the CPU: no conversion;
@@ -44,12 +44,14 @@ class PixelCache:
             the rest decoded each epoch.
         pixel_format: ``"rgb"``, ``"yuv420"`` (half the bytes; converted on the device; lossy:
             chroma at half resolution), or ``"auto"`` (RGB).
-        fill: on the CPU, ``"background"`` (default: epochs run the JPEG path, as fast as without
-            the tier, while a ``nice 19`` process decodes whole images into the store with the idle
-            CPU; they crop from the store once at most half is missing) or ``"inline"`` (the first
-            epoch decodes every sample whole into the store: the store is full soonest, that epoch
-            is slower than the JPEG path). ``threads=0`` (no processes) always fills inline; a GPU
-            decode fills on the device.
+        fill: on the CPU, ``"background"`` (default: epoch 0 runs the JPEG path, as fast as
+            without the tier, while a ``nice 19`` process decodes whole images into the store with
+            the idle CPU; every later epoch crops from the store, decoding what is still missing)
+            or ``"inline"`` (epoch 0 decodes every sample whole into the store and crops from it:
+            the store is full soonest, that epoch is slower than the JPEG path; a full store
+            serves epoch 0 too). Either way which path serves an epoch depends on its number
+            alone, so runs and resumes are exact. ``threads=0`` (no processes) always fills
+            inline; a GPU decode fills on the device.
     """
 
     dir: PathLike

@@ -2,11 +2,12 @@
 :class:`~.store.PixelStore`, in worker processes, filling the store as it goes.
 
 A batch is planned as on every backend (:func:`~stoker.pipeline.backends.base.plan_batch`: the
-same boxes and flips); each sample the store holds is read where it lies (only its crop box is
-unpacked into pillow) and resized by pillow-simd, exactly as the JPEG path resizes its decoded
-region; a sample it does not hold yet is decoded whole with pillow
-(libjpeg-turbo: the same pixels as DALI's CPU decode), written to the store and cropped from that
-decode. So the first epoch fills the store and yields the same batches later epochs will.
+same boxes and flips); each sample the store holds is read where it lies and cropped straight
+into the batch (:func:`~.kernel.crop_into`: OpenCV's warp, or pillow-simd's antialiased resize
+where a box is larger than the crop, as the JPEG path resizes its decoded region); a sample it
+does not hold yet is decoded whole with pillow (libjpeg-turbo: the same pixels as DALI's CPU
+decode), written to the store and cropped from that decode in the same way. So the first epoch
+fills the store and yields the same batches later epochs will.
 
 Worker processes, not threads: per image the resize is ~0.08 ms of GIL-free work against
 ~0.05 ms of Python and pillow calls that hold the GIL; two threads measured no faster than one
@@ -26,7 +27,7 @@ from ..backends import producer
 from ..backends.base import Batch, DecodeSettings, decode_masks, plan_batch, targets_of
 from ..backends.gpu_resize import filter_regions
 from ..backends.pil import BatchItems, EpochItems, batch_loader, worker_batches
-from ..backends.resize import MODES, resize_into
+from ..backends.resize import MODES
 from ..backends.slots import SlotLender, SlotPool, copy_out
 from .kernel import crop_into
 from .store import PixelStore
@@ -45,25 +46,6 @@ def decode_whole(data, channels: int):
         im = im.convert(mode)
     im.load()
     return im
-
-
-def crop_stored(out: np.ndarray, k: int, pixels: np.ndarray, box, flip: bool, crop, lo, hi, *, chw: bool) -> None:
-    """Crop ``box`` (``(x, y, w, h)``) of stored ``pixels`` (``[H, W, C]`` uint8, a read-only view)
-    resized to ``crop`` (antialiased bilinear, as the JPEG path), flipped where ``flip``, into
-    ``out[k]``. Only the region the filter reads, ``lo`` ``(x0, y0)`` to ``hi`` ``(x1, y1)``
-    (:func:`~stoker.pipeline.backends.gpu_resize.filter_regions`: the box), is unpacked into pillow."""
-    from PIL import Image
-
-    h, w, c = pixels.shape
-    x0, y0 = lo
-    x1, y1 = hi
-    mode = MODES[c]
-    region = Image.core.new(mode, (x1 - x0, y1 - y0))  # the rows and columns the filter reads, unpacked
-    decoder = Image.core.raw_decoder(mode, mode, w * c, 1)
-    decoder.setimage(region, (0, 0, *region.size))  # extents: required since Pillow 13
-    decoder.decode(pixels.reshape(-1)[(y0 * w + x0) * c : (y1 * w) * c])
-    x, y, bw, bh = box
-    resize_into(out, k, region, crop, flip, box=(x - x0, y - y0, bw, bh), chw=chw)
 
 
 class PixelBatches:
@@ -118,8 +100,10 @@ class PixelBatches:
                         continue  # a mask that does not decode drops its sample, as on every backend
                     im = decode_whole(plan.enc[j], c)
                     decoded += 1
-                    store.put(i, im.tobytes(), mask)
-                    resize_into(out, kept, im, s.crop, flip, box=box, chw=chw)
+                    pixels = np.asarray(im).reshape(im.height, im.width, c)
+                    store.put(i, pixels.tobytes(), mask)
+                    # cropped as a stored sample is: this epoch's batch is the one a warm epoch gives
+                    crop_into(out, kept, pixels, box, flip, s.crop, lo[j], hi[j], chw=chw)
             except DAMAGED_INPUT:  # a damaged image: skipped and counted
                 continue
             if mask_out is not None:
@@ -236,4 +220,4 @@ class PixelRunner:
             self.store.close()
 
 
-__all__ = ["PixelBatches", "PixelRunner", "crop_stored", "decode_whole"]
+__all__ = ["PixelBatches", "PixelRunner", "decode_whole"]

@@ -1,12 +1,16 @@
-"""Filling the pixel store without slowing the first epochs: ``PixelCache(fill="background")``.
+"""Filling the pixel store without slowing the first epoch: ``PixelCache(fill="background")``.
 
-While the store lacks more than half of the split, each epoch runs the Loader's own JPEG path
-(its backend's runner: DALI decodes just the crop regions) and one low-priority process
-(``nice 19``) decodes whole images into the store with the CPU time that path leaves idle.
-Once at most half is missing, epochs crop from the store (:class:`~.cpu.PixelRunner`), decoding
-the rest inline. So no epoch is slower than the JPEG path's by more than the filler's share of a
-busy machine (the kernel gives a nice-19 process ~1.5% of a core the path wants), where filling
-everything in the first epoch costs it 10-35% (whole decodes instead of regions).
+The Loader's epoch 0 runs its own JPEG path (its backend's runner: DALI decodes just the crop
+regions) while one low-priority process (``nice 19``) decodes whole images into the store with
+the CPU time that path leaves idle; every later epoch crops from the store
+(:class:`~.cpu.PixelRunner`), decoding inline whatever the filler has not reached. So the first
+epoch runs at the JPEG path's speed (the kernel gives a nice-19 process ~1.5% of a core the path
+wants), where filling everything in it costs 10-35% (whole decodes instead of regions).
+
+Which path serves an epoch depends on its number alone, never on how far the filler got or on
+what an earlier run left in the store: epoch 0 always comes from the JPEG path, even from a full
+store, so a run's batches are the same every time and a resumed run continues exactly
+(``fill="inline"`` crops epoch 0 from the store too).
 
 The filler writes as the runner's fill does (bytes, then the marker: a kill leaves whole samples
 only) into the same shared store, so the ranks of a node fill it together; each starts at its own
@@ -24,8 +28,6 @@ import numpy as np
 
 from ..backends.base import Batch, DecodeSettings, decode_masks, plan_batch
 
-#: the store is cropped from once at most this share of its samples is missing
-SWITCH_AT = 0.5
 #: samples the filler plans at a time
 CHUNK = 64
 
@@ -117,8 +119,8 @@ class BackgroundFill:
 
 class FillingRunner:
     """The CPU pixel tier with ``fill="background"`` (a :class:`~..backends.base.Runner`): the JPEG
-    path's runner and the :class:`BackgroundFill` while over :data:`SWITCH_AT` of the store is
-    missing, then the :class:`~.cpu.PixelRunner` (see the module).
+    path's runner and the :class:`BackgroundFill` for epoch 0, the :class:`~.cpu.PixelRunner`
+    for every later epoch (see the module).
 
     Attributes:
         cropping: epochs come from the store now.
@@ -156,19 +158,20 @@ class FillingRunner:
             self.jpeg = None
 
     def iterate(self, batches, epoch: int, seed: int) -> Iterator[Batch]:
-        """One :class:`~..backends.base.Batch` per array of ``batches``: from the JPEG path while
-        the store fills, from the store once it holds enough."""
+        """One :class:`~..backends.base.Batch` per array of ``batches``: from the JPEG path in
+        epoch 0 (the filler filling the store meanwhile), from the store in every later epoch."""
         if self.warm.store is None:
             self.warm.store = self._open()
         store = self.warm.store
-        if not self.cropping and missing_share(store) <= SWITCH_AT:
+        if epoch > 0 and not self.cropping:
             self._to_store()
         if self.cropping:
             yield from self.warm.iterate(batches, epoch, seed)
             return
-        if self.filler is None:
-            self.filler = BackgroundFill(self.settings, store)
-        self.filler.start()
+        if missing_share(store) > 0:
+            if self.filler is None:
+                self.filler = BackgroundFill(self.settings, store)
+            self.filler.start()
         if self.jpeg is None:
             self.jpeg = self._make_jpeg(self.settings)
         yield from self.jpeg.iterate(batches, epoch, seed)
@@ -189,4 +192,4 @@ class FillingRunner:
         self.warm.close()
 
 
-__all__ = ["SWITCH_AT", "BackgroundFill", "FillingRunner", "fill_store", "missing_share"]
+__all__ = ["BackgroundFill", "FillingRunner", "fill_store", "missing_share"]

@@ -6,12 +6,13 @@ the stored HWC bytes where they lie (a strided view of the memory map) and write
 HWC row in place: pillow's bilinear filter upscaling is the same interpolation (half-pixel
 centres, edges clamped), computed in other fixed point, so the pixels are within 1 grey level of
 the JPEG path's (``tests/pipeline/test_pixels.py`` compares them). A box larger than the output
-on a side is antialiased by pillow-simd as on the JPEG path (:func:`.cpu.crop_stored`), where
+on a side is antialiased by pillow-simd as on the JPEG path (:func:`crop_stored`), where
 OpenCV's filters differ by more than a grey level.
 
-OpenCV releases the GIL for each call, so the CPU runner crops in threads of the Loader's own
-process: no worker processes, no copy of each batch between them (docs/pixel-cache.md). An NCHW
-batch costs one more pass (the HWC crop split into planes, ~40 us an image); a
+The crops run in the Loader's worker processes, not threads: OpenCV releases the GIL, but the
+Python around each call holds it, and two threads measured no faster than one on two cores
+(docs/pixel-cache.md). On the CPU a worker's batch slot is lent to the caller as the batch (no
+copy). An NCHW batch costs one more pass (the HWC crop split into planes, ~17 us an image); a
 ``channels_last`` batch is written as it is stored.
 """
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+
+from ..backends.resize import MODES, resize_into
 
 _scratch = threading.local()
 
@@ -37,8 +40,6 @@ def _agrees(cv2) -> bool:
     """Does this OpenCV's warp give pillow's pixels within 1 grey level? Checked once a process on
     noise (the steepest gradients there are) at several scales, both ways round: another OpenCV
     build with coarser interpolation weights falls back to pillow rather than drift."""
-    from ..backends.resize import resize_into
-
     pixels = np.random.default_rng(0).integers(0, 256, (61, 67, 3), dtype=np.uint8)
     for (x, y, w, h), flip, crop in (
         ((0, 0, 67, 61), False, (96, 80)),
@@ -103,6 +104,25 @@ def _warp(cv2, region: np.ndarray, crop, flip: bool, dst: np.ndarray) -> None:
     cv2.warpAffine(region, _matrix(w, h, crop, flip), crop[::-1], dst=dst, flags=flags, borderMode=cv2.BORDER_REPLICATE)
 
 
+def crop_stored(out: np.ndarray, k: int, pixels: np.ndarray, box, flip: bool, crop, lo, hi, *, chw: bool) -> None:
+    """Crop ``box`` (``(x, y, w, h)``) of stored ``pixels`` (``[H, W, C]`` uint8, a read-only view)
+    resized to ``crop`` (antialiased bilinear, as the JPEG path), flipped where ``flip``, into
+    ``out[k]``. Only the region the filter reads, ``lo`` ``(x0, y0)`` to ``hi`` ``(x1, y1)``
+    (:func:`~stoker.pipeline.backends.gpu_resize.filter_regions`: the box), is unpacked into pillow."""
+    from PIL import Image
+
+    h, w, c = pixels.shape
+    x0, y0 = lo
+    x1, y1 = hi
+    mode = MODES[c]
+    region = Image.core.new(mode, (x1 - x0, y1 - y0))  # the rows and columns the filter reads, unpacked
+    decoder = Image.core.raw_decoder(mode, mode, w * c, 1)
+    decoder.setimage(region, (0, 0, *region.size))  # extents: required since Pillow 13
+    decoder.decode(pixels.reshape(-1)[(y0 * w + x0) * c : (y1 * w) * c])
+    x, y, bw, bh = box
+    resize_into(out, k, region, crop, flip, box=(x - x0, y - y0, bw, bh), chw=chw)
+
+
 def crop_into(out: np.ndarray, k: int, pixels: np.ndarray, box, flip: bool, crop, lo, hi, *, chw: bool) -> None:
     """Crop ``box`` (``(x, y, w, h)``) of ``pixels`` (``[H, W, C]`` uint8, read-only) resized to
     ``crop`` (``(height, width)``) with the JPEG path's filter, flipped where ``flip``, into
@@ -110,8 +130,6 @@ def crop_into(out: np.ndarray, k: int, pixels: np.ndarray, box, flip: bool, crop
     the filter reads (see :func:`fast`)."""
     cv2 = cv2_or_none()
     if cv2 is None or not fast(box, lo, hi, crop):
-        from .cpu import crop_stored
-
         crop_stored(out, k, pixels, box, flip, crop, lo, hi, chw=chw)
         return
     x, y, w, h = (int(v) for v in box)
@@ -127,4 +145,4 @@ def crop_into(out: np.ndarray, k: int, pixels: np.ndarray, box, flip: bool, crop
         cv2.split(tmp, list(out[k]))  # into the planes in place: ~17 us, a third of extractChannel's
 
 
-__all__ = ["crop_into", "cv2_or_none", "fast"]
+__all__ = ["crop_into", "crop_stored", "cv2_or_none", "fast"]

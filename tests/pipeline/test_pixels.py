@@ -61,14 +61,18 @@ def max_diff(a: list, b: list) -> int:
 def test_batches_from_the_store_equal_the_jpeg_paths(split, tmp_path, backend, train):
     jpeg = make(split, backend=backend, train=train)
     tier = make(split, backend=backend, train=train, pixel_cache=tmp_path / "px")
+    filling = None
     for epoch in (0, 1, 2):  # 0 fills the store, 1 and 2 crop from it
         a, ya = run_epoch(tier, epoch)
         b, yb = run_epoch(jpeg, epoch)
         assert [y.tolist() for y in ya] == [y.tolist() for y in yb]
         assert max_diff(a, b) <= 1  # within 1 grey level (equal here: the same decoder, the same resize)
         assert torch.cat(a).float().std() > 20  # pictures, not blanks
+        filling = filling or a
     assert tier.runner.decoded == 40 and tier.runner.from_store == 2 * len(torch.cat(ya))
     assert tier.pixel_store.stats()["filled"] == 40
+    again, _ = run_epoch(tier, 0)  # from the full store: the filling epoch's batches exactly
+    assert all(torch.equal(x, y) for x, y in zip(again, filling, strict=True))
 
 
 def test_worker_processes_write_batches_through_the_slot_pool(split, tmp_path):
@@ -476,7 +480,7 @@ def test_a_caller_holding_every_batch_still_gets_each_one_right(split, tmp_path)
     tier.close()
 
 
-def test_the_background_fill_runs_the_jpeg_path_then_crops_from_the_store(split, tmp_path):
+def test_the_background_fill_runs_the_jpeg_path_in_epoch_0_and_crops_from_the_store_after(split, tmp_path):
     from stoker.pipeline.pixels.fill import FillingRunner, missing_share
 
     jpeg = make(split)
@@ -484,19 +488,25 @@ def test_the_background_fill_runs_the_jpeg_path_then_crops_from_the_store(split,
     a, _ = run_epoch(tier, 0)
     assert isinstance(tier.runner, FillingRunner) and not tier.runner.cropping
     assert all(torch.equal(x, y) for x, y in zip(a, run_epoch(jpeg, 0)[0], strict=True))  # the JPEG path itself
+    b, _ = run_epoch(tier, 1)  # from the store, whether or not the filler is done: what it lacks is decoded
+    assert tier.runner.cropping and tier.runner.from_store + tier.runner.decoded == len(torch.cat(b))
+    assert max_diff(b, run_epoch(jpeg, 1)[0]) <= 1
     deadline = time.monotonic() + 60
     while missing_share(tier.pixel_store) > 0:  # the nice-19 filler ends the store on its own
         assert time.monotonic() < deadline, "the background fill never finished"
         time.sleep(0.05)
-    b, _ = run_epoch(tier, 1)
-    assert tier.runner.cropping and tier.runner.from_store == len(torch.cat(b)) and tier.runner.decoded == 0
-    assert max_diff(b, run_epoch(jpeg, 1)[0]) <= 1
     store, index = tier.pixel_store, open_split(split)
     for i in (0, 17, 39):  # what the filler wrote is the whole decode
         whole = np.asarray(Image.open(__import__("io").BytesIO(index.image(i).tobytes())).convert("RGB"))
         assert np.array_equal(store.pixels(i), whole)
     tier.close()
     assert not tier.decoding.runner  # closed: the filler is gone with it
+    # a run over the full store gives the same batches: epoch 0 from the JPEG path still, 1 from the store
+    rerun = make(split, pixel_cache=tmp_path / "px", fill="background", threads=1)
+    assert all(torch.equal(x, y) for x, y in zip(run_epoch(rerun, 0)[0], a, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(run_epoch(rerun, 1)[0], b, strict=True))
+    assert rerun.runner.filler is None and rerun.runner.decoded == 0  # nothing left to fill
+    rerun.close()
 
 
 def test_the_filler_fills_a_mask_split_with_its_masks(segmentation, tmp_path):
