@@ -18,7 +18,8 @@ that is not counted and then up to --epochs epochs or --seconds seconds:
   processes, nothing else.
 
 Columns: images/s, ratio to (1) (or to (2) without --images), CPU % (all processes of
-the pipeline; 200% = two cores busy), peak RSS (sum over the pipeline's processes; shared
+the pipeline; 200% = two cores busy), CPU seconds per 1,000 images (what a node's cores
+per GPU must supply at a given speed), peak RSS (sum over the pipeline's processes; shared
 pages count once per process), bytes per batch handed to the device.
 
 The summary line puts the best stoker Loader against the others; when (1) and (2) both
@@ -209,7 +210,8 @@ class BenchResult(Result):
         seconds_limit: Time limit per pipeline.
         baseline: ``"torchvision"``, ``"wds"`` or None: what ``ratio`` is relative to.
         rows: One dict per pipeline run: ``pipeline``, ``label``, then ``images``, ``seconds``,
-            ``img_s``, ``cpu_pct``, ``peak_rss``, ``bytes_per_batch`` and ``ratio``, or ``error``.
+            ``img_s``, ``cpu_pct``, ``cpu_s_per_1k``, ``peak_rss``, ``bytes_per_batch`` and
+            ``ratio``, or ``error``.
         summary: The best stoker Loader against the others: ``vs_torchvision``,
             ``vs_dali_reader``, ``vs_ffcv``, ``vs_ffcv_raw``, ``of_ceiling`` (those measured); with (1) and (2)
             both measured, ``vs_torchvision`` split in two factors (:func:`summarize`):
@@ -238,7 +240,7 @@ class BenchResult(Result):
             f"stoker bench {self.data}: batch {self.batch_size}, crop {self.crop}, "
             f"{self.workers} workers/threads, device cpu" + (" (nvjpeg: cuda)" if nvjpeg else ""),
             f"{'pipeline':<38} {'img/s':>8} {'vs ' + ('(1)' if base == 'torchvision' else '(2)'):>7} "
-            f"{'CPU %':>6} {'peak RSS':>9} {'bytes/batch':>12}",
+            f"{'CPU %':>6} {'CPU s/1k':>8} {'peak RSS':>9} {'bytes/batch':>12}",
         ]
         for r in self.rows:
             if "error" in r:
@@ -246,8 +248,9 @@ class BenchResult(Result):
                 continue
             ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
             bpb = _fmt_bytes(r["bytes_per_batch"]) if r["bytes_per_batch"] else "-"
+            per_1k = f"{r['cpu_s_per_1k']:.2f}" if r.get("cpu_s_per_1k") is not None else "-"
             lines.append(
-                f"{r['label']:<38} {r['img_s']:>8.0f} {ratio:>7} {r['cpu_pct']:>5.0f}% "
+                f"{r['label']:<38} {r['img_s']:>8.0f} {ratio:>7} {r['cpu_pct']:>5.0f}% {per_1k:>8} "
                 f"{_fmt_bytes(r['peak_rss']):>9} {bpb:>12}"
             )
         s = self.summary

@@ -27,6 +27,7 @@ def test_bench_json_has_every_column(tiny_shards, tmp_path, capsys):
         assert "error" not in r, r
         assert r["img_s"] > 0 and r["images"] > 0 and r["peak_rss"] > 0
         assert r["cpu_pct"] > 0 or r["seconds"] < 0.05, r  # CPU time comes in 10 ms clock ticks
+        assert r["cpu_s_per_1k"] == pytest.approx(10 * r["cpu_pct"] / r["img_s"])  # CPU seconds per 1,000 images
         if r["pipeline"] != "ceiling":
             assert r["ratio"] > 0
     by = {r["pipeline"]: r for r in result["rows"]}
@@ -43,6 +44,7 @@ def test_bench_table_and_usage_errors(tiny_shards, tmp_path, capsys):
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert "img/s" in lines[1] and "CPU %" in lines[1] and "peak RSS" in lines[1] and "bytes/batch" in lines[1]
+    assert "CPU s/1k" in lines[1]
     assert any(line.startswith("(5) stoker Loader (pil)") for line in lines)
     assert any(line.startswith("decode-only ceiling") for line in lines)
     assert "24.0 KB" in out  # 8 x 3 x 32 x 32 uint8 per batch

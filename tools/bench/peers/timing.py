@@ -68,7 +68,8 @@ def timed(batches: Iterable, cfg: dict) -> dict:
         cfg: ``warmup`` (batches not timed) and ``seconds`` (time limit after the warm-up).
 
     Returns:
-        ``images``, ``seconds``, ``img_s``, ``cpu_pct``, ``peak_rss`` and ``bytes_per_batch``.
+        ``images``, ``seconds``, ``img_s``, ``cpu_pct``, ``cpu_s_per_1k``, ``peak_rss`` and
+        ``bytes_per_batch``.
     """
     warmup, limit = cfg["warmup"], cfg["seconds"]
     n = nbatches = 0
@@ -98,12 +99,14 @@ def timed(batches: Iterable, cfg: dict) -> dict:
 
 
 def row(images: int, wall: float, cpu: float, peak_rss: int, bytes_per_batch: int) -> dict:
-    """One measured pipeline, as every benchmark row reports it."""
+    """One measured pipeline, as every benchmark row reports it (``cpu_s_per_1k``: CPU seconds of
+    all its processes per 1,000 images, what a node's cores per GPU must supply)."""
     return {
         "images": images,
         "seconds": wall,
         "img_s": images / wall,
         "cpu_pct": 100 * cpu / wall,
+        "cpu_s_per_1k": 1000 * cpu / images,
         "peak_rss": peak_rss,
         "bytes_per_batch": bytes_per_batch,
     }
