@@ -246,6 +246,9 @@ class Loader(EpochState, DataLoaderSurface):
         k = -1
         # a URL's shards come through the cache: all before the first batch, or a window at a time
         windows = self.order.windows(self.seed, self.epoch) if self.cache is not None else None
+        expect = getattr(runner, "expect", None)
+        if expect is not None and windows is None:  # the next epoch, unless set_epoch or set_crop says otherwise
+            expect(self.order.batches(self.seed, self.epoch + 1, 0, 0, self.order.stop(0), self.index.valid_at))
         groups = cached_groups(self.cache, batches, windows, self.index)
         try:
             for group, self._usable in groups:

@@ -124,7 +124,12 @@ class Batch(NamedTuple):
 class Runner(Protocol):
     """What the Loader asks of a backend: ``Runner(settings)``, then per epoch
     :meth:`iterate`. A val batch with nothing loadable is yielded empty (``N == 0``) in its
-    place; a train batch with nothing loadable is decoded from ``settings.stand_in``."""
+    place; a train batch with nothing loadable is decoded from ``settings.stand_in``.
+
+    A runner may also have ``expect(batches)``: the Loader says, before each iteration, the
+    batches (an :class:`~stoker.pipeline.order.base.EpochBatches`) the next one will likely
+    ask for, so the runner may start on them while this one ends; what it started is dropped
+    when the next iteration asks for other batches."""
 
     def iterate(self, batches: Sequence[np.ndarray], epoch: int, seed: int) -> Iterator[Batch]:
         """One :class:`Batch` per array of global sample positions in ``batches``, in order (a

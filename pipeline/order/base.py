@@ -212,6 +212,15 @@ class EpochBatches(Sequence):
     def __len__(self) -> int:
         return max(0, -(-(self.stop - self.start) // self.order.batch_size))
 
+    def same(self, other: object) -> bool:
+        """Are ``other``'s batches these (the same order, seed, epoch and range)?"""
+        return isinstance(other, EpochBatches) and (
+            other.order is self.order
+            and (other.seed, other.epoch, other.offset, other.start, other.stop)
+            == (self.seed, self.epoch, self.offset, self.start, self.stop)
+            and other.to_global == self.to_global
+        )
+
     def __getitem__(self, i: int) -> np.ndarray:
         if not isinstance(i, int):
             raise TypeError("EpochBatches takes one batch number at a time")

@@ -157,6 +157,12 @@ class FillingRunner:
             self.jpeg.close()
             self.jpeg = None
 
+    def expect(self, batches) -> None:
+        """The next iteration's batches: the store's runner starts on them where they are past
+        epoch 0 (see :meth:`.cpu.PixelRunner.expect`)."""
+        if batches.epoch > 0:
+            self.warm.expect(batches)
+
     def iterate(self, batches, epoch: int, seed: int) -> Iterator[Batch]:
         """One :class:`~..backends.base.Batch` per array of ``batches``: from the JPEG path in
         epoch 0 (the filler filling the store meanwhile), from the store in every later epoch."""

@@ -519,3 +519,30 @@ def test_the_filler_fills_a_mask_split_with_its_masks(segmentation, tmp_path):
     b, mb = run_epoch(make(segmentation), 1)
     assert max_diff(a, b) <= 1 and all(torch.equal(x, y) for x, y in zip(ma, mb, strict=True))
     assert tier.runner.decoded == 0
+
+
+def test_the_workers_begin_the_next_epoch_early_and_it_is_the_epoch_asked_for(split, tmp_path):
+    def copies(loader, epoch):
+        loader.set_epoch(epoch)
+        return [(x.clone(), y.clone()) for x, y in loader]  # the lent slots go back
+
+    def same(a, b):
+        return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
+
+    tier = make(split, pixel_cache=tmp_path / "px", threads=2)
+    ref = make(split, pixel_cache=tmp_path / "px", threads=0)  # no workers: nothing begun early
+    copies(tier, 0)  # fills the store
+    for epoch in (1, 2, 5):  # 1 and 2 follow on (begun early); 5 is a jump: what was begun for 3 is dropped
+        assert same(copies(tier, epoch), copies(ref, epoch)), epoch
+    assert tier.runner.ran_ahead == 2
+    tier.set_epoch(6)
+    for k, _ in enumerate(tier):  # a loop cut short (6 was begun early): it starts over from nothing begun
+        if k == 1:
+            break
+    assert tier.runner.ran_ahead == 3
+    assert same(copies(tier, 6), copies(ref, 6)) and tier.runner.ran_ahead == 3
+    tier.set_crop(CROP // 2)  # another crop: the next epoch begun at the old one is dropped
+    ref.set_crop(CROP // 2)
+    assert same(copies(tier, 7), copies(ref, 7)) and tier.runner.ran_ahead == 3
+    assert same(copies(tier, 8), copies(ref, 8)) and tier.runner.ran_ahead == 4
+    tier.close()
