@@ -527,7 +527,8 @@ def test_the_workers_begin_the_next_epoch_early_and_it_is_the_epoch_asked_for(sp
         return [(x.clone(), y.clone()) for x, y in loader]  # the lent slots go back
 
     def same(a, b):
-        return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in zip(a, b))
+        pairs = zip(a, b, strict=True) if len(a) == len(b) else []
+        return len(a) == len(b) and all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in pairs)
 
     tier = make(split, pixel_cache=tmp_path / "px", threads=2)
     ref = make(split, pixel_cache=tmp_path / "px", threads=0)  # no workers: nothing begun early
