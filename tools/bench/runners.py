@@ -292,6 +292,7 @@ def _run_pixels(cfg, *, fill: bool):
     first epoch alone, the JPEG path while a background process fills the store (the default);
     else the epochs after one epoch that filled the store inline, untimed, which crop from
     decoded pixels."""
+    import collections
     import shutil
     import tempfile
 
@@ -308,9 +309,8 @@ def _run_pixels(cfg, *, fill: bool):
             channels=cfg.get("channels", 3),
             pixel_cache=PixelCache(root, fill="background" if fill else "inline"),
         )
-        if not fill:
-            for _ in loader:  # epoch 0 fills the store
-                pass
+        if not fill:  # epoch 0 fills the store; no batch of it is kept (a kept one holds a lent slot)
+            collections.deque(loader, maxlen=0)
 
         def epoch(e):
             loader.set_epoch(e if fill else e + 1)
