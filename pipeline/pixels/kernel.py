@@ -88,6 +88,14 @@ def _buffer(name: str, shape: tuple) -> np.ndarray:
     return a
 
 
+def _scratch_region(h: int, w: int, c: int) -> np.ndarray:
+    """This thread's ``[h, w, c]`` scratch (views of one buffer, grown as needed)."""
+    flat = getattr(_scratch, "region", None)
+    if flat is None or flat.size < h * w * c:
+        flat = _scratch.region = np.empty(max(h * w * c, 256 * 256 * 3), np.uint8)
+    return flat[: h * w * c].reshape(h, w, c)
+
+
 def _matrix(w: int, h: int, crop, flip: bool) -> np.ndarray:
     """The output-to-input map of a ``w`` x ``h`` region resized to ``crop`` (pillow's pixel
     centres: input ``(x + 0.5) * w / width - 0.5``), mirrored where ``flip``."""
@@ -134,7 +142,10 @@ def crop_into(out: np.ndarray, k: int, pixels: np.ndarray, box, flip: bool, crop
         return
     x, y, w, h = (int(v) for v in box)
     c = pixels.shape[2]
-    region = pixels[y : y + h, x : x + w]
+    # copied out of the map first: warping straight from it measured 112 us an image against
+    # 20 + 43 (the warp's reads in its own order meet each page cold; the copy reads in order)
+    region = _scratch_region(h, w, c)
+    np.copyto(region, pixels[y : y + h, x : x + w])
     if c == 1:  # one plane: 2-D views in and out
         _warp(cv2, region[:, :, 0], crop, flip, out[k, 0] if chw else out[k, :, :, 0])
     elif not chw:
