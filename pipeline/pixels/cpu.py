@@ -9,9 +9,10 @@ does not hold yet is decoded whole with pillow (libjpeg-turbo: the same pixels a
 decode), written to the store and cropped from that decode in the same way. So the first epoch
 fills the store and yields the same batches later epochs will.
 
-Worker processes, not threads: per image the resize is ~0.08 ms of GIL-free work against
-~0.05 ms of Python and pillow calls that hold the GIL; two threads measured no faster than one
-on two cores, two processes twice as fast (docs/pixel-cache.md).
+Worker processes, not threads: OpenCV and pillow release the GIL while they resize, but the
+Python around each call holds it; two threads measured no faster than one on two cores, two
+processes twice as fast (docs/pixel-cache.md). On the CPU each worker's batch slot is lent to
+the caller as the batch, and the workers begin the next epoch as this one ends (:meth:`PixelRunner.expect`).
 """
 
 from __future__ import annotations
