@@ -21,7 +21,31 @@ wheel=$(ls "$DIST"/stoker-*.whl)
 sdist=$(ls "$DIST"/stoker-*.tar.gz)
 echo "wheel-check: built $(basename "$sdist") and $(basename "$wheel") (the wheel from the sdist)"
 
+# torch, torchvision, triton and the nvidia-* libraries (DALI among them) are ~7 GB: a second copy
+# filled a CI machine's disk. The check's environment sees the test environment's copies through
+# one .pth path of links to those distributions alone; every other dependency the wheel names is
+# resolved and installed fresh, so a dependency missing from pyproject.toml still fails here.
+SHARED=build/wheel-shared
+rm -rf "$SHARED" && mkdir -p "$SHARED"
+"$PY" - "$SHARED" <<'PY'
+import importlib.metadata as md, pathlib, re, sys
+out = pathlib.Path(sys.argv[1]).resolve()
+heavy = re.compile(r"(torch|torchvision|triton|nvidia-.*|cuda-.*)")
+for dist in md.distributions():
+    if not heavy.fullmatch(re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()):
+        continue
+    site = pathlib.Path(dist.locate_file("")).resolve()
+    for top in {pathlib.PurePath(f).parts[0] for f in dist.files or ()} - {".."}:
+        if (site / top).exists() and not (out / top).exists():
+            (out / top).symlink_to(site / top)
+PY
+purelib() { "$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+pth=stoker-wheel-check-shared.pth
+if [ -x "$VENV/bin/python" ] && [ ! -f "$(purelib)/$pth" ]; then
+    rm -rf "$VENV"  # made before the environments shared the heavy libraries: its own copies go
+fi
 test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
+(cd "$SHARED" && pwd) >"$(purelib)/$pth"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # the wheel's own dependency list, with this machine's pins
 "$VENV/bin/python" -m pip install -q -c constraints.txt "$wheel"
