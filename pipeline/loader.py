@@ -295,9 +295,11 @@ class Loader(EpochState, DataLoaderSurface):
         """Stop any iteration and release the decode pipeline and the shard maps. The Loader
         cannot be iterated afterwards. Also what ``with Loader(...) as loader:`` does on exit."""
         self._active.supersede()
-        self.decoding.close()
-        self.source.close()
-        self._closed = True
+        try:
+            self.decoding.close()  # may raise what the store's last seal met: the rest closes still
+        finally:
+            self.source.close()
+            self._closed = True
 
     def __enter__(self) -> Loader:
         return self

@@ -270,7 +270,7 @@ class PixelRunner:
             if not ended:  # abandoned: what the workers began is dropped by the next iteration
                 self._ahead = None
                 self._chain.stop()
-        self.store.seal()  # a whole epoch went by: the store may be complete (its markers made durable)
+        self.store.seal_soon()  # a whole epoch went by: the store may be complete (its markers made durable)
 
     def _batch(self, ids, images, masks, bad, decoded: int, epoch: int, seed: int, crops: CropSpec) -> Batch:
         s = self.settings

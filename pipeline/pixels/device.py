@@ -280,7 +280,7 @@ class DevicePixelRunner(ProducerThread):
         yield from self._run_producer(
             self._produce, (batches, epoch, seed, self.crops), prefetch=self.settings.prefetch, name="stoker-pixels"
         )
-        self.store.seal()
+        self.store.seal_soon()
 
     def close(self) -> None:
         """Stop an iteration's producer thread and release the store."""

@@ -81,6 +81,11 @@ class MixPixelStore:
         """Each split's store sealed where complete; True when all are."""
         return all([s.seal() for s in self.stores])  # a list: every store gets its seal
 
+    def seal_soon(self) -> None:
+        """Each split's store sealed in a thread where complete (:meth:`.PixelStore.seal_soon`)."""
+        for s in self.stores:
+            s.seal_soon()
+
     @property
     def cacheable(self) -> int:
         return sum(s.cacheable for s in self.stores)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -174,11 +175,44 @@ def test_after_a_reboot_only_sealed_markers_are_trusted(split, tmp_path, monkeyp
     monkeypatch.setattr(store_module, "boot_id", lambda: "another boot")
     again = make(split, pixel_cache=root)
     assert again.pixel_store.stats()["filled"] == 0  # markers of an unsealed fill: not trusted
-    run_epoch(again, 0)  # a whole epoch fills and seals it
-    assert (again.pixel_store.dir / "sealed").read_text().strip() == "40"
+    run_epoch(again, 0)  # a whole epoch fills and seals it (in a thread: close waits for it)
     again.close()
+    assert (again.pixel_store.dir / "sealed").read_text().strip() == "40"
     monkeypatch.setattr(store_module, "boot_id", lambda: "a third boot")
     assert make(split, pixel_cache=root).pixel_store.stats()["filled"] == 40  # sealed: kept
+
+
+def test_the_seal_does_not_hold_up_the_next_epoch(split, tmp_path, monkeypatch):
+    flushing, release = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def slow_flush(fd):  # the flush of a large store, here until the test says
+        flushing.set()
+        assert release.wait(60)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_flush)
+    tier = make(split, pixel_cache=tmp_path / "px", threads=1)
+    run_epoch(tier, 0)  # fills the whole split: its seal starts
+    assert flushing.wait(30)
+    batches, _ = run_epoch(tier, 1)  # a whole epoch while the flush has not returned
+    assert len(batches) == 5 and tier.runner.from_store == 40
+    assert not (tier.pixel_store.dir / "sealed").exists()
+    release.set()
+    tier.close()  # waits for the seal
+    assert (tier.pixel_store.dir / "sealed").read_text().strip() == "40"
+
+
+def test_a_seal_that_fails_is_one_line_at_close(split, tmp_path, monkeypatch):
+    def failing(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    tier = make(split, pixel_cache=tmp_path / "px")
+    run_epoch(tier, 0)
+    with pytest.raises(PixelCacheError, match=r"^cannot seal the pixel cache .*: Input/output error$"):
+        tier.close()
+    assert not (tier.pixel_store.dir / "sealed").exists()
 
 
 def test_pixels_that_do_not_fit_are_one_line_with_the_size_they_need(split, tmp_path, monkeypatch):
