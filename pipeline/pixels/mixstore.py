@@ -86,6 +86,10 @@ class MixPixelStore:
         for s in self.stores:
             s.seal_soon()
 
+    def join_seal(self) -> None:
+        for s in self.stores:
+            s.join_seal()
+
     @property
     def cacheable(self) -> int:
         return sum(s.cacheable for s in self.stores)

@@ -395,6 +395,10 @@ class PixelStore:
             self._sealing = threading.Thread(target=self._seal_quietly, name="stoker-pixel-seal", daemon=True)
             self._sealing.start()
 
+    def join_seal(self) -> None:
+        """Wait for a :meth:`seal_soon` under way (raising what it met)."""
+        self._end_seal(wait=True)
+
     def _seal_quietly(self) -> None:
         try:
             self.seal()
@@ -424,7 +428,7 @@ class PixelStore:
     def close(self) -> None:
         """Unmap and release the folder (another process may then remove it as stale)."""
         try:
-            self._end_seal(wait=True)
+            self.join_seal()
         finally:
             self._release()
 

@@ -290,7 +290,8 @@ def _run_stoker(cfg, backend, device="cpu", **kw):
 def _run_pixels(cfg, *, fill: bool):
     """The pixel tier (``Loader(pixel_cache=cfg["pixel_cache"])``, a fresh folder): ``fill``, its
     first epoch alone, the JPEG path while a background process fills the store (the default);
-    else the epochs after one epoch that filled the store inline, untimed, which crop from
+    else the epochs after the untimed ones that filled the store inline (epoch 0 and, for the
+    samples drop_last left out, the next until the store is complete and sealed), which crop from
     decoded pixels."""
     import collections
     import shutil
@@ -309,11 +310,20 @@ def _run_pixels(cfg, *, fill: bool):
             channels=cfg.get("channels", 3),
             pixel_cache=PixelCache(root, fill="background" if fill else "inline"),
         )
-        if not fill:  # epoch 0 fills the store; no batch of it is kept (a kept one holds a lent slot)
+        untimed = 0
+        while not fill and untimed < 4:
+            # Epoch 0 fills the store (no batch of it is kept: a kept one holds a lent slot). It
+            # leaves the samples drop_last skipped to the next epochs, and the epoch that completes
+            # the store flushes it once (the seal): warm epochs are timed on a complete, sealed store.
             collections.deque(loader, maxlen=0)
+            untimed += 1
+            store = loader.pixel_store
+            if store.stats()["filled"] >= store.cacheable:
+                store.join_seal()
+                break
 
         def epoch(e):
-            loader.set_epoch(e if fill else e + 1)
+            loader.set_epoch(e + untimed)
             return iter(loader)
 
         result = timed(epochs(epoch, 1 if fill else cfg["epochs"] + 1), cfg)
