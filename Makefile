@@ -38,7 +38,7 @@ docs: $(STAMP)
 TEST_JOBS ?= 2
 
 test: lint docs
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_JOBS)
 	$(MAKE) --no-print-directory wheel-check
 
 wheel-check: $(STAMP)

@@ -49,8 +49,9 @@ PY_CUDA = (
 SH_CUDA = ((re.compile(r"--device(\s+|=)cuda(?::\d+)?\b"), r"--device\1cpu"),)
 #: the modules of the registries (``_REGISTRY``: a Registry) a page may add to, restored after it
 REGISTRIES = ("stoker.tools.pack.sources.registry", "stoker.pipeline.shards.kinds", "stoker.pipeline.backends.registry")
-#: seconds a shell block may take before it is killed and fails
-TIMEOUT = 60
+#: seconds a shell block may take before it is killed and fails (the slowest took 46 s with the
+#: suite in two processes on two cores)
+TIMEOUT = 120
 #: lines of output a failure shows
 TAIL = 40
 
