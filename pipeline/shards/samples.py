@@ -15,7 +15,6 @@ without decoding them.
 from __future__ import annotations
 
 import mmap
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ import numpy as np
 from stoker.errors import ArgumentError
 
 from ..fsutil import PathLike
+from .headers import image_size
 from .idx import IMAGE_EXTS, read_idx, sample_key
 from .kinds import ClassKind, ensure_kind
 from .manifest import Manifest, check_shards, idx_path
@@ -33,58 +33,6 @@ from .targets import Target, TargetStats
 MAX_MAPS = 4096
 #: bytes of the mapped table per sample (image and target offsets and sizes, the image kind)
 BYTES_PER_SAMPLE = RECORD.itemsize
-
-_PNG_SIG = b"\x89PNG\r\n\x1a\n"
-# JPEG start-of-frame markers carry the image size; C4 (DHT), C8 (JPG), CC (DAC) do not.
-_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-# ... and the ones both decoders (libjpeg-turbo in DALI and pillow) handle: 8-bit Huffman
-# baseline, extended, progressive. Lossless / arithmetic / 12-bit count as undecodable.
-_SOF_OK = frozenset({0xC0, 0xC1, 0xC2})
-
-
-def image_size(buf, start: int = 0, size: int | None = None) -> tuple[int, int] | None:
-    """``(width, height)`` of a JPEG or PNG in ``buf[start:start+size]``, or ``None`` when
-    the bytes are not a structurally complete JPEG/PNG (truncated, foreign, empty).
-
-    Reads only the headers (and the last bytes for the end marker): microseconds.
-    """
-    from ..imagedecode import is_jpeg
-
-    end = len(buf) if size is None else start + size
-    if end - start < 24:
-        return None
-    if is_jpeg(buf[start : start + 3]):
-        # EOI must end the data (allow trailing padding some writers add)
-        tail = bytes(buf[max(start, end - 64) : end])
-        if b"\xff\xd9" not in tail:
-            return None
-        pos = start + 2
-        while pos + 10 <= end:
-            if buf[pos] != 0xFF:
-                return None
-            marker = buf[pos + 1]
-            if marker == 0xFF:  # fill byte
-                pos += 1
-                continue
-            if marker in _SOF:
-                if marker not in _SOF_OK or buf[pos + 4] != 8 or buf[pos + 9] not in (1, 3, 4):
-                    return None
-                h, w = struct.unpack_from(">HH", buf, pos + 5)
-                return (w, h) if w and h else None
-            if marker == 0xD8 or 0xD0 <= marker <= 0xD7 or marker == 0x01:
-                pos += 2  # markers without a length
-                continue
-            if marker in (0xD9, 0xDA):  # EOI or scan data before any frame header
-                return None
-            (seglen,) = struct.unpack_from(">H", buf, pos + 2)
-            pos += 2 + seglen
-        return None
-    if bytes(buf[start : start + 8]) == _PNG_SIG and bytes(buf[start + 12 : start + 16]) == b"IHDR":
-        if b"IEND" not in bytes(buf[max(start, end - 16) : end]):
-            return None
-        w, h = struct.unpack_from(">II", buf, start + 16)
-        return (w, h) if w and h else None
-    return None
 
 
 class SampleIndex:
@@ -223,6 +171,17 @@ class SampleIndex:
         """The encoded image bytes of sample ``i`` as a zero-copy uint8 view of the map."""
         m = self._map(self.shard_of(i))
         return np.frombuffer(m, np.uint8, int(self.img_size[i]), int(self.img_off[i]))
+
+    @property
+    def has_sizes(self) -> bool:
+        """The split's table records each image's stored size (:meth:`stored_sizes`)."""
+        return self._table.has_sizes
+
+    def stored_sizes(self, idx) -> np.ndarray:
+        """``(width, height)`` of the stored images at positions ``idx``, from the table alone (no
+        shard is read; ``(0, 0)`` where none was recorded). Raises ``IdxFormatError`` with the
+        ``stoker index`` to run when the table records none."""
+        return self._table.sizes(idx)
 
     def images(self, idx: np.ndarray) -> tuple[list, np.ndarray]:
         """Encoded views and ``(width, height)`` for many samples; ``wh`` is ``(0, 0)`` for a

@@ -14,7 +14,13 @@ Layout (little-endian; sections 8-byte aligned)::
     starts     int64 x (shards + 1)   global position where each shard starts, then the total
     idx_bytes  int64 x shards         each shard's .idx size when the table was built
     records    32 B x samples         image offset, target offset (i64), image size, target size
-                                      (u32), image kind (u8: 0 none, 1 JPEG, 2 PNG), 7 reserved
+                                      (u32), image kind (u8: 0 none, 1 JPEG, 2 PNG), the stored
+                                      image's width and height (u16 each, 0: not recorded), 3 reserved
+
+The header's flags say whether the sizes were recorded: ``stoker pack`` and ``stoker index`` read
+each image's header once while writing the table (a few microseconds a sample); a table rebuilt on
+first use, or written by an older stoker, has none, and :meth:`SampleTable.sizes` says to re-index.
+The sizes live in bytes the record had reserved, so a table with them is no larger.
     left_out   int64 x K              sorted positions of the samples the Loader leaves out
     shift      int64 x K              left_out[j] - j: loadable position k is global k + #(shift <= k)
 
@@ -47,7 +53,10 @@ TABLE_NAME = "stoker.index"
 MAGIC = b"STOKIDX\x00"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQQQ32s")  # magic, version, record size, samples, shards, left out, manifest sha256
+FLAGS = struct.Struct("<I")  # after HEADER, in its zero padding (a table written before it reads 0)
+FLAG_SIZES = 1  # the records hold each image's stored width and height
 HEADER_BYTES = 128
+MAX_RECORDED_SIDE = 0xFFFF  # a side past it is recorded as 0 (not recorded)
 RECORD = np.dtype(
     [
         ("img_off", "<i8"),
@@ -55,7 +64,9 @@ RECORD = np.dtype(
         ("img_size", "<u4"),
         ("tgt_size", "<u4"),
         ("kind", "u1"),
-        ("reserved", "V7"),
+        ("width", "<u2"),
+        ("height", "<u2"),
+        ("reserved", "V3"),
     ]
 )
 KIND_NONE, KIND_JPEG, KIND_PNG = 0, 1, 2
@@ -192,9 +203,12 @@ def manifest_skips(manifest: Manifest, starts: np.ndarray, split_dir: Path) -> I
                 yield int(starts[k]) + i
 
 
-def write_table(f: BinaryIO, split_dir: PathLike, manifest: Manifest, *, manifest_sizes: bool = False) -> None:
+def write_table(
+    f: BinaryIO, split_dir: PathLike, manifest: Manifest, *, manifest_sizes: bool = False, sizes: bool = False
+) -> None:
     """Write the table of ``split_dir`` (its manifest ``manifest``) to ``f``, shard by shard
-    (memory: one shard's records and the left-out list).
+    (memory: one shard's records and the left-out list). ``sizes``: record each image's stored
+    width and height, read from its headers in the local tar (what pack and index do).
 
     Raises:
         IdxFormatError: a damaged ``.idx``, or one that disagrees with the manifest; names it.
@@ -217,6 +231,8 @@ def write_table(f: BinaryIO, split_dir: PathLike, manifest: Manifest, *, manifes
             )
         size = info.bytes if manifest_sizes else _size(split_dir / info.name, info.bytes)
         check_bounds(path, size, rec)
+        if sizes:
+            record_sizes(split_dir / info.name, rec)
         left_out.append(np.flatnonzero((rec["kind"] == KIND_NONE) | (rec["tgt_size"] == 0)) + starts[k])
         f.write(rec.tobytes())
     skips = np.fromiter(manifest_skips(manifest, starts, split_dir), np.int64)
@@ -235,6 +251,25 @@ def write_table(f: BinaryIO, split_dir: PathLike, manifest: Manifest, *, manifes
             manifest_digest(split_dir),
         )
     )
+    f.write(FLAGS.pack(FLAG_SIZES if sizes else 0))
+
+
+def record_sizes(shard: Path, rec: np.ndarray) -> None:
+    """Fill ``rec``'s width and height from the image headers in ``shard`` (0 where an image is
+    missing, does not parse, or has a side past :data:`MAX_RECORDED_SIDE`)."""
+    from .headers import image_size
+
+    with open(shard, "rb") as fh:
+        m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        present = np.flatnonzero(rec["kind"] > 0)
+        offsets, lengths = rec["img_off"][present].tolist(), rec["img_size"][present].tolist()
+        for i, off, size in zip(present.tolist(), offsets, lengths, strict=True):
+            dims = image_size(m, off, size)
+            if dims is not None and max(dims) <= MAX_RECORDED_SIDE:
+                rec["width"][i], rec["height"][i] = dims
+    finally:
+        m.close()
 
 
 def _idx_sizes(split_dir: Path, manifest: Manifest) -> np.ndarray:
@@ -250,13 +285,14 @@ def _size(path: Path, default: int) -> int:
         return default
 
 
-def write_split_table(split_dir: PathLike, manifest: Manifest | None = None) -> Path:
+def write_split_table(split_dir: PathLike, manifest: Manifest | None = None, *, sizes: bool = True) -> Path:
     """Write ``split_dir/stoker.index`` for its current manifest (atomically): what ``stoker pack``
-    and ``stoker index`` call once the manifest is written."""
+    and ``stoker index`` call once the manifest is written; with the images' stored sizes unless
+    ``sizes=False``."""
     split_dir = Path(split_dir)
     manifest = manifest if manifest is not None else Manifest.load(split_dir)
     with atomic_write(split_dir / TABLE_NAME) as f:
-        write_table(f, split_dir, manifest)
+        write_table(f, split_dir, manifest, sizes=sizes)
     return split_dir / TABLE_NAME
 
 
@@ -273,7 +309,9 @@ class SampleTable:
         need = HEADER_BYTES + 8 * (2 * shards + 1) + RECORD.itemsize * n + 16 * k
         if len(buf) != need:
             raise IdxFormatError(f"{where} has {len(buf):,} bytes, its header says {need:,} (a partial copy?)")
-        self.buf, self.digest = buf, digest
+        self.buf, self.digest, self.where = buf, digest, where
+        #: the records hold each image's stored width and height (:meth:`sizes`)
+        self.has_sizes = bool(FLAGS.unpack_from(buf, HEADER.size)[0] & FLAG_SIZES)
         pos = HEADER_BYTES
         #: global position where each shard starts, then the total
         self.starts = np.frombuffer(buf, "<i8", shards + 1, pos)
@@ -305,6 +343,22 @@ class SampleTable:
         """The loadable position of the loadable sample at global position ``g`` (the inverse of
         :meth:`loadable`)."""
         return int(g) - int(np.searchsorted(self.left_out, g))
+
+    def sizes(self, positions) -> np.ndarray:
+        """``(width, height)`` int64 rows of the stored images at global ``positions`` (``(0, 0)``:
+        no size recorded for that sample, e.g. an image that does not parse).
+
+        Raises:
+            IdxFormatError: the table records no sizes (written by an older stoker or rebuilt on
+                first use): one line saying to re-index.
+        """
+        if not self.has_sizes:
+            raise IdxFormatError(
+                f"{self.where} records no image sizes (written by an older stoker, or rebuilt on first use): "
+                f"rerun `stoker index {self.where.parent}` to record them"
+            )
+        rows = self.records[np.asarray(positions, np.int64)]
+        return np.stack([rows["width"], rows["height"]], axis=1).astype(np.int64)
 
     def loadable_per_shard(self) -> np.ndarray:
         """Loadable samples of each shard."""
@@ -385,6 +439,7 @@ __all__ = [
     "manifest_digest",
     "manifest_skips",
     "open_table",
+    "record_sizes",
     "read_records",
     "write_split_table",
     "write_table",
