@@ -22,6 +22,7 @@ in the objects that own them (:mod:`.options`). The epochs and the resume state 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from . import order
 from .augment import CropSpec
 from .backends import Backend
 from .backends.base import DecodeSettings, Runner
+from .bucketing import bucketed
 from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler
 from .fsutil import PathLike
 from .loader_checks import DECODES, SHUFFLES, check_stored_size, rank_and_world, torch_device, train_for_split
@@ -89,6 +91,15 @@ class Loader(EpochState, DataLoaderSurface):
             splits' sum rounded down to whole global batches) and the balance inside each split
             (``"classes"`` or ``{class_index: weight}``); the quotas are exact every epoch on
             every rank (:mod:`.mixsource`, :attr:`mix`).
+        buckets: every batch of one shape, chosen by each image's own aspect: ``"auto"`` (a few
+            shapes of about the crop's area from the split's aspect histogram) or a list of
+            ``(height, width)``. Train crops a random-resized-crop at the bucket's aspect, val
+            resizes to the bucket; boxes and masks follow. Each epoch's samples are exact, every
+            rank takes the same steps, a resume is exact on any number of ranks; the few samples
+            that do not fill a bucket's last batch wait for another epoch (said once at start).
+            Needs the image sizes ``stoker pack``/``stoker index`` record (:mod:`.order.buckets`).
+        bucket_sync: every step's batches one bucket on all ranks (DDP step times match, a compiled
+            model sees fewer shapes); a mid-epoch state then resumes on the same number of ranks.
         **options: a field of those objects given alone (``threads``, ``prefetch``, ``channels``,
             ``channels_last``, ``scale``, ``ratio``, ``crop_pct``, ``val_resize``,
             ``block_shards``, ``drop_last``, ``mixing``, ``storage_options``, ``cache_dir``,
@@ -123,6 +134,8 @@ class Loader(EpochState, DataLoaderSurface):
         augment: Any = None,
         storage: Storage | None = None,
         pixel_cache: PathLike | PixelCache | None = None,
+        buckets: str | Sequence[tuple[int, int]] | None = None,
+        bucket_sync: bool = False,
         **options: Any,
     ):
         # Loader([a, b], weights=, epoch_length=, balance=): a mix (pipeline/mixsource.py)
@@ -153,6 +166,11 @@ class Loader(EpochState, DataLoaderSurface):
         self.order = (sample_order if mix is None else mix_order)(
             opts.order, self.source, rank=self.rank, world_size=self.world_size, train=self.train, batch_size=batch_size
         )
+        if buckets is not None:  # every batch one shape, by the images' own aspect (pipeline/bucketing.py)
+            self.order = bucketed(
+                buckets, mix=mix, shuffle=self.shuffle, source=self.source, crops=opts.crops, sync=bucket_sync,
+                rank=self.rank, world_size=self.world_size, train=self.train, batch_size=batch_size,
+            )  # fmt: skip
         self.drop_last = self.order.drop_last
         #: the train batches' per-sample augmentation and mixing (:mod:`.augment.apply`)
         self.recipe = opts.augmentation.recipe(train=self.train, index=self.index, path=self.path)
@@ -178,6 +196,7 @@ class Loader(EpochState, DataLoaderSurface):
             pixel_cache=pixel_cache,
         )
         self.threads, self.pixel_cache = self.decoding.threads, self.decoding.pixel_cache
+        self.decoding.buckets = getattr(self.order, "buckets", None)
         self.decoding.check_pixel_tier(self.source, self.shuffle, self.crops)
         #: a mix's :class:`~.mixsource.Mix` (quotas, cycles, ``summary()``, ``split_of(ids)``), else ``None``
         self.mix = start_mix(self, mix)
@@ -217,6 +236,8 @@ class Loader(EpochState, DataLoaderSurface):
         Raises:
             ValueError: a bad size (named).
         """
+        if self.decoding.buckets is not None:
+            raise ArgumentError("set_crop() and buckets=: each bucket has its own shape (make a Loader with others)")
         self.cropping.set(crop, self.epoch)
 
     # ---- iteration -----------------------------------------------------------------------
@@ -247,7 +268,8 @@ class Loader(EpochState, DataLoaderSurface):
         # a URL's shards come through the cache: all before the first batch, or a window at a time
         windows = self.order.windows(self.seed, self.epoch) if self.cache is not None else None
         expect = getattr(runner, "expect", None)
-        if expect is not None and windows is None:  # the next epoch, unless set_epoch or set_crop says otherwise
+        # the next epoch, unless set_epoch or set_crop says otherwise (a bucketed epoch: each bucket's runner)
+        if expect is not None and windows is None and self.decoding.buckets is None:
             expect(self.order.batches(self.seed, self.epoch + 1, 0, 0, self.order.stop(0), self.index.valid_at))
         groups = cached_groups(self.cache, batches, windows, self.index)
         try:

@@ -210,6 +210,8 @@ class DecodeStage:
         self.store = None  # the pixel tier's store, opened once
         self.runner: Runner | None = None
         self._runner_crops: CropSpec | None = None
+        #: the bucketed order's :class:`~.order.buckets.Buckets` (``buckets=``), else ``None``
+        self.buckets = None
 
     def settings(self, crops: CropSpec) -> DecodeSettings:
         """What a runner is given, at the crop recipe ``crops``."""
@@ -227,18 +229,28 @@ class DecodeStage:
                 self.runner.close()
                 self.runner = None
         if self.runner is None:
-            settings = self.settings(crops)
-            if self.pixel_cache is not None:
-                from .pixels import make_runner
+            if self.buckets is not None:  # a runner per bucket, each made here at its bucket's recipe
+                from .bucketing import BucketRunner
 
-                self.runner = make_runner(
-                    settings, self.pixel_cache, lambda: self.open_store(crops), jpeg=self.resolved.backend.make_runner
-                )
+                self.runner = BucketRunner(self.buckets, crops, self.make_runner)
             else:
-                self.runner = self.resolved.backend.make_runner(settings)
-            self.runner = letterboxed(self.runner, settings)  # the val letterbox, on every backend
+                self.runner = self.make_runner(crops)
         self._runner_crops = crops
         return self.runner
+
+    def make_runner(self, crops: CropSpec) -> Runner:
+        """A new runner at the crop recipe ``crops`` (the pixel tier's, when there is one; the val
+        letterbox around it where the recipe places its crops)."""
+        settings = self.settings(crops)
+        if self.pixel_cache is not None:
+            from .pixels import make_runner
+
+            runner = make_runner(
+                settings, self.pixel_cache, lambda: self.open_store(crops), jpeg=self.resolved.backend.make_runner
+            )
+        else:
+            runner = self.resolved.backend.make_runner(settings)
+        return letterboxed(runner, settings)  # the val letterbox, on every backend
 
     def open_store(self, crops: CropSpec):
         """The pixel tier's store, opened once (a URL's split: at the first batch, its shards local)."""
