@@ -171,6 +171,18 @@ def _batch_and_resolution_flags(p: argparse.ArgumentParser) -> None:
         metavar="PX|H,W",
         help="the val crop, when it differs from --crop (e.g. train 192, evaluate 256 with --crop-pct 0.875)",
     )
+    g.add_argument(
+        "--buckets",
+        default=None,
+        metavar="auto|HxW,...",
+        help="aspect-ratio buckets: each batch one shape, by its images' own aspect (auto: a few shapes of "
+        "about the crop's area from the split's aspect histogram); for a network that takes any size",
+    )
+    g.add_argument(
+        "--bucket-sync",
+        action="store_true",
+        help="with --buckets: every step one bucket on all ranks (DDP step times match; fewer shapes to compile)",
+    )
     add_pixel_flags(p)
 
 

@@ -124,6 +124,9 @@ class TrainConfig:
     # the resolution schedule: "START:END[:EPOCHS]" (FFCV's progressive resizing), the val crop
     progressive: str | None = None
     val_crop: Any = None
+    # aspect-ratio buckets: "auto" or [(height, width), ...]; the run records the shapes chosen
+    buckets: Any = None
+    bucket_sync: bool = False
     # the decoded-pixel tier: its folder and byte budget (stoker.pipeline.pixels)
     pixel_cache: str | None = None
     pixel_cache_budget: int | None = None
@@ -193,6 +196,15 @@ class TrainConfig:
                     f"{arg('progressive')} changes the input size; {arg('arch', 'report')}'s Linear layer takes "
                     "one size"
                 )
+        if self.buckets is not None:
+            self.bucket_shapes()  # parsed: a bad one is one line
+            if self.progressive is not None or self.arch == "report":
+                other = (
+                    f"{arg('progressive')} changes the crop each epoch"
+                    if self.progressive is not None
+                    else f"{arg('arch', 'report')} takes one input size"
+                )
+                raise ArgumentError(f"{arg('buckets', self.buckets)} gives each batch its own shape; {other}")
         self._validate_fits()
         if self.pixel_cache_budget is not None and not self.pixel_cache:
             raise ArgumentError("pixel_cache_budget needs pixel_cache (the folder the pixels go to)")
@@ -261,6 +273,19 @@ class TrainConfig:
                 f"{arg('init_from')} starts a new run from a checkpoint's weights, {arg('resume')} continues "
                 "a run: give one"
             )
+
+    def bucket_shapes(self) -> str | list[tuple[int, int]] | None:
+        """``buckets`` as the Loader takes it: ``"auto"``, a list of ``(height, width)`` (from a list
+        or the flag's ``HxW,HxW``), or ``None``."""
+        value = self.buckets
+        if value is None or value == "auto":
+            return value
+        try:
+            if isinstance(value, str):
+                return [tuple(int(v) for v in part.lower().split("x")) for part in value.split(",")]
+            return [(int(h), int(w)) for h, w in value]
+        except (TypeError, ValueError):
+            raise ArgumentError(f"{arg('buckets', value)} must be auto or HxW,HxW,... (e.g. 192x256,224x224)") from None
 
     def crop_schedule(self):
         """The train crop of each epoch (:class:`~stoker.pipeline.augment.ProgressiveCrop`) of

@@ -114,6 +114,12 @@ def _loader_kwargs(cfg: TrainConfig, dist: Dist, device: Any) -> dict[str, Any]:
     return kw
 
 
+def buckets(cfg: TrainConfig) -> dict[str, Any]:
+    """The Loader's ``buckets=`` and ``bucket_sync=`` of ``--buckets`` (none without it)."""
+    shapes = cfg.bucket_shapes()
+    return {} if shapes is None else {"buckets": shapes, "bucket_sync": cfg.bucket_sync}
+
+
 def make_loaders(
     cfg: TrainConfig,
     factory: Callable[..., Any],
@@ -153,9 +159,14 @@ def make_loaders(
             **recipe,
             **cache("train"),
             **mixed,
+            **buckets(cfg),
         )
         if getattr(train, "mix", None) is not None:
             log(f"mix: {train.mix.describe()}")
+        shapes = getattr(getattr(train, "order", None), "buckets", None)
+        if shapes is not None:  # the shapes chosen, recorded in the run's config: val and eval take them
+            cfg.buckets = [list(hw) for hw in shapes.shapes]
+            log(f"buckets: {', '.join(f'{h}x{w}' for h, w in shapes.shapes)} (height x width), val at the same")
         if schedule is not None:  # applied at each epoch's start; a state saved mid-epoch keeps its crop
             train.set_crop(schedule)
             h, w = val_crops.size
@@ -167,7 +178,9 @@ def make_loaders(
             f"split ({e.share} samples over {dist.world_size} rank(s)); use --batch-size {e.share} or less"
         ) from None
     exists = lambda split: has_split(split, cfg.storage_options)  # noqa: E731
-    val = open_val(factory, val_dir, exists, train=False, drop_last=False, crop=val_crops, **kw, **cache("val"))
+    val = open_val(
+        factory, val_dir, exists, train=False, drop_last=False, crop=val_crops, **kw, **cache("val"), **buckets(cfg)
+    )
     if val is None:
         log(
             f"no val split in {cfg.data} ({val_dir} is missing): training without validation, so no best.pt; "

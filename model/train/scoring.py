@@ -104,6 +104,7 @@ def _val_loader(config: dict, split: str, *, batch_size: int, device: torch.devi
         crop=crops,
         channels=channels,
         device=str(device),
+        **({"buckets": [tuple(hw) for hw in config["buckets"]]} if config.get("buckets") else {}),
         **options,
     )
 
