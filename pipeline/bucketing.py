@@ -104,6 +104,28 @@ def bucketed(buckets: Any, *, mix: Any, shuffle: str, source: Any, **kw: Any) ->
     return bucket_order(buckets, index=source.index, path=source.path, **kw)
 
 
+def shown_share(wh: np.ndarray, crops: CropSpec, buckets: Buckets | None = None) -> float:
+    """The mean share of each image's stored pixels the val transform shows the model: the center
+    crop at ``crops``' size, or at each image's bucket with ``buckets`` (the same rule, the bucket's
+    shape). ``wh``: ``(width, height)`` rows (those without a size are left out)."""
+    from .augment.crops import center_crop
+
+    wh = np.asarray(wh, np.int64).reshape(-1, 2)
+    wh = wh[(wh > 0).all(axis=1)]
+    if not len(wh):
+        return 0.0
+    boxes = np.zeros((len(wh), 4), np.int64)
+    if buckets is None:
+        boxes[:] = center_crop(wh, crops.size, crops.crop_pct, resize=crops.val_resize)
+    else:
+        of = buckets.assign(wh)
+        for b, shape in enumerate(buckets.shapes):
+            rows = of == b
+            if rows.any():
+                boxes[rows] = center_crop(wh[rows], shape, crops.crop_pct, resize=crops.val_resize)
+    return float(np.mean(boxes[:, 2] * boxes[:, 3] / (wh[:, 0] * wh[:, 1])))
+
+
 class _BucketBatches(Sequence):
     """The batches of one bucket, in the epoch's order (a view: each read when asked for)."""
 
@@ -160,4 +182,4 @@ class BucketRunner:
             r.close()
 
 
-__all__ = ["BucketRunner", "bucket_crops", "bucket_order", "bucketed"]
+__all__ = ["BucketRunner", "bucket_crops", "bucket_order", "bucketed", "shown_share"]

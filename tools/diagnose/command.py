@@ -51,6 +51,7 @@ from ..common.loader_flags import add_crop_flags, add_decode_flags, add_pixel_fl
 from .engine import run_diagnosis, time_plan
 from .inputs import (
     backend_choice,
+    bucket_hint,
     build_net,
     count_data,
     describe_loader,
@@ -340,6 +341,9 @@ def _shard_loaders(path: Path, loader_kw: dict, *, chosen: str, crop, threads: i
         "backend": chosen,
         "loader_hints": loader_hints(manifest, crop),
     }
+    buckets = bucket_hint(path, crop)
+    if buckets is not None:
+        facts["buckets"] = buckets
     alternatives = []
     if threads is not None and threads < cores:
         alternatives.append(

@@ -176,6 +176,47 @@ def loader_hints(manifest, crop) -> list:
     pack = manifest.pack or {}
     if "short_side" not in pack:  # not made by `stoker pack`: sizes unknown
         return []
+    return _pack_hints(pack, crop)
+
+
+# a center crop showing less than this share of the images' pixels on average: buckets are named
+BUCKET_HINT_BELOW = 0.6
+
+
+def bucket_hint(split, crop) -> str | None:
+    """The report's ``buckets`` line, where a square crop shows little of images of many shapes:
+    the buckets ``--buckets auto`` would use, with the share of each image's pixels the val
+    transform shows either way (``None`` elsewhere, or where the table records no sizes)."""
+    import numpy as np
+
+    from stoker.pipeline.augment import CropSpec
+    from stoker.pipeline.bucketing import shown_share
+    from stoker.pipeline.order.buckets import auto_buckets
+    from stoker.pipeline.shards.samples import open_split
+
+    try:
+        index = open_split(split)
+    except Exception:  # a URL's split or an unreadable one: the loader rows say what is wrong
+        return None
+    if not index.has_sizes:
+        return None
+    rows = index.valid_at(np.unique(np.linspace(0, index.num_valid - 1, min(index.num_valid, 20_000)).astype(np.int64)))
+    wh = index.stored_sizes(rows)
+    crops = CropSpec.of(crop)
+    square = shown_share(wh, crops)
+    buckets = auto_buckets(wh, crops.size, min_count=1)
+    bucketed = shown_share(wh, crops, buckets)
+    if square >= BUCKET_HINT_BELOW or bucketed <= square * 1.1:
+        return None
+    names = ", ".join(f"{h}x{w}" for h, w in buckets.shapes)
+    return (
+        f"the val crop at {crop} shows {square:.0%} of each image's pixels on average; with "
+        f"--buckets auto ({names}, height x width) it shows {bucketed:.0%} (stoker train --buckets auto, "
+        "for a network that takes any input size)"
+    )
+
+
+def _pack_hints(pack: dict, crop) -> list:
     from stoker.pipeline.augment.crops import VAL_CROP_FRACTION
 
     target = round((crop if isinstance(crop, int) else min(crop)) / VAL_CROP_FRACTION)  # a val resize's need
