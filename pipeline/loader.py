@@ -207,6 +207,13 @@ class Loader(EpochState, DataLoaderSurface):
         return self.cropping.crops
 
     @property
+    def buckets(self) -> tuple[tuple[int, int], ...] | None:
+        """The bucket shapes ``(height, width)`` of a Loader made with ``buckets=`` (``"auto"``: the
+        ones chosen), else ``None``."""
+        chosen = self.decoding.buckets
+        return None if chosen is None else chosen.shapes
+
+    @property
     def crop(self) -> int | tuple[int, int]:
         """The output size, as given (a side or ``(height, width)``) or as :meth:`set_crop` set it."""
         return self.cropping.crop

@@ -40,6 +40,8 @@ from .permutation import Permutation
 
 #: buckets ``"auto"`` chooses at most
 AUTO_MAX = 7
+#: samples ``"auto"`` reads the aspect histogram from at most
+AUTO_SAMPLE = 100_000
 #: a bucket's sides are multiples of this (what convolutional nets and patch embeddings divide by)
 SIDE_MULTIPLE = 8
 #: two ``"auto"`` buckets whose aspects differ by less than this factor are one
@@ -108,8 +110,11 @@ def auto_buckets(wh: np.ndarray, crop: tuple[int, int], *, min_count: int, most:
     wh = np.asarray(wh, np.float64).reshape(-1, 2)
     wh = wh[(wh > 0).all(axis=1)]
     area = float(crop[0] * crop[1])
+    min_count = min_count * min(1.0, AUTO_SAMPLE / max(1, len(wh)))
     if not len(wh):
         return Buckets.of([crop])
+    if len(wh) > AUTO_SAMPLE:  # the histogram of an evenly spaced sample: the same shapes, a split's size apart
+        wh = wh[np.linspace(0, len(wh) - 1, AUTO_SAMPLE).astype(np.int64)]
     x = np.log(wh[:, 0] / wh[:, 1])
     centers = np.unique(np.quantile(x, (np.arange(most) + 0.5) / most))
     for _ in range(8):  # Lloyd's rounds: assign to the nearest, move to the members' mean

@@ -357,8 +357,15 @@ class SampleTable:
                 f"{self.where} records no image sizes (written by an older stoker, or rebuilt on first use): "
                 f"rerun `stoker index {self.where.parent}` to record them"
             )
-        rows = self.records[np.asarray(positions, np.int64)]
-        return np.stack([rows["width"], rows["height"]], axis=1).astype(np.int64)
+        positions = np.asarray(positions, np.int64)
+        n = len(positions)
+        if n and positions[-1] - positions[0] == n - 1 and (np.diff(positions) == 1).all():
+            rows = self.records[positions[0] : positions[0] + n]  # a run: a view, no gather
+        else:
+            rows = self.records[positions]
+        out = np.empty((n, 2), np.int64)
+        out[:, 0], out[:, 1] = rows["width"], rows["height"]
+        return out
 
     def loadable_per_shard(self) -> np.ndarray:
         """Loadable samples of each shard."""

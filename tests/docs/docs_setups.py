@@ -22,6 +22,7 @@ from pathlib import Path
 
 from docs_runner import Workdir
 from helpers import write_split
+from stoker.pipeline.shards.table import write_split_table
 from stoker.tools.common.synth import CLASSES, draw, encode, make_image_folder
 
 #: setup name -> function; filled by @setup
@@ -71,6 +72,7 @@ def _imagenet_shaped(root: Path) -> None:
         manifest = write_split(root / split, num_samples=n, samples_per_shard=100, seed=seed, min_side=32, max_side=64)
         manifest.classes = names
         manifest.save(root / split)
+        write_split_table(root / split)  # with the images' sizes, as `stoker pack` writes it
 
 
 @setup("data")
