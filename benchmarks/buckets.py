@@ -117,14 +117,18 @@ def shares(photos: Path, scenes: Path, crop: int) -> dict:
 
 
 def _rate(split: Path, *, backend: str, train: bool, crop: int, batch: int, seconds: float, buckets) -> float:
-    """Images a second reading ``split`` for about ``seconds`` after one warm-up batch."""
+    """Images a second reading ``split`` for about ``seconds`` after a warm-up epoch (a bucketed
+    Loader starts each bucket's runner when its first batch comes: all of them in the first epoch)."""
     from stoker.pipeline import Loader
 
     kw = {"buckets": buckets} if buckets is not None else {}
     loader = Loader(split, batch_size=batch, crop=crop, train=train, backend=backend, **kw)
     images, start, epoch = 0, None, 0
     try:
+        for _ in loader:
+            pass
         while True:
+            epoch += 1
             loader.set_epoch(epoch)
             for x, _ in loader:
                 if start is None:
@@ -133,7 +137,6 @@ def _rate(split: Path, *, backend: str, train: bool, crop: int, batch: int, seco
                 images += len(x)
                 if time.perf_counter() - start >= seconds:
                     return images / (time.perf_counter() - start)
-            epoch += 1
     finally:
         loader.close()
 
