@@ -22,6 +22,7 @@ in the objects that own them (:mod:`.options`). The epochs and the resume state 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderData
 from .fsutil import PathLike
 from .loader_checks import DECODES, SHUFFLES, check_stored_size, rank_and_world, torch_device, train_for_split
 from .mixsource import MixSource, MixSpec, mix_order, start_mix
-from .options import BackendOptions, Order, Storage, loader_options
+from .options import BackendOptions, Order, Source, Storage, loader_options
 from .pixels import PixelCache
 from .prefetch import cached_groups
 from .shards.stats import TargetStats
@@ -60,7 +61,9 @@ class Loader(EpochState, DataLoaderSurface):
         path: a split directory (``stoker.json`` + shards + ``.idx``), or its fsspec URL
             (``s3://bucket/ds/train``, ``gs://...``, ``https://...``, ``file://...``): shards
             are then fetched whole into a local cache and checked against the manifest's
-            size and sha256 before use.
+            size and sha256 before use. A :class:`~.options.Source` is a split with options of its
+            own (``Source(url, weight=0.3, cache_dir=..., storage_options=...)``); a list of
+            them (or of paths) is a mix.
         batch_size: samples per batch (the last val batch may be smaller).
         train: RandomResizedCrop + flip and a fresh permutation each epoch, and ``drop_last``;
             ``False``: the val transform (shorter side to ``crop/crop_pct``, center crop) in stored
@@ -109,7 +112,7 @@ class Loader(EpochState, DataLoaderSurface):
 
     def __init__(
         self,
-        path: PathLike,
+        path: PathLike | Source | Sequence[PathLike | Source],
         *,
         batch_size: int,
         train: bool | None = None,
@@ -142,7 +145,11 @@ class Loader(EpochState, DataLoaderSurface):
         self.batch_size, self.seed = batch_size, int(seed)
         self.shuffle, self.block_shards = opts.order.shuffle, opts.order.block_shards
         self.channels = opts.backend.channels
-        self.source = SplitSource(path, opts.storage) if mix is None else MixSource(mix, opts.storage)
+        if mix is None:  # one split: a path, a URL, or a Source with options of its own
+            one = Source.of(path)
+            self.source = SplitSource(one.path, one.storage(opts.storage))
+        else:
+            self.source = MixSource(mix, opts.storage)
         self.path, self.index, self.cache = self.source.path, self.source.index, self.source.cache
         self.train = train_for_split(train, self.index.manifest)
         #: samples the loader draws from (manifest skips and samples without image/cls removed)

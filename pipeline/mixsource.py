@@ -27,8 +27,9 @@ from stoker.errors import ArgumentError
 from .balance_tables import ClassSlots, class_members
 from .cache import is_url
 from .loader_checks import check_cache_limit, check_every_rank_has_a_batch
-from .options import Order, Storage
+from .options import SOURCE_STORAGE, Order, Source, Storage
 from .order.mix import MixOrder, MixPlan, largest_remainder
+from .shards.kinds import ClassKind
 from .shards.samples import SampleIndex
 from .shards.table import manifest_digest
 
@@ -38,34 +39,51 @@ BALANCES = ("classes", "weights")
 
 @dataclass(frozen=True)
 class MixSpec:
-    """A Loader's mix: its splits, their weights (``None``: their sizes, so an epoch of their sum
-    reads each sample once), the epoch length (``None``: the sum of the splits, rounded down so the
-    ranks' batches divide it) and the balance inside each split (``None``, ``"classes"``, or
-    ``{class_index: weight}``)."""
+    """A Loader's mix: its splits (each a :class:`~.options.Source`), their weights (``None``: their
+    sizes, so an epoch of their sum reads each sample once), the epoch length (``None``: the sum of
+    the splits, rounded down so the ranks' batches divide it), the balance inside each split
+    (``None``, ``"classes"``, ``"weights"`` or ``{class_index: weight}``) and the splits left out
+    (``"path: why"``: a weight of 0)."""
 
-    paths: tuple
+    sources: tuple
     weights: tuple | None
     epoch_length: int | None = None
     balance: Any = None
+    left_out: tuple = ()
+
+    @property
+    def paths(self) -> tuple:
+        """The splits' paths or URLs."""
+        return tuple(s.path for s in self.sources)
 
     @classmethod
     def of(cls, path: Any, options: dict) -> MixSpec | None:
         """The mix ``Loader(path, weights=, epoch_length=, balance=)`` asks for (those keywords
-        are taken out of ``options``), or ``None``: one split, plainly."""
+        are taken out of ``options``), or ``None``: one split, plainly. A split of weight 0 is left
+        out (:attr:`left_out`)."""
         weights = options.pop("weights", None)
         length = options.pop("epoch_length", None)
         balance = options.pop("balance", None)
         many = isinstance(path, (list, tuple))
-        if not many and weights is None and length is None and balance is None:
+        weighted = isinstance(path, Source) and path.weight is not None
+        if not many and not weighted and weights is None and length is None and balance is None:
             return None
-        paths = tuple(path) if many else (path,)
-        if not paths:
+        sources = tuple(Source.of(p) for p in (path if many else (path,)))
+        if not sources:
             raise ArgumentError("Loader([]) needs at least one split")
+        own = [s.weight for s in sources]
+        if any(w is not None for w in own):
+            if weights is not None:
+                raise ArgumentError("weights= and Source(weight=) are both given: give each split's weight once")
+            if None in own:
+                bare = sources[own.index(None)].path
+                raise ArgumentError(f"Source(weight=) is given to some splits only: give {bare} one too")
+            weights = own
         if weights is not None:  # None: the splits' sizes (mix_order), each sample once an epoch
             if not isinstance(weights, (list, tuple, np.ndarray)):
                 raise ArgumentError(f"weights={weights!r} must be a list of numbers, one per split")
             weights = tuple(weights)
-            _check_weights(weights, len(paths))
+            _check_weights(weights, len(sources))
             weights = tuple(float(w) for w in weights)
         if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
             raise ArgumentError(f"epoch_length={length!r} must be a positive integer")
@@ -73,7 +91,21 @@ class MixSpec:
             raise ArgumentError(
                 f"balance={balance!r} must be one of {list(BALANCES)} or a {{class_index: weight}} dict"
             )
-        return cls(paths, weights, length, balance)
+        left_out: tuple = ()
+        if weights is not None and 0.0 in weights:  # left out before any of its files is opened
+            left_out = tuple(f"{s.path}: weight 0" for s, w in zip(sources, weights, strict=True) if not w)
+            sources, weights = zip(*((s, w) for s, w in zip(sources, weights, strict=True) if w), strict=True)
+        return cls(tuple(sources), weights, length, balance, left_out)
+
+    def without(self, empty: Sequence[int]) -> MixSpec:
+        """This mix without the splits ``empty`` (numbers; their size is their weight: 0)."""
+        keep = [k for k in range(len(self.sources)) if k not in set(empty)]
+        return dataclasses.replace(
+            self,
+            sources=tuple(self.sources[k] for k in keep),
+            left_out=self.left_out
+            + tuple(f"{self.sources[k].path}: no loadable samples (its weight: its size, 0)" for k in empty),
+        )
 
 
 def _check_weights(weights: tuple, splits: int) -> None:
@@ -177,19 +209,19 @@ class MixIndex:
             wh[sel] = dims
         return out, wh
 
-    def _gather(self, idx, fn) -> np.ndarray:
-        out = None
-        for sel, part in self._each(idx, fn):
-            if out is None:
-                out = np.empty((len(idx), *part.shape[1:]), part.dtype)
-            out[sel] = part
-        return out if out is not None else fn(self.parts[0], np.asarray(idx, np.int64))
+    def _gather(self, idx, fn, target=None):
+        """``fn``'s values of each split's part of ``idx``, put together in ``idx``'s order by the
+        kind (:meth:`~.shards.kinds.Target.gather`: an array, or a list of boxes)."""
+        pieces = list(self._each(idx, fn))
+        if not pieces:
+            return fn(self.parts[0], np.asarray(idx, np.int64))
+        return (target or self.target).gather(pieces, len(idx))
 
     def targets(self, idx) -> np.ndarray:
         return self._gather(idx, lambda p, i: p.targets(i))
 
     def labels(self, idx) -> np.ndarray:
-        return self._gather(idx, lambda p, i: p.labels(i))
+        return self._gather(idx, lambda p, i: p.labels(i), ClassKind())
 
     def label(self, i: int) -> int:
         return int(self.labels(np.array([i], np.int64))[0])
@@ -242,24 +274,32 @@ class MixCache:
 
 class MixSource:
     """The split source of a mix: each split's :class:`~.stages.SplitSource` (local, or a URL's
-    through its cache), checked to agree on the target kind, read as one :class:`MixIndex`."""
+    through its cache, with the options its :class:`~.options.Source` gives it, else the Loader's),
+    checked to share one label space (the kind says: :meth:`~.shards.kinds.Target.same_space`),
+    read as one :class:`MixIndex`. A split without loadable samples is one line naming it when
+    it has a weight; without ``weights=`` (its size is its weight) it is left out, saying so."""
 
     def __init__(self, spec: MixSpec, storage: Storage):
         from .stages import SplitSource
 
-        self.spec = spec
         self.sources = []
-        urls = [p for p in spec.paths if is_url(p)]
         try:
-            for p in spec.paths:
-                own = storage
-                if is_url(p) and storage.cache_dir is not None and len(urls) > 1:  # shard names may coincide
-                    sub = hashlib.sha256(str(p).rstrip("/").encode()).hexdigest()[:12]
-                    own = dataclasses.replace(storage, cache_dir=Path(storage.cache_dir) / sub)
-                self.sources.append(SplitSource(p, own))
+            for src in spec.sources:
+                self.sources.append(SplitSource(src.path, _own_storage(src, spec.sources, storage)))
+            empty = [k for k, s in enumerate(self.sources) if not s.index.num_valid]
+            if empty and spec.weights is not None:
+                s = self.sources[empty[0]]
+                raise ArgumentError(
+                    f"{s.path} has no loadable samples: a split of a mix needs some (give it weight 0 to leave it out)"
+                )
+            if empty and len(empty) < len(self.sources):
+                for k in reversed(empty):
+                    self.sources.pop(k).close()
+                spec = spec.without(empty)
         except BaseException:
             self.close()
             raise
+        self.spec = spec
         self._check_kinds()
         self.remote = any(s.remote for s in self.sources)
         #: the mix's name in messages: its splits, joined
@@ -271,10 +311,10 @@ class MixSource:
         first = self.sources[0]
         for other in self.sources[1:]:
             a, b = first.index.manifest, other.index.manifest
-            if a.target != b.target or (a.target.kind == "class" and a.classes != b.classes):
+            if not a.target.same_space(a.classes, b.target, b.classes):
                 raise ArgumentError(
-                    f"a mix needs splits of one target: {first.path} has {_target_text(a)}, "
-                    f"{other.path} has {_target_text(b)}"
+                    f"a mix needs splits of one target: {first.path} has {a.target.space(a.classes)}, "
+                    f"{other.path} has {b.target.space(b.classes)}"
                 )
 
     def target_stats(self):
@@ -292,11 +332,24 @@ class MixSource:
             s.close()
 
 
-def _target_text(m) -> str:
-    t = m.target
-    if t.kind == "class":
-        return f"{len(m.classes)} classes ({', '.join(m.classes[:3])}{', ...' if len(m.classes) > 3 else ''})"
-    return f"{t.kind} targets ({t.to_json()})"
+def _own_storage(src: Source, sources: Sequence[Source], storage: Storage) -> Storage:
+    """The storage of one split of a mix: its own URL options, else the Loader's (a cache folder of
+    its own under the Loader's ``cache_dir`` where several URL splits share it: shard names may
+    coincide). The Loader's URL options apply to the URL splits only (refused where there is none);
+    a local split's own are refused, naming it."""
+    if not is_url(src.path):
+        if src.own_storage():
+            storage_of = Storage(**{k: getattr(src, k) for k in src.own_storage()})
+            storage_of.check_local(src.path)
+        if not any(is_url(s.path) for s in sources):
+            storage.check_local(src.path)
+        return dataclasses.replace(storage, **dict.fromkeys(SOURCE_STORAGE))
+    own = src.storage(storage)
+    urls = [s for s in sources if is_url(s.path)]
+    if src.cache_dir is None and storage.cache_dir is not None and len(urls) > 1:
+        sub = hashlib.sha256(str(src.path).rstrip("/").encode()).hexdigest()[:12]
+        own = dataclasses.replace(own, cache_dir=Path(storage.cache_dir) / sub)
+    return own
 
 
 def _class_weights(balance: Any, num_classes: int, where: Any) -> np.ndarray:
@@ -411,11 +464,15 @@ class Mix:
 
 
 def start_mix(loader: Any, spec: MixSpec | None) -> Mix | None:
-    """A Loader of a mix: its :class:`Mix`, and on rank 0 of a train loader one line per split
-    (its quota and cycles) on stderr."""
+    """A Loader of a mix: its :class:`Mix`; on rank 0, one line per split a weight of 0 (or no
+    sample, without ``weights=``) left out, and of a train loader one line per split (its quota
+    and cycles), on stderr."""
     if spec is None:
         return None
     mix = Mix(loader.order.plan, loader.index, spec.balance)
+    if loader.rank == 0:
+        for why in loader.source.spec.left_out:
+            print(f"stoker mix: {why}: left out", file=sys.stderr)
     if loader.train and loader.rank == 0:
         for line in mix.summary():
             print(f"stoker mix: {line}", file=sys.stderr)

@@ -25,6 +25,7 @@ made; a keyword that moved names its new home.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, NamedTuple, get_args
 
@@ -327,6 +328,53 @@ class Storage:
                 raise ArgumentError(f"{k}= is for a URL (s3://, gs://, https://, file://); {path} is a local path")
 
 
+#: the fields of a :class:`Source` that are a URL's storage options (each overrides the Loader's)
+SOURCE_STORAGE = ("storage_options", "cache_dir", "cache_limit")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One split of a Loader, with its own options: ``Loader([Source(url, weight=0.3,
+    cache_dir=...), "local/train"], ...)``. A plain path or URL is the short form of
+    ``Source(path)``.
+
+    Attributes:
+        path: a split directory or its fsspec URL.
+        weight: its proportion of a mix (any number >= 0; 0 leaves the split out, saying so).
+            ``None``: the Loader's ``weights=``, or the split's size when no split has one.
+        storage_options, cache_dir, cache_limit: this URL split's (:class:`Storage`), in place
+            of the Loader's; a local path takes none (one line naming it).
+    """
+
+    path: PathLike
+    weight: float | None = None
+    storage_options: dict | None = None
+    cache_dir: PathLike | None = None
+    cache_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise ArgumentError(f"Source({self.path!r}): the path must be a split directory or its URL")
+        w = self.weight
+        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < float("inf")):
+            raise ArgumentError(f"Source({self.path}, weight={w!r}): a weight must be a finite number >= 0")
+        Storage(cache_limit=self.cache_limit)  # its checks
+
+    @classmethod
+    def of(cls, value: Any) -> Source:
+        """``value`` as a Source (a path or URL is ``Source(value)``)."""
+        return value if isinstance(value, Source) else cls(value)
+
+    def storage(self, base: Storage) -> Storage:
+        """``base`` with this split's own storage options in place of the Loader's."""
+        own = {k: getattr(self, k) for k in SOURCE_STORAGE if getattr(self, k) is not None}
+        return dataclasses.replace(base, **own) if own else base
+
+    def own_storage(self) -> tuple[str, ...]:
+        """The storage options this split was given itself."""
+        return tuple(k for k in SOURCE_STORAGE if getattr(self, k) is not None)
+
+
 @dataclass(frozen=True)
 class Augmentation:
     """Per-sample augmentation of train batches on their device (:mod:`.augment`).
@@ -465,6 +513,7 @@ __all__ = [
     "Registered",
     "Resolved",
     "ShuffleName",
+    "Source",
     "Storage",
     "backend_for",
     "backend_options",

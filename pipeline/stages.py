@@ -56,6 +56,9 @@ class SplitSource:
             self.index: SampleIndex = SampleIndex(self.cache.dir, self.cache.open(), manifest_sizes=True)
         else:
             self.index = open_split(self.path, sha256=storage.sha256)
+        # pread, not maps: a shard truncated while an epoch reads it (a `cp` over it) is then one
+        # line naming it on every backend, where a read through a map is a SIGBUS with nothing said
+        self.index.mapped = False
 
     def target_stats(self) -> TargetStats | None:
         """Float targets: their count, mean, std, min and max per column over this split

@@ -353,6 +353,38 @@ class Target:
         lands in the output, ``x y w h``), on the CPU."""
         raise NotImplementedError
 
+    def gather(self, pieces: Sequence[tuple[np.ndarray, Any]], n: int) -> Any:
+        """A batch of ``n`` of :meth:`decode`'s values put together from ``pieces``, each a boolean
+        selection of the batch's rows and :meth:`decode`'s values of those rows (a mix's splits
+        each decode their own samples): an array of ``n`` rows, or a list where the kind decodes
+        to a list (a sample's boxes)."""
+        first = pieces[0][1]
+        if isinstance(first, np.ndarray):
+            out = np.empty((n, *first.shape[1:]), first.dtype)
+            for sel, part in pieces:
+                out[sel] = part
+            return out
+        rows: list = [None] * n
+        for sel, part in pieces:
+            for k, value in zip(np.flatnonzero(sel).tolist(), part, strict=True):
+                rows[k] = value
+        return rows
+
+    # ---- a label space, across the splits of a mix
+    def same_space(self, classes: Sequence[str], other: Target, other_classes: Sequence[str]) -> bool:
+        """Whether a split of these targets (``classes``: its manifest's) and one of ``other``'s
+        can be read as one: the same kind and fields, and, for a kind of :attr:`named_classes`,
+        the same class names in the same order (an index means one class in both)."""
+        return self == other and (not self.named_classes or list(classes) == list(other_classes))
+
+    def space(self, classes: Sequence[str]) -> str:
+        """Its label space in words, for a refusal that names two: ``"3 classes (ant, bee, cat),
+        multilabel targets"``, ``"float targets ({...})"``."""
+        if self.named_classes:
+            names = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
+            return f"{len(classes)} classes ({names}), {self.kind} targets"
+        return f"{self.kind} targets ({self.to_json()})"
+
     def class_count(self, classes: Sequence[str]) -> int:
         """The classes its values span (0 when it has none)."""
         return len(classes) if self.named_classes else 0
