@@ -29,7 +29,7 @@ from .cache import is_url
 from .loader_checks import check_cache_limit, check_every_rank_has_a_batch
 from .options import SOURCE_STORAGE, Order, Source, Storage
 from .order.mix import MixOrder, MixPlan, largest_remainder
-from .shards.kinds import ClassKind
+from .shards.kinds import ClassKind, kinds
 from .shards.samples import SampleIndex
 from .shards.table import manifest_digest
 
@@ -374,16 +374,17 @@ def _balance(balance: Any, source: Any, quota: int) -> tuple:
         from .sampleweights import weight_slots
 
         return weight_slots(source.index, quota)
-    kind = source.index.target.kind
-    if kind not in ("class", "multilabel"):
+    target = source.index.target
+    if target.balance_groups is None:
+        able = " or ".join(k.name for k in kinds() if k.balance_groups)
         raise ArgumentError(
-            f"balance={balance!r} balances a class or multi-label split; {source.path} is a {kind} split "
-            "(mask splits are not balanced by class yet; balance='weights' draws by packed per-sample weights)"
+            f"balance={balance!r} balances a split of {able} targets; {source.path} is a {target.kind} split "
+            "(balance='weights' draws any kind by its packed per-sample weights)"
         )
     slots = ClassSlots(*class_members(source.index))
     weights = _class_weights(balance, len(source.index.manifest.classes), source.path)
-    if kind == "multilabel":  # the samples with no label: a group of their own, not drawn
-        weights = np.append(weights, 0.0)
+    # groups past the classes (a multi-label split's samples with no label): never drawn
+    weights = np.append(weights, np.zeros(len(slots.counts()) - len(weights)))
     return slots, slots.counts(), weights
 
 

@@ -222,6 +222,10 @@ class Target:
     follows_crop: ClassVar[bool] = False
     #: the val transform a Loader of ``val_fit="auto"`` applies: ``center`` crop or ``letterbox``
     val_fit: ClassVar[str] = "center"
+    #: how ``balance="classes"`` groups a split's samples (:mod:`stoker.pipeline.balance_tables`):
+    #: ``"label"``, by each sample's class; ``"rarest"``, by each sample's rarest label (a sample
+    #: with none in a group of its own, never drawn); ``None``: not balanced by class
+    balance_groups: ClassVar[str | None] = None
 
     def __new__(cls, *args: Any, **kw: Any):
         return object.__new__(_kind_class(cls, kw.get("kind", args[0] if args else None)))
@@ -597,6 +601,7 @@ class ClassKind(Target):
     names them)."""
 
     name, member, task, named_classes, dtype, format, sized = "class", "cls", "classify", True, "int64", 1, False
+    balance_groups = "label"
     max_bytes = MAX_CLS_BYTES
 
     def encode(self, value):
@@ -711,6 +716,7 @@ class MultilabelKind(Target):
     """Any number of classes a sample, stored as their sorted indices (int32 ``(n,)`` ``.npy``)."""
 
     name, member, task, named_classes, sized = "multilabel", "labels.npy", "multilabel", True, False
+    balance_groups = "rarest"
 
     def encode(self, value):
         return encode_labels(value)

@@ -29,9 +29,9 @@ SIZES = (24, 15)  # the mix's two splits (the first is the plain one)
 
 #: what a cell that is not supported says (a regular expression of its one line)
 REFUSED = {
-    ("float", "balance"): r"balance='classes' balances a class or multi-label split; .* is a float split",
-    ("mask", "balance"): r"balance='classes' balances a class or multi-label split; .* is a mask split",
-    ("boxes", "balance"): r"balance='classes' balances a class or multi-label split; .* is a boxes split",
+    ("float", "balance"): r"balance='classes' balances a split of class or multilabel targets; .* is a float split",
+    ("mask", "balance"): r"balance='classes' balances a split of class or multilabel targets; .* is a mask split",
+    ("boxes", "balance"): r"balance='classes' balances a split of class or multilabel targets; .* is a boxes split",
 }
 
 

@@ -325,7 +325,10 @@ def test_balance_of_a_float_split_and_a_float_split_in_a_class_mix_are_one_line(
     from stoker.tools.pack.api import pack
 
     pack(make_regression_csv(tmp_path / "src", n=12, seed=1), tmp_path / "reg", workers=1)
-    with pytest.raises(ValueError, match=r"multi-label split; .*reg/train is a float split \(mask splits"):
+    with pytest.raises(
+        ValueError,
+        match=r"balances a split of class or multilabel targets; .*reg/train is a float split \(balance=.weights.",
+    ):
         _loader(tmp_path / "reg" / "train", balance="classes")
     with pytest.raises(ValueError, match=r"big has 6 classes .*, .*reg/train has float targets"):
         _loader([splits / "big", tmp_path / "reg" / "train"])
