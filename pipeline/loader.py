@@ -36,7 +36,7 @@ from .backends.base import DecodeSettings, Runner
 from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler
 from .fsutil import PathLike
 from .loader_checks import DECODES, SHUFFLES, check_stored_size, rank_and_world, torch_device, train_for_split
-from .mixsource import MixSource, MixSpec, mix_order, start_mix
+from .mixsource import MixSource, MixSpec, start_mix
 from .options import BackendOptions, Order, Source, Storage, loader_options
 from .pixels import PixelCache
 from .prefetch import cached_groups
@@ -157,7 +157,7 @@ class Loader(EpochState, DataLoaderSurface):
         if self.num_samples == 0:
             raise ArgumentError(f"{self.path} has no loadable samples")
         #: this rank's sample order (:mod:`.order`): share, positions, windows, what a state holds
-        self.order = (sample_order if mix is None else mix_order)(
+        self.order = sample_order(
             opts.order, self.source, rank=self.rank, world_size=self.world_size, train=self.train, batch_size=batch_size
         )
         self.drop_last = self.order.drop_last

@@ -26,14 +26,14 @@ from stoker.errors import ArgumentError
 
 from .balance_tables import ClassSlots, class_members
 from .cache import is_url
-from .loader_checks import check_cache_limit, check_every_rank_has_a_batch
+from .loader_checks import check_cache_limit
 from .options import SOURCE_STORAGE, Order, Source, Storage
 from .order.mix import MixOrder, MixPlan, largest_remainder
-from .shards.kinds import ClassKind, kinds
+from .policies import SamplingPolicy, balance_policy, policy_names, register_policy
+from .shards.kinds import ClassKind
 from .shards.samples import SampleIndex
-from .shards.table import manifest_digest
 
-#: what ``balance=`` takes by name
+#: what ``balance=`` takes by name, built in (a registered balance policy is one too: :mod:`.policies`)
 BALANCES = ("classes", "weights")
 
 
@@ -87,9 +87,9 @@ class MixSpec:
             weights = tuple(float(w) for w in weights)
         if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
             raise ArgumentError(f"epoch_length={length!r} must be a positive integer")
-        if balance is not None and balance not in BALANCES and not isinstance(balance, dict):
+        if balance is not None and not isinstance(balance, dict) and balance not in policy_names("balance"):
             raise ArgumentError(
-                f"balance={balance!r} must be one of {list(BALANCES)} or a {{class_index: weight}} dict"
+                f"balance={balance!r} must be one of {list(policy_names('balance'))} or a {{class_index: weight}} dict"
             )
         left_out: tuple = ()
         if weights is not None and 0.0 in weights:  # left out before any of its files is opened
@@ -279,6 +279,9 @@ class MixSource:
     read as one :class:`MixIndex`. A split without loadable samples is one line naming it when
     it has a weight; without ``weights=`` (its size is its weight) it is left out, saying so."""
 
+    #: the sampling policy that orders it (:mod:`.policies`)
+    role = "mix"
+
     def __init__(self, spec: MixSpec, storage: Storage):
         from .stages import SplitSource
 
@@ -352,89 +355,53 @@ def _own_storage(src: Source, sources: Sequence[Source], storage: Storage) -> St
     return own
 
 
-def _class_weights(balance: Any, num_classes: int, where: Any) -> np.ndarray:
-    if balance == "classes":
-        return np.ones(num_classes)
-    w = np.zeros(num_classes)
-    for c, v in balance.items():
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < num_classes:
-            raise ArgumentError(f"balance={{{c!r}: ...}}: a class index of {where} is 0 .. {num_classes - 1}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
-            raise ArgumentError(f"balance={{{c}: {v!r}}}: a weight must be a finite number >= 0")
-        w[c] = v
-    return w
+class MixPolicy(SamplingPolicy):
+    """The sampling policy of a mix (``Loader([a, b], weights=...)``): its plan (quotas per split,
+    and per group where a split is balanced by a ``balance`` policy), checked to give every rank a
+    batch. ``shuffle="block"`` is one line."""
 
+    name, role = "mix", "mix"
 
-def _balance(balance: Any, source: Any, quota: int) -> tuple:
-    """``(members, slot sizes, slot weights)`` of a split: ``None`` each when it is not balanced;
-    by class (a class split); by its samples' packed weights (:mod:`.sampleweights`)."""
-    if balance is None:
-        return None, None, None
-    if balance == "weights":
-        from .sampleweights import weight_slots
-
-        return weight_slots(source.index, quota)
-    target = source.index.target
-    if target.balance_groups is None:
-        able = " or ".join(k.name for k in kinds() if k.balance_groups)
-        raise ArgumentError(
-            f"balance={balance!r} balances a split of {able} targets; {source.path} is a {target.kind} split "
-            "(balance='weights' draws any kind by its packed per-sample weights)"
+    def order(self, source, options, *, rank, world_size, train, batch_size, drop_last):
+        spec = source.spec
+        if options.shuffle != "global":
+            raise ArgumentError(f"a mix reads shuffle='global' only, not shuffle={options.shuffle!r}")
+        sizes = [s.index.num_valid for s in source.sources]
+        length = spec.epoch_length
+        if length is None:
+            step = batch_size * world_size if drop_last else world_size
+            length = max(step, sum(sizes) // step * step)
+        split_weights = spec.weights if spec.weights is not None else sizes
+        quotas = largest_remainder(length, split_weights).tolist()
+        balance = balance_policy(spec.balance) if train and spec.balance is not None else None
+        members, counts, weights, by_length = [], [], [], []
+        for s, quota in zip(source.sources, quotas, strict=True):
+            slots, c, w = balance.groups(spec.balance, s, quota) if balance is not None else (None, None, None)
+            members.append(slots), counts.append(c), weights.append(w)
+            by_length.append(balance.by_length(s) if balance is not None else None)
+        plan = MixPlan(
+            sizes,
+            split_weights,
+            length=length,
+            class_counts=counts,
+            class_weights=weights,
+            names=[str(s.path) for s in source.sources],
+            by_length=by_length,
         )
-    slots = ClassSlots(*class_members(source.index))
-    weights = _class_weights(balance, len(source.index.manifest.classes), source.path)
-    # groups past the classes (a multi-label split's samples with no label): never drawn
-    weights = np.append(weights, np.zeros(len(slots.counts()) - len(weights)))
-    return slots, slots.counts(), weights
+        kw = {"rank": rank, "world_size": world_size, "train": train, "batch_size": batch_size, "drop_last": drop_last}
+        return MixOrder(plan, members, np.asarray(source.index.valid_starts[:-1]), **kw)
+
+
+register_policy(MixPolicy)
 
 
 def mix_order(
     options: Order, source: MixSource, *, rank: int, world_size: int, train: bool, batch_size: int
 ) -> MixOrder:
-    """The order stage of a mix: its plan (quotas per split and class), checked to give every rank
-    a batch. ``shuffle="block"`` and a balanced split that is not a class split are one line."""
-    spec = source.spec
-    if options.shuffle != "global":
-        raise ArgumentError(f"a mix reads shuffle='global' only, not shuffle={options.shuffle!r}")
-    drop_last = train if options.drop_last is None else bool(options.drop_last)
-    sizes = [s.index.num_valid for s in source.sources]
-    length = spec.epoch_length
-    if length is None:
-        step = batch_size * world_size if drop_last else world_size
-        length = max(step, sum(sizes) // step * step)
-    split_weights = spec.weights if spec.weights is not None else sizes
-    quotas = largest_remainder(length, split_weights).tolist()
-    members, counts, weights, by_length = [], [], [], []
-    for s, quota in zip(source.sources, quotas, strict=True):
-        slots, c, w = _balance(spec.balance if train else None, s, quota)
-        members.append(slots), counts.append(c), weights.append(w)
-        by_length.append(
-            f"weights {manifest_digest(Path(s.index.split_dir)).hex()[:16]}"
-            if train and spec.balance == "weights"
-            else None
-        )
-    names = [str(s.path) for s in source.sources]
-    plan = MixPlan(
-        sizes,
-        split_weights,
-        length=length,
-        class_counts=counts,
-        class_weights=weights,
-        names=names,
-        by_length=by_length,
-    )
-    made = MixOrder(
-        plan,
-        members,
-        np.asarray(source.index.valid_starts[:-1]),
-        rank=rank,
-        world_size=world_size,
-        train=train,
-        batch_size=batch_size,
-        drop_last=drop_last,
-    )
-    check_every_rank_has_a_batch(made, num_samples=plan.length if train else sum(sizes), path=source.path)
-    return made
+    """The order stage of a mix (:func:`.stages.sample_order` with its policy, :class:`MixPolicy`)."""
+    from .stages import sample_order
+
+    return sample_order(options, source, rank=rank, world_size=world_size, train=train, batch_size=batch_size)
 
 
 class Mix:
@@ -488,6 +455,7 @@ __all__ = [
     "MixCache",
     "MixIndex",
     "MixSource",
+    "MixPolicy",
     "MixSpec",
     "class_members",
     "mix_order",

@@ -273,7 +273,8 @@ class Order:
     """This rank's sample order (:mod:`.order`).
 
     Attributes:
-        shuffle: ``"global"`` (default): a fresh permutation of the whole split each epoch; a URL's
+        shuffle: the sampling policy (:mod:`.policies`; a registered one by its name too).
+            ``"global"`` (default): a fresh permutation of the whole split each epoch; a URL's
             whole split is cached before the first batch. ``"block"``: each epoch permutes the
             shards, gives each rank a contiguous run of them (ranks share at most the one shard at
             each boundary) and permutes samples within windows of ``block_shards`` shards; a URL's
@@ -284,14 +285,17 @@ class Order:
             and every step has ``batch_size`` samples), ``False`` for val (every sample once).
     """
 
-    shuffle: ShuffleName = "global"
+    shuffle: ShuffleName | str = "global"
     block_shards: int = 4
     drop_last: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.shuffle, bool):  # a DataLoader habit: the order is ours, not a flag
             raise ArgumentError(habit_message({"shuffle": self.shuffle}))
-        check_choice("shuffle", self.shuffle, ShuffleName)
+        from .policies import policy_names
+
+        if self.shuffle not in policy_names("shuffle"):  # the built-in orders and any registered one
+            raise ArgumentError(f"shuffle={self.shuffle!r} must be one of {policy_names('shuffle')}")
         _positive_int("block_shards", self.block_shards)
 
 
