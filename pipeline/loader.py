@@ -22,6 +22,7 @@ in the objects that own them (:mod:`.options`). The epochs and the resume state 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,11 +34,11 @@ from . import order
 from .augment import CropSpec
 from .backends import Backend
 from .backends.base import DecodeSettings, Runner
-from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler
+from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
 from .fsutil import PathLike
 from .loader_checks import DECODES, SHUFFLES, check_stored_size, rank_and_world, torch_device, train_for_split
 from .mixsource import MixSource, MixSpec, start_mix
-from .options import BackendOptions, Order, Source, Storage, loader_options
+from .options import MOVED, BackendOptions, Order, Source, Storage, loader_options
 from .pixels import PixelCache
 from .prefetch import cached_groups
 from .shards.stats import TargetStats
@@ -52,6 +53,15 @@ from .stages import (
     stand_ins,
 )
 from .state import EpochState
+
+
+@functools.cache
+def _keywords(cls: type) -> frozenset | None:
+    """The keywords ``cls.__init__`` takes (``None``: any, a subclass's ``**kwargs``)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params)
 
 
 class Loader(EpochState, DataLoaderSurface):
@@ -92,10 +102,15 @@ class Loader(EpochState, DataLoaderSurface):
             splits' sum rounded down to whole global batches) and the balance inside each split
             (``"classes"`` or ``{class_index: weight}``); the quotas are exact every epoch on
             every rank (:mod:`.mixsource`, :attr:`mix`).
-        **options: a field of those objects given alone (``threads``, ``prefetch``, ``channels``,
-            ``channels_last``, ``scale``, ``ratio``, ``crop_pct``, ``val_resize``,
-            ``block_shards``, ``drop_last``, ``mixing``, ``storage_options``, ``cache_dir``,
-            ``cache_limit``, ``sha256``): handed to the object that owns it.
+        threads, prefetch, channels, channels_last: the backend's (:class:`~.options.BackendOptions`),
+            given alone; ``scale``, ``ratio``, ``crop_pct``, ``val_resize``: the crop recipe's
+            (:class:`~.augment.CropSpec`); ``block_shards``, ``drop_last``: the order's
+            (:class:`~.options.Order`); ``mixing``: the augmentation's; ``storage_options``,
+            ``cache_dir``, ``cache_limit``, ``sha256``: the storage's (:class:`~.options.Storage`).
+            Each is handed to the object that owns it (``None``: not given); given both alone and
+            in its object, to another value, is one line. A keyword that moved (``decode=``,
+            ``decoder=``, ...) or a torch DataLoader's (``num_workers=``, ...) is one line naming
+            what to pass instead.
 
     Samples that fail at run time (the image header check; with ``backend="pil"`` also the
     decoder; DALI raises, naming the shards and keys) are dropped from their batch and counted in
@@ -109,6 +124,19 @@ class Loader(EpochState, DataLoaderSurface):
         ManifestError: a shard is missing, truncated or (with ``sha256``) corrupt; names it.
         ValueError: a bad argument value, named in the message (:class:`~stoker.errors.ArgumentError`).
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Loader:
+        # A keyword that moved into an option object, or a torch DataLoader habit, is one line
+        # naming what to pass instead, before Python's bare TypeError for an unknown keyword.
+        known = _keywords(cls)
+        unknown = {k: v for k, v in kwargs.items() if known is not None and k not in known}
+        if unknown:
+            moved = [k for k in unknown if k in MOVED]
+            if moved:
+                k = moved[0]
+                raise ArgumentError(f"Loader({k}=...) moved: pass {MOVED[k]} (from stoker.pipeline.options)")
+            raise ArgumentError(habit_message(unknown))
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -126,8 +154,50 @@ class Loader(EpochState, DataLoaderSurface):
         augment: Any = None,
         storage: Storage | None = None,
         pixel_cache: PathLike | PixelCache | None = None,
-        **options: Any,
+        threads: int | None = None,
+        prefetch: int | None = None,
+        channels: int | None = None,
+        channels_last: bool | None = None,
+        scale: tuple[float, float] | None = None,
+        ratio: tuple[float, float] | None = None,
+        crop_pct: float | None = None,
+        val_resize: float | None = None,
+        block_shards: int | None = None,
+        drop_last: bool | None = None,
+        mixing: Any = None,
+        storage_options: dict | None = None,
+        cache_dir: PathLike | None = None,
+        cache_limit: int | None = None,
+        sha256: bool | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_length: int | None = None,
+        balance: str | dict | None = None,
     ):
+        # a field of an option object given alone (None: not given): handed to the object that owns it
+        options = {
+            k: v
+            for k, v in {
+                "threads": threads,
+                "prefetch": prefetch,
+                "channels": channels,
+                "channels_last": channels_last,
+                "scale": scale,
+                "ratio": ratio,
+                "crop_pct": crop_pct,
+                "val_resize": val_resize,
+                "block_shards": block_shards,
+                "drop_last": drop_last,
+                "mixing": mixing,
+                "storage_options": storage_options,
+                "cache_dir": cache_dir,
+                "cache_limit": cache_limit,
+                "sha256": sha256,
+                "weights": weights,
+                "epoch_length": epoch_length,
+                "balance": balance,
+            }.items()
+            if v is not None
+        }
         # Loader([a, b], weights=, epoch_length=, balance=): a mix (pipeline/mixsource.py)
         mix = MixSpec.of(path, options)
         opts = loader_options(
@@ -328,6 +398,11 @@ class Loader(EpochState, DataLoaderSurface):
     def __repr__(self) -> str:
         return describe(self)
 
+
+# what help(), inspect and IDEs show of Loader(...): __init__'s typed keywords, not __new__'s catch-all
+Loader.__signature__ = inspect.signature(Loader.__init__).replace(
+    parameters=list(inspect.signature(Loader.__init__).parameters.values())[1:]
+)
 
 __all__ = [
     "Loader",
