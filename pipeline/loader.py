@@ -54,6 +54,28 @@ from .stages import (
 )
 from .state import EpochState
 
+#: the Loader's keywords that are a field of an option object given alone, or a mix's
+_ALONE = (
+    "threads",
+    "prefetch",
+    "channels",
+    "channels_last",
+    "scale",
+    "ratio",
+    "crop_pct",
+    "val_resize",
+    "block_shards",
+    "drop_last",
+    "mixing",
+    "storage_options",
+    "cache_dir",
+    "cache_limit",
+    "sha256",
+    "weights",
+    "epoch_length",
+    "balance",
+)
+
 
 @functools.cache
 def _keywords(cls: type) -> frozenset | None:
@@ -174,30 +196,8 @@ class Loader(EpochState, DataLoaderSurface):
         balance: str | dict | None = None,
     ):
         # a field of an option object given alone (None: not given): handed to the object that owns it
-        options = {
-            k: v
-            for k, v in {
-                "threads": threads,
-                "prefetch": prefetch,
-                "channels": channels,
-                "channels_last": channels_last,
-                "scale": scale,
-                "ratio": ratio,
-                "crop_pct": crop_pct,
-                "val_resize": val_resize,
-                "block_shards": block_shards,
-                "drop_last": drop_last,
-                "mixing": mixing,
-                "storage_options": storage_options,
-                "cache_dir": cache_dir,
-                "cache_limit": cache_limit,
-                "sha256": sha256,
-                "weights": weights,
-                "epoch_length": epoch_length,
-                "balance": balance,
-            }.items()
-            if v is not None
-        }
+        given = locals()
+        options = {k: given[k] for k in _ALONE if given[k] is not None}
         # Loader([a, b], weights=, epoch_length=, balance=): a mix (pipeline/mixsource.py)
         mix = MixSpec.of(path, options)
         opts = loader_options(
