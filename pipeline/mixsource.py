@@ -30,7 +30,7 @@ from .loader_checks import check_cache_limit
 from .options import SOURCE_STORAGE, Order, Source, Storage
 from .order.mix import MixOrder, MixPlan, largest_remainder
 from .policies import SamplingPolicy, balance_policy, policy_names, register_policy
-from .shards.kinds import ClassKind
+from .shards.kinds import Target
 from .shards.samples import SampleIndex
 
 #: what ``balance=`` takes by name, built in (a registered balance policy is one too: :mod:`.policies`)
@@ -215,13 +215,13 @@ class MixIndex:
         pieces = list(self._each(idx, fn))
         if not pieces:
             return fn(self.parts[0], np.asarray(idx, np.int64))
-        return (target or self.target).gather(pieces, len(idx))
+        return (target or type(self.target)).gather(self.target, pieces, len(idx))
 
     def targets(self, idx) -> np.ndarray:
         return self._gather(idx, lambda p, i: p.targets(i))
 
     def labels(self, idx) -> np.ndarray:
-        return self._gather(idx, lambda p, i: p.labels(i), ClassKind())
+        return self._gather(idx, lambda p, i: p.labels(i), Target)  # class indices: the base's array gather
 
     def label(self, i: int) -> int:
         return int(self.labels(np.array([i], np.int64))[0])
