@@ -9,8 +9,9 @@
 The targets are the split's kind (:mod:`.shards.targets`): int64 classes, float32 values or
 multi-hot rows, or uint8 masks ``[N, H, W]`` that get exactly their image's crop and flip.
 
-The Loader is composed of stages and is itself only the iteration and its state: split source
-(:class:`.stages.SplitSource`; a URL's shards through :mod:`.cache`, a window ahead) → order
+The Loader is composed of stages and is itself only the iteration and its state: source
+(:class:`.mixsource.MixSource`: one split or a mix, a :class:`.stages.SplitSource` each; a URL's
+shards through :mod:`.cache`, a window ahead) → order
 (:func:`.stages.sample_order`, :mod:`.order`) → batch planner (header guard, stand-ins, crop boxes:
 :func:`.backends.base.plan_batch`; boxes and flips from :mod:`.augment`, so every backend and a
 resumed run see the same crops; the crop recipe and its schedule: :class:`.stages.CropStage`) →
@@ -47,7 +48,6 @@ from .stages import (
     CropStage,
     DecodeStage,
     LoaderIterator,
-    SplitSource,
     describe,
     sample_order,
     stand_ins,
@@ -215,11 +215,8 @@ class Loader(EpochState, DataLoaderSurface):
         self.batch_size, self.seed = batch_size, int(seed)
         self.shuffle, self.block_shards = opts.order.shuffle, opts.order.block_shards
         self.channels = opts.backend.channels
-        if mix is None:  # one split: a path, a URL, or a Source with options of its own
-            one = Source.of(path)
-            self.source = SplitSource(one.path, one.storage(opts.storage))
-        else:
-            self.source = MixSource(mix, opts.storage)
+        # one path: a split is a source of one (a path, a URL or a Source), a mix a source of several
+        self.source = MixSource(mix if mix is not None else MixSpec.one(path), opts.storage)
         self.path, self.index, self.cache = self.source.path, self.source.index, self.source.cache
         self.train = train_for_split(train, self.index.manifest)
         #: samples the loader draws from (manifest skips and samples without image/cls removed)

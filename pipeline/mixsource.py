@@ -50,6 +50,13 @@ class MixSpec:
     epoch_length: int | None = None
     balance: Any = None
     left_out: tuple = ()
+    #: one split read plainly (a source of one, ordered by ``shuffle=``): no mix keyword was given
+    plain: bool = False
+
+    @classmethod
+    def one(cls, path: Any) -> MixSpec:
+        """One split (a path, a URL or a :class:`~.options.Source`), read plainly."""
+        return cls((Source.of(path),), None, plain=True)
 
     @property
     def paths(self) -> tuple:
@@ -273,14 +280,13 @@ class MixCache:
 
 
 class MixSource:
-    """The split source of a mix: each split's :class:`~.stages.SplitSource` (local, or a URL's
-    through its cache, with the options its :class:`~.options.Source` gives it, else the Loader's),
-    checked to share one label space (the kind says: :meth:`~.shards.kinds.Target.same_space`),
-    read as one :class:`MixIndex`. A split without loadable samples is one line naming it when
-    it has a weight; without ``weights=`` (its size is its weight) it is left out, saying so."""
-
-    #: the sampling policy that orders it (:mod:`.policies`)
-    role = "mix"
+    """A Loader's source: its splits, one (a plain split is a source of one) or several (a mix).
+    Each split's :class:`~.stages.SplitSource` (local, or a URL's through its cache, with the
+    options its :class:`~.options.Source` gives it, else the Loader's); a mix's are checked to
+    share one label space (the kind says: :meth:`~.shards.kinds.Target.same_space`) and read as
+    one :class:`MixIndex`, a source of one as its split's index. A split of a mix without loadable
+    samples is one line naming it when it has a weight; without ``weights=`` (its size is its
+    weight) it is left out, saying so."""
 
     def __init__(self, spec: MixSpec, storage: Storage):
         from .stages import SplitSource
@@ -289,7 +295,7 @@ class MixSource:
         try:
             for src in spec.sources:
                 self.sources.append(SplitSource(src.path, _own_storage(src, spec.sources, storage)))
-            empty = [k for k, s in enumerate(self.sources) if not s.index.num_valid]
+            empty = [k for k, s in enumerate(self.sources) if not s.index.num_valid and not spec.plain]
             if empty and spec.weights is not None:
                 s = self.sources[empty[0]]
                 raise ArgumentError(
@@ -303,8 +309,14 @@ class MixSource:
             self.close()
             raise
         self.spec = spec
+        #: the sampling policy's role that orders it (:mod:`.policies`): ``shuffle=``'s, or a mix's
+        self.role = "shuffle" if spec.plain else "mix"
         self._check_kinds()
         self.remote = any(s.remote for s in self.sources)
+        if spec.plain:  # a source of one: its split's index, cache and name, nothing in between
+            one = self.sources[0]
+            self.path, self.index, self.cache = one.path, one.index, one.cache
+            return
         #: the mix's name in messages: its splits, joined
         self.path = " + ".join(str(s.path) for s in self.sources)
         self.index = MixIndex([s.index for s in self.sources])
@@ -321,7 +333,9 @@ class MixSource:
                 )
 
     def target_stats(self):
-        return None
+        """A source of one: its split's (:meth:`.stages.SplitSource.target_stats`); a mix's are its
+        splits' (``loader.source.sources[s].target_stats()``)."""
+        return self.sources[0].target_stats() if self.spec.plain else None
 
     def check_cache_limit(self, sample_order: Any, *, seed: int, block_shards: int) -> None:
         """Each URL split's cache holds that split whole (a mix reads every split each epoch)."""
