@@ -41,6 +41,7 @@ __version__ = "0.2.0"
 
 _LAZY = {
     "Loader": "pipeline.loader",
+    "Source": "pipeline.options",
     "Normalize": "model.normalize",
     "with_normalize": "model.normalize",
     "pack": "tools.pack.api",
@@ -55,6 +56,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 if TYPE_CHECKING:
     from .model.normalize import Normalize, with_normalize
     from .pipeline.loader import Loader
+    from .pipeline.options import Source
     from .tools.pack.api import merge_parts, pack
     from .tools.verify.command import verify
     from .tools.verify.indexing import index
@@ -69,6 +71,7 @@ __all__ = [
     "MissingExtraError",
     "NoBatchError",
     "Normalize",
+    "Source",
     "StokerError",
     "StorageError",
     "TargetError",

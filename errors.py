@@ -168,6 +168,11 @@ class ManifestError(StokerError, ValueError):
     """A missing, malformed or mismatching manifest or shard."""
 
 
+class ShardChangedError(ManifestError):
+    """A shard truncated or rewritten while a Loader read it (a ``cp`` over it mid-epoch): one line
+    naming it, on every backend, never a SIGBUS."""
+
+
 class NotPackedError(UsageError, ManifestError):
     """A path given where packed data is expected that holds none: it does not exist, holds images
     (pack them) or tars (index them), is a pack's root where a split is expected (or the other way
@@ -262,6 +267,7 @@ __all__ = [
     "InputsRejectedError",
     "LoaderError",
     "ManifestError",
+    "ShardChangedError",
     "MissingExtraError",
     "MostSkippedError",
     "NotPackedError",

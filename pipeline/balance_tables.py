@@ -20,12 +20,13 @@ RAREST_NAME = "stoker.rarest"
 
 
 def class_members(index: SampleIndex) -> tuple[np.ndarray, np.ndarray]:
-    """``(starts, members)`` of a class split: its loadable positions sorted by class (stable), and
-    where each class begins in them (``num_classes + 1`` values). Memory-mapped from
+    """``(starts, members)`` of a split its kind groups by class (``Target.balance_groups``): its
+    loadable positions sorted by group (stable; a class split's by class, a multi-label split's by
+    rarest label, then those with none), and where each group begins in them. Memory-mapped from
     ``stoker.classes.<manifest digest>.npy`` beside the split's table (built once, under a lock);
     in memory when the folder cannot be written."""
     num_classes = len(index.manifest.classes)
-    if index.target.kind == "multilabel":  # by each sample's rarest label; one more group: no label
+    if index.target.balance_groups == "rarest":  # by each sample's rarest label; one more group: no label
         table = cached_table(index, RAREST_NAME, lambda: _sorted(_rarest_labels(index, num_classes), num_classes + 1))
         return table[: num_classes + 2], table[num_classes + 2 :]
     table = cached_table(index, CLASSES_NAME, lambda: _build(index, num_classes))

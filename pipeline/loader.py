@@ -9,8 +9,9 @@
 The targets are the split's kind (:mod:`.shards.targets`): int64 classes, float32 values or
 multi-hot rows, or uint8 masks ``[N, H, W]`` that get exactly their image's crop and flip.
 
-The Loader is composed of stages and is itself only the iteration and its state: split source
-(:class:`.stages.SplitSource`; a URL's shards through :mod:`.cache`, a window ahead) → order
+The Loader is composed of stages and is itself only the iteration and its state: source
+(:class:`.mixsource.MixSource`: one split or a mix, a :class:`.stages.SplitSource` each; a URL's
+shards through :mod:`.cache`, a window ahead) → order
 (:func:`.stages.sample_order`, :mod:`.order`) → batch planner (header guard, stand-ins, crop boxes:
 :func:`.backends.base.plan_batch`; boxes and flips from :mod:`.augment`, so every backend and a
 resumed run see the same crops; the crop recipe and its schedule: :class:`.stages.CropStage`) →
@@ -22,6 +23,7 @@ in the objects that own them (:mod:`.options`). The epochs and the resume state 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,11 +36,11 @@ from .augment import CropSpec
 from .backends import Backend
 from .backends.base import DecodeSettings, Runner
 from .bucketing import bucketed
-from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler
+from .dataloader_compat import DataLoaderSurface, LoaderBatchSampler, LoaderDataset, LoaderSampler, habit_message
 from .fsutil import PathLike
 from .loader_checks import DECODES, SHUFFLES, check_stored_size, rank_and_world, torch_device, train_for_split
-from .mixsource import MixSource, MixSpec, mix_order, start_mix
-from .options import BackendOptions, Order, Storage, loader_options
+from .mixsource import MixSource, MixSpec, start_mix
+from .options import MOVED, BackendOptions, Order, Source, Storage, loader_options
 from .pixels import PixelCache
 from .prefetch import cached_groups
 from .shards.stats import TargetStats
@@ -47,12 +49,42 @@ from .stages import (
     CropStage,
     DecodeStage,
     LoaderIterator,
-    SplitSource,
     describe,
     sample_order,
     stand_ins,
 )
 from .state import EpochState
+
+#: the Loader's keywords that are a field of an option object given alone, or a mix's
+_ALONE = (
+    "threads",
+    "prefetch",
+    "channels",
+    "channels_last",
+    "scale",
+    "ratio",
+    "crop_pct",
+    "val_resize",
+    "block_shards",
+    "drop_last",
+    "mixing",
+    "storage_options",
+    "cache_dir",
+    "cache_limit",
+    "sha256",
+    "weights",
+    "epoch_length",
+    "balance",
+)
+
+
+@functools.cache
+def _keywords(cls: type) -> frozenset | None:
+    """The keywords ``cls.__init__`` takes (``None``: any, a subclass's ``**kwargs``)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params)
 
 
 class Loader(EpochState, DataLoaderSurface):
@@ -62,7 +94,9 @@ class Loader(EpochState, DataLoaderSurface):
         path: a split directory (``stoker.json`` + shards + ``.idx``), or its fsspec URL
             (``s3://bucket/ds/train``, ``gs://...``, ``https://...``, ``file://...``): shards
             are then fetched whole into a local cache and checked against the manifest's
-            size and sha256 before use.
+            size and sha256 before use. A :class:`~.options.Source` is a split with options of its
+            own (``Source(url, weight=0.3, cache_dir=..., storage_options=...)``); a list of
+            them (or of paths) is a mix.
         batch_size: samples per batch (the last val batch may be smaller).
         train: RandomResizedCrop + flip and a fresh permutation each epoch, and ``drop_last``;
             ``False``: the val transform (shorter side to ``crop/crop_pct``, center crop) in stored
@@ -91,6 +125,15 @@ class Loader(EpochState, DataLoaderSurface):
             splits' sum rounded down to whole global batches) and the balance inside each split
             (``"classes"`` or ``{class_index: weight}``); the quotas are exact every epoch on
             every rank (:mod:`.mixsource`, :attr:`mix`).
+        threads, prefetch, channels, channels_last: the backend's (:class:`~.options.BackendOptions`),
+            given alone; ``scale``, ``ratio``, ``crop_pct``, ``val_resize``: the crop recipe's
+            (:class:`~.augment.CropSpec`); ``block_shards``, ``drop_last``: the order's
+            (:class:`~.options.Order`); ``mixing``: the augmentation's; ``storage_options``,
+            ``cache_dir``, ``cache_limit``, ``sha256``: the storage's (:class:`~.options.Storage`).
+            Each is handed to the object that owns it (``None``: not given); given both alone and
+            in its object, to another value, is one line. A keyword that moved (``decode=``,
+            ``decoder=``, ...) or a torch DataLoader's (``num_workers=``, ...) is one line naming
+            what to pass instead.
         buckets: every batch of one shape, chosen by each image's own aspect: ``"auto"`` (a few
             shapes of about the crop's area from the split's aspect histogram) or a list of
             ``(height, width)``. Train crops a random-resized-crop at the bucket's aspect, val
@@ -100,10 +143,6 @@ class Loader(EpochState, DataLoaderSurface):
             Needs the image sizes ``stoker pack``/``stoker index`` record (:mod:`.order.buckets`).
         bucket_sync: every step's batches one bucket on all ranks (DDP step times match, a compiled
             model sees fewer shapes); a mid-epoch state then resumes on the same number of ranks.
-        **options: a field of those objects given alone (``threads``, ``prefetch``, ``channels``,
-            ``channels_last``, ``scale``, ``ratio``, ``crop_pct``, ``val_resize``,
-            ``block_shards``, ``drop_last``, ``mixing``, ``storage_options``, ``cache_dir``,
-            ``cache_limit``, ``sha256``): handed to the object that owns it.
 
     Samples that fail at run time (the image header check; with ``backend="pil"`` also the
     decoder; DALI raises, naming the shards and keys) are dropped from their batch and counted in
@@ -118,9 +157,22 @@ class Loader(EpochState, DataLoaderSurface):
         ValueError: a bad argument value, named in the message (:class:`~stoker.errors.ArgumentError`).
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Loader:
+        # A keyword that moved into an option object, or a torch DataLoader habit, is one line
+        # naming what to pass instead, before Python's bare TypeError for an unknown keyword.
+        known = _keywords(cls)
+        unknown = {k: v for k, v in kwargs.items() if known is not None and k not in known}
+        if unknown:
+            moved = [k for k in unknown if k in MOVED]
+            if moved:
+                k = moved[0]
+                raise ArgumentError(f"Loader({k}=...) moved: pass {MOVED[k]} (from stoker.pipeline.options)")
+            raise ArgumentError(habit_message(unknown))
+        return super().__new__(cls)
+
     def __init__(
         self,
-        path: PathLike,
+        path: PathLike | Source | Sequence[PathLike | Source],
         *,
         batch_size: int,
         train: bool | None = None,
@@ -134,10 +186,30 @@ class Loader(EpochState, DataLoaderSurface):
         augment: Any = None,
         storage: Storage | None = None,
         pixel_cache: PathLike | PixelCache | None = None,
+        threads: int | None = None,
+        prefetch: int | None = None,
+        channels: int | None = None,
+        channels_last: bool | None = None,
+        scale: tuple[float, float] | None = None,
+        ratio: tuple[float, float] | None = None,
+        crop_pct: float | None = None,
+        val_resize: float | None = None,
+        block_shards: int | None = None,
+        drop_last: bool | None = None,
+        mixing: Any = None,
+        storage_options: dict | None = None,
+        cache_dir: PathLike | None = None,
+        cache_limit: int | None = None,
+        sha256: bool | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_length: int | None = None,
+        balance: str | dict | None = None,
         buckets: str | Sequence[tuple[int, int]] | None = None,
         bucket_sync: bool = False,
-        **options: Any,
     ):
+        # a field of an option object given alone (None: not given): handed to the object that owns it
+        given = locals()
+        options = {k: given[k] for k in _ALONE if given[k] is not None}
         # Loader([a, b], weights=, epoch_length=, balance=): a mix (pipeline/mixsource.py)
         mix = MixSpec.of(path, options)
         opts = loader_options(
@@ -155,7 +227,8 @@ class Loader(EpochState, DataLoaderSurface):
         self.batch_size, self.seed = batch_size, int(seed)
         self.shuffle, self.block_shards = opts.order.shuffle, opts.order.block_shards
         self.channels = opts.backend.channels
-        self.source = SplitSource(path, opts.storage) if mix is None else MixSource(mix, opts.storage)
+        # one path: a split is a source of one (a path, a URL or a Source), a mix a source of several
+        self.source = MixSource(mix if mix is not None else MixSpec.one(path), opts.storage)
         self.path, self.index, self.cache = self.source.path, self.source.index, self.source.cache
         self.train = train_for_split(train, self.index.manifest)
         #: samples the loader draws from (manifest skips and samples without image/cls removed)
@@ -163,7 +236,7 @@ class Loader(EpochState, DataLoaderSurface):
         if self.num_samples == 0:
             raise ArgumentError(f"{self.path} has no loadable samples")
         #: this rank's sample order (:mod:`.order`): share, positions, windows, what a state holds
-        self.order = (sample_order if mix is None else mix_order)(
+        self.order = sample_order(
             opts.order, self.source, rank=self.rank, world_size=self.world_size, train=self.train, batch_size=batch_size
         )
         if buckets is not None:  # every batch one shape, by the images' own aspect (pipeline/bucketing.py)
@@ -350,6 +423,11 @@ class Loader(EpochState, DataLoaderSurface):
     def __repr__(self) -> str:
         return describe(self)
 
+
+# what help(), inspect and IDEs show of Loader(...): __init__'s typed keywords, not __new__'s catch-all
+Loader.__signature__ = inspect.signature(Loader.__init__).replace(
+    parameters=list(inspect.signature(Loader.__init__).parameters.values())[1:]
+)
 
 __all__ = [
     "Loader",

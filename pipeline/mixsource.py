@@ -26,54 +26,93 @@ from stoker.errors import ArgumentError
 
 from .balance_tables import ClassSlots, class_members
 from .cache import is_url
-from .loader_checks import check_cache_limit, check_every_rank_has_a_batch
-from .options import Order, Storage
+from .loader_checks import check_cache_limit
+from .options import SOURCE_STORAGE, Order, Source, Storage
 from .order.mix import MixOrder, MixPlan, largest_remainder
+from .policies import SamplingPolicy, balance_policy, policy_names, register_policy
+from .shards.kinds import Target
 from .shards.samples import SampleIndex
-from .shards.table import manifest_digest
 
-#: what ``balance=`` takes by name
+#: what ``balance=`` takes by name, built in (a registered balance policy is one too: :mod:`.policies`)
 BALANCES = ("classes", "weights")
 
 
 @dataclass(frozen=True)
 class MixSpec:
-    """A Loader's mix: its splits, their weights (``None``: their sizes, so an epoch of their sum
-    reads each sample once), the epoch length (``None``: the sum of the splits, rounded down so the
-    ranks' batches divide it) and the balance inside each split (``None``, ``"classes"``, or
-    ``{class_index: weight}``)."""
+    """A Loader's mix: its splits (each a :class:`~.options.Source`), their weights (``None``: their
+    sizes, so an epoch of their sum reads each sample once), the epoch length (``None``: the sum of
+    the splits, rounded down so the ranks' batches divide it), the balance inside each split
+    (``None``, ``"classes"``, ``"weights"`` or ``{class_index: weight}``) and the splits left out
+    (``"path: why"``: a weight of 0)."""
 
-    paths: tuple
+    sources: tuple
     weights: tuple | None
     epoch_length: int | None = None
     balance: Any = None
+    left_out: tuple = ()
+    #: one split read plainly (a source of one, ordered by ``shuffle=``): no mix keyword was given
+    plain: bool = False
+
+    @classmethod
+    def one(cls, path: Any) -> MixSpec:
+        """One split (a path, a URL or a :class:`~.options.Source`), read plainly."""
+        return cls((Source.of(path),), None, plain=True)
+
+    @property
+    def paths(self) -> tuple:
+        """The splits' paths or URLs."""
+        return tuple(s.path for s in self.sources)
 
     @classmethod
     def of(cls, path: Any, options: dict) -> MixSpec | None:
         """The mix ``Loader(path, weights=, epoch_length=, balance=)`` asks for (those keywords
-        are taken out of ``options``), or ``None``: one split, plainly."""
+        are taken out of ``options``), or ``None``: one split, plainly. A split of weight 0 is left
+        out (:attr:`left_out`)."""
         weights = options.pop("weights", None)
         length = options.pop("epoch_length", None)
         balance = options.pop("balance", None)
         many = isinstance(path, (list, tuple))
-        if not many and weights is None and length is None and balance is None:
+        weighted = isinstance(path, Source) and path.weight is not None
+        if not many and not weighted and weights is None and length is None and balance is None:
             return None
-        paths = tuple(path) if many else (path,)
-        if not paths:
+        sources = tuple(Source.of(p) for p in (path if many else (path,)))
+        if not sources:
             raise ArgumentError("Loader([]) needs at least one split")
+        own = [s.weight for s in sources]
+        if any(w is not None for w in own):
+            if weights is not None:
+                raise ArgumentError("weights= and Source(weight=) are both given: give each split's weight once")
+            if None in own:
+                bare = sources[own.index(None)].path
+                raise ArgumentError(f"Source(weight=) is given to some splits only: give {bare} one too")
+            weights = own
         if weights is not None:  # None: the splits' sizes (mix_order), each sample once an epoch
             if not isinstance(weights, (list, tuple, np.ndarray)):
                 raise ArgumentError(f"weights={weights!r} must be a list of numbers, one per split")
             weights = tuple(weights)
-            _check_weights(weights, len(paths))
+            _check_weights(weights, len(sources))
             weights = tuple(float(w) for w in weights)
         if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
             raise ArgumentError(f"epoch_length={length!r} must be a positive integer")
-        if balance is not None and balance not in BALANCES and not isinstance(balance, dict):
+        if balance is not None and not isinstance(balance, dict) and balance not in policy_names("balance"):
             raise ArgumentError(
-                f"balance={balance!r} must be one of {list(BALANCES)} or a {{class_index: weight}} dict"
+                f"balance={balance!r} must be one of {list(policy_names('balance'))} or a {{class_index: weight}} dict"
             )
-        return cls(paths, weights, length, balance)
+        left_out: tuple = ()
+        if weights is not None and 0.0 in weights:  # left out before any of its files is opened
+            left_out = tuple(f"{s.path}: weight 0" for s, w in zip(sources, weights, strict=True) if not w)
+            sources, weights = zip(*((s, w) for s, w in zip(sources, weights, strict=True) if w), strict=True)
+        return cls(tuple(sources), weights, length, balance, left_out)
+
+    def without(self, empty: Sequence[int]) -> MixSpec:
+        """This mix without the splits ``empty`` (numbers; their size is their weight: 0)."""
+        keep = [k for k in range(len(self.sources)) if k not in set(empty)]
+        return dataclasses.replace(
+            self,
+            sources=tuple(self.sources[k] for k in keep),
+            left_out=self.left_out
+            + tuple(f"{self.sources[k].path}: no loadable samples (its weight: its size, 0)" for k in empty),
+        )
 
 
 def _check_weights(weights: tuple, splits: int) -> None:
@@ -177,19 +216,19 @@ class MixIndex:
             wh[sel] = dims
         return out, wh
 
-    def _gather(self, idx, fn) -> np.ndarray:
-        out = None
-        for sel, part in self._each(idx, fn):
-            if out is None:
-                out = np.empty((len(idx), *part.shape[1:]), part.dtype)
-            out[sel] = part
-        return out if out is not None else fn(self.parts[0], np.asarray(idx, np.int64))
+    def _gather(self, idx, fn, target=None):
+        """``fn``'s values of each split's part of ``idx``, put together in ``idx``'s order by the
+        kind (:meth:`~.shards.kinds.Target.gather`: an array, or a list of boxes)."""
+        pieces = list(self._each(idx, fn))
+        if not pieces:
+            return fn(self.parts[0], np.asarray(idx, np.int64))
+        return (target or type(self.target)).gather(self.target, pieces, len(idx))
 
     def targets(self, idx) -> np.ndarray:
         return self._gather(idx, lambda p, i: p.targets(i))
 
     def labels(self, idx) -> np.ndarray:
-        return self._gather(idx, lambda p, i: p.labels(i))
+        return self._gather(idx, lambda p, i: p.labels(i), Target)  # class indices: the base's array gather
 
     def label(self, i: int) -> int:
         return int(self.labels(np.array([i], np.int64))[0])
@@ -241,27 +280,43 @@ class MixCache:
 
 
 class MixSource:
-    """The split source of a mix: each split's :class:`~.stages.SplitSource` (local, or a URL's
-    through its cache), checked to agree on the target kind, read as one :class:`MixIndex`."""
+    """A Loader's source: its splits, one (a plain split is a source of one) or several (a mix).
+    Each split's :class:`~.stages.SplitSource` (local, or a URL's through its cache, with the
+    options its :class:`~.options.Source` gives it, else the Loader's); a mix's are checked to
+    share one label space (the kind says: :meth:`~.shards.kinds.Target.same_space`) and read as
+    one :class:`MixIndex`, a source of one as its split's index. A split of a mix without loadable
+    samples is one line naming it when it has a weight; without ``weights=`` (its size is its
+    weight) it is left out, saying so."""
 
     def __init__(self, spec: MixSpec, storage: Storage):
         from .stages import SplitSource
 
-        self.spec = spec
         self.sources = []
-        urls = [p for p in spec.paths if is_url(p)]
         try:
-            for p in spec.paths:
-                own = storage
-                if is_url(p) and storage.cache_dir is not None and len(urls) > 1:  # shard names may coincide
-                    sub = hashlib.sha256(str(p).rstrip("/").encode()).hexdigest()[:12]
-                    own = dataclasses.replace(storage, cache_dir=Path(storage.cache_dir) / sub)
-                self.sources.append(SplitSource(p, own))
+            for src in spec.sources:
+                self.sources.append(SplitSource(src.path, _own_storage(src, spec.sources, storage)))
+            empty = [k for k, s in enumerate(self.sources) if not s.index.num_valid and not spec.plain]
+            if empty and spec.weights is not None:
+                s = self.sources[empty[0]]
+                raise ArgumentError(
+                    f"{s.path} has no loadable samples: a split of a mix needs some (give it weight 0 to leave it out)"
+                )
+            if empty and len(empty) < len(self.sources):
+                for k in reversed(empty):
+                    self.sources.pop(k).close()
+                spec = spec.without(empty)
         except BaseException:
             self.close()
             raise
+        self.spec = spec
+        #: the sampling policy's role that orders it (:mod:`.policies`): ``shuffle=``'s, or a mix's
+        self.role = "shuffle" if spec.plain else "mix"
         self._check_kinds()
         self.remote = any(s.remote for s in self.sources)
+        if spec.plain:  # a source of one: its split's index, cache and name, nothing in between
+            one = self.sources[0]
+            self.path, self.index, self.cache = one.path, one.index, one.cache
+            return
         #: the mix's name in messages: its splits, joined
         self.path = " + ".join(str(s.path) for s in self.sources)
         self.index = MixIndex([s.index for s in self.sources])
@@ -271,14 +326,16 @@ class MixSource:
         first = self.sources[0]
         for other in self.sources[1:]:
             a, b = first.index.manifest, other.index.manifest
-            if a.target != b.target or (a.target.kind == "class" and a.classes != b.classes):
+            if not a.target.same_space(a.classes, b.target, b.classes):
                 raise ArgumentError(
-                    f"a mix needs splits of one target: {first.path} has {_target_text(a)}, "
-                    f"{other.path} has {_target_text(b)}"
+                    f"a mix needs splits of one target: {first.path} has {a.target.space(a.classes)}, "
+                    f"{other.path} has {b.target.space(b.classes)}"
                 )
 
     def target_stats(self):
-        return None
+        """A source of one: its split's (:meth:`.stages.SplitSource.target_stats`); a mix's are its
+        splits' (``loader.source.sources[s].target_stats()``)."""
+        return self.sources[0].target_stats() if self.spec.plain else None
 
     def check_cache_limit(self, sample_order: Any, *, seed: int, block_shards: int) -> None:
         """Each URL split's cache holds that split whole (a mix reads every split each epoch)."""
@@ -292,95 +349,73 @@ class MixSource:
             s.close()
 
 
-def _target_text(m) -> str:
-    t = m.target
-    if t.kind == "class":
-        return f"{len(m.classes)} classes ({', '.join(m.classes[:3])}{', ...' if len(m.classes) > 3 else ''})"
-    return f"{t.kind} targets ({t.to_json()})"
+def _own_storage(src: Source, sources: Sequence[Source], storage: Storage) -> Storage:
+    """The storage of one split of a mix: its own URL options, else the Loader's (a cache folder of
+    its own under the Loader's ``cache_dir`` where several URL splits share it: shard names may
+    coincide). The Loader's URL options apply to the URL splits only (refused where there is none);
+    a local split's own are refused, naming it."""
+    if not is_url(src.path):
+        if src.own_storage():
+            storage_of = Storage(**{k: getattr(src, k) for k in src.own_storage()})
+            storage_of.check_local(src.path)
+        if not any(is_url(s.path) for s in sources):
+            storage.check_local(src.path)
+        return dataclasses.replace(storage, **dict.fromkeys(SOURCE_STORAGE))
+    own = src.storage(storage)
+    urls = [s for s in sources if is_url(s.path)]
+    if src.cache_dir is None and storage.cache_dir is not None and len(urls) > 1:
+        sub = hashlib.sha256(str(src.path).rstrip("/").encode()).hexdigest()[:12]
+        own = dataclasses.replace(own, cache_dir=Path(storage.cache_dir) / sub)
+    return own
 
 
-def _class_weights(balance: Any, num_classes: int, where: Any) -> np.ndarray:
-    if balance == "classes":
-        return np.ones(num_classes)
-    w = np.zeros(num_classes)
-    for c, v in balance.items():
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < num_classes:
-            raise ArgumentError(f"balance={{{c!r}: ...}}: a class index of {where} is 0 .. {num_classes - 1}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
-            raise ArgumentError(f"balance={{{c}: {v!r}}}: a weight must be a finite number >= 0")
-        w[c] = v
-    return w
+class MixPolicy(SamplingPolicy):
+    """The sampling policy of a mix (``Loader([a, b], weights=...)``): its plan (quotas per split,
+    and per group where a split is balanced by a ``balance`` policy), checked to give every rank a
+    batch. ``shuffle="block"`` is one line."""
 
+    name, role = "mix", "mix"
 
-def _balance(balance: Any, source: Any, quota: int) -> tuple:
-    """``(members, slot sizes, slot weights)`` of a split: ``None`` each when it is not balanced;
-    by class (a class split); by its samples' packed weights (:mod:`.sampleweights`)."""
-    if balance is None:
-        return None, None, None
-    if balance == "weights":
-        from .sampleweights import weight_slots
-
-        return weight_slots(source.index, quota)
-    kind = source.index.target.kind
-    if kind not in ("class", "multilabel"):
-        raise ArgumentError(
-            f"balance={balance!r} balances a class or multi-label split; {source.path} is a {kind} split "
-            "(mask splits are not balanced by class yet; balance='weights' draws by packed per-sample weights)"
+    def order(self, source, options, *, rank, world_size, train, batch_size, drop_last):
+        spec = source.spec
+        if options.shuffle != "global":
+            raise ArgumentError(f"a mix reads shuffle='global' only, not shuffle={options.shuffle!r}")
+        sizes = [s.index.num_valid for s in source.sources]
+        length = spec.epoch_length
+        if length is None:
+            step = batch_size * world_size if drop_last else world_size
+            length = max(step, sum(sizes) // step * step)
+        split_weights = spec.weights if spec.weights is not None else sizes
+        quotas = largest_remainder(length, split_weights).tolist()
+        balance = balance_policy(spec.balance) if train and spec.balance is not None else None
+        members, counts, weights, by_length = [], [], [], []
+        for s, quota in zip(source.sources, quotas, strict=True):
+            slots, c, w = balance.groups(spec.balance, s, quota) if balance is not None else (None, None, None)
+            members.append(slots), counts.append(c), weights.append(w)
+            by_length.append(balance.by_length(s) if balance is not None else None)
+        plan = MixPlan(
+            sizes,
+            split_weights,
+            length=length,
+            class_counts=counts,
+            class_weights=weights,
+            names=[str(s.path) for s in source.sources],
+            by_length=by_length,
         )
-    slots = ClassSlots(*class_members(source.index))
-    weights = _class_weights(balance, len(source.index.manifest.classes), source.path)
-    if kind == "multilabel":  # the samples with no label: a group of their own, not drawn
-        weights = np.append(weights, 0.0)
-    return slots, slots.counts(), weights
+        kw = {"rank": rank, "world_size": world_size, "train": train, "batch_size": batch_size, "drop_last": drop_last}
+        return MixOrder(plan, members, np.asarray(source.index.valid_starts[:-1]), **kw)
+
+
+register_policy(MixPolicy)
 
 
 def mix_order(
     options: Order, source: MixSource, *, rank: int, world_size: int, train: bool, batch_size: int
 ) -> MixOrder:
-    """The order stage of a mix: its plan (quotas per split and class), checked to give every rank
-    a batch. ``shuffle="block"`` and a balanced split that is not a class split are one line."""
-    spec = source.spec
-    if options.shuffle != "global":
-        raise ArgumentError(f"a mix reads shuffle='global' only, not shuffle={options.shuffle!r}")
-    drop_last = train if options.drop_last is None else bool(options.drop_last)
-    sizes = [s.index.num_valid for s in source.sources]
-    length = spec.epoch_length
-    if length is None:
-        step = batch_size * world_size if drop_last else world_size
-        length = max(step, sum(sizes) // step * step)
-    split_weights = spec.weights if spec.weights is not None else sizes
-    quotas = largest_remainder(length, split_weights).tolist()
-    members, counts, weights, by_length = [], [], [], []
-    for s, quota in zip(source.sources, quotas, strict=True):
-        slots, c, w = _balance(spec.balance if train else None, s, quota)
-        members.append(slots), counts.append(c), weights.append(w)
-        by_length.append(
-            f"weights {manifest_digest(Path(s.index.split_dir)).hex()[:16]}"
-            if train and spec.balance == "weights"
-            else None
-        )
-    names = [str(s.path) for s in source.sources]
-    plan = MixPlan(
-        sizes,
-        split_weights,
-        length=length,
-        class_counts=counts,
-        class_weights=weights,
-        names=names,
-        by_length=by_length,
-    )
-    made = MixOrder(
-        plan,
-        members,
-        np.asarray(source.index.valid_starts[:-1]),
-        rank=rank,
-        world_size=world_size,
-        train=train,
-        batch_size=batch_size,
-        drop_last=drop_last,
-    )
-    check_every_rank_has_a_batch(made, num_samples=plan.length if train else sum(sizes), path=source.path)
-    return made
+    """The order stage of a mix (:func:`.stages.sample_order` with its policy, :class:`MixPolicy`)."""
+    from .stages import sample_order
+
+    return sample_order(options, source, rank=rank, world_size=world_size, train=train, batch_size=batch_size)
 
 
 class Mix:
@@ -411,11 +446,15 @@ class Mix:
 
 
 def start_mix(loader: Any, spec: MixSpec | None) -> Mix | None:
-    """A Loader of a mix: its :class:`Mix`, and on rank 0 of a train loader one line per split
-    (its quota and cycles) on stderr."""
+    """A Loader of a mix: its :class:`Mix`; on rank 0, one line per split a weight of 0 (or no
+    sample, without ``weights=``) left out, and of a train loader one line per split (its quota
+    and cycles), on stderr."""
     if spec is None:
         return None
     mix = Mix(loader.order.plan, loader.index, spec.balance)
+    if loader.rank == 0:
+        for why in loader.source.spec.left_out:
+            print(f"stoker mix: {why}: left out", file=sys.stderr)
     if loader.train and loader.rank == 0:
         for line in mix.summary():
             print(f"stoker mix: {line}", file=sys.stderr)
@@ -430,6 +469,7 @@ __all__ = [
     "MixCache",
     "MixIndex",
     "MixSource",
+    "MixPolicy",
     "MixSpec",
     "class_members",
     "mix_order",

@@ -25,6 +25,7 @@ made; a keyword that moved names its new home.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, NamedTuple, get_args
 
@@ -272,7 +273,8 @@ class Order:
     """This rank's sample order (:mod:`.order`).
 
     Attributes:
-        shuffle: ``"global"`` (default): a fresh permutation of the whole split each epoch; a URL's
+        shuffle: the sampling policy (:mod:`.policies`; a registered one by its name too).
+            ``"global"`` (default): a fresh permutation of the whole split each epoch; a URL's
             whole split is cached before the first batch. ``"block"``: each epoch permutes the
             shards, gives each rank a contiguous run of them (ranks share at most the one shard at
             each boundary) and permutes samples within windows of ``block_shards`` shards; a URL's
@@ -283,14 +285,17 @@ class Order:
             and every step has ``batch_size`` samples), ``False`` for val (every sample once).
     """
 
-    shuffle: ShuffleName = "global"
+    shuffle: ShuffleName | str = "global"
     block_shards: int = 4
     drop_last: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.shuffle, bool):  # a DataLoader habit: the order is ours, not a flag
             raise ArgumentError(habit_message({"shuffle": self.shuffle}))
-        check_choice("shuffle", self.shuffle, ShuffleName)
+        from .policies import policy_names
+
+        if self.shuffle not in policy_names("shuffle"):  # the built-in orders and any registered one
+            raise ArgumentError(f"shuffle={self.shuffle!r} must be one of {policy_names('shuffle')}")
         _positive_int("block_shards", self.block_shards)
 
 
@@ -325,6 +330,53 @@ class Storage:
         for k in ("storage_options", "cache_dir", "cache_limit"):
             if getattr(self, k) is not None:
                 raise ArgumentError(f"{k}= is for a URL (s3://, gs://, https://, file://); {path} is a local path")
+
+
+#: the fields of a :class:`Source` that are a URL's storage options (each overrides the Loader's)
+SOURCE_STORAGE = ("storage_options", "cache_dir", "cache_limit")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One split of a Loader, with its own options: ``Loader([Source(url, weight=0.3,
+    cache_dir=...), "local/train"], ...)``. A plain path or URL is the short form of
+    ``Source(path)``.
+
+    Attributes:
+        path: a split directory or its fsspec URL.
+        weight: its proportion of a mix (any number >= 0; 0 leaves the split out, saying so).
+            ``None``: the Loader's ``weights=``, or the split's size when no split has one.
+        storage_options, cache_dir, cache_limit: this URL split's (:class:`Storage`), in place
+            of the Loader's; a local path takes none (one line naming it).
+    """
+
+    path: PathLike
+    weight: float | None = None
+    storage_options: dict | None = None
+    cache_dir: PathLike | None = None
+    cache_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise ArgumentError(f"Source({self.path!r}): the path must be a split directory or its URL")
+        w = self.weight
+        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < float("inf")):
+            raise ArgumentError(f"Source({self.path}, weight={w!r}): a weight must be a finite number >= 0")
+        Storage(cache_limit=self.cache_limit)  # its checks
+
+    @classmethod
+    def of(cls, value: Any) -> Source:
+        """``value`` as a Source (a path or URL is ``Source(value)``)."""
+        return value if isinstance(value, Source) else cls(value)
+
+    def storage(self, base: Storage) -> Storage:
+        """``base`` with this split's own storage options in place of the Loader's."""
+        own = {k: getattr(self, k) for k in SOURCE_STORAGE if getattr(self, k) is not None}
+        return dataclasses.replace(base, **own) if own else base
+
+    def own_storage(self) -> tuple[str, ...]:
+        """The storage options this split was given itself."""
+        return tuple(k for k in SOURCE_STORAGE if getattr(self, k) is not None)
 
 
 @dataclass(frozen=True)
@@ -465,6 +517,7 @@ __all__ = [
     "Registered",
     "Resolved",
     "ShuffleName",
+    "Source",
     "Storage",
     "backend_for",
     "backend_options",

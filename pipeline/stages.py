@@ -38,6 +38,9 @@ class SplitSource:
     manifest's size and sha256 before use. A local split's shards are checked (sizes, ``.idx``;
     sha256 with ``storage.sha256``) before any batch."""
 
+    #: the sampling policy that orders it: the one ``shuffle=`` names (:mod:`.policies`)
+    role = "shuffle"
+
     def __init__(self, path: Any, storage: Storage):
         self.remote = is_url(path)
         if not self.remote:
@@ -56,6 +59,9 @@ class SplitSource:
             self.index: SampleIndex = SampleIndex(self.cache.dir, self.cache.open(), manifest_sizes=True)
         else:
             self.index = open_split(self.path, sha256=storage.sha256)
+        # pread, not maps: a shard truncated while an epoch reads it (a `cp` over it) is then one
+        # line naming it on every backend, where a read through a map is a SIGBUS with nothing said
+        self.index.mapped = False
 
     def target_stats(self) -> TargetStats | None:
         """Float targets: their count, mean, std, min and max per column over this split
@@ -84,24 +90,19 @@ class SplitSource:
 
 
 def sample_order(
-    options: Order, source: SplitSource, *, rank: int, world_size: int, train: bool, batch_size: int
+    options: Order, source: Any, *, rank: int, world_size: int, train: bool, batch_size: int
 ) -> order.SampleOrder:
-    """The order stage: this rank's sample order over ``source``'s loadable samples
-    (:func:`.order.make_order`; ``drop_last`` by default for train only), checked to give every
-    rank a batch."""
+    """The order stage: this rank's sample order over ``source``'s loadable samples, made by its
+    sampling policy (:mod:`.policies`: the one ``shuffle=`` names for a split, a mix's for a mix;
+    ``drop_last`` by default for train only), checked to give every rank a batch."""
+    from .policies import get_policy
+
     drop_last = train if options.drop_last is None else bool(options.drop_last)
-    counts, shards = source.index.valid_counts(), options.block_shards
-    made = order.make_order(
-        options.shuffle,
-        counts,
-        block_shards=shards,
-        rank=rank,
-        world_size=world_size,
-        train=train,
-        batch_size=batch_size,
-        drop_last=drop_last,
-    )
-    check_every_rank_has_a_batch(made, num_samples=source.index.num_valid, path=source.path)
+    role = source.role
+    policy = get_policy(options.shuffle if role == "shuffle" else role, role)
+    kw = {"rank": rank, "world_size": world_size, "train": train, "batch_size": batch_size, "drop_last": drop_last}
+    made = policy.order(source, options, **kw)
+    check_every_rank_has_a_batch(made, num_samples=made.num_samples, path=source.path)
     return made
 
 

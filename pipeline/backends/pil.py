@@ -155,13 +155,19 @@ def worker_batches(it: Iterator) -> Iterator:
     """The items of a DataLoader iterator; a worker process that died (killed, out of memory, a
     crash in a codec) is a :class:`~stoker.errors.LoaderError` naming it, not torch's traceback.
     torch notices a dead worker within its status interval (5 s)."""
-    from stoker.errors import LoaderError
+    from stoker.errors import LoaderError, StokerError
 
     while True:
         try:
             item = next(it)
         except StopIteration:
             return
+        except StokerError as e:  # torch re-raises a worker's error with its traceback in the message
+            text = str(e)
+            if not text.startswith("Caught "):
+                raise
+            last = text.rstrip().splitlines()[-1]
+            raise type(e)(last.partition(": ")[2] or last) from None
         except RuntimeError as e:
             if not str(e).startswith("DataLoader worker"):
                 raise

@@ -143,9 +143,15 @@ class MixPlan:
         d = epoch * self.slot_quota[slot] + (m - self.slot_start[slot])  # the draw in the slot's stream
         size = self.slot_size[slot]
         cycle, t = d // size, d % size
-        stream = (slot.astype(np.uint64) << np.uint64(40)) ^ cycle.astype(np.uint64)  # one bijection per (slot, cycle)
-        streams, which = np.unique(stream, return_inverse=True)
-        return slot, permute_many(t, size, stream_keys(seed, streams), which.reshape(-1))
+        streams, which = _streams(slot, cycle, len(self.slot_size))  # one bijection per (slot, cycle)
+        keys = stream_keys(seed, streams)
+        if len(streams) > FEW_STREAMS:  # many slots (a balanced split's classes): one pass, keys per element
+            return slot, permute_many(t, size, keys, which)
+        out = np.empty_like(t)
+        for u in range(len(streams)):  # few: a pass each with its scalar keys, a third of the work
+            sel = which == u
+            out[sel] = Permutation.with_keys(int(size[np.argmax(sel)]), keys[u])(t[sel])
+        return slot, out
 
     def summary(self) -> list[str]:
         """One line per split: its weight, quota, size and cycles per epoch."""
@@ -167,6 +173,29 @@ class MixPlan:
                 f"{n:,} samples ({c:.3g} cycles: {how}{bal})".replace(" a epoch", " an epoch")
             )
         return lines
+
+
+#: up to this many (slot, cycle) bijections in a batch of draws, each is evaluated on its own
+FEW_STREAMS = 16
+
+
+def _streams(slot: np.ndarray, cycle: np.ndarray, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``(slot, cycle)`` streams of draws (uint64 ``slot << 40 ^ cycle``) and which
+    one each draw is in: counted in one pass over their small integer codes (no sort)."""
+    if not len(slot):
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    low = int(cycle.min())
+    span = int(cycle.max()) - low + 1
+    if slots * span > 2 * len(slot) + 4096:  # more codes than draws: sorting them is cheaper
+        stream = (slot.astype(np.uint64) << np.uint64(40)) ^ cycle.astype(np.uint64)
+        streams, which = np.unique(stream, return_inverse=True)
+        return streams, which.reshape(-1)
+    code = slot * span + (cycle - low)
+    present = np.flatnonzero(np.bincount(code, minlength=slots * span))
+    rank = np.zeros(slots * span, np.int64)
+    rank[present] = np.arange(len(present))
+    streams = ((present // span).astype(np.uint64) << np.uint64(40)) ^ (present % span + low).astype(np.uint64)
+    return streams, rank[code]
 
 
 def _weights(w) -> list | None:

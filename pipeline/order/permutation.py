@@ -49,6 +49,10 @@ class Permutation:
     """
 
     def __init__(self, n: int, *, seed: int, epoch: int):
+        entropy = [int(seed), int(epoch), 0xFE15]
+        self._domain(n, np.random.SeedSequence(entropy).generate_state(ROUNDS, np.uint64))
+
+    def _domain(self, n: int, keys: np.ndarray) -> None:
         if n < 1:
             raise ArgumentError(f"a permutation needs n >= 1, got {n}")
         self.n = int(n)
@@ -56,8 +60,16 @@ class Permutation:
         self._hi_bits, self._lo_bits = bits // 2, bits - bits // 2
         self._lo_mask = np.uint64((1 << self._lo_bits) - 1)
         self._hi_mask = np.uint64((1 << self._hi_bits) - 1)
-        entropy = [int(seed), int(epoch), 0xFE15]
-        self._keys = np.random.SeedSequence(entropy).generate_state(ROUNDS, np.uint64)
+        self._keys = keys
+
+    @classmethod
+    def with_keys(cls, n: int, keys: np.ndarray) -> Permutation:
+        """The bijection of ``[0, n)`` of these round keys (a row of :func:`stream_keys`): what
+        :func:`permute_many` computes for the elements of that row, with scalar keys (faster for
+        many elements of few bijections)."""
+        made = cls.__new__(cls)
+        made._domain(n, keys)
+        return made
 
     def _rounds(self, x: np.ndarray, keys) -> np.ndarray:
         lo_bits = np.uint64(self._lo_bits)

@@ -222,6 +222,10 @@ class Target:
     follows_crop: ClassVar[bool] = False
     #: the val transform a Loader of ``val_fit="auto"`` applies: ``center`` crop or ``letterbox``
     val_fit: ClassVar[str] = "center"
+    #: how ``balance="classes"`` groups a split's samples (:mod:`stoker.pipeline.balance_tables`):
+    #: ``"label"``, by each sample's class; ``"rarest"``, by each sample's rarest label (a sample
+    #: with none in a group of its own, never drawn); ``None``: not balanced by class
+    balance_groups: ClassVar[str | None] = None
 
     def __new__(cls, *args: Any, **kw: Any):
         return object.__new__(_kind_class(cls, kw.get("kind", args[0] if args else None)))
@@ -352,6 +356,38 @@ class Target:
         as their images are (crop boxes ``x y w h`` in stored pixels, flips, and where each crop
         lands in the output, ``x y w h``), on the CPU."""
         raise NotImplementedError
+
+    def gather(self, pieces: Sequence[tuple[np.ndarray, Any]], n: int) -> Any:
+        """A batch of ``n`` of :meth:`decode`'s values put together from ``pieces``, each a boolean
+        selection of the batch's rows and :meth:`decode`'s values of those rows (a mix's splits
+        each decode their own samples): an array of ``n`` rows, or a list where the kind decodes
+        to a list (a sample's boxes)."""
+        first = pieces[0][1]
+        if isinstance(first, np.ndarray):
+            out = np.empty((n, *first.shape[1:]), first.dtype)
+            for sel, part in pieces:
+                out[sel] = part
+            return out
+        rows: list = [None] * n
+        for sel, part in pieces:
+            for k, value in zip(np.flatnonzero(sel).tolist(), part, strict=True):
+                rows[k] = value
+        return rows
+
+    # ---- a label space, across the splits of a mix
+    def same_space(self, classes: Sequence[str], other: Target, other_classes: Sequence[str]) -> bool:
+        """Whether a split of these targets (``classes``: its manifest's) and one of ``other``'s
+        can be read as one: the same kind and fields, and, for a kind of :attr:`named_classes`,
+        the same class names in the same order (an index means one class in both)."""
+        return self == other and (not self.named_classes or list(classes) == list(other_classes))
+
+    def space(self, classes: Sequence[str]) -> str:
+        """Its label space in words, for a refusal that names two: ``"3 classes (ant, bee, cat),
+        multilabel targets"``, ``"float targets ({...})"``."""
+        if self.named_classes:
+            names = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
+            return f"{len(classes)} classes ({names}), {self.kind} targets"
+        return f"{self.kind} targets ({self.to_json()})"
 
     def class_count(self, classes: Sequence[str]) -> int:
         """The classes its values span (0 when it has none)."""
@@ -565,6 +601,7 @@ class ClassKind(Target):
     names them)."""
 
     name, member, task, named_classes, dtype, format, sized = "class", "cls", "classify", True, "int64", 1, False
+    balance_groups = "label"
     max_bytes = MAX_CLS_BYTES
 
     def encode(self, value):
@@ -679,6 +716,7 @@ class MultilabelKind(Target):
     """Any number of classes a sample, stored as their sorted indices (int32 ``(n,)`` ``.npy``)."""
 
     name, member, task, named_classes, sized = "multilabel", "labels.npy", "multilabel", True, False
+    balance_groups = "rarest"
 
     def encode(self, value):
         return encode_labels(value)

@@ -15,11 +15,12 @@ without decoding them.
 from __future__ import annotations
 
 import mmap
+import os
 from pathlib import Path
 
 import numpy as np
 
-from stoker.errors import ArgumentError
+from stoker.errors import ArgumentError, ShardChangedError
 
 from ..fsutil import PathLike
 from .headers import image_size
@@ -72,6 +73,12 @@ class SampleIndex:
         #: default); a bounded shard cache lowers it, so a shard it evicts does not stay allocated
         #: on disk through an old map.
         self.max_maps: int | None = MAX_MAPS
+        #: read samples through shared maps of the shards (zero-copy), or, ``False``, with
+        #: ``pread`` (a copy; what a Loader reads with): a shard truncated or rewritten while it
+        #: is read is then one line naming it (:class:`ShardChangedError`), where a map's read past
+        #: a truncated file's end is a SIGBUS that kills the process with nothing said
+        self.mapped = True
+        self._files: dict[int, tuple[int, tuple]] = {}  # shard -> (fd, (size, mtime) when opened)
         self._keys: dict[int, list[str]] = {}  # shard -> sample keys, loaded for messages only
         self.shard_names = [s.name for s in self.manifest.shards]
         #: the split's target kind and member
@@ -134,6 +141,7 @@ class SampleIndex:
     def __getstate__(self):
         d = self.__dict__.copy()
         d["_maps"] = {}
+        d["_files"] = {}
         d["_keys"] = {}
         d["_json"] = {}
         d["_kind"] = type(self.target)  # a worker process knows a kind registered in this one
@@ -167,10 +175,50 @@ class SampleIndex:
             self._maps[shard] = m
         return m
 
+    def _file(self, shard: int) -> int:
+        """The open file of ``shard`` (read with ``pread``), checked unchanged since it was opened."""
+        got = self._files.get(shard)
+        if got is None:
+            path = self.split_dir / self.shard_names[shard]
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            st = os.fstat(fd)
+            if self.max_maps is not None:
+                while len(self._files) >= self.max_maps:
+                    os.close(self._files.pop(next(iter(self._files)))[0])
+            self._files[shard] = got = (fd, (st.st_size, st.st_mtime_ns))
+        return got[0]
+
+    def _check_unchanged(self, shards) -> None:
+        """The shards ``shards`` read by ``pread`` have the size and time they had when opened."""
+        for s in set(shards):
+            got = self._files.get(s)
+            if got is not None:
+                st = os.fstat(got[0])
+                if (st.st_size, st.st_mtime_ns) != got[1]:
+                    was = got[1][0]
+                    raise self._changed(s, f"rewritten: {st.st_size:,} bytes now, {was:,} when first read, a new mtime")
+
+    def _changed(self, shard: int, why: str) -> ShardChangedError:
+        path = self.split_dir / self.shard_names[shard]
+        return ShardChangedError(
+            f"{path} changed while it was read ({why}): a shard must not be rewritten or truncated during an "
+            "epoch; restore it (stoker verify checks a split), then make a new Loader (load_state_dict resumes)"
+        )
+
+    def _bytes(self, shard: int, off: int, size: int) -> np.ndarray:
+        """``size`` bytes of ``shard`` at ``off``: a view of its map, or a ``pread`` copy."""
+        if self.mapped:
+            m = self._maps.get(shard) or self._map(shard)
+            return np.frombuffer(m, np.uint8, size, off)
+        raw = os.pread(self._file(shard), size, off)
+        if len(raw) != size:
+            raise self._changed(shard, f"{len(raw):,} of {size:,} bytes at offset {off:,} left: truncated")
+        return np.frombuffer(raw, np.uint8)
+
     def image(self, i: int) -> np.ndarray:
-        """The encoded image bytes of sample ``i`` as a zero-copy uint8 view of the map."""
-        m = self._map(self.shard_of(i))
-        return np.frombuffer(m, np.uint8, int(self.img_size[i]), int(self.img_off[i]))
+        """The encoded image bytes of sample ``i`` as a uint8 array (a zero-copy view of the map
+        when :attr:`mapped`)."""
+        return self._bytes(self.shard_of(i), int(self.img_off[i]), int(self.img_size[i]))
 
     @property
     def has_sizes(self) -> bool:
@@ -190,20 +238,27 @@ class SampleIndex:
         out, wh = [], np.zeros((len(idx), 2), np.int64)
         rows = zip(shards.tolist(), self.img_off[idx].tolist(), self.img_size[idx].tolist(), strict=True)
         for k, (s, off, size) in enumerate(rows):
-            m = self._maps.get(s) or self._map(s)
-            dims = image_size(m, off, size)
+            if self.mapped:
+                m = self._maps.get(s) or self._map(s)
+                dims, raw = image_size(m, off, size), np.frombuffer(m, np.uint8, size, off)
+            else:
+                raw = self._bytes(s, off, size)
+                dims = image_size(raw)
             if dims is not None:
                 wh[k] = dims
-            out.append(np.frombuffer(m, np.uint8, size, off))
+            out.append(raw)
+        if not self.mapped:
+            self._check_unchanged(shards.tolist())
         return out, wh
 
     def _members(self, idx: np.ndarray) -> list:
-        """The target members' bytes of the samples at ``idx`` (zero-copy views of the maps)."""
+        """The target members' bytes of the samples at ``idx`` (zero-copy views of the maps, or
+        ``pread`` copies)."""
         shards = np.searchsorted(self.shard_start, idx, side="right") - 1
-        out = []
-        for s, off, size in zip(shards.tolist(), self.tgt_off[idx].tolist(), self.tgt_size[idx].tolist(), strict=True):
-            m = self._maps.get(s) or self._map(s)
-            out.append(np.frombuffer(m, np.uint8, size, off))
+        rows = zip(shards.tolist(), self.tgt_off[idx].tolist(), self.tgt_size[idx].tolist(), strict=True)
+        out = [self._bytes(s, off, size) for s, off, size in rows]
+        if not self.mapped:
+            self._check_unchanged(shards.tolist())
         return out
 
     def label(self, i: int) -> int:
@@ -282,7 +337,7 @@ class SampleIndex:
             path = idx_path(self.split_dir / self.shard_names[shard])
             rows = self._json[shard] = read_records(path, self.target.member.lower().encode(), True)[1]
         off, size = (int(v) for v in rows[i - int(self.shard_start[shard])])
-        return bytes(self._map(shard)[off : off + size])
+        return bytes(self._bytes(shard, off, size))
 
     def describe(self, i: int) -> str:
         """``"shard-000001.tar key 000000017"``, for messages."""
@@ -292,6 +347,9 @@ class SampleIndex:
         for m in self._maps.values():
             _close_map(m)
         self._maps.clear()
+        for fd, _ in self._files.values():
+            os.close(fd)
+        self._files.clear()
 
 
 def _close_map(m: mmap.mmap) -> None:
@@ -315,6 +373,7 @@ def open_split(split_dir: PathLike, *, sha256: bool = False, with_json: bool = F
 
 __all__ = [
     "SampleIndex",
+    "ShardChangedError",
     "open_split",
     "image_size",
     "BYTES_PER_SAMPLE",

@@ -163,3 +163,18 @@ def test_the_documented_calls_still_work(split, tmp_path):
             assert images.dtype == torch.uint8 and len(images) == len(targets) > 0
     with pytest.raises(ArgumentError, match="cache_dir= is for a URL"):
         Loader(split, batch_size=8, cache_dir=tmp_path / "c")
+
+
+def test_the_loader_lists_every_keyword_it_takes_with_types():
+    """No ``**options``: help(Loader), inspect and an IDE see each keyword, typed; each field of an
+    option object given alone is one of them."""
+    import inspect
+
+    params = inspect.signature(Loader).parameters
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    assert all(p.annotation is not inspect.Parameter.empty for p in params.values())
+    fields = {"threads", "prefetch", "channels", "channels_last", "scale", "ratio", "crop_pct", "val_resize"}
+    fields |= {f.name for f in dataclasses.fields(Order) if f.name != "shuffle"}
+    fields |= {f.name for f in dataclasses.fields(Storage)} | {"mixing", "weights", "epoch_length", "balance"}
+    assert fields <= set(params)
+    assert "storage_options: 'dict | None' = None" in str(inspect.signature(Loader))

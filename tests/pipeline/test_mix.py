@@ -325,7 +325,10 @@ def test_balance_of_a_float_split_and_a_float_split_in_a_class_mix_are_one_line(
     from stoker.tools.pack.api import pack
 
     pack(make_regression_csv(tmp_path / "src", n=12, seed=1), tmp_path / "reg", workers=1)
-    with pytest.raises(ValueError, match=r"multi-label split; .*reg/train is a float split \(mask splits"):
+    with pytest.raises(
+        ValueError,
+        match=r"balances a split of class or multilabel targets; .*reg/train is a float split \(balance=.weights.",
+    ):
         _loader(tmp_path / "reg" / "train", balance="classes")
     with pytest.raises(ValueError, match=r"big has 6 classes .*, .*reg/train has float targets"):
         _loader([splits / "big", tmp_path / "reg" / "train"])
@@ -500,3 +503,21 @@ def test_balance_classes_of_a_multilabel_split_gives_each_rarest_label_its_share
         assert len(set(np.asarray(got)[rarest == 2].tolist())) == 2  # c's two samples, 5 times each
     only_c = _loader(split, balance={2: 1}, epoch_length=8, batch_size=1).indices()
     assert (_loader(split, train=False).index.targets(only_c)[:, 2] > 0).all()
+
+
+@pytest.mark.parametrize("slots", [2, 40])
+def test_the_draws_of_few_streams_are_those_of_the_vectorized_pass(slots):
+    """A batch of draws from few (slot, cycle) bijections is evaluated a bijection at a time with
+    scalar keys: the same members as the one vectorized pass with keys per element, bit for bit."""
+    from stoker.pipeline.order.permutation import permute_many, stream_keys
+
+    counts = np.arange(1, slots + 1) * 7
+    plan = MixPlan([int(counts.sum()), 9], [0.8, 0.2], length=3000, class_counts=[counts, None])
+    for epoch in (0, 3):
+        m = np.random.default_rng(epoch).permutation(plan.length)
+        slot, member = plan.draws(5, epoch, m)
+        d = epoch * plan.slot_quota[slot] + (m - plan.slot_start[slot])
+        size = plan.slot_size[slot]
+        stream = (slot.astype(np.uint64) << np.uint64(40)) ^ (d // size).astype(np.uint64)
+        streams, which = np.unique(stream, return_inverse=True)
+        assert np.array_equal(member, permute_many(d % size, size, stream_keys(5, streams), which.reshape(-1)))
