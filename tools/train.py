@@ -22,6 +22,7 @@ examples:
   stoker train seg-packed/ --out runs/seg --channels 1 --crop 256 --arch deeplabv3_mobilenet_v3_large
   stoker train coco-packed/ --out runs/det --task detect --crop 512 --train-fit scale-jitter --jitter 0.5,1.5
   stoker train --out runs/a --resume                      # the run's own settings (RUN/config.json)
+  stoker train data/ --out runs/a --epochs 90 --resume auto   # a job script: continue runs/a, else start it
   stoker train --out runs/a --resume --epochs 15          # extend a finished 10-epoch run
   stoker train other/ --out runs/ft --init-from runs/a/best.pt --lr 0.01   # fine-tune: a new head
   stoker train data/ --out runs/smoke --max-steps 20      # a smoke run
@@ -312,12 +313,15 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--resume",
-        action="store_const",
-        const="auto",
+        nargs="?",
+        type=resume_mode,
+        const="last",
         default=None,
+        metavar="auto",
         help="continue from RUN/last.pt with the run's settings (RUN/config.json: DATA and flags need not be "
         "repeated; those given change them); a finished run given a larger --epochs is extended on a new "
-        "learning-rate schedule. Mid-epoch included, also on another number of "
+        "learning-rate schedule. --resume auto: continue when RUN holds a run, else start it (a cluster job "
+        "script resubmitted as it is after a preemption). Mid-epoch included, also on another number of "
         "processes (torchrun --nproc_per_node): the epoch goes on with the samples not yet seen, each once. "
         "The run keeps its global batch (--batch-size x processes), so its steps per epoch and its "
         "learning-rate schedule (per step) are unchanged: with 2 -> 1 processes pass twice the --batch-size",
@@ -340,6 +344,17 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     g.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_storage_flags(p)
+
+
+def resume_mode(text: str) -> str:
+    """``--resume auto`` (an argparse type): ``auto`` is the one value ``--resume`` takes (``last``,
+    what a bare ``--resume`` stands for, too: argparse passes the flag's const through here)."""
+    if text not in ("auto", "last"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: --resume takes no value (RUN/last.pt) or auto (continue when RUN holds a run, else start "
+            "it); a checkpoint is --resume-from CKPT, DATA goes before --resume"
+        )
+    return text
 
 
 def names(text: str) -> tuple[str, ...]:
@@ -428,7 +443,7 @@ def format_summary(s: dict) -> str:
     if s.get("val"):
         from stoker.model.train.loop import format_val
 
-        lines.append(f"val        {format_val(s['val'])}")
+        lines.append(f"val        {format_val(s['val'], balanced=s.get('balance') == 'classes')}")
     lines.append(f"checkpoint {s['checkpoint']}")
     return "\n".join(lines)
 

@@ -130,7 +130,9 @@ def run_diagnosis(
     loader_r, alt_r = _measure_loaders(loader, alternatives, seconds=seconds, warmup_batches=warmup_batches, say=say)
 
     amp_dtype, amp_why = resolve_amp(amp, device)
-    cl, cl_why = _channels_last_choice(channels_last, model)
+    shape = loader_r.get("batch_shape") or []
+    channels = shape[1] if len(shape) == 4 else 3
+    cl, cl_why = _channels_last_choice(channels_last, model, in_channels=channels, size=(h, w))
     bench = _ModelBench(model, crop=crop, device=device, seconds=seconds, task=task, say=say)
     fp32 = _measure_fp32(bench, batch_size, warmup_batches)
     # One step that outlasts the budget: one warm-up step is plenty, and saves minutes.
@@ -189,12 +191,18 @@ def run_diagnosis(
     }
 
 
-def _channels_last_choice(channels_last: str, model) -> tuple[bool, str]:
-    """``(measure channels_last?, why)`` for the ``channels_last`` argument and ``model``."""
+def _channels_last_choice(channels_last: str, model, *, in_channels: int, size: tuple[int, int]) -> tuple[bool, str]:
+    """``(measure channels_last?, why)`` for the ``channels_last`` argument and ``model``; a model
+    whose forward cannot take channels_last (a ``.view`` flatten) is measured as it is, never in it."""
+    from stoker.model.user import channels_last_refusal
+
     cl = channels_last == "on" or (channels_last == "auto" and has_conv(model))
     cl_why = {"on": "--channels-last on", "off": "--channels-last off"}.get(
         channels_last, "model has convolutions" if cl else "not measured: no convolutions in the model"
     )
+    refusal = channels_last_refusal(model, in_channels=in_channels, size=size, name="the model") if cl else ""
+    if refusal:
+        return False, f"not measured: {refusal}; .reshape() or torch.flatten() in the forward lets it be measured"
     return cl, cl_why
 
 

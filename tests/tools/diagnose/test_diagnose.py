@@ -361,11 +361,19 @@ needs_loader = pytest.mark.skipif(not _loader_available(), reason="stoker.pipeli
 @pytest.mark.slow
 def test_cli_end_to_end_on_shards_json(capsys, shards, tmp_path):
     f = tmp_path / "tiny.py"
+    # the seed report's flatten, x.view(x.size(0), -1): it fails on a channels_last tensor
     f.write_text(
         "from torch import nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self, num_classes):\n"
+        "        super().__init__()\n"
+        "        self.body = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(2))\n"
+        "        self.fc = nn.Linear(16, num_classes)\n"
+        "    def forward(self, x):\n"
+        "        x = self.body(x)\n"
+        "        return self.fc(x.view(x.size(0), -1))\n"
         "def build(num_classes):\n"
-        "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),"
-        " nn.Linear(4, num_classes))\n"
+        "    return Net(num_classes)\n"
     )
     rc, out, err = _cli(
         capsys,
@@ -394,12 +402,15 @@ def test_cli_end_to_end_on_shards_json(capsys, shards, tmp_path):
         d["verdict"]["ratio"],
     ):
         assert math.isfinite(fig) and fig > 0
-    assert d["audit"]["total_params"] == 3 * 4 * 9 + 4 + 4 * 6 + 6
+    assert d["audit"]["total_params"] == 3 * 4 * 9 + 4 + 16 * 6 + 6
     from stoker.pipeline.deps import HAS_DALI
 
     assert d["data"]["backend"]["name"] == d["data"]["loader"]["backend"] == ("dali" if HAS_DALI else "pil")
     assert d["data"]["backend"]["why"].startswith("nvidia-dali is")
     assert "loader alone" in err  # progress goes to stderr, JSON alone to stdout
+    # the .view network is measured as it is: channels_last not measured, and why
+    why = d["model"]["channels_last"]["why"]
+    assert d["model"]["channels_last"].get("images_per_s") is None and "forward calls .view()" in why
 
 
 @needs_loader
