@@ -27,7 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a checkpoint of `stoker train` (RUN/best.pt, RUN/last.pt), or a run folder: its best.pt, else last.pt",
     )
     p.add_argument("split", metavar="SPLIT", help="a packed split (DATA/val, DATA/train)")
-    p.add_argument("--batch-size", type=int, default=64, metavar="N", help="samples a batch (default: %(default)s)")
+    p.add_argument(
+        "-b", "--batch-size", type=int, default=64, metavar="N", help="samples a batch (default: %(default)s)"
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
     add_decode_flags(p)
     p.add_argument("--json", action="store_true", help="print the figures and the per-class rows as JSON")

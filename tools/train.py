@@ -154,7 +154,14 @@ def _batch_and_resolution_flags(p: argparse.ArgumentParser) -> None:
     """Epochs, the batch, crops and resolutions, and the pixel cache."""
     g = p.add_argument_group("epochs, batches and crops")
     g.add_argument("--epochs", type=int, default=5, metavar="N", help="epochs to train")
-    g.add_argument("--batch-size", type=int, default=64, metavar="N", help="per process (default: %(default)s)")
+    g.add_argument(
+        "-b",
+        "--batch-size",
+        type=int,
+        default=64,
+        metavar="N",
+        help="per process, as timm's -b (pytorch/examples' -b is the node's total) (default: %(default)s)",
+    )
     add_crop_flags(g)
     g = p.add_argument_group("resolution (FFCV's progressive resizing; FixRes: evaluate larger than you train)")
     g.add_argument(

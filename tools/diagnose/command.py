@@ -87,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="your network: 'package.module:factory' or 'path/to/file.py:factory'; FACTORY() (given "
         "num_classes= when it takes it) returns an nn.Module taking normalized float NCHW input",
     )
-    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("-b", "--batch-size", type=int, default=64, help="batch size (default 64)")
     add_crop_flags(p)
     p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
     p.add_argument(
@@ -110,7 +110,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="measure channels_last (auto: when the model has convolutions)",
     )
-    add_decode_flags(p)
+    add_decode_flags(p, workers=False)  # its --workers: the torchvision pipeline's DataLoader
     add_pixel_flags(p)
     p.add_argument(
         "--workers",
