@@ -146,3 +146,16 @@ def test_balanced_top1_is_on_the_val_lines_under_balance_classes(balanced_smoke,
     assert "val top-1 " in err and shown in next(x for x in err.splitlines() if ": val top-1" in x)
     assert shown in next(x for x in out.splitlines() if x.startswith("val "))
     assert "balanced" not in seednet_run[1]  # without --balance classes: top-1 alone, as before
+
+
+def test_a_train_only_pack_says_it_has_no_val_and_how_to_add_one(tmp_path):
+    from stoker.tools.common.synth import make_image_folder
+
+    make_image_folder(tmp_path / "imgs", per_class=2, min_side=32, max_side=40)
+    rc, out, err = run_cli("pack", tmp_path / "imgs", tmp_path / "out", "--workers", "1")
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("val: "))
+    assert "a train split only: `stoker train` trains without validation (no val figures, no best.pt)" in line
+    assert "pack again into a new OUT with --val-fraction 0.1" in line
+    rc, out, err = run_cli("pack", tmp_path / "imgs", tmp_path / "both", "--workers", "1", "--val-fraction", "0.25")
+    assert rc == 0 and "val: none" not in out and out.splitlines()[2].startswith("val "), out
