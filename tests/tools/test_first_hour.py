@@ -159,3 +159,15 @@ def test_a_train_only_pack_says_it_has_no_val_and_how_to_add_one(tmp_path):
     assert "pack again into a new OUT with --val-fraction 0.1" in line
     rc, out, err = run_cli("pack", tmp_path / "imgs", tmp_path / "both", "--workers", "1", "--val-fraction", "0.25")
     assert rc == 0 and "val: none" not in out and out.splitlines()[2].startswith("val "), out
+
+
+def test_verify_and_index_redirected_write_no_progress_bars(data, tmp_path):
+    import shutil
+
+    rc, out, err = run_cli("verify", data / "train", "--workers", "1")  # stderr a file, not a terminal
+    assert rc == 0 and "\r" not in out + err and "OK" in out.upper(), out + err
+    shutil.copytree(data / "train", tmp_path / "t")
+    for idx in (tmp_path / "t").glob("*.idx"):
+        idx.unlink()
+    rc, out, err = run_cli("index", tmp_path / "t", "--workers", "1")
+    assert rc == 0 and "\r" not in out + err, out + err
