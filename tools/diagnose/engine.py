@@ -23,13 +23,59 @@ from stoker.errors import ArgumentError, DiagnoseError
 BUDGET = 12
 
 
+def slow_step_s(seconds: float) -> float:
+    """The model step above which the promise of :func:`time_plan` does not hold: a figure's
+    :data:`~.timing.MIN_STEPS` steps no longer fit in its :data:`~.timing.CAP` x ``seconds``."""
+    from .timing import CAP, MIN_STEPS
+
+    return CAP * seconds / MIN_STEPS
+
+
 def time_plan(seconds: float, *, packed_sample: int = 0) -> str:
     """The line said before anything is measured: about how long the run takes. Its budget
     (:data:`BUDGET` x ``seconds``) holds the figures the verdict needs and the model's variants that
-    fit; only a step that alone outlasts ``seconds`` (the report then says so) or many loader
-    alternatives go past it. An ImageFolder's sample is packed first (``packed_sample`` images)."""
+    fit; a model slower than :func:`slow_step_s` a step goes past it (said again once its step is
+    timed: :func:`slow_model_line`), as do many loader alternatives. An ImageFolder's sample is
+    packed first (``packed_sample`` images)."""
     line = f"this takes about {BUDGET * seconds:.0f} s ({BUDGET} x {seconds:g} s of measurements"
-    line += f"; first {packed_sample} images are packed to measure stoker on them)" if packed_sample else ")"
+    line += f"; first {packed_sample} images are packed to measure stoker on them" if packed_sample else ""
+    return line + f"; longer for a model slower than {slow_step_s(seconds):.2g} s a step, said once it is timed)"
+
+
+def settle_seconds(step_s: float) -> float:
+    """The ``--seconds`` at which a step of ``step_s`` gets its :data:`~.timing.MIN_STEPS` timed
+    steps (by :data:`~.timing.CAP` x ``seconds``), rounded up to a number worth typing."""
+    import math
+
+    from .timing import CAP, MIN_STEPS
+
+    need = MIN_STEPS * step_s / CAP
+    return float(math.ceil(need)) if need >= 1 else math.ceil(need * 10) / 10
+
+
+def slow_model_line(
+    fp32: dict, *, seconds: float, warm: int, elapsed: float, budget: float, device, batch_size: int = 64
+) -> str:
+    """What a slow model does to the run, once its fp32 step is timed (``""`` for one that keeps
+    the promise of :func:`time_plan`): the run's real length, from the step's time (the end-to-end
+    figure still to come takes as many warm-up and timed steps, the bus a second or two), and, where
+    its figures get too few steps to advise on, the ``--seconds`` that settles them."""
+    from .timing import CAP, MIN_STEPS
+
+    step = fp32["step_ms"] / 1000
+    if step <= slow_step_s(seconds):
+        return ""
+    timed = max(seconds, step * MIN_STEPS) if step * MIN_STEPS <= CAP * seconds else max(seconds, step)
+    total = elapsed + warm * step + timed + min(seconds, 2.0)
+    line = f"the model takes {step:.1f} s a step on {device}: this run takes about {total:.0f} s"
+    line += f", past the {budget:.0f} s said" if total > budget else ""
+    if fp32.get("trust") == "few":
+        need = settle_seconds(step)
+        line += (
+            f"; {fp32['steps']} timed step(s) a figure are too few to advise on ({MIN_STEPS} needed): "
+            f"--seconds {need:g} settles them (about {BUDGET * need + warm * step:.0f} s)"
+        )
+        line += ", or a smaller --batch-size" if batch_size > 2 else ""  # 2: the least a BatchNorm trains on
     return line
 
 
@@ -71,6 +117,7 @@ def run_diagnosis(
     progress: Callable[[str], None] | None = None,
     task=None,
     fit=None,
+    started: float | None = None,
 ) -> dict:
     """Measure ``loader`` and ``model`` separately and together; return the report dict.
 
@@ -101,6 +148,8 @@ def run_diagnosis(
             synthetic targets of the model-alone figures); ``None``: class labels.
         fit: How ``batch_size`` was sized (:class:`~stoker.tools.diagnose.sizing.BatchFit`): the
             2x batch variant is measured only where it fits the memory; reported in ``settings``.
+        started: ``time.perf_counter()`` when the caller's run began (the model built, the batch
+            sized before this call): what a slow model's line counts the run's length from.
 
     Returns:
         A JSON-ready dict: ``environment``, ``settings``, ``data``, ``loader``, ``model``,
@@ -137,6 +186,12 @@ def run_diagnosis(
     fp32 = _measure_fp32(bench, batch_size, warmup_batches)
     # One step that outlasts the budget: one warm-up step is plenty, and saves minutes.
     warm = 1 if fp32["step_ms"] > 1000 * seconds else warmup_batches
+    elapsed = time.perf_counter() - (deadline - budget if started is None else started)
+    slow = slow_model_line(
+        fp32, seconds=seconds, warm=warm, elapsed=elapsed, budget=budget, device=device, batch_size=batch_size
+    )
+    if slow:
+        say(slow)
     e2e, transfer = _measure_end_to_end_and_transfer(loader, model, loader_r, device, seconds, warm, task, say)
 
     stages = _stages(loader_r, fp32, transfer)
@@ -172,6 +227,8 @@ def run_diagnosis(
             "min_steps": MIN_STEPS,
             "max_seconds": CAP * seconds,
             "budget_s": budget,
+            # the --seconds at which the model's figures get their MIN_STEPS (None: they do at this one)
+            "settle_seconds": settle_seconds(fp32["step_ms"] / 1000) if fp32.get("trust") == "few" else None,
             "amp": amp,
             "amp_measured": amp_dtype,
             "channels_last": channels_last,
