@@ -57,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "data",
         metavar="DATA",
         nargs="?",
+        action=_Data,
         help="dataset root holding train/ (and val/) packed by `stoker pack` (with --resume: the run's own)",
     )
     p.add_argument("--out", required=True, metavar="RUN", help="run directory (created)")
@@ -321,8 +322,7 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--resume",
         nargs="?",
-        type=resume_mode,
-        const="last",
+        action=_Resume,
         default=None,
         metavar="auto",
         help="continue from RUN/last.pt with the run's settings (RUN/config.json: DATA and flags need not be "
@@ -353,15 +353,30 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     add_storage_flags(p)
 
 
-def resume_mode(text: str) -> str:
-    """``--resume auto`` (an argparse type): ``auto`` is the one value ``--resume`` takes (``last``,
-    what a bare ``--resume`` stands for, too: argparse passes the flag's const through here)."""
-    if text not in ("auto", "last"):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: --resume takes no value (RUN/last.pt) or auto (continue when RUN holds a run, else start "
-            "it); a checkpoint is --resume-from CKPT, DATA goes before --resume"
-        )
-    return text
+class _Resume(argparse.Action):
+    """``--resume`` (RUN/last.pt: ``"last"``) or ``--resume auto``; a value that is not ``auto`` is
+    DATA written after the flag (``--out runs/a --resume data/``), never swallowed by it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is None or values in ("auto", "last"):
+            setattr(namespace, self.dest, values or "last")
+            return
+        setattr(namespace, self.dest, "last")
+        if getattr(namespace, "data", None) is not None:
+            parser.error(
+                f"{values!r}: --resume takes no value (RUN/last.pt) or auto (continue when RUN holds a run, else "
+                "start it); a checkpoint is --resume-from CKPT"
+            )
+        namespace.data = values
+
+
+class _Data(argparse.Action):
+    """DATA, kept when ``--resume`` took it (argparse fills an absent ``nargs="?"`` positional last)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is None and getattr(namespace, self.dest, None) is not None:
+            return
+        setattr(namespace, self.dest, values)
 
 
 def names(text: str) -> tuple[str, ...]:
