@@ -46,7 +46,7 @@ from stoker.model.train.mix import BALANCE_CHOICES
 
 from .common.loader_flags import add_crop_flags, add_decode_flags, add_pixel_flags, add_storage_flags, floats
 from .common.loader_flags import crop as crop_type
-from .common.saved_run import given_flags, note_given_flags, resume_settings
+from .common.saved_run import given_flags, note_given, note_given_flags, resume_settings
 
 HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)"
 
@@ -358,6 +358,7 @@ class _Resume(argparse.Action):
     DATA written after the flag (``--out runs/a --resume data/``), never swallowed by it."""
 
     def __call__(self, parser, namespace, values, option_string=None):
+        note_given(namespace, self.dest)
         if values is None or values in ("auto", "last"):
             setattr(namespace, self.dest, values or "last")
             return
