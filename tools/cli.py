@@ -44,6 +44,7 @@ EXAMPLES = """examples:
   stoker verify packed/train                         # every shard checked against its manifest
   stoker bench packed/train                          # the Loader's images/s on this machine
   stoker train packed/ --out runs/a --epochs 10      # AMP, DDP under torchrun, exact resume
+  stoker eval runs/a packed/val                      # the run's best.pt on val, per class
   stoker diagnose packed/train --arch resnet50       # why is my training slow?
 
 `stoker COMMAND --help` lists a command's options."""
