@@ -165,7 +165,6 @@ def run_diagnosis(
 
     from .measure import environment
     from .report import caveats_of, judge, next_steps
-    from .timing import CAP, MIN_STEPS
 
     h, w = _check_arguments(batch_size, crop, seconds, amp, channels_last)
     say = progress or (lambda line: None)
@@ -179,19 +178,13 @@ def run_diagnosis(
     loader_r, alt_r = _measure_loaders(loader, alternatives, seconds=seconds, warmup_batches=warmup_batches, say=say)
 
     amp_dtype, amp_why = resolve_amp(amp, device)
-    shape = loader_r.get("batch_shape") or []
-    channels = shape[1] if len(shape) == 4 else 3
-    cl, cl_why = _channels_last_choice(channels_last, model, in_channels=channels, size=(h, w))
+    cl, cl_why = _channels_last_choice(channels_last, model, loader_r=loader_r, size=(h, w))
     bench = _ModelBench(model, crop=crop, device=device, seconds=seconds, task=task, say=say)
     fp32 = _measure_fp32(bench, batch_size, warmup_batches)
-    # One step that outlasts the budget: one warm-up step is plenty, and saves minutes.
-    warm = 1 if fp32["step_ms"] > 1000 * seconds else warmup_batches
-    elapsed = time.perf_counter() - (deadline - budget if started is None else started)
-    slow = slow_model_line(
-        fp32, seconds=seconds, warm=warm, elapsed=elapsed, budget=budget, device=device, batch_size=batch_size
+    since = deadline - budget if started is None else started
+    warm = _after_fp32(
+        fp32, seconds, warmup_batches, since=since, budget=budget, device=device, batch=batch_size, say=say
     )
-    if slow:
-        say(slow)
     e2e, transfer = _measure_end_to_end_and_transfer(loader, model, loader_r, device, seconds, warm, task, say)
 
     stages = _stages(loader_r, fp32, transfer)
@@ -219,22 +212,19 @@ def run_diagnosis(
     return {
         "stoker_version": __version__,
         "environment": env,
-        "settings": {
-            "batch_size": batch_size,
-            "crop": crop if isinstance(crop, int) else f"{h}x{w}",
-            "device": str(device),
-            "seconds": seconds,
-            "min_steps": MIN_STEPS,
-            "max_seconds": CAP * seconds,
-            "budget_s": budget,
-            # the --seconds at which the model's figures get their MIN_STEPS (None: they do at this one)
-            "settle_seconds": settle_seconds(fp32["step_ms"] / 1000) if fp32.get("trust") == "few" else None,
-            "amp": amp,
-            "amp_measured": amp_dtype,
-            "channels_last": channels_last,
-            "warmup_batches": warmup_batches,
-            "batch_fit": fit.to_dict() if fit is not None else None,
-        },
+        "settings": _settings(
+            batch_size=batch_size,
+            crop=crop if isinstance(crop, int) else f"{h}x{w}",
+            device=device,
+            seconds=seconds,
+            budget=budget,
+            fp32=fp32,
+            amp=amp,
+            amp_measured=amp_dtype,
+            channels_last=channels_last,
+            warmup_batches=warmup_batches,
+            fit=fit,
+        ),
         "data": data_out,
         "loader": loader_r,
         "loader_alternatives": alt_r,
@@ -248,11 +238,49 @@ def run_diagnosis(
     }
 
 
-def _channels_last_choice(channels_last: str, model, *, in_channels: int, size: tuple[int, int]) -> tuple[bool, str]:
+def _after_fp32(
+    fp32: dict, seconds: float, warmup_batches: int, *, since: float, budget: float, device, batch: int, say
+) -> int:
+    """The warm-up steps of the figures still to come, once the model's fp32 step is timed (a step
+    that outlasts ``seconds``: one is plenty, and saves minutes); a slow model's line said."""
+    warm = 1 if fp32["step_ms"] > 1000 * seconds else warmup_batches
+    elapsed = time.perf_counter() - since
+    line = slow_model_line(
+        fp32, seconds=seconds, warm=warm, elapsed=elapsed, budget=budget, device=device, batch_size=batch
+    )
+    if line:
+        say(line)
+    return warm
+
+
+def _settings(*, batch_size: int, crop, device, seconds: float, budget: float, fp32: dict, fit, **asked) -> dict:
+    """The report's ``settings``: what was measured how (``asked``: the AMP and channels_last
+    choices, the warm-up), and the ``--seconds`` that would settle a slow model's figures."""
+    from .timing import CAP, MIN_STEPS
+
+    return {
+        "batch_size": batch_size,
+        "crop": crop,
+        "device": str(device),
+        "seconds": seconds,
+        "min_steps": MIN_STEPS,
+        "max_seconds": CAP * seconds,
+        "budget_s": budget,
+        # the --seconds at which the model's figures get their MIN_STEPS (None: they do at this one)
+        "settle_seconds": settle_seconds(fp32["step_ms"] / 1000) if fp32.get("trust") == "few" else None,
+        **asked,
+        "batch_fit": fit.to_dict() if fit is not None else None,
+    }
+
+
+def _channels_last_choice(channels_last: str, model, *, loader_r: dict, size: tuple[int, int]) -> tuple[bool, str]:
     """``(measure channels_last?, why)`` for the ``channels_last`` argument and ``model``; a model
-    whose forward cannot take channels_last (a ``.view`` flatten) is measured as it is, never in it."""
+    whose forward cannot take channels_last (a ``.view`` flatten) is measured as it is, never in it
+    (probed on the loader's channels)."""
     from stoker.model.user import channels_last_refusal
 
+    shape = loader_r.get("batch_shape") or []
+    in_channels = shape[1] if len(shape) == 4 else 3
     cl = channels_last == "on" or (channels_last == "auto" and has_conv(model))
     cl_why = {"on": "--channels-last on", "off": "--channels-last off"}.get(
         channels_last, "model has convolutions" if cl else "not measured: no convolutions in the model"
