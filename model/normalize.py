@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from stoker.errors import ArgumentError
+from stoker.errors import ArgumentError, UsageError, one_line
 
 #: ImageNet channel statistics in the 0..1 scale (torchvision's convention).
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
@@ -222,3 +222,28 @@ def default_stats(
 def has_normalize(model: nn.Module) -> bool:
     """True when ``model`` already contains a :class:`Normalize` (takes uint8 input)."""
     return any(isinstance(m, Normalize) for m in model.modules())
+
+
+#: what torch says when a float network meets a uint8 batch: a conv's "Input type (unsigned char) and
+#: bias type (float)", a Linear's "expected scalar type Byte but found Float" or "got Byte and Float",
+#: a norm layer's "not implemented for 'Byte'"
+_UINT8_SIGNS = ("unsigned char", "Byte")
+
+
+def check_uint8_input(error: BaseException, images: object) -> None:
+    """Raise the one stoker line for a network that failed on the Loader's uint8 batch because
+    no :class:`Normalize` is in front of it (wrap it with :func:`with_normalize`); return when
+    ``error`` is anything else (the caller re-raises it as it is).
+
+    Raises:
+        UsageError: ``images`` is uint8 and ``error`` is torch's dtype mismatch.
+    """
+    if getattr(images, "dtype", None) is not torch.uint8 or not isinstance(error, (RuntimeError, NotImplementedError)):
+        return
+    if not any(sign in str(error) for sign in _UINT8_SIGNS):
+        return
+    raise UsageError(
+        f"the network got a uint8 batch, the Loader's, with no Normalize in front ({type(error).__name__}: "
+        f"{one_line(error)}): wrap it with stoker.model.with_normalize(net), which turns uint8 into normalized "
+        "floats on the device"
+    ) from None

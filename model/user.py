@@ -149,4 +149,51 @@ def check_outputs(net: nn.Module, spec: str, *, num_outputs: int, in_channels: i
     )
 
 
-__all__ = ["CHANNEL_ARGS", "OUTPUT_ARGS", "build_user_model", "check_outputs", "load_factory", "resolve_spec"]
+#: what torch says when a forward ``.view()``s a tensor whose strides a view cannot keep (channels_last)
+VIEW_STRIDE_ERROR = "view size is not compatible with input tensor's size and stride"
+
+
+def channels_last_refusal(net: nn.Module, *, in_channels: int, size: tuple[int, int], name: str = "the network") -> str:
+    """Why ``net`` cannot take channels_last batches, or ``""`` when it can.
+
+    A forward that flattens with ``x.view(x.size(0), -1)`` (the seed report's network does) works
+    on contiguous tensors only: a channels_last batch keeps its memory format through the
+    convolutions, and the ``.view`` then fails. One forward on a zero batch of 2 in channels_last
+    (eval mode, no grad, on the network's device) tells; any other failure is left to the run,
+    which reports it in its own line.
+
+    Returns:
+        Why, for the caller's line (what it does instead and what that costs).
+    """
+    import torch
+
+    param = next(net.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    x = torch.zeros((2, in_channels, *size), device=device).contiguous(memory_format=torch.channels_last)
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            net.to(memory_format=torch.channels_last)(x)
+    except RuntimeError as e:
+        if VIEW_STRIDE_ERROR not in str(e):
+            return ""
+        return f"{name}'s forward calls .view() on a tensor that channels_last leaves non-contiguous"
+    except Exception:  # boundary: the user's network; its own failure is reported by the run itself
+        return ""
+    finally:
+        net.to(memory_format=torch.contiguous_format)
+        net.train(was_training)
+    return ""
+
+
+__all__ = [
+    "CHANNEL_ARGS",
+    "OUTPUT_ARGS",
+    "VIEW_STRIDE_ERROR",
+    "build_user_model",
+    "channels_last_refusal",
+    "check_outputs",
+    "load_factory",
+    "resolve_spec",
+]

@@ -82,7 +82,9 @@ def test_resume_is_a_flag_that_never_swallows_data(data, tmp_path):
     p = argparse.ArgumentParser()
     train_cli.add_arguments(p)
     args = p.parse_args(["--out", "runs/a", "--resume", str(data)])
-    assert args.data == str(data) and args.resume == "auto" and args.resume_from is None
+    assert args.data == str(data) and args.resume == "last" and args.resume_from is None
+    args = p.parse_args(["--out", "runs/a", "--resume", "auto", str(data)])  # a job script's
+    assert args.data == str(data) and args.resume == "auto"
 
 
 # ---- crashes where one line belongs ----------------------------------------------------------

@@ -44,9 +44,45 @@ EXAMPLES = """examples:
   stoker verify packed/train                         # every shard checked against its manifest
   stoker bench packed/train                          # the Loader's images/s on this machine
   stoker train packed/ --out runs/a --epochs 10      # AMP, DDP under torchrun, exact resume
+  stoker eval runs/a packed/val                      # the run's best.pt on val, per class
   stoker diagnose packed/train --arch resnet50       # why is my training slow?
 
 `stoker COMMAND --help` lists a command's options."""
+
+
+#: flags that timm's, pytorch/examples' and the DataLoader's users type, and the stoker flag each
+#: means, with why where the meaning differs: said instead of a guess when the command has that flag
+#: (the names whose meaning is the same are aliases: -b, -j, --workers, --smoothing)
+FAMILIAR: dict[str, tuple[str, str]] = {
+    "--bs": ("--batch-size", ""),
+    "--lr-rate": ("--lr", ""),
+    "--learning-rate": ("--lr", "the peak rate: a linear warm-up, then cosine decay to 0"),
+    "--num-workers": ("--threads", "the Loader's decode threads or processes; -j/--workers name it too"),
+    "--wd": ("--weight-decay", ""),
+    "--opt": ("--optimizer", "sgd or adamw"),
+    "--sched": ("--warmup-epochs", "the schedule is one: a linear warm-up, then cosine decay to 0"),
+    "--img-size": ("--crop", "the side of the crop the Loader yields"),
+    "--input-size": ("--crop", "the side of the crop the Loader yields, or H,W"),
+    "--image-size": ("--crop", "the side of the crop the Loader yields"),
+    "--pretrained": ("--init-from", "nothing is downloaded: give a checkpoint or a state_dict file"),
+    "--gpu": ("--device", "cuda:N; several GPUs: torchrun --nproc_per_node N -m stoker train"),
+    "--print-freq": ("--log-every", "steps between log lines"),
+    "--log-interval": ("--log-every", "steps between log lines"),
+}
+
+
+def flag_suggestion(flag: str, options: Sequence[str]) -> str:
+    """What an unknown ``flag`` most likely meant among ``options``, as ``did you mean --lr?`` (with
+    why where another tool's flag of that name means something else: :data:`FAMILIAR`), or ``""``."""
+    mine, why = FAMILIAR.get(flag, ("", ""))
+    if mine in options:
+        return f"did you mean {mine}?" + (f" ({why})" if why else "")
+    close = close_names(flag, [o for o in options if o.startswith("--")])
+    return f"did you mean {' or '.join(close)}?" if close else ""
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    return [o for a in parser._actions for o in a.option_strings]
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -85,11 +121,11 @@ class Parser(argparse.ArgumentParser):
         """Remember what the first unknown ``--flag`` of ``argv`` most likely meant, so an error
         argparse raises before it lists unknown flags (a required flag missing: ``--ouput RUN``
         for ``--out RUN``) names it too."""
-        known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        known = _options(self)
         flags = [x.split("=", 1)[0] for x in argv if x.startswith("--") and len(x) > 2]
         typo = next((f for f in flags if f not in known), None)
-        close = close_names(typo, known) if typo else []
-        self._typo = f"{typo} is not a flag: did you mean {' or '.join(close)}?" if close else ""
+        meant = flag_suggestion(typo, known) if typo else ""
+        self._typo = f"{typo} is not a flag: {meant}" if meant else ""
 
     def error(self, message: str):
         """One line, the way every other stoker error is (argparse prints the whole usage first,
@@ -111,10 +147,8 @@ def unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
     flag most likely meant (``--batchsize`` -> ``--batch-size``)."""
     text = f"unrecognized arguments: {' '.join(extras)}"
     flag = next((x.split("=", 1)[0] for x in extras if x.startswith("-") and len(x) > 1), None)
-    if flag is None:
-        return text
-    close = close_names(flag, [o for a in parser._actions for o in a.option_strings if o.startswith("--")])
-    return text + (f": did you mean {' or '.join(close)}?" if close else "")
+    meant = flag_suggestion(flag, _options(parser)) if flag else ""
+    return text + (f": {meant}" if meant else "")
 
 
 def _command_module(name: str, modname: str) -> ModuleType | None:

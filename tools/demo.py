@@ -10,13 +10,16 @@ Uses the GPU when there is one; under 5 minutes on a 2-core CPU.
 --task regress: pictures whose colour temperature is their float target (a CSV), trained
 with MSE; the summary gives R² (well above 0: it learnt). --task segment: grayscale
 pictures of textured shapes and their masks, a torchvision segmentation network on one
-channel; the summary gives mIoU against predicting the background everywhere.
+channel; the summary gives mIoU against predicting the background everywhere. --task detect:
+pictures of shapes with their boxes (COCO JSON), packed and trained with a torchvision detector;
+the summary gives mAP@50 and COCO mAP (guessing boxes scores about 0).
 
 examples:
   stoker demo
   stoker demo --epochs 8 --per-class 400
   stoker demo --task regress
   stoker demo --task segment
+  stoker demo --task detect
   stoker demo --tiny            # a seconds-long smoke run
 """
 

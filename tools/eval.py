@@ -5,6 +5,7 @@ pack with the same classes) with the run's val transform, and prints the task's 
 MSE/MAE/R², mIoU/pixel accuracy, mAP) and, where the split's targets have classes, a row per class.
 
 examples:
+  stoker eval runs/a packed/val          # the run's best.pt (its last.pt when it has none)
   stoker eval runs/a/best.pt packed/val
   stoker eval runs/a/last.pt packed/train --json > train-figures.json
 """
@@ -20,21 +21,33 @@ HELP = "a checkpoint's val figures on any split, per class where it has classes 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint of `stoker train` (RUN/best.pt, RUN/last.pt)")
+    p.add_argument(
+        "checkpoint",
+        metavar="CKPT",
+        help="a checkpoint of `stoker train` (RUN/best.pt, RUN/last.pt), or a run folder: its best.pt, else last.pt",
+    )
     p.add_argument("split", metavar="SPLIT", help="a packed split (DATA/val, DATA/train)")
-    p.add_argument("--batch-size", type=int, default=64, metavar="N", help="samples a batch (default: %(default)s)")
+    p.add_argument(
+        "-b", "--batch-size", type=int, default=64, metavar="N", help="samples a batch (default: %(default)s)"
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
     add_decode_flags(p)
     p.add_argument("--json", action="store_true", help="print the figures and the per-class rows as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
-    from stoker.model.train.scoring import evaluate_checkpoint
+    import sys
+
+    from stoker.model.train.scoring import check_paths, evaluate_checkpoint, run_checkpoint
     from stoker.pipeline.options import backend_for
 
+    checkpoint, which = run_checkpoint(args.checkpoint)  # a run folder: its best.pt, else its last.pt
+    check_paths(checkpoint, args.split)  # a wrong split is one line, before the line saying which
+    if which:
+        print(f"stoker eval: {which}", file=sys.stderr)
     backend = backend_for(args.backend, decode=args.decode, decoder=args.decoder)
     result = evaluate_checkpoint(
-        args.checkpoint,
+        checkpoint,
         args.split,
         batch_size=args.batch_size,
         device=args.device,

@@ -22,6 +22,7 @@ examples:
   stoker train seg-packed/ --out runs/seg --channels 1 --crop 256 --arch deeplabv3_mobilenet_v3_large
   stoker train coco-packed/ --out runs/det --task detect --crop 512 --train-fit scale-jitter --jitter 0.5,1.5
   stoker train --out runs/a --resume                      # the run's own settings (RUN/config.json)
+  stoker train data/ --out runs/a --epochs 90 --resume auto   # a job script: continue runs/a, else start it
   stoker train --out runs/a --resume --epochs 15          # extend a finished 10-epoch run
   stoker train other/ --out runs/ft --init-from runs/a/best.pt --lr 0.01   # fine-tune: a new head
   stoker train data/ --out runs/smoke --max-steps 20      # a smoke run
@@ -45,7 +46,7 @@ from stoker.model.train.mix import BALANCE_CHOICES
 
 from .common.loader_flags import add_crop_flags, add_decode_flags, add_pixel_flags, add_storage_flags, floats
 from .common.loader_flags import crop as crop_type
-from .common.saved_run import given_flags, note_given_flags, resume_settings
+from .common.saved_run import given_flags, note_given, note_given_flags, resume_settings
 
 HELP = "train a network on packed shards (AMP, channels_last, DDP, exact resume)"
 
@@ -56,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "data",
         metavar="DATA",
         nargs="?",
+        action=_Data,
         help="dataset root holding train/ (and val/) packed by `stoker pack` (with --resume: the run's own)",
     )
     p.add_argument("--out", required=True, metavar="RUN", help="run directory (created)")
@@ -153,7 +155,14 @@ def _batch_and_resolution_flags(p: argparse.ArgumentParser) -> None:
     """Epochs, the batch, crops and resolutions, and the pixel cache."""
     g = p.add_argument_group("epochs, batches and crops")
     g.add_argument("--epochs", type=int, default=5, metavar="N", help="epochs to train")
-    g.add_argument("--batch-size", type=int, default=64, metavar="N", help="per process (default: %(default)s)")
+    g.add_argument(
+        "-b",
+        "--batch-size",
+        type=int,
+        default=64,
+        metavar="N",
+        help="per process, as timm's -b (pytorch/examples' -b is the node's total) (default: %(default)s)",
+    )
     add_crop_flags(g)
     g = p.add_argument_group("resolution (FFCV's progressive resizing; FixRes: evaluate larger than you train)")
     g.add_argument(
@@ -324,12 +333,14 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--resume",
-        action="store_const",
-        const="auto",
+        nargs="?",
+        action=_Resume,
         default=None,
+        metavar="auto",
         help="continue from RUN/last.pt with the run's settings (RUN/config.json: DATA and flags need not be "
         "repeated; those given change them); a finished run given a larger --epochs is extended on a new "
-        "learning-rate schedule. Mid-epoch included, also on another number of "
+        "learning-rate schedule. --resume auto: continue when RUN holds a run, else start it (a cluster job "
+        "script resubmitted as it is after a preemption). Mid-epoch included, also on another number of "
         "processes (torchrun --nproc_per_node): the epoch goes on with the samples not yet seen, each once. "
         "The run keeps its global batch (--batch-size x processes), so its steps per epoch and its "
         "learning-rate schedule (per step) are unchanged: with 2 -> 1 processes pass twice the --batch-size",
@@ -352,6 +363,33 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     g.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_storage_flags(p)
+
+
+class _Resume(argparse.Action):
+    """``--resume`` (RUN/last.pt: ``"last"``) or ``--resume auto``; a value that is not ``auto`` is
+    DATA written after the flag (``--out runs/a --resume data/``), never swallowed by it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        note_given(namespace, self.dest)
+        if values is None or values in ("auto", "last"):
+            setattr(namespace, self.dest, values or "last")
+            return
+        setattr(namespace, self.dest, "last")
+        if getattr(namespace, "data", None) is not None:
+            parser.error(
+                f"{values!r}: --resume takes no value (RUN/last.pt) or auto (continue when RUN holds a run, else "
+                "start it); a checkpoint is --resume-from CKPT"
+            )
+        namespace.data = values
+
+
+class _Data(argparse.Action):
+    """DATA, kept when ``--resume`` took it (argparse fills an absent ``nargs="?"`` positional last)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is None and getattr(namespace, self.dest, None) is not None:
+            return
+        setattr(namespace, self.dest, values)
 
 
 def names(text: str) -> tuple[str, ...]:
@@ -440,7 +478,7 @@ def format_summary(s: dict) -> str:
     if s.get("val"):
         from stoker.model.train.loop import format_val
 
-        lines.append(f"val        {format_val(s['val'])}")
+        lines.append(f"val        {format_val(s['val'], balanced=s.get('balance') == 'classes')}")
     lines.append(f"checkpoint {s['checkpoint']}")
     return "\n".join(lines)
 

@@ -69,7 +69,8 @@ class TrainConfig:
     ``weight_decay=None`` picks 5e-5 for SGD, 0.05 for AdamW (never on norms and biases).
     ``threads`` goes to the Loader; ``torch_threads`` sets ``torch.set_num_threads`` (CPU
     training: leave cores to the loader). ``ckpt_every=0`` checkpoints at epoch ends only.
-    ``resume``: ``"auto"`` (RUN/last.pt) or a checkpoint path; without it a RUN that holds a run
+    ``resume``: ``"last"`` (RUN/last.pt), ``"auto"`` (RUN/last.pt when RUN holds a run, else a new run:
+    a job script resubmitted as it is) or a checkpoint path; without it a RUN that holds a run
     is refused unless ``overwrite`` (its run files are removed first). ``num_classes=None`` reads the
     class list from the train manifest. ``task="auto"`` trains what the split's targets are.
     ``model`` is your own network instead of ``arch``: ``"FILE.py:FUNCTION"`` or

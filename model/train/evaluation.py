@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..normalize import check_uint8_input
 from .mix import SplitVals
 from .runtime import AmpSpec, Dist
 from .tasks import Task
@@ -51,6 +52,10 @@ def _accumulate(model: nn.Module, loader: Iterable, metrics: tuple, *, device: t
     for images, targets in loader:
         targets = targets.to(device, non_blocking=True)
         with amp.autocast():
-            out = model(images).float()
+            try:
+                out = model(images).float()
+            except (RuntimeError, NotImplementedError) as e:  # a network without Normalize: one line
+                check_uint8_input(e, images)
+                raise
         for m in metrics:
             m.update(out, targets)

@@ -115,8 +115,9 @@ class _Loop:
             for epoch in range(run.start_epoch, cfg.epochs):
                 bar.set_description(f"epoch {epoch + 1}/{cfg.epochs}")
                 if not self._train_epoch(epoch, signals, bar):
-                    if self.at_max_steps:  # a smoke run tries the val pass too
+                    if self.at_max_steps:  # a smoke run tries the val pass too, and keeps its best
                         self._validate(epoch)
+                        self._keep_best(epoch, epoch_complete=False)
                     break  # stopped mid-epoch: last.pt holds where
                 self._end_epoch(epoch)
                 if self.stopped or self.at_max_steps:
@@ -226,10 +227,15 @@ class _Loop:
         run = self.run
         self._validate(epoch)
         run.checkpoint(epoch=epoch, epoch_complete=True)
+        self._keep_best(epoch, epoch_complete=True)
+
+    def _keep_best(self, epoch: int, *, epoch_complete: bool) -> None:
+        """``best.pt`` when the val pass just run beat the best figure so far (a smoke run's too)."""
+        run = self.run
         score = None if self.val is None else self.val.get(run.task.metric)
         if score is not None and math.isfinite(score) and score > run.best_score:
             run.best_score = score
-            run.checkpoint(epoch=epoch, epoch_complete=True, path=run.out / BEST)
+            run.checkpoint(epoch=epoch, epoch_complete=epoch_complete, path=run.out / BEST)
 
     def _validate(self, epoch: int) -> None:
         """Every rank gets rank 0's BN statistics; the val figures (when there is a val split),
@@ -242,7 +248,8 @@ class _Loop:
                 run.eval_model, run.val_loader, device=run.device, amp=run.amp, task=run.task, dist=run.dist
             )
             run.write_metrics({"kind": "val", "epoch": epoch, "step": run.step, **self.val, "time": time.time()})
-            run.log(f"epoch {epoch + 1}/{run.cfg.epochs}: val {format_val(self.val)}")
+            balanced = run.cfg.balance == "classes"
+            run.log(f"epoch {epoch + 1}/{run.cfg.epochs}: val {format_val(self.val, balanced=balanced)}")
 
     def _from_metrics(self) -> None:
         """The last train loss and val figures a finished run wrote (``RUN/metrics.jsonl``)."""
@@ -285,18 +292,23 @@ class _Loop:
             "interrupted": signal.Signals(self.stopped).name if self.stopped else None,
             "complete": run.step >= run.total_steps,
             "max_steps": run.cfg.max_steps if self.at_max_steps and run.step < run.total_steps else None,
+            "balance": run.cfg.balance,
+            "best": str(run.out / BEST) if (run.out / BEST).exists() else None,
             "weights_sha256": weights_digest(run.raw),
         }
 
 
-def format_val(val: dict) -> str:
+def format_val(val: dict, *, balanced: bool = False) -> str:
     """One line of validation figures: ``top-1 61.2%, top-5 98.1%``, ``MSE 0.012, MAE 0.08, R² 0.91``,
     ``mIoU 54.3%, pixel accuracy 88.0%``, ``mAP 41.0%`` or ``mAP 41.0%, mAP@50 63.2%``; then the loss
     (a detector's evaluation computes none) and the sample count, and for a mix each dataset's
-    figures: `` [web: top-1 61.2%, ...; curated: ...]``."""
+    figures: `` [web: top-1 61.2%, ...; curated: ...]``. With ``balanced`` (a run under
+    ``--balance classes``) the mean top-1 over the classes follows top-1: ``balanced top-1 58.0%``."""
     parts = []
     if val.get("top1") is not None:
         parts.append(f"top-1 {100 * val['top1']:.1f}%")
+    if balanced and val.get("balanced_top1") is not None:
+        parts.append(f"balanced top-1 {100 * val['balanced_top1']:.1f}%")
     if val.get("top5") is not None:
         parts.append(f"top-5 {100 * val['top5']:.1f}%")
     if "r2" in val:
@@ -312,7 +324,7 @@ def format_val(val: dict) -> str:
     line = ", ".join(parts) + f" ({val['n']} samples)"
     splits = val.get("splits")  # a mix: each dataset's figures after the overall ones
     if splits:
-        line += " [" + "; ".join(f"{name}: {format_val(v)}" for name, v in splits.items()) + "]"
+        line += " [" + "; ".join(f"{name}: {format_val(v, balanced=balanced)}" for name, v in splits.items()) + "]"
     return line
 
 

@@ -58,6 +58,20 @@ class MixPaths(str):
         return made
 
 
+def _nearest(root: Path) -> str:
+    """``": did you mean curated?"``: the dataset beside ``root`` (a folder holding ``train/``) whose
+    name is closest to its name (a typo in ``--mix``), or ``""`` when none is close."""
+    from stoker.errors import close_names
+
+    parent = root.parent
+    try:
+        names = sorted(d.name for d in parent.iterdir() if (d / "train").is_dir())
+    except OSError:
+        return ""
+    close = close_names(root.name, names)
+    return f": did you mean {' or '.join(close)}?" if close else ""
+
+
 def mix_split_dirs(cfg: Any) -> tuple[MixPaths, MixPaths]:
     """``(train splits, val splits)`` of ``cfg.mix`` (each dataset's ``train/`` and ``val/``); a local
     dataset without ``train/`` is a FileNotFoundError naming it."""
@@ -71,7 +85,9 @@ def mix_split_dirs(cfg: Any) -> tuple[MixPaths, MixPaths]:
             continue
         root = Path(name) if Path(name).is_absolute() else Path(cfg.data) / name
         if not (root / "train").is_dir():
-            raise FileNotFoundError(f"{arg('mix')} {name}: no {root / 'train'} (each dataset holds train/ and val/)")
+            raise FileNotFoundError(
+                f"{arg('mix')} {name}: no {root / 'train'} (each dataset holds train/ and val/){_nearest(root)}"
+            )
         roots.append(str(root))
     names, weights = [n for n, _ in entries], [w for _, w in entries]
     return (

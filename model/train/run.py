@@ -127,13 +127,18 @@ class Run:
         write the resolved config (rank 0)."""
         cfg = self.cfg
         check_loggers(cfg.logger or ())
+        auto = self._auto_resume()
+        cfg = self.cfg
         self._check_run_dir()
         self._start_runtime()
         self.console.enabled = self.dist.main
+        if auto:
+            self.log(auto)
         train_dir, val_dir = split_dirs(cfg)
         classes, num_classes = self._task(train_dir)
         self.channels = cfg.channels or 3
         net = self._build_net()  # a bad --arch or --model fails before any I/O
+        cfg = self._memory_format(net)
         data = make_loaders(
             cfg, self.factory, train_dir, val_dir, task=self.task, dist=self.dist, device=self.device, log=self.log
         )
@@ -232,6 +237,46 @@ class Run:
         return build_model(
             self.arch, self.num_outputs, image_size=min(crop), in_channels=self.channels, task=self.task.name
         )
+
+    def _memory_format(self, net: nn.Module) -> TrainConfig:
+        """The config with ``channels_last`` off when the network's forward cannot take it (a
+        ``.view`` flatten), said in one line; the config as it is otherwise."""
+        cfg = self.cfg
+        if not cfg.channels_last or self.task.name == "detect":  # a detector takes a list of images
+            return cfg
+        from ..user import channels_last_refusal
+
+        crop = tuple(cfg.crop) if isinstance(cfg.crop, (list, tuple)) else (cfg.crop, cfg.crop)
+        name = self.model_spec or self.arch
+        size = crop * 2 if len(crop) == 1 else crop
+        why = channels_last_refusal(net, in_channels=self.channels, size=size, name=name)
+        if why:
+            self.log(
+                f"--channels-last is off: {why}; batches and model stay contiguous, which forgoes channels_last's "
+                "speed-up of the convolutions (on a GPU); .reshape() or torch.flatten() in the forward keeps it"
+            )
+            self.cfg = dataclasses.replace(cfg, channels_last=False)
+        return self.cfg
+
+    def _auto_resume(self) -> str:
+        """``resume="auto"`` (``--resume auto``, for job scripts resubmitted as they are): continue the
+        run RUN holds (its ``last.pt``), else start one; the config says which from here on. A run
+        stopped before its first checkpoint has nothing to continue and starts over. Returns the
+        line that says so (``""`` for any other ``resume``)."""
+        cfg = self.cfg
+        if cfg.resume != "auto":
+            return ""
+        if (self.out / LAST).exists():
+            self.cfg = dataclasses.replace(cfg, resume="last")
+            return f"--resume auto: {self.out} holds a run: continuing it from {self.out / LAST}"
+        held = [name for name in RUN_FILES if (self.out / name).exists()]
+        self.cfg = dataclasses.replace(cfg, resume=None, overwrite=bool(held))
+        if held:
+            return (
+                f"--resume auto: {self.out} holds a run stopped before its first checkpoint ({', '.join(held)}): "
+                "starting it over"
+            )
+        return f"--resume auto: {self.out} holds no run yet: starting it"
 
     def _check_run_dir(self) -> None:
         """A run directory that already holds a run is continued (``--resume``) or replaced
@@ -340,11 +385,11 @@ class Run:
         """Continue the run of ``--resume`` (``RUN/last.pt``) or ``--resume-from CKPT`` where it
         stopped; a finished run given more ``--epochs`` is extended (:meth:`_extend`)."""
         cfg = self.cfg
-        path = self.out / LAST if cfg.resume in ("auto", "last") else Path(cfg.resume)
+        path = self.out / LAST if cfg.resume == "last" else Path(cfg.resume)
         if not path.exists():
             fix = (
                 f"start the run without {arg('resume')} ({arg('overwrite')} replaces what {self.out} holds)"
-                if cfg.resume in ("auto", "last")
+                if cfg.resume == "last"
                 else "give the path of a checkpoint (RUN/last.pt, RUN/best.pt)"
             )
             raise ArgumentError(f"{path}: no such checkpoint, so nothing to resume: {fix}")
@@ -377,6 +422,8 @@ class Run:
         self.resolved["resumed_from"] = {"path": str(path), "step": self.step, "world_size": old.get("world_size")}
         #: the checkpoint is the run's last step: nothing is left to train
         self.complete = self.step >= self.total_steps
+        if self.complete or (cfg.max_steps is not None and self.step >= cfg.max_steps):
+            return  # nothing resumes: the loop says so in one line, not "resumed" and then "nothing"
         self.log(
             f"resumed from {path} at step {self.step} (epoch {self.start_epoch + 1}, "
             f"step {self.epoch_step} of {self.steps_per_epoch})"

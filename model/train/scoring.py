@@ -22,16 +22,47 @@ from .runtime import Dist, resolve_amp, resolve_device
 from .tasks import ClassifyMetrics, MultilabelMetrics, SegmentMetrics, Task, average_precision, resolve_task
 
 
+def run_checkpoint(path: str | Path) -> tuple[Path, str]:
+    """The checkpoint ``stoker eval`` reads for ``path``: a file as it is; a run folder's ``best.pt``,
+    else its ``last.pt`` (a run without val, or before its first val pass, has none). Returns the
+    checkpoint and the line saying which one a run folder gave (``""`` for a file).
+
+    Raises:
+        UsageError: ``path`` does not exist, or is a folder that holds neither checkpoint.
+    """
+    from .config import BEST, LAST
+
+    path = Path(path)
+    if not path.is_dir():
+        if not path.is_file():
+            raise UsageError(f"{path} does not exist")
+        return path, ""
+    if (path / BEST).is_file():
+        return path / BEST, f"{path} is a run: evaluating its {BEST} (the best val figure of the run)"
+    if (path / LAST).is_file():
+        why = "no val figure yet, or no val split"
+        return path / LAST, f"{path} is a run without a {BEST} ({why}): evaluating its {LAST}"
+    raise UsageError(
+        f"{path} holds no checkpoint ({BEST}, {LAST}): give a run folder of `stoker train` or a checkpoint"
+    )
+
+
 def check_paths(checkpoint: str | Path, split: str) -> None:
     """One line (exit 2) for a checkpoint that is not a file or a path that is not a split, worded
-    as every command words it (:func:`stoker.pipeline.shards.paths.check_path`)."""
-    from stoker.pipeline.shards.paths import check_path
+    as every command words it (:func:`stoker.pipeline.shards.paths.check_path`); a pack's root
+    given for the split names its ``val/`` (what an evaluation reads) before its ``train/``."""
+    from stoker.errors import NotPackedError
+    from stoker.pipeline.shards.paths import MANIFEST_NAME, check_path
 
     ckpt = Path(checkpoint)
     if ckpt.is_dir():
         raise UsageError(f"{ckpt} is a run folder, not a checkpoint: give {ckpt / 'best.pt'} or {ckpt / 'last.pt'}")
     if not ckpt.is_file():
         raise UsageError(f"{ckpt} does not exist")
+    root = Path(split)
+    if not (root / MANIFEST_NAME).is_file() and (root / "val" / MANIFEST_NAME).is_file():
+        train = f" ({root / 'train'} for the train figures)" if (root / "train" / MANIFEST_NAME).is_file() else ""
+        raise NotPackedError(f"no {MANIFEST_NAME} in {root}: give a split, did you mean {root / 'val'}?{train}")
     check_path(split, "split")  # the same line as every command's for a wrong split
 
 
@@ -162,4 +193,4 @@ def evaluate_checkpoint(
     }
 
 
-__all__ = ["check_paths", "evaluate_checkpoint", "per_class"]
+__all__ = ["check_paths", "evaluate_checkpoint", "per_class", "run_checkpoint"]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..normalize import check_uint8_input
 from .runtime import AmpSpec
 from .tasks import Task
 
@@ -54,7 +55,12 @@ class TrainStep:
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with self.amp.autocast():
             # a detector's losses need the boxes in its forward (the loss says so)
-            out = self.model(images, labels) if getattr(self.loss_fn, "forward_targets", False) else self.model(images)
+            try:
+                targeted = getattr(self.loss_fn, "forward_targets", False)
+                out = self.model(images, labels) if targeted else self.model(images)
+            except (RuntimeError, NotImplementedError) as e:  # a network without Normalize: one line
+                check_uint8_input(e, images)
+                raise
             loss = self.loss_fn(out, labels)
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is None:

@@ -58,6 +58,12 @@ def imagenet(work: Workdir) -> None:
     _link(work.root / "data" / "imagenet", tree)
 
 
+@setup("photos")
+def photos(work: Workdir) -> None:
+    """``~/data/photos``: an ImageFolder (no val/), 300 images of 6 classes (its 90% fits a batch of 256)."""
+    make_image_folder(work.home / "data" / "photos", per_class=50, min_side=32, max_side=64)
+
+
 @setup("images")
 def images(work: Workdir) -> None:
     """``images/``: an ImageFolder of 300 images, 6 classes (no val/)."""

@@ -95,3 +95,47 @@ def test_the_wrapper_keeps_timms_parameter_groups():
     )
     with pytest.raises(AttributeError):
         model.no_such_attribute  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    "net",
+    [
+        torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()),
+        torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4)),
+        torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4)),
+    ],
+)
+def test_a_network_without_normalize_given_uint8_is_one_line_naming_with_normalize(net):
+    from stoker.errors import UsageError
+    from stoker.model.train import evaluate, resolve_amp
+    from stoker.model.train.step import TrainStep
+    from stoker.model.train.tasks import resolve_task
+    from stoker.pipeline.shards.targets import Target
+
+    x, y = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8), torch.tensor([0, 1])
+    off = resolve_amp("off", "cpu")
+
+    def train_step(model):
+        return TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.functional.cross_entropy, amp=off)
+
+    step = train_step(net)
+    for run in (
+        lambda: step(x, y),  # stoker train's and diagnose's step
+        lambda: evaluate(  # stoker train's val pass and stoker eval's
+            net,
+            [(x, y)],
+            device=torch.device("cpu"),
+            amp=off,
+            task=resolve_task("classify", Target(), ["a", "b", "c", "d"]),
+        ),
+    ):
+        with pytest.raises(UsageError) as e:
+            run()
+        line = str(e.value)
+        assert line.startswith("the network got a uint8 batch, the Loader's, with no Normalize in front (")
+        assert line.endswith(
+            "wrap it with stoker.model.with_normalize(net), which turns uint8 into normalized floats on the device"
+        )
+        assert "\n" not in line
+    assert step(x.float(), y).isfinite()  # floats, or the same net wrapped: no complaint
+    assert train_step(with_normalize(net))(x, y).isfinite()

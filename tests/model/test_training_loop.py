@@ -114,16 +114,17 @@ def test_regress_task(data, tmp_path):
     assert load_checkpoint(tmp_path / "run" / "last.pt")["model"]["net.fc.weight"].shape[0] == 1
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_checkpoints_mid_epoch_and_resume_is_exact(data, tmp_path, signum):
+# SIGTERM (a cluster's preemption) with resume="auto" from the start: the resubmitted job's config is the same
+@pytest.mark.parametrize("signum, first, then", [(signal.SIGTERM, "auto", "auto"), (signal.SIGINT, None, "last")])
+def test_signal_checkpoints_mid_epoch_and_resume_is_exact(data, tmp_path, signum, first, then):
     full = train(_cfg(data, tmp_path / "full", deterministic=True), loader_factory=factory())
     out = tmp_path / "cut"
-    s = train(_cfg(data, out, deterministic=True), loader_factory=factory(signal_at=8, signum=signum))
+    s = train(_cfg(data, out, deterministic=True, resume=first), loader_factory=factory(signal_at=8, signum=signum))
     assert s["interrupted"] == signal.Signals(signum).name and s["steps"] == 8  # epoch 2, batch 2 of 6
     ck = load_checkpoint(out / "last.pt")
     assert ck["step"] == 8 and not ck["epoch_complete"] and ck["loader"]["position"] == 2
     assert signal.getsignal(signum) is not None  # handlers were restored
-    r = train(_cfg(data, out, deterministic=True, resume="auto"), loader_factory=factory())
+    r = train(_cfg(data, out, deterministic=True, resume=then), loader_factory=factory())
     assert r["steps"] == 12 and r["interrupted"] is None
     assert r["weights_sha256"] == full["weights_sha256"]
     a, b = _weights(tmp_path / "full" / "last.pt"), _weights(out / "last.pt")
@@ -138,7 +139,7 @@ def test_resume_refuses_other_arch_and_other_batch_size(data, tmp_path):
     with pytest.raises(ArgumentError, match="needs the run's batch size .*use batch_size=8"):
         train(_cfg(data, out, epochs=1, batch_size=4, resume="auto"), loader_factory=factory())
     with pytest.raises(ArgumentError, match="no such checkpoint, so nothing to resume: start the run without resume"):
-        train(_cfg(data, tmp_path / "empty", epochs=1, resume="auto"), loader_factory=factory())
+        train(_cfg(data, tmp_path / "empty", epochs=1, resume="last"), loader_factory=factory())
 
 
 @pytest.mark.parametrize(

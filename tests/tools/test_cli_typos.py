@@ -43,6 +43,32 @@ def test_a_mistyped_flag_names_the_flag_it_meant(tmp_path):
     assert "the following arguments are required: --out (--ouput is not a flag: did you mean --out?)" in line
 
 
+def test_the_flags_other_tools_users_type_are_taken_or_named(tmp_path):
+    from stoker.tools.cli import FAMILIAR
+
+    # the same meaning: taken as they are (timm's and pytorch/examples' names)
+    train = subparsers(get_args_parser())["train"]
+    args = train.parse_args([str(tmp_path), "--out", "r", "-b", "16", "-j", "3"])
+    assert (args.batch_size, args.threads) == (16, 3)
+    assert train.parse_args([str(tmp_path), "--out", "r", "--workers", "2"]).threads == 2
+    assert subparsers(get_args_parser())["eval"].parse_args(["c.pt", "s", "-b", "4", "-j", "2"]).threads == 2
+    # another tool's name: stoker's flag, with why where the meaning differs
+    for flag, meant in (
+        ("--lr-rate", "did you mean --lr?"),
+        ("--learning-rate", "did you mean --lr? (the peak rate: a linear warm-up, then cosine decay to 0)"),
+        ("--bs", "did you mean --batch-size?"),
+        ("--num-workers", "did you mean --threads? (the Loader's decode threads or processes; -j/--workers"),
+        ("--pretrained", "did you mean --init-from? (nothing is downloaded: give a checkpoint or a state_dict"),
+    ):
+        line = one_line(run("train", tmp_path, "--out", tmp_path / "r", flag, "1"))
+        assert f"unrecognized arguments: {flag} 1: {meant}" in line, line
+    assert all(mine.startswith("--") for mine, _ in FAMILIAR.values())
+    # a command without the flag it would name: no suggestion from the table
+    assert "did you mean" not in one_line(run("verify", tmp_path, "--lr-rate", "1"))
+    # diagnose's own --workers is its torchvision DataLoader's: -j is not taken there
+    assert "unrecognized arguments: -j 2" in one_line(run("diagnose", tmp_path, "-j", "2"))
+
+
 def test_abbreviations_are_refused_in_every_command(tmp_path):
     line = one_line(run("train", tmp_path, "--out", tmp_path / "r", "--epoch", "2"))
     assert "unrecognized arguments: --epoch 2: did you mean --epochs" in line

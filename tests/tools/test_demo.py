@@ -55,3 +55,14 @@ def test_demo_detect_learns_the_shapes_boxes(tmp_path, capsys):
     result = json.loads(out[out.index("{") :])
     assert result["task"] == "detect" and result["packed"] == {"train": 240, "val": 50}
     assert result["train"]["val"]["map50"] > 0.1 and result["seconds"] < 120
+
+
+def test_demo_help_names_every_task_with_an_example(capsys):
+    from stoker.tools.demo import DEMO_TASKS
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for task in DEMO_TASKS[1:]:  # classify is the default, the bare `stoker demo`
+        assert f"--task {task}:" in out and f"stoker demo --task {task}" in out, task
+    assert "mAP@50" in out

@@ -53,9 +53,9 @@ def test_wrong_paths_are_one_line_and_exit_2(run, tmp_path):
     write_split(tmp_path / "three", num_samples=6, samples_per_shard=6, classes=CLASSES[:3])
     ckpt, val = run / "run" / "last.pt", run / "data" / "val"
     for argv, message in (
-        ([run / "run", val], f"{run / 'run'} is a run folder, not a checkpoint: give {run / 'run' / 'best.pt'}"),
+        ([tmp_path, val], f"{tmp_path} holds no checkpoint (best.pt, last.pt): give a run folder"),
         ([tmp_path / "no.pt", val], f"{tmp_path / 'no.pt'} does not exist"),
-        ([ckpt, run / "data"], f"(did you mean {run / 'data' / 'train'}?)"),
+        ([ckpt, run / "data"], f"give a split, did you mean {run / 'data' / 'val'}? ({run / 'data' / 'train'} for"),
         ([ckpt, tmp_path / "photos"], "is an image folder, not packed shards: run `stoker pack"),
         ([ckpt, tmp_path / "three"], "its classes are not the checkpoint's (3 vs 6"),
     ):

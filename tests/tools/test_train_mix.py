@@ -57,6 +57,7 @@ def test_a_mixed_balanced_run_names_the_mix_and_validates_each_dataset(data, tmp
         (["--mix", "web:0.7,curated:x"], "--mix web:0.7,curated:x: 'curated:x' is not NAME:WEIGHT"),
         (["--mix", "web:0,curated:0"], "at least one weight must be above 0"),
         (["--mix", "web:1,nowhere:1"], "--mix nowhere: no "),
+        (["--mix", "web:1,curatd:1"], "(each dataset holds train/ and val/): did you mean curated?"),
     ],
 )
 def test_a_bad_mix_is_one_line(data, tmp_path, flags, message):

@@ -115,8 +115,10 @@ def add_crop_flags(p: argparse.ArgumentParser, *, default: int | None = 224, rec
     )
 
 
-def add_decode_flags(p: argparse.ArgumentParser, *, decode: bool = True) -> None:
-    """``--backend`` (the registry's names), ``--decoder``, ``--threads`` and (``decode``) ``--decode``."""
+def add_decode_flags(p: argparse.ArgumentParser, *, decode: bool = True, workers: bool = True) -> None:
+    """``--backend`` (the registry's names), ``--decoder``, ``--threads`` and (``decode``) ``--decode``;
+    with ``workers`` (a command with no ``--workers`` of its own) ``-j``/``--workers`` name ``--threads``
+    too: timm's and pytorch/examples' loader workers, the same job (decoding in parallel)."""
     from stoker.pipeline.backends import DECODES, backend_names
     from stoker.pipeline.backends.decoders import DECODER_NAMES
 
@@ -134,7 +136,16 @@ def add_decode_flags(p: argparse.ArgumentParser, *, decode: bool = True) -> None
     )
     if decode:
         p.add_argument("--decode", choices=DECODES, default="auto", help="GPU (mixed) or CPU decode (default: auto)")
-    p.add_argument("--threads", type=int, default=None, help="Loader decode threads (default: the Loader's choice)")
+    names = ("-j", "--threads", "--workers") if workers else ("--threads",)
+    p.add_argument(
+        *names,
+        dest="threads",
+        type=int,
+        default=None,
+        help="Loader decode threads (DALI) or processes (pil)"
+        + ("; -j/--workers as timm and pytorch/examples name their loader workers" if workers else "")
+        + " (default: the Loader's choice)",
+    )
 
 
 def add_storage_flags(p: argparse.ArgumentParser, *, cache: bool = True, order: bool = True) -> None:

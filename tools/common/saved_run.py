@@ -28,11 +28,15 @@ def _noting(cls: type[argparse.Action]) -> type[argparse.Action]:
         def __call__(self, parser, namespace, values, option_string=None):
             super().__call__(parser, namespace, values, option_string)
             if option_string is not None:
-                given = vars(namespace).setdefault(_GIVEN, set())
-                given.add(self.dest)
+                note_given(namespace, self.dest)
 
     Noting.__name__ = cls.__name__
     return Noting
+
+
+def note_given(namespace: argparse.Namespace, dest: str) -> None:
+    """Note that the option of ``dest`` was on the command line (what an action of its own calls)."""
+    vars(namespace).setdefault(_GIVEN, set()).add(dest)
 
 
 def note_given_flags(parser: argparse.ArgumentParser) -> None:
@@ -98,4 +102,4 @@ def resume_settings(out: str | Path, fields: dict[str, Any], given: set[str]) ->
     return merged, line
 
 
-__all__ = ["NOT_CARRIED", "given_flags", "note_given_flags", "resume_settings", "saved_settings"]
+__all__ = ["NOT_CARRIED", "given_flags", "note_given", "note_given_flags", "resume_settings", "saved_settings"]

@@ -14,9 +14,11 @@ than 5 steps, or whose windows spread more than ±25%, is too few or too noisy t
 on: the report says so and ranks no speed-up that rests on it. The loader, fp32 and
 end-to-end figures are always measured; the model's variants (AMP, channels_last, 2x
 batch) only while the run stays within 12x --seconds. With the defaults a run takes
-about a minute (60 s for the default inception at batch 64 on 2 CPU cores; the budget
-bounds it on any device), plus packing a sample for an ImageFolder; a model whose step
-takes seconds gets its figures flagged instead: raise --seconds or lower --batch-size.
+about a minute (60 s for the default inception at batch 64 on 2 CPU cores), plus packing
+a sample for an ImageFolder. A model slower than 3 s a step (resnet50 at batch 64 on a
+CPU) takes longer and gets fewer than 5 steps a figure: once its first step is timed, one
+line says how long the run takes and the --seconds that settles its figures (or lower
+--batch-size).
 
 --amp auto measures what `stoker train --amp auto` trains with: bf16 on GPUs that have
 it, fp16 on the others, bf16 on CPUs with native bf16 (AMX/AVX512-BF16), nothing on
@@ -42,6 +44,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="your network: 'package.module:factory' or 'path/to/file.py:factory'; FACTORY() (given "
         "num_classes= when it takes it) returns an nn.Module taking normalized float NCHW input",
     )
-    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("-b", "--batch-size", type=int, default=64, help="batch size (default 64)")
     add_crop_flags(p)
     p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: cuda when available)")
     p.add_argument(
@@ -111,7 +114,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="measure channels_last (auto: when the model has convolutions)",
     )
-    add_decode_flags(p)
+    add_decode_flags(p, workers=False)  # its --workers: the torchvision pipeline's DataLoader
     add_pixel_flags(p)
     p.add_argument(
         "--workers",
@@ -257,6 +260,7 @@ def diagnose(
     if num_samples < batch_size:
         raise UsageError(f"--batch-size {batch_size} is larger than the {num_samples} samples in {path}")
     net = build_net(arch, model, num_classes, crop, task)  # a bad --model is its one line, no plan before it
+    started = time.perf_counter()  # the plan's time counts from here (a slow model's line says the real one)
     say(time_plan(seconds, packed_sample=min(pack_sample_size, num_samples) if kind != "shards" else 0))
     fit = _fit_batch(net, batch_size, crop=crop, device=device, task=task, seconds=seconds)
     if fit.why:
@@ -307,6 +311,7 @@ def diagnose(
                 progress=say,
                 task=task,
                 fit=fit,
+                started=started,
             )
         except DiagnoseError as e:
             raise UsageError(str(e)) from None

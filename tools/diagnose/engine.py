@@ -23,13 +23,59 @@ from stoker.errors import ArgumentError, DiagnoseError
 BUDGET = 12
 
 
+def slow_step_s(seconds: float) -> float:
+    """The model step above which the promise of :func:`time_plan` does not hold: a figure's
+    :data:`~.timing.MIN_STEPS` steps no longer fit in its :data:`~.timing.CAP` x ``seconds``."""
+    from .timing import CAP, MIN_STEPS
+
+    return CAP * seconds / MIN_STEPS
+
+
 def time_plan(seconds: float, *, packed_sample: int = 0) -> str:
     """The line said before anything is measured: about how long the run takes. Its budget
     (:data:`BUDGET` x ``seconds``) holds the figures the verdict needs and the model's variants that
-    fit; only a step that alone outlasts ``seconds`` (the report then says so) or many loader
-    alternatives go past it. An ImageFolder's sample is packed first (``packed_sample`` images)."""
+    fit; a model slower than :func:`slow_step_s` a step goes past it (said again once its step is
+    timed: :func:`slow_model_line`), as do many loader alternatives. An ImageFolder's sample is
+    packed first (``packed_sample`` images)."""
     line = f"this takes about {BUDGET * seconds:.0f} s ({BUDGET} x {seconds:g} s of measurements"
-    line += f"; first {packed_sample} images are packed to measure stoker on them)" if packed_sample else ")"
+    line += f"; first {packed_sample} images are packed to measure stoker on them" if packed_sample else ""
+    return line + f"; longer for a model slower than {slow_step_s(seconds):.2g} s a step, said once it is timed)"
+
+
+def settle_seconds(step_s: float) -> float:
+    """The ``--seconds`` at which a step of ``step_s`` gets its :data:`~.timing.MIN_STEPS` timed
+    steps (by :data:`~.timing.CAP` x ``seconds``), rounded up to a number worth typing."""
+    import math
+
+    from .timing import CAP, MIN_STEPS
+
+    need = MIN_STEPS * step_s / CAP
+    return float(math.ceil(need)) if need >= 1 else math.ceil(need * 10) / 10
+
+
+def slow_model_line(
+    fp32: dict, *, seconds: float, warm: int, elapsed: float, budget: float, device, batch_size: int = 64
+) -> str:
+    """What a slow model does to the run, once its fp32 step is timed (``""`` for one that keeps
+    the promise of :func:`time_plan`): the run's real length, from the step's time (the end-to-end
+    figure still to come takes as many warm-up and timed steps, the bus a second or two), and, where
+    its figures get too few steps to advise on, the ``--seconds`` that settles them."""
+    from .timing import CAP, MIN_STEPS
+
+    step = fp32["step_ms"] / 1000
+    if step <= slow_step_s(seconds):
+        return ""
+    timed = max(seconds, step * MIN_STEPS) if step * MIN_STEPS <= CAP * seconds else max(seconds, step)
+    total = elapsed + warm * step + timed + min(seconds, 2.0)
+    line = f"the model takes {step:.1f} s a step on {device}: this run takes about {total:.0f} s"
+    line += f", past the {budget:.0f} s said" if total > budget else ""
+    if fp32.get("trust") == "few":
+        need = settle_seconds(step)
+        line += (
+            f"; {fp32['steps']} timed step(s) a figure are too few to advise on ({MIN_STEPS} needed): "
+            f"--seconds {need:g} settles them (about {BUDGET * need + warm * step:.0f} s)"
+        )
+        line += ", or a smaller --batch-size" if batch_size > 2 else ""  # 2: the least a BatchNorm trains on
     return line
 
 
@@ -71,6 +117,7 @@ def run_diagnosis(
     progress: Callable[[str], None] | None = None,
     task=None,
     fit=None,
+    started: float | None = None,
 ) -> dict:
     """Measure ``loader`` and ``model`` separately and together; return the report dict.
 
@@ -101,6 +148,8 @@ def run_diagnosis(
             synthetic targets of the model-alone figures); ``None``: class labels.
         fit: How ``batch_size`` was sized (:class:`~stoker.tools.diagnose.sizing.BatchFit`): the
             2x batch variant is measured only where it fits the memory; reported in ``settings``.
+        started: ``time.perf_counter()`` when the caller's run began (the model built, the batch
+            sized before this call): what a slow model's line counts the run's length from.
 
     Returns:
         A JSON-ready dict: ``environment``, ``settings``, ``data``, ``loader``, ``model``,
@@ -116,7 +165,6 @@ def run_diagnosis(
 
     from .measure import environment
     from .report import caveats_of, judge, next_steps
-    from .timing import CAP, MIN_STEPS
 
     h, w = _check_arguments(batch_size, crop, seconds, amp, channels_last)
     say = progress or (lambda line: None)
@@ -130,11 +178,13 @@ def run_diagnosis(
     loader_r, alt_r = _measure_loaders(loader, alternatives, seconds=seconds, warmup_batches=warmup_batches, say=say)
 
     amp_dtype, amp_why = resolve_amp(amp, device)
-    cl, cl_why = _channels_last_choice(channels_last, model)
+    cl, cl_why = _channels_last_choice(channels_last, model, loader_r=loader_r, size=(h, w))
     bench = _ModelBench(model, crop=crop, device=device, seconds=seconds, task=task, say=say)
     fp32 = _measure_fp32(bench, batch_size, warmup_batches)
-    # One step that outlasts the budget: one warm-up step is plenty, and saves minutes.
-    warm = 1 if fp32["step_ms"] > 1000 * seconds else warmup_batches
+    since = deadline - budget if started is None else started
+    warm = _after_fp32(
+        fp32, seconds, warmup_batches, since=since, budget=budget, device=device, batch=batch_size, say=say
+    )
     e2e, transfer = _measure_end_to_end_and_transfer(loader, model, loader_r, device, seconds, warm, task, say)
 
     stages = _stages(loader_r, fp32, transfer)
@@ -162,20 +212,19 @@ def run_diagnosis(
     return {
         "stoker_version": __version__,
         "environment": env,
-        "settings": {
-            "batch_size": batch_size,
-            "crop": crop if isinstance(crop, int) else f"{h}x{w}",
-            "device": str(device),
-            "seconds": seconds,
-            "min_steps": MIN_STEPS,
-            "max_seconds": CAP * seconds,
-            "budget_s": budget,
-            "amp": amp,
-            "amp_measured": amp_dtype,
-            "channels_last": channels_last,
-            "warmup_batches": warmup_batches,
-            "batch_fit": fit.to_dict() if fit is not None else None,
-        },
+        "settings": _settings(
+            batch_size=batch_size,
+            crop=crop if isinstance(crop, int) else f"{h}x{w}",
+            device=device,
+            seconds=seconds,
+            budget=budget,
+            fp32=fp32,
+            amp=amp,
+            amp_measured=amp_dtype,
+            channels_last=channels_last,
+            warmup_batches=warmup_batches,
+            fit=fit,
+        ),
         "data": data_out,
         "loader": loader_r,
         "loader_alternatives": alt_r,
@@ -189,12 +238,56 @@ def run_diagnosis(
     }
 
 
-def _channels_last_choice(channels_last: str, model) -> tuple[bool, str]:
-    """``(measure channels_last?, why)`` for the ``channels_last`` argument and ``model``."""
+def _after_fp32(
+    fp32: dict, seconds: float, warmup_batches: int, *, since: float, budget: float, device, batch: int, say
+) -> int:
+    """The warm-up steps of the figures still to come, once the model's fp32 step is timed (a step
+    that outlasts ``seconds``: one is plenty, and saves minutes); a slow model's line said."""
+    warm = 1 if fp32["step_ms"] > 1000 * seconds else warmup_batches
+    elapsed = time.perf_counter() - since
+    line = slow_model_line(
+        fp32, seconds=seconds, warm=warm, elapsed=elapsed, budget=budget, device=device, batch_size=batch
+    )
+    if line:
+        say(line)
+    return warm
+
+
+def _settings(*, batch_size: int, crop, device, seconds: float, budget: float, fp32: dict, fit, **asked) -> dict:
+    """The report's ``settings``: what was measured how (``asked``: the AMP and channels_last
+    choices, the warm-up), and the ``--seconds`` that would settle a slow model's figures."""
+    from .timing import CAP, MIN_STEPS
+
+    return {
+        "batch_size": batch_size,
+        "crop": crop,
+        "device": str(device),
+        "seconds": seconds,
+        "min_steps": MIN_STEPS,
+        "max_seconds": CAP * seconds,
+        "budget_s": budget,
+        # the --seconds at which the model's figures get their MIN_STEPS (None: they do at this one)
+        "settle_seconds": settle_seconds(fp32["step_ms"] / 1000) if fp32.get("trust") == "few" else None,
+        **asked,
+        "batch_fit": fit.to_dict() if fit is not None else None,
+    }
+
+
+def _channels_last_choice(channels_last: str, model, *, loader_r: dict, size: tuple[int, int]) -> tuple[bool, str]:
+    """``(measure channels_last?, why)`` for the ``channels_last`` argument and ``model``; a model
+    whose forward cannot take channels_last (a ``.view`` flatten) is measured as it is, never in it
+    (probed on the loader's channels)."""
+    from stoker.model.user import channels_last_refusal
+
+    shape = loader_r.get("batch_shape") or []
+    in_channels = shape[1] if len(shape) == 4 else 3
     cl = channels_last == "on" or (channels_last == "auto" and has_conv(model))
     cl_why = {"on": "--channels-last on", "off": "--channels-last off"}.get(
         channels_last, "model has convolutions" if cl else "not measured: no convolutions in the model"
     )
+    refusal = channels_last_refusal(model, in_channels=in_channels, size=size, name="the model") if cl else ""
+    if refusal:
+        return False, f"not measured: {refusal}; .reshape() or torch.flatten() in the forward lets it be measured"
     return cl, cl_why
 
 

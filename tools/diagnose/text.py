@@ -137,7 +137,9 @@ def _steps_lines(rep: dict) -> list[str]:
     head = f"({v['ratio']:.1f}x)" if reliable else "— not settled: too few or too noisy figures, no speed-up claims"
     lines = ["", f"verdict: {v['label'].upper()} {head}", f"  {v['text']}", ""]
     if not reliable and not rep["next_steps"]:
-        lines.append("next steps: none ranked until the figures are settled (measure longer: --seconds)")
+        need = rep["settings"].get("settle_seconds")
+        longer = f"--seconds {need:g} settles the model's" if need else "measure longer: --seconds"
+        lines.append(f"next steps: none ranked until the figures are settled ({longer})")
     elif rep["next_steps"]:
         lines.append("next steps, by estimated end-to-end speed-up")
         for c in rep["next_steps"]:

@@ -121,6 +121,13 @@ class PackResult(Result):
             hint = f"; {flags} keeps the original sizes"
         return "stored: " + ", ".join(parts) + hint
 
+    def no_val_line(self) -> str:
+        """The line of a pack without a val split: what that means for training, and how to add one."""
+        return (
+            "val: none, a train split only: `stoker train` trains without validation (no val figures, no "
+            "best.pt); for a val split pack again into a new OUT with --val-fraction 0.1 (or give a train/ + val/ tree)"
+        )
+
     def hidden_line(self) -> str:
         """``left out 2 hidden folders: .git/, rings/.thumbs/`` (the first 5 named), or ""."""
         if not self.hidden:
@@ -155,6 +162,8 @@ class PackResult(Result):
         ]
         if self.targets:
             lines.append(f"targets: {self.targets}")
+        if "train" in self.splits and "val" not in self.splits:
+            lines.append(self.no_val_line())
         if self.targets_found:
             lines.append(f"masks: {self.targets_found}")
         lines += hidden

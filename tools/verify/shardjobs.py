@@ -139,7 +139,9 @@ def run_shard_jobs(
         else:
             todo.append(k)
     journal.start()
-    bar = tqdm(total=len(jobs), initial=len(results), desc=desc, unit="shard", file=sys.stderr, disable=not progress)
+    # a bar on a terminal only, as train's and bench's: redirected to a file, \r bars are noise in it
+    disable = None if progress else True  # None: tqdm draws only where stderr is a terminal
+    bar = tqdm(total=len(jobs), initial=len(results), desc=desc, unit="shard", file=sys.stderr, disable=disable)
     run = _ray_results if engine == "ray" else _local_results
     try:
         for k, result in run(fn, [jobs[k] for k in todo], todo, workers, [shards[k] for k in todo], what):

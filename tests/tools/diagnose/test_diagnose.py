@@ -361,11 +361,19 @@ needs_loader = pytest.mark.skipif(not _loader_available(), reason="stoker.pipeli
 @pytest.mark.slow
 def test_cli_end_to_end_on_shards_json(capsys, shards, tmp_path):
     f = tmp_path / "tiny.py"
+    # the seed report's flatten, x.view(x.size(0), -1): it fails on a channels_last tensor
     f.write_text(
         "from torch import nn\n"
+        "class Net(nn.Module):\n"
+        "    def __init__(self, num_classes):\n"
+        "        super().__init__()\n"
+        "        self.body = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(2))\n"
+        "        self.fc = nn.Linear(16, num_classes)\n"
+        "    def forward(self, x):\n"
+        "        x = self.body(x)\n"
+        "        return self.fc(x.view(x.size(0), -1))\n"
         "def build(num_classes):\n"
-        "    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),"
-        " nn.Linear(4, num_classes))\n"
+        "    return Net(num_classes)\n"
     )
     rc, out, err = _cli(
         capsys,
@@ -394,12 +402,15 @@ def test_cli_end_to_end_on_shards_json(capsys, shards, tmp_path):
         d["verdict"]["ratio"],
     ):
         assert math.isfinite(fig) and fig > 0
-    assert d["audit"]["total_params"] == 3 * 4 * 9 + 4 + 4 * 6 + 6
+    assert d["audit"]["total_params"] == 3 * 4 * 9 + 4 + 16 * 6 + 6
     from stoker.pipeline.deps import HAS_DALI
 
     assert d["data"]["backend"]["name"] == d["data"]["loader"]["backend"] == ("dali" if HAS_DALI else "pil")
     assert d["data"]["backend"]["why"].startswith("nvidia-dali is")
     assert "loader alone" in err  # progress goes to stderr, JSON alone to stdout
+    # the .view network is measured as it is: channels_last not measured, and why
+    why = d["model"]["channels_last"]["why"]
+    assert d["model"]["channels_last"].get("images_per_s") is None and "forward calls .view()" in why
 
 
 @needs_loader
@@ -477,7 +488,11 @@ def test_diagnose_python_api_takes_a_module(shards):
         shards, model=net, batch_size=4, crop=32, seconds=0.1, device="cpu", channels_last="off", progress=lines.append
     )
     took = time.perf_counter() - started
-    assert lines[0] == "this takes about 1 s (12 x 0.1 s of measurements)"  # said before anything is measured
+    # said before anything is measured
+    assert lines[0] == (
+        "this takes about 1 s (12 x 0.1 s of measurements; longer for a model slower than 0.06 s a step, said once "
+        "it is timed)"
+    )
     assert took < 12 * 0.1 + 10, took  # the budget, and the start-up (model, loader) on a busy machine
     stages = result.verdict["stages"]
     assert isinstance(result, Diagnosis) and result.bound == min(stages, key=stages.get)  # the slowest stage
@@ -586,6 +601,34 @@ def test_help_says_how_long_the_defaults_take(capsys):
         cli.main(["diagnose", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "about a minute" in out and "5 steps" in out
+    assert "A model slower than 3 s a step (resnet50 at batch 64 on a CPU) takes longer" in out
+
+
+def test_a_slow_model_says_how_long_the_run_takes_and_what_settles_it():
+    # a step of 0.3 s at --seconds 0.1: the promise (1.2 s) cannot hold, and 1 timed step a figure is too few
+    from stoker.tools.diagnose.engine import settle_seconds, slow_model_line
+
+    said = []
+    t0 = time.perf_counter()
+    rep = _run(SlowLoader(batches=50), SleepyModel(0.3), seconds=0.1, budget_s=None, progress=said.append)
+    wall = time.perf_counter() - t0
+    step = rep["model"]["fp32"]["step_ms"] / 1000
+    line = next(x for x in said if x.startswith("the model takes "))
+    assert line.startswith(f"the model takes {step:.1f} s a step on cpu: this run takes about ")
+    total = float(line.split("this run takes about ")[1].split(" s")[0])
+    assert 0.5 * wall <= total <= 1.5 * wall  # what it says is what it took
+    need = settle_seconds(step)  # 5 steps of 0.3 s by 3x --seconds: 0.5 s
+    assert need == settle_seconds(0.3) == 0.5 or step > 0.3
+    assert ", past the 1 s said; 1 timed step(s) a figure are too few to advise on (5 needed)" in line
+    assert f"(5 needed): --seconds {need:g} settles them (about " in line
+    assert rep["settings"]["settle_seconds"] == need and rep["model"]["fp32"]["trust"] == "few"
+    text = format_report(rep)
+    assert f"next steps: none ranked until the figures are settled (--seconds {need:g} settles the model's)" in text
+    # a model that keeps the promise (5 steps in 3x --seconds): no such line
+    fast = {"step_ms": 1000.0, "trust": "ok", "steps": 9}
+    assert slow_model_line(fast, seconds=5, warm=2, elapsed=10, budget=60, device="cpu") == ""
+    slow = slow_model_line(fast | {"step_ms": 9000.0}, seconds=5, warm=1, elapsed=20, budget=60, device="cpu")
+    assert slow == "the model takes 9.0 s a step on cpu: this run takes about 40 s"  # 20 + 9 warm + 9 timed + 2 bus
 
 
 def test_train_val_tree_suggests_packing_the_tree(tmp_path, monkeypatch):
