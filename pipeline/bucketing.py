@@ -40,6 +40,7 @@ def bucket_order(
     crops: CropSpec,
     sync: bool,
     path: Any,
+    base: Any = None,
     rank: int,
     world_size: int,
     train: bool,
@@ -66,6 +67,7 @@ def bucket_order(
         buckets=chosen,
         bucket_of=chosen.assign(wh),
         sync=sync,
+        base=base,
         rank=rank,
         world_size=world_size,
         train=train,
@@ -89,11 +91,11 @@ def bucket_order(
     return made
 
 
-def bucketed(buckets: Any, *, mix: Any, shuffle: str, source: Any, **kw: Any) -> BucketOrder:
-    """The Loader's ``buckets=``: refused in one line where it does not apply yet, else
-    :func:`bucket_order` over the split."""
-    if mix is not None:
-        raise ArgumentError("buckets= reads one split: a mix (a list of splits, weights=, balance=) is not bucketed")
+def bucketed(buckets: Any, *, inner: Any, options: Any, mix: Any, source: Any, **kw: Any) -> BucketOrder:
+    """The Loader's ``buckets=`` over its order ``inner``: refused in one line where it does not
+    apply, else :func:`bucket_order` over the split, or over a mix's (or a balance's) draws: the
+    policy's epoch read whole on one rank, at the Loader's global batch, is what gets bucketed."""
+    shuffle = options.shuffle
     if shuffle != "global":
         raise ArgumentError(f"buckets= orders the whole split (shuffle='global'), not shuffle={shuffle!r}")
     if source.cache is not None:
@@ -101,7 +103,15 @@ def bucketed(buckets: Any, *, mix: Any, shuffle: str, source: Any, **kw: Any) ->
             f"buckets= needs the image sizes a local split's table records; {source.path} is a URL: "
             "bucket a local copy of it"
         )
-    return bucket_order(buckets, index=source.index, path=source.path, **kw)
+    base = None
+    if mix is not None and kw["train"]:
+        from .stages import sample_order
+
+        one_rank = {"rank": 0, "world_size": 1, "train": True, "batch_size": kw["batch_size"] * kw["world_size"]}
+        base = sample_order(options, source, **one_rank)
+    made = bucket_order(buckets, index=source.index, path=source.path, base=base, **kw)
+    made.inner = inner  # the order bucketed (a mix's plan and summary read it)
+    return made
 
 
 def shown_share(wh: np.ndarray, crops: CropSpec, buckets: Buckets | None = None) -> float:

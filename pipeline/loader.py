@@ -241,8 +241,8 @@ class Loader(EpochState, DataLoaderSurface):
         )
         if buckets is not None:  # every batch one shape, by the images' own aspect (pipeline/bucketing.py)
             self.order = bucketed(
-                buckets, mix=mix, shuffle=self.shuffle, source=self.source, crops=opts.crops, sync=bucket_sync,
-                rank=self.rank, world_size=self.world_size, train=self.train, batch_size=batch_size,
+                buckets, inner=self.order, options=opts.order, mix=mix, source=self.source, crops=opts.crops,
+                sync=bucket_sync, rank=self.rank, world_size=self.world_size, train=self.train, batch_size=batch_size,
             )  # fmt: skip
         self.drop_last = self.order.drop_last
         #: the train batches' per-sample augmentation and mixing (:mod:`.augment.apply`)

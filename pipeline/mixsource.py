@@ -201,6 +201,17 @@ class MixIndex:
     def shard_path(self, i: int) -> Path:
         return Path(self.shard_names[self.shard_of(i)])
 
+    @property
+    def has_sizes(self) -> bool:
+        return all(p.has_sizes for p in self.parts)
+
+    def stored_sizes(self, idx) -> np.ndarray:
+        idx = np.asarray(idx, np.int64)
+        out = np.zeros((len(idx), 2), np.int64)
+        for sel, wh in self._each(idx, lambda p, i: p.stored_sizes(i)):
+            out[sel] = wh
+        return out
+
     def images(self, idx) -> tuple[list, np.ndarray]:
         return self._gather_views(idx, lambda p, i: p.images(i))
 
@@ -451,7 +462,7 @@ def start_mix(loader: Any, spec: MixSpec | None) -> Mix | None:
     and cycles), on stderr."""
     if spec is None:
         return None
-    mix = Mix(loader.order.plan, loader.index, spec.balance)
+    mix = Mix(getattr(loader.order, "inner", loader.order).plan, loader.index, spec.balance)  # bucketed: the mix's
     if loader.rank == 0:
         for why in loader.source.spec.left_out:
             print(f"stoker mix: {why}: left out", file=sys.stderr)

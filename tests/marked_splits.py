@@ -19,6 +19,7 @@ from PIL import Image
 from stoker.pipeline.shards.boxes import encode_boxes
 from stoker.pipeline.shards.kinds import Target, encode_float, encode_labels
 from stoker.pipeline.shards.manifest import Manifest
+from stoker.pipeline.shards.table import write_split_table
 from stoker.pipeline.shards.writer import ShardWriter
 from stoker.tools.common.synth import encode
 
@@ -50,8 +51,8 @@ def blue_of(kind: str, target: object) -> int:
 def write_marked(
     split: Path, kind: str, *, n: int, first_uid: int = 0, per_shard: int = 8, classes=CLASSES, side: int = 40
 ) -> Path:
-    """A ``kind`` split of ``n`` solid PNG pictures (sizes ``side`` to ``side + 12``), samples
-    ``first_uid ..``; returns ``split``."""
+    """A ``kind`` split of ``n`` solid PNG pictures (sides ``side`` to ``side + 24``), samples
+    ``first_uid ..``, its table written with the images' sizes (as pack writes it); returns ``split``."""
     split.mkdir(parents=True, exist_ok=True)
     shards = []
     target = {
@@ -63,7 +64,7 @@ def write_marked(
             for i in range(start, min(n, start + per_shard)):
                 uid = first_uid + i
                 t = target_of(kind, uid)
-                wh = (side + uid % 13, side + (uid * 7) % 13)
+                wh = (side + 2 * (uid % 13), side + 2 * ((uid * 7) % 13))  # aspects 0.6 to 1.6: buckets differ
                 pixel = (uid % 256, uid // 256, blue_of(kind, t))
                 png = encode(Image.new("RGB", wh, pixel), "PNG")
                 members = {"png": png, "json": json.dumps({"width": wh[0], "height": wh[1]}).encode()}
@@ -80,6 +81,7 @@ def write_marked(
                 w.write(f"{uid:09d}", members)
         shards.append(w.info)
     Manifest(num_samples=n, classes=list(classes), shards=shards, target=target).save(split)
+    write_split_table(split)
     return split
 
 

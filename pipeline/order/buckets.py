@@ -181,22 +181,44 @@ class BucketOrder(SampleOrder):
     """
 
     name = "global"
+    #: the order this one buckets (the Loader's, before ``buckets=``: a mix's plan and summary read it)
+    inner: SampleOrder | None = None
 
-    def __init__(self, shard_counts, *, buckets: Buckets, bucket_of: np.ndarray, sync: bool = False, **kw):
+    def __init__(
+        self,
+        shard_counts,
+        *,
+        buckets: Buckets,
+        bucket_of: np.ndarray,
+        sync: bool = False,
+        base: SampleOrder | None = None,
+        **kw,
+    ):
         super().__init__(shard_counts, **kw)
         self.buckets, self.sync = buckets, bool(sync)
         self.bucket_of = np.asarray(bucket_of, np.uint8)
         if len(self.bucket_of) != self.num_samples:
             raise ArgumentError(f"bucket_of has {len(self.bucket_of)} entries for {self.num_samples} samples")
-        #: samples per bucket
+        #: a train epoch's draws come from this order (a mix's quotas, a balance's), read whole on
+        #: one rank; ``None``: the global permutation of the loadable samples
+        self.base = base if self.train else None
+        #: samples per bucket (of the split; a base's epoch draws its own, each epoch others)
         self.counts = np.bincount(self.bucket_of, minlength=len(buckets.shapes)).astype(np.int64)
-        b, w = self.batch_size, self.world_size
-        whole = self.counts // b
-        if self.train and self.sync:
-            whole = whole - whole % w
-        #: chunks per bucket in an epoch
-        self.chunks_per_bucket = whole if self.train else -(-self.counts // b)
-        self.num_chunks = int(self.chunks_per_bucket.sum())
+        b, w, k = self.batch_size, self.world_size, len(buckets.shapes)
+        if self.base is not None:
+            # The draws' buckets change from epoch to epoch, so an epoch takes the chunks every draw
+            # fills whatever its buckets: all but fewer than a batch (a run) in each bucket.
+            length = self.base.share(0)
+            unit = b * w if self.sync else b
+            self.num_chunks = max(0, (length - k * (unit - 1)) // unit) * (unit // b)
+            self.chunks_per_bucket = None
+        else:
+            whole = self.counts // b
+            if self.train and self.sync:
+                whole = whole - whole % w
+            #: chunks per bucket in an epoch
+            self.chunks_per_bucket = whole if self.train else -(-self.counts // b)
+            self.num_chunks = int(self.chunks_per_bucket.sum())
         self._plan: tuple | None = None
 
     # ---- what waits ------------------------------------------------------------------
@@ -205,7 +227,8 @@ class BucketOrder(SampleOrder):
         if not self.train:
             return 0
         used = self.num_chunks - self.num_chunks % self.world_size
-        return self.num_samples - used * self.batch_size
+        drawn = self.base.share(0) if self.base is not None else self.num_samples
+        return drawn - used * self.batch_size
 
     # ---- the epoch's plan ------------------------------------------------------------
     def plan(self, seed: int, epoch: int) -> EpochPlan:
@@ -213,14 +236,23 @@ class BucketOrder(SampleOrder):
         key = (seed, epoch) if self.train else None  # val's chunks are the same every epoch
         if self._plan is not None and self._plan[0] == key:
             return self._plan[1]
-        n, b = self.num_samples, self.batch_size
-        if self.train:
+        n, b, k = self.num_samples, self.batch_size, len(self.counts)
+        if self.base is not None:
+            sequence = self.base.positions(seed, epoch)  # the epoch's draws, in the base's order
+        elif self.train:
             sequence = Permutation(n, seed=seed, epoch=epoch)(np.arange(n, dtype=np.int64))
         else:
             sequence = np.arange(n, dtype=np.int64)
-        grouped = sequence[np.argsort(self.bucket_of[sequence], kind="stable")]  # by bucket, in sequence order
-        first = np.concatenate([[0], np.cumsum(self.counts)[:-1]])  # where each bucket starts in grouped
-        labels = np.repeat(np.arange(len(self.counts)), self.chunks_per_bucket)  # chunk t's bucket, before shuffling
+        of = self.bucket_of[sequence]
+        grouped = sequence[np.argsort(of, kind="stable")]  # by bucket, in sequence order
+        counts = np.bincount(of, minlength=k).astype(np.int64)
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])  # where each bucket starts in grouped
+        per_bucket = self.chunks_per_bucket
+        if per_bucket is None:  # a base's draws: each bucket's whole chunks (runs), the first num_chunks taken
+            per_bucket = counts // b
+            if self.sync:
+                per_bucket -= per_bucket % self.world_size
+        labels = np.repeat(np.arange(k), per_bucket)  # chunk t's bucket, before shuffling
         if self.train:
             rng = np.random.Generator(np.random.PCG64([_CHUNK_SEED, seed, epoch]))
             if self.sync:  # runs of W chunks of one bucket, the runs shuffled
@@ -228,10 +260,11 @@ class BucketOrder(SampleOrder):
                 labels = np.repeat(runs[rng.permutation(len(runs))], self.world_size)
             else:
                 labels = labels[rng.permutation(len(labels))]
+            labels = labels[: self.num_chunks]  # a base's draws: the chunks every epoch has
         # the j-th chunk of bucket k (in the shuffled order) is grouped[first[k] + j*b : ...]
         j = _occurrence(labels, len(self.counts))
         start = first[labels] + j * b
-        size = np.minimum(b, self.counts[labels] - j * b)
+        size = np.minimum(b, counts[labels] - j * b)
         plan = EpochPlan(grouped, start, size, labels.astype(np.uint8))
         self._plan = (key, plan)
         return plan
@@ -284,19 +317,31 @@ class BucketOrder(SampleOrder):
         return BucketBatches(self, seed, epoch, offset, start, stop, to_global)
 
     def mode(self) -> dict:
-        return {"shuffle": self.name, "buckets": [list(s) for s in self.buckets.shapes], "bucket_sync": self.sync}
+        shapes = [list(s) for s in self.buckets.shapes]
+        return {
+            **(self.base.mode() if self.base is not None else {"shuffle": self.name}),
+            "buckets": shapes,
+            "bucket_sync": self.sync,
+        }
 
     def state_fields(self) -> dict:
-        fields = {k: v for k, v in self.mode().items() if k != "shuffle"}
+        fields = {"buckets": [list(s) for s in self.buckets.shapes], "bucket_sync": self.sync}
+        if self.base is not None:
+            return {**self.base.state_fields(), **fields}
         return {**fields, "permutation": PERMUTATION} if self.train else fields
 
     def check_state(self, state: dict, saved_world: int) -> None:
-        saved = {
-            "shuffle": state.get("shuffle", "global"),
-            "buckets": state.get("buckets"),
-            "bucket_sync": state.get("bucket_sync", False),
-        }
-        mine = self.mode()
+        if self.base is not None:
+            self.base.check_state(state, saved_world)  # another mix or balance: its own line
+            if saved_world != self.world_size and state.get("position"):
+                raise ArgumentError(
+                    f"state was saved mid-epoch on {saved_world} ranks by a bucketed mix or balance, whose epoch "
+                    f"is laid out for that many: resume it on {saved_world} ranks, or from the start of an epoch"
+                )
+        saved = {"buckets": state.get("buckets"), "bucket_sync": state.get("bucket_sync", False)}
+        if self.base is None:
+            saved["shuffle"] = state.get("shuffle", "global")
+        mine = {k: self.mode().get(k) for k in saved}
         if saved != mine:
             raise ArgumentError(
                 f"state was saved with buckets={saved['buckets']!r} (bucket_sync={saved['bucket_sync']}), this "

@@ -171,8 +171,6 @@ def test_a_box_follows_a_bucketed_resize(tmp_path):
 
 
 def test_what_does_not_apply_is_one_line(data, tmp_path):
-    with pytest.raises(StokerError, match="a mix .* is not bucketed"):
-        Loader([data / "train", data / "val"], batch_size=4, buckets="auto", backend="pil", threads=0)
     with pytest.raises(StokerError, match="shuffle='global'"):
         Loader(data / "train", batch_size=4, buckets="auto", backend="pil", threads=0, shuffle="block")
     with pytest.raises(StokerError, match="must be 'auto' or a list"):
@@ -202,3 +200,67 @@ def test_bucket_sync_gives_a_step_one_shape_on_every_rank(data, tmp_path):
     assert all(a == b for (a, _), (b, _) in zip(*ranks, strict=True))
     ids = [i for r in ranks for _, batch in r for i in batch]
     assert len(ids) == len(set(ids)) == N - loaders[0].order.waiting()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("how", ["mix", "balance"])
+def test_a_mix_and_a_balance_are_bucketed_from_their_own_draws(data, tmp_path, how, world):
+    """The policy's epoch (a mix's quotas, a balance's) is what gets bucketed: every batch one shape,
+    every rank the same steps, and what is handed out is drawn from that epoch's draws (each sample
+    no more often than they hold it), all but fewer than a batch in each bucket."""
+    if how == "mix":
+        path, kw = [data / "train", data / "val"], {"weights": [0.7, 0.3]}
+    else:
+        path, kw = data / "train", {"balance": "classes"}
+    loaders = [
+        Loader(path, batch_size=4, crop=24, backend="pil", threads=0, seed=7, train=True, buckets=SHAPES,
+               rank=r, world_size=world, **kw)
+        for r in range(world)
+    ]  # fmt: skip
+    reference = Loader(path, batch_size=4 * world, crop=24, backend="pil", threads=0, seed=7, train=True, **kw)
+    for epoch in (0, 1):
+        draws = {}
+        reference.set_epoch(epoch)
+        for g in reference.order.positions(7, epoch):
+            draws[int(g)] = draws.get(int(g), 0) + 1
+        got = {}
+        steps = set()
+        for L in loaders:
+            L.set_epoch(epoch)
+            batches = L.epoch_batches()
+            steps.add(len(batches))
+            for i in range(len(batches)):
+                ids = batches[i]
+                assert len(set(Buckets.of(SHAPES).assign(L.index.stored_sizes(ids)).tolist())) == 1
+                for g in ids.tolist():
+                    got[g] = got.get(g, 0) + 1
+        assert len(steps) == 1 and steps.pop() > 0
+        loadable = {int(reference.index.valid_at(np.array([k]))[0]): n for k, n in draws.items()}
+        assert all(n <= loadable.get(g, 0) for g, n in got.items())  # drawn by the policy, no more often
+        assert sum(draws.values()) - sum(got.values()) == loaders[0].order.waiting()
+        for L in loaders:  # and the pixels: one shape a batch
+            for images, _ in L:
+                assert tuple(images.shape[-2:]) in SHAPES
+    for L in [*loaders, reference]:
+        L.close()
+
+
+def test_a_bucketed_mix_resumes_bit_exact_on_its_ranks_and_says_so_on_others(data, tmp_path):
+    def make(rank, world):
+        return Loader([data / "train", data / "val"], weights=[0.6, 0.4], batch_size=4, crop=24, backend="pil",
+                      threads=0, seed=5, buckets=SHAPES, rank=rank, world_size=world)  # fmt: skip
+
+    reference = [[(x.clone(), y.clone()) for x, y in make(r, 2)] for r in range(2)]
+    for r in range(2):
+        stopped = make(r, 2)
+        it = iter(stopped)
+        next(it), next(it)
+        state = stopped.state_dict()
+        again = make(r, 2)
+        again.load_state_dict(state)
+        rest = list(again)
+        assert len(rest) == len(reference[r]) - 2
+        for (x, y), (rx, ry) in zip(rest, reference[r][2:], strict=True):
+            assert torch.equal(x, rx) and torch.equal(y, ry)
+    with pytest.raises(StokerError, match="resume it on 2 ranks"):
+        make(0, 3).load_state_dict(state)

@@ -23,8 +23,10 @@ from stoker.pipeline.balance_tables import class_members
 from stoker.pipeline.deps import HAS_DALI
 
 BACKENDS = ("pil", "dali", "pixels")
-ORDERS = ("plain", "block", "mix", "balance")
+ORDERS = ("plain", "block", "mix", "balance", "buckets", "mix+buckets")
 BATCH, LENGTH = 4, 24  # a mix's and a balance's epoch: whole global batches on 1 and on 3 ranks
+#: aspect-ratio buckets (height, width) at crop 32, and their batch: the splits' sizes fill a few steps
+SHAPES, BUCKET_BATCH = [(24, 40), (32, 32), (40, 24)], 2
 SIZES = (24, 15)  # the mix's two splits (the first is the plain one)
 
 #: what a cell that is not supported says (a regular expression of its one line)
@@ -74,6 +76,10 @@ def _kw(packs: Path, kind: str, backend: str, order: str, tmp: Path) -> tuple:
     )
     if order == "block":
         kw.update(shuffle="block", block_shards=2)
+    if "buckets" in order:
+        kw.update(buckets=SHAPES, batch_size=BUCKET_BATCH)
+    if order == "mix+buckets":
+        return [a, b], {**kw, "weights": [0.6, 0.4], "epoch_length": LENGTH}
     if order == "mix":
         return [a, b], {**kw, "weights": [0.6, 0.4], "epoch_length": LENGTH}
     if order == "balance":
@@ -88,15 +94,28 @@ def _same(x, y) -> bool:
 
 
 def _check_multiset(loaders: list, order: str) -> None:
-    """Every rank the same steps; the ranks' union, the epoch's exact multiset."""
+    """Every rank the same steps; the ranks' union, the epoch's exact multiset (bucketed: what the
+    buckets hand out of it, all but fewer than a batch in each bucket)."""
     steps = {len(ld) for ld in loaders}
     assert len(steps) == 1
     world = len(loaders)
+    batch = loaders[0].batch_size
     got = [np.concatenate(list(ld.epoch_batches())) for ld in loaders]
-    assert {len(g) for g in got} == {steps.pop() * BATCH}
+    assert {len(g) for g in got} == {steps.pop() * batch}
     drawn = np.concatenate(got)
     index = loaders[0].index
-    if order in ("plain", "block"):  # a permutation's: each sample at most once, drop_last of whole batches
+    if "buckets" in order:
+        waiting = loaders[0].order.waiting()
+        assert 0 < len(drawn) and waiting < len(SHAPES) * batch * world + batch * world
+        if order == "buckets":  # a permutation's: each sample at most once
+            assert len(set(drawn.tolist())) == len(drawn) == len(index) - waiting
+        else:  # a mix's draws: each split at most its quota, each sample at most its cycles
+            mix = loaders[0].mix
+            assert all(n <= q for n, q in zip(np.bincount(mix.split_of(drawn), minlength=2), mix.quotas, strict=True))
+            for s, size in enumerate(SIZES):
+                counts = np.bincount(drawn[mix.split_of(drawn) == s], minlength=sum(SIZES))
+                assert counts.max() <= -(-mix.quotas[s] // size)
+    elif order in ("plain", "block"):  # a permutation's: each sample at most once, drop_last of whole batches
         assert len(set(drawn.tolist())) == len(drawn) == len(index) // (BATCH * world) * BATCH * world
     elif order == "mix":
         mix = loaders[0].mix
