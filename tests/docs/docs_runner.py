@@ -48,7 +48,11 @@ PY_CUDA = (
 #: without CUDA: the same for a shell block's ``--device cuda``
 SH_CUDA = ((re.compile(r"--device(\s+|=)cuda(?::\d+)?\b"), r"--device\1cpu"),)
 #: the modules of the registries (``_REGISTRY``: a Registry) a page may add to, restored after it
-REGISTRIES = ("stoker.tools.pack.sources.registry", "stoker.pipeline.shards.kinds", "stoker.pipeline.backends.registry")
+REGISTRIES = (
+    "stoker.tools.pack.sources.registry",
+    "stoker.pipeline.shards.kinds.base",
+    "stoker.pipeline.backends.registry",
+)
 #: seconds a shell block may take before it is killed and fails (the slowest took 46 s with the
 #: suite in two processes on two cores)
 TIMEOUT = 120

@@ -13,6 +13,7 @@ import torch
 from stoker.pipeline import Loader
 from stoker.pipeline.shards import kinds
 from stoker.pipeline.shards.kinds import TargetKind, get_kind, kind_names, register_kind
+from stoker.pipeline.shards.kinds import base as kinds_base
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.pipeline.shards.stats import StatsAccumulator
 from stoker.pipeline.shards.targets import Target
@@ -56,7 +57,7 @@ class ScoreKind(TargetKind):
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setattr(kinds, "_REGISTRY", kinds._REGISTRY.copy())  # undone after the test
+    monkeypatch.setattr(kinds_base, "_REGISTRY", kinds_base._REGISTRY.copy())  # undone after the test
     register_kind(ScoreKind)
     return ScoreKind
 

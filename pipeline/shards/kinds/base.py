@@ -1,27 +1,7 @@
-"""The target kinds, each one class (its data and its behaviour) in one registry: every room asks
-the kind, none switches on its name.
-
-A split's target (:class:`Target`, what its manifest records) is an object of its kind's class: a
-frozen dataclass of the fields (member, columns, classes, statistics) whose methods say how pack
-encodes one value (:meth:`Target.encode`), how a batch of them is read for the Loader
-(:meth:`~Target.decode`, or with its image for a spatial kind), how ``stoker verify`` and ``stoker
-index`` check one (:meth:`~Target.check`, :meth:`~Target.index_value`), what statistics it keeps
-(:meth:`~Target.accumulator`), how it is described in a summary (:meth:`~Target.summary`), what an
-empty batch of it is, and which task ``stoker train --task auto`` trains on it (:attr:`~Target.task`).
-
-A kind of your own is a subclass registered once (or named under the ``stoker.target_kinds``
-entry points of your package)::
-
-    @register_kind
-    class Score(TargetKind):
-        name, member, task = "score", "score.json", "regress"
-        ...                                    # encode, decode, check, describe, accumulator
-
-``Target(kind="score", ...)`` (or ``Target.from_json`` of its manifest) is then a ``Score``. The
-built-in kinds: ``class`` (``cls``), ``float`` (``target.npy``), ``multilabel`` (``labels.npy``)
-and ``mask`` (``mask.png``, spatial), and in a module of its own (:mod:`.boxes`, registered by
-:mod:`.targets`) ``boxes`` (``boxes.npy``, follows the crop); their formats are in :mod:`.targets`.
-"""
+"""The base of every target kind (:class:`Target`), the codecs the built-in kinds share, and the
+one registry of kinds (:func:`register_kind`, :func:`get_kind`); each kind is a module of this
+package (:mod:`.classes`, :mod:`.floats`, :mod:`.multilabel`, :mod:`.mask`; the box kind in
+:mod:`stoker.pipeline.shards.boxes`)."""
 
 from __future__ import annotations
 
@@ -29,16 +9,15 @@ import io
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from stoker.errors import ArgumentError, TargetError, arg, one_line
 
-from ..registry import Registry
-from .idx import MAX_CLASSES, MAX_CLS_BYTES, parse_label
-from .stats import IGNORE_INDEX, StatsAccumulator, TargetStats
+from ...registry import Registry
+from ..stats import IGNORE_INDEX, StatsAccumulator, TargetStats
 
 Where = Callable[[int], str]
 
@@ -136,32 +115,6 @@ def finite_number(text: str) -> float | None:
 def bad_target(where: str, why: str, split_dir: Any) -> TargetError:
     """The one-line error of a sample whose target the Loader cannot use."""
     return TargetError(f"{where}: {why} (run `stoker index {split_dir}` to skip such samples)")
-
-
-def check_mask(target: Target, raw: bytes, image_wh: tuple[int, int] | None) -> str | None:
-    """Why ``raw`` is not a mask of ``target`` (a one-channel PNG of the image's size, each value a
-    declared class or the ignored one), or None."""
-    from PIL import Image
-
-    from ..imagedecode import DAMAGED_INPUT
-
-    if raw[:8] != b"\x89PNG\r\n\x1a\n":
-        return "mask is not a PNG"
-    try:
-        with Image.open(io.BytesIO(raw)) as im:
-            im.load()
-            if im.mode not in ("L", "P"):
-                return f"mask mode {im.mode}, not L (one class index per pixel)"
-            if image_wh is not None and im.size != tuple(image_wh):
-                return f"mask is {im.size[0]}x{im.size[1]}, its image {image_wh[0]}x{image_wh[1]}"
-            values = np.asarray(im)
-    except DAMAGED_INPUT as e:  # a damaged mask is a finding; a bug raises
-        return f"mask does not decode: {one_line(e)}"
-    if target.num_classes:
-        bad = (values >= target.num_classes) & (values != target.ignore_index)
-        if bad.any():
-            return f"mask value {int(values[bad][0])} is not below the split's {target.num_classes} classes"
-    return None
 
 
 def _kind_class(cls: type[Target], kind: str | None) -> type[Target]:
@@ -500,323 +453,6 @@ class _KindOf:
         return target.class_count(classes)
 
 
-# ---- the statistics the built-in kinds keep ---------------------------------------------------
-class FloatStats(StatsAccumulator):
-    """Per column mean, std (Chan's parallel mean and variance: parts merge exactly) and range."""
-
-    flavour = "float"
-
-    def __init__(self, kind: str = "float", width: int = 0):
-        super().__init__(kind, width)
-        self.mean = np.zeros(width, np.float64)
-        self.m2 = np.zeros(width, np.float64)  # sum of squared deviations from the mean
-        self.lo = np.full(width, np.inf)
-        self.hi = np.full(width, -np.inf)
-
-    def add(self, value) -> None:
-        self._merge(1, np.asarray(value, np.float64).reshape(-1), 0.0, None, None)
-
-    def add_many(self, values) -> None:
-        v = np.asarray(values, np.float64).reshape(-1, self.width)
-        if len(v):
-            mean = v.mean(0)
-            self._merge(len(v), mean, ((v - mean) ** 2).sum(0), v.min(0), v.max(0))
-
-    def _merge(self, n: int, mean: np.ndarray, m2, lo, hi) -> None:
-        total = self.count + n
-        delta = mean - self.mean
-        self.mean = self.mean + delta * (n / total)
-        self.m2 = self.m2 + m2 + delta**2 * (self.count * n / total)
-        self.lo = np.minimum(self.lo, mean if lo is None else lo)
-        self.hi = np.maximum(self.hi, mean if hi is None else hi)
-        self.count = total
-
-    def _merge_from(self, other: StatsAccumulator) -> None:
-        self._merge(other.count, other.mean, other.m2, other.lo, other.hi)
-
-    def state(self) -> dict:
-        d = super().state()
-        d.update(mean=self.mean.tolist(), m2=self.m2.tolist(), lo=self.lo.tolist(), hi=self.hi.tolist())
-        return d
-
-    def _load(self, d: dict) -> None:
-        if self.count:
-            self.mean, self.m2, self.lo, self.hi = (np.asarray(d[k], np.float64) for k in ("mean", "m2", "lo", "hi"))
-
-    def result(self, ignore_index: int | None = IGNORE_INDEX) -> TargetStats | None:
-        if not self.count:
-            return None
-        std = np.sqrt(np.maximum(self.m2 / self.count, 0.0))
-        as_t = lambda a: tuple(float(v) for v in a)  # noqa: E731
-        return TargetStats(self.count, as_t(self.mean), as_t(std), as_t(self.lo), as_t(self.hi))
-
-
-class MaskStats(StatsAccumulator):
-    """Each pixel value's share of the labelled pixels."""
-
-    flavour = "mask"
-
-    def __init__(self, kind: str = "mask", width: int = 0):
-        super().__init__(kind, width)
-        self.pixels = np.zeros(256, np.int64)
-
-    def add(self, value) -> None:
-        """One ``[H, W]`` uint8 mask."""
-        self.pixels += np.bincount(np.asarray(value, np.uint8).reshape(-1), minlength=256)
-        self.count += 1
-
-    def add_counts(self, counts) -> None:
-        """One mask by its pixel count per value (``((value, count), ...)``): what :meth:`add` of
-        the mask itself adds, without the pixels."""
-        for value, n in counts:
-            self.pixels[int(value)] += int(n)
-        self.count += 1
-
-    def _merge_from(self, other: StatsAccumulator) -> None:
-        self.pixels += other.pixels
-        self.count += other.count
-
-    def state(self) -> dict:
-        return {**super().state(), "pixels": self.pixels.tolist()}
-
-    def _load(self, d: dict) -> None:
-        if "pixels" in d:
-            self.pixels = np.asarray(d["pixels"], np.int64)
-
-    def result(self, ignore_index: int | None = IGNORE_INDEX) -> TargetStats | None:
-        if not self.count:
-            return None
-        pixels = self.pixels.copy()
-        if ignore_index is not None and 0 <= ignore_index < 256:
-            pixels[ignore_index] = 0
-        found = np.flatnonzero(pixels)
-        total = pixels.sum()
-        share = pixels[: found[-1] + 1] / total if len(found) else np.zeros(0)
-        return TargetStats(self.count, class_share=tuple(float(v) for v in share))
-
-
-# ---- the built-in kinds ------------------------------------------------------------------------
-class ClassKind(Target):
-    """A class index a sample, stored as text (``b"3"``; a class name when ``stoker index --classes``
-    names them)."""
-
-    name, member, task, named_classes, dtype, format, sized = "class", "cls", "classify", True, "int64", 1, False
-    balance_groups = "label"
-    max_bytes = MAX_CLS_BYTES
-
-    def encode(self, value):
-        return str(int(value)).encode()
-
-    def meta(self, value, classes):
-        return {"class": classes[int(value)]}
-
-    def decode(self, raws, *, classes, where, split):
-        names = None  # made only for a class stored by name: most splits store indices
-        out = np.empty(len(raws), np.int64)
-        for k, raw in enumerate(raws):
-            text = bytes(raw).strip() if len(raw) <= MAX_CLS_BYTES else b"x"
-            if not text.isdigit() and names is None:
-                names = {c.encode("utf-8", "surrogateescape"): i for i, c in enumerate(classes)}
-            try:
-                out[k] = int(text) if text.isdigit() else names.get(text, -1)
-            except ValueError:  # digits Python will not convert (e.g. too long)
-                out[k] = -1
-        bad = (out < 0) | (out >= len(classes))
-        if bad.any():
-            k = int(np.argmax(bad))
-            text = bytes(raws[k][:MAX_CLS_BYTES]).decode("utf-8", "replace")
-            raise bad_target(where(k), f"cls {text!r} is not a class index below {len(classes)}", split)
-        return out
-
-    def check(self, raw, *, num_classes, image_wh=None, names=None):
-        value = parse_label(raw, num_classes or None, names)
-        return value if isinstance(value, str) else None
-
-    def missing(self):
-        return "no cls label"
-
-    def oversize(self, size):
-        return f"cls is not an integer: {size:,} bytes"
-
-    def index_value(self, raw, *, num_classes, names, width, image_wh):
-        return parse_label(raw, num_classes, names)  # a name: what --classes names
-
-
-class FloatKind(Target):
-    """K float values a sample (regression), stored as float32 ``(K,)`` ``.npy``."""
-
-    name, member, task, sized = "float", "target.npy", "regress", False
-
-    def encode(self, value):
-        return encode_float(value)
-
-    def meta(self, value, classes):
-        return {"target": dict(zip(self.columns, value, strict=True))}
-
-    def decode(self, raws, *, classes, where, split):
-        width = self.width
-        size, header = fast_float_reader(width)
-        out = np.empty((len(raws), width), np.float32)
-        for k, raw in enumerate(raws):
-            if len(raw) == size and bytes(raw[: len(header)]) == header:  # what pack wrote: one frombuffer
-                out[k] = np.frombuffer(raw, "<f4", width, len(header))
-                if np.isfinite(out[k]).all():
-                    continue
-            value = parse_float(bytes(raw), self.member, width)
-            if isinstance(value, str):
-                raise bad_target(where(k), value, split)
-            out[k] = value
-        return out[:, 0] if width == 1 else out
-
-    def check(self, raw, *, num_classes, image_wh=None, names=None):
-        value = parse_float(raw, self.member, self.width)
-        return value if isinstance(value, str) else None
-
-    def index_value(self, raw, *, num_classes, names, width, image_wh):
-        return parse_float(raw, self.member, width)  # without declared columns the first sample says
-
-    def width_of(self, value):
-        return len(value)
-
-    @classmethod
-    def from_flags(cls, *, member=None, num_classes=None, ignore_index=IGNORE_INDEX):
-        if num_classes is not None:
-            raise ArgumentError(_NUM_CLASSES_FOR_MASKS)
-        return cls(member=member or cls.member, columns=("y",)), True  # columns: found in the data
-
-    def resized(self, width):
-        columns = ("y",) if width == 1 else tuple(f"y{i}" for i in range(width))
-        return self if width == self.width else replace(self, columns=columns)
-
-    def validate(self):
-        if not 1 <= len(self.columns) <= MAX_COLUMNS:
-            raise ArgumentError(f"a float target has 1 to {MAX_COLUMNS} columns, got {len(self.columns)}")
-
-    def accumulator(self):
-        return FloatStats("float", self.width)
-
-    def describe(self):
-        names = f" ({', '.join(self.columns)})" if self.width > 1 else ""
-        return f"float, {self.width} column{'s' if self.width > 1 else ''}{names}"
-
-    def batch_shape(self, n, crop, num_classes):
-        return (n,) if self.width == 1 else (n, self.width)
-
-    def describe_stats(self, stats):
-        k = self.width
-        cols = [
-            f"{name}: mean {_num(stats.mean[i])}, std {_num(stats.std[i])}, {_num(stats.min[i])}..{_num(stats.max[i])}"
-            for i, name in enumerate(self.columns[:4])
-        ]
-        more = f"; {k - 4:,} more" if k > 4 else ""
-        return f"float, {k:,} column{'s' if k > 1 else ''} ({'; '.join(cols)}{more})", ""
-
-
-class MultilabelKind(Target):
-    """Any number of classes a sample, stored as their sorted indices (int32 ``(n,)`` ``.npy``)."""
-
-    name, member, task, named_classes, sized = "multilabel", "labels.npy", "multilabel", True, False
-    balance_groups = "rarest"
-
-    def encode(self, value):
-        return encode_labels(value)
-
-    def meta(self, value, classes):
-        return {"classes": [classes[k] for k in value]}
-
-    def decode(self, raws, *, classes, where, split):
-        out = np.zeros((len(raws), len(classes)), np.float32)
-        for k, raw in enumerate(raws):
-            labels = parse_labels(bytes(raw), self.member, len(classes))
-            if isinstance(labels, str):
-                raise bad_target(where(k), labels, split)
-            out[k, labels] = 1.0
-        return out
-
-    def check(self, raw, *, num_classes, image_wh=None, names=None):
-        value = parse_labels(raw, self.member, num_classes)
-        return value if isinstance(value, str) else None
-
-    def index_value(self, raw, *, num_classes, names, width, image_wh):
-        labels = parse_labels(raw, self.member, num_classes or MAX_CLASSES)
-        return labels if isinstance(labels, str) else int(labels.max(initial=-1))
-
-    def batch_shape(self, n, crop, num_classes):
-        return (n, num_classes)
-
-
-class MaskKind(Target):
-    """A class index a pixel (segmentation), stored as a one-channel PNG of the image's size."""
-
-    name, member, task, spatial, dtype = "mask", "mask.png", "segment", True, "uint8"
-
-    @classmethod
-    def defaults(cls):
-        return {"ignore_index": IGNORE_INDEX}
-
-    @classmethod
-    def from_flags(cls, *, member=None, num_classes=None, ignore_index=IGNORE_INDEX):
-        kw = {"member": member} if member else {}
-        return cls.of(cls.name, num_classes=num_classes, ignore_index=ignore_index, **kw), False
-
-    def accumulator(self):
-        return MaskStats("mask")
-
-    def pack_value(self, item, res, classes):
-        return res.mask, {"mask": item.mask}  # the sanitizer checked and wrote the mask beside its image
-
-    def add_seen(self, acc, item, res, value):
-        acc.add_counts(res.mask_counts)  # the sanitizer counted the mask's pixels
-
-    def encode(self, value):
-        return bytes(value)  # pack's sanitizer already wrote the PNG
-
-    def decode(self, raws, *, classes, where, split):
-        raise ArgumentError("a mask split's targets are images: they are read with their images (masks())")
-
-    def check(self, raw, *, num_classes, image_wh=None, names=None):
-        return check_mask(self, raw, image_wh)
-
-    def index_value(self, raw, *, num_classes, names, width, image_wh):
-        return check_mask(self, raw, image_wh) or _mask_values(raw)
-
-    def describe(self):
-        classes = f"{self.num_classes} classes" if self.num_classes else "classes not declared"
-        return f"mask, {classes}, {self.ignore_index} ignored"
-
-    def batch_shape(self, n, crop, num_classes):
-        return (n, *crop)
-
-    def describe_stats(self, stats):
-        share = stats.class_share
-        absent = [str(v) for v, p in enumerate(share) if p == 0]
-        found = f"classes 0..{len(share) - 1} found" if share else "no labelled pixel found"
-        if absent:
-            found += f" ({', '.join(absent[:8])}{', ...' if len(absent) > 8 else ''} absent)"
-        return self.describe(), found
-
-    def outputs(self, classes, num_classes=None):
-        n = num_classes or self.class_count(classes)
-        if not n:
-            raise ArgumentError(
-                f"the masks' class count is not in the manifest: pass {arg('num_classes')} (pack with "
-                f"{arg('num_classes')})"
-            )
-        return n
-
-    def class_count(self, classes):
-        found = len(self.stats.class_share) if self.stats is not None and self.stats.class_share else 0
-        return self.num_classes or found or len(classes)
-
-
-def _mask_values(raw: bytes) -> np.ndarray:
-    """A checked mask PNG's values (what its statistics count)."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(raw)) as im:
-        return np.asarray(im)
-
-
 #: the entry-point group a package names its target kinds in
 ENTRY_POINTS = "stoker.target_kinds"
 _REGISTRY: Registry[TargetKind] = Registry("target kind", TargetKind, ENTRY_POINTS, required=("name", "member"))
@@ -825,10 +461,6 @@ _REGISTRY: Registry[TargetKind] = Registry("target kind", TargetKind, ENTRY_POIN
 def register_kind(cls: type[TargetKind]) -> type[TargetKind]:
     """Add a target kind (usable as a decorator). Its name must be new."""
     return _REGISTRY.register(cls)
-
-
-for _cls in (ClassKind, FloatKind, MultilabelKind, MaskKind):
-    register_kind(_cls)
 
 
 def ensure_kind(cls: type[TargetKind]) -> None:
@@ -864,33 +496,3 @@ def _num(v: float) -> str:
     if 1000 <= abs(v) < 1e6:
         return f"{v:,.0f}"
     return f"{v:.3g}"
-
-
-__all__ = [
-    "IGNORE_INDEX",
-    "MAX_COLUMNS",
-    "MAX_TARGET_BYTES",
-    "ClassKind",
-    "FloatKind",
-    "FloatStats",
-    "MaskKind",
-    "MaskStats",
-    "MultilabelKind",
-    "Target",
-    "TargetFields",
-    "TargetKind",
-    "bad_target",
-    "check_mask",
-    "encode_float",
-    "encode_labels",
-    "encode_npy",
-    "ensure_kind",
-    "fast_float_reader",
-    "finite_number",
-    "get_kind",
-    "kind_names",
-    "kinds",
-    "parse_float",
-    "parse_labels",
-    "register_kind",
-]
