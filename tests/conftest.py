@@ -15,12 +15,34 @@ from storage_servers import S3Server, s3_server
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _heavy_files_first(items)
     if has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _heavy_files_first(items: list) -> None:
+    """Under xdist (``--dist loadfile --no-loadscope-reorder``, pyproject): the test files in the
+    order the processes take them, those with the most ``slow`` tests first, then the most tests.
+
+    A file runs whole in one process, so the last file started ends the suite: a heavy file of
+    few tests taken last (xdist's own order is by test count) ran alone for a minute at the end
+    while the other process sat idle. The order within a file stays (a docs page's blocks run in
+    page order). Every process computes the same order from the same collection, as xdist needs.
+    """
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def weight(name: str) -> tuple[int, int]:
+        tests = files[name]
+        return sum(1 for t in tests if t.get_closest_marker("slow")), len(tests)
+
+    items[:] = [item for name in sorted(files, key=weight, reverse=True) for item in files[name]]
 
 
 @pytest.fixture

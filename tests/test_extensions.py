@@ -147,6 +147,7 @@ def _run(plugin, log, *argv):
     return subprocess.run([sys.executable, *map(str, argv)], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow  # pack, the Loader and train, each a process of its own, with the plugin
 def test_a_kind_a_source_and_a_backend_from_a_plugin_run_through_pack_the_loader_and_train(plugin, tmp_path):
     rng = random.Random(0)
     (tmp_path / "photos").mkdir()

@@ -114,6 +114,7 @@ SHARED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two processes, each importing torch
 def test_two_processes_sharing_a_cache_fetch_each_shard_once(remote, tmp_path):
     split, url = remote
     procs = [

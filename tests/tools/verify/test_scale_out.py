@@ -131,6 +131,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow  # a local Ray cluster
 def test_index_and_verify_as_ray_tasks_equal_the_local_run(tmp_path, local_ray):
     on_ray, local = _foreign(tmp_path / "ray"), tmp_path / "local"
     shutil.copytree(on_ray, local)
