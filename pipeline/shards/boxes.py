@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,6 +36,67 @@ SIZE_EDGES = (0, 8, 16, 32, 64, 96, 128, 256, 512)
 #: COCO's small / medium / large boundaries (area in pixels)
 COCO_AREAS = (32**2, 96**2)
 _MAX_PER_IMAGE_BINS = 64  # images with more boxes share the last bin of the per-image histogram
+
+
+class BoxTarget(NamedTuple):
+    """A pack source's boxes of one image, in the frame they were drawn in.
+
+    Attributes:
+        rows: ``(x0, y0, x1, y1, class, crowd)`` rows, corners as shares (``[0, 1]``) of the image
+            the annotation was drawn on.
+        size: that image's ``(width, height)`` as the annotation gives it: it tells the file's raw
+            pixels from its EXIF-upright ones (:func:`frame_of`). None: shares of the upright image.
+        frame: which frame to take when ``size`` fits both (``auto``: upright, ``raw``, ``upright``).
+        image_id: the dataset's own id of the image (COCO's), recorded in the sample's ``json``.
+    """
+
+    rows: tuple
+    size: tuple | None = None
+    frame: str = "auto"
+    image_id: Any = None
+
+
+#: EXIF orientations whose upright image swaps width and height
+_SWAPS = (5, 6, 7, 8)
+
+
+def frame_of(target: BoxTarget, orientation: int, upright: tuple[int, int]) -> str:
+    """``"raw"`` or ``"upright"``: the frame ``target``'s boxes were drawn in, told by the size the
+    annotation gives against the file's raw and upright (EXIF-oriented) sizes; or a reject reason
+    when it fits neither (never rescaled: a box scaled to a wrong size lands beside its object)."""
+    uw, uh = upright
+    raw = (uh, uw) if orientation in _SWAPS else (uw, uh)
+    size = tuple(target.size)
+    fits = [name for name, wh in (("upright", (uw, uh)), ("raw", raw)) if size == wh]
+    if not fits:
+        if orientation == 1:
+            return f"the annotation's size {size[0]}x{size[1]} is not the image's {uw}x{uh}"
+        return (
+            f"the annotation's size {size[0]}x{size[1]} is neither the image's {raw[0]}x{raw[1]} pixels nor "
+            f"its {uw}x{uh} upright by EXIF orientation {orientation}"
+        )
+    if len(fits) == 2 and target.frame in ("raw", "upright"):
+        return target.frame
+    return fits[0]
+
+
+def orient_rows(rows: np.ndarray, orientation: int) -> np.ndarray:
+    """Rows whose corners are shares of a file's raw pixels, as shares of its upright image: the
+    transpose that EXIF ``orientation`` asks for (what pack does to the pixels) done to the boxes."""
+    x0, y0, x1, y1 = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
+    corners = {  # each orientation's upright (x0, y0, x1, y1) from the raw corners
+        1: (x0, y0, x1, y1),
+        2: (1 - x1, y0, 1 - x0, y1),  # FLIP_LEFT_RIGHT
+        3: (1 - x1, 1 - y1, 1 - x0, 1 - y0),  # ROTATE_180
+        4: (x0, 1 - y1, x1, 1 - y0),  # FLIP_TOP_BOTTOM
+        5: (y0, x0, y1, x1),  # TRANSPOSE
+        6: (1 - y1, x0, 1 - y0, x1),  # ROTATE_270: a quarter turn clockwise
+        7: (1 - y1, 1 - x1, 1 - y0, 1 - x0),  # TRANSVERSE
+        8: (y0, 1 - x1, y1, 1 - x0),  # ROTATE_90: a quarter turn counter-clockwise
+    }[orientation]
+    out = rows.copy()
+    out[:, :4] = np.stack(corners, axis=1) if len(rows) else out[:, :4]
+    return out
 
 
 def encode_boxes(rows: Any) -> bytes:
@@ -277,16 +338,32 @@ class BoxKind(Target):
         return encode_boxes(value)
 
     def pack_value(self, item, res, classes):
-        """Rows the source gave in shares of the image (``x0 y0 x1 y1`` in ``[0, 1]``) in the
-        stored image's pixels: pack's resize scales them with the image."""
+        """Rows the source gave in shares of the image (``x0 y0 x1 y1`` in ``[0, 1]``; a
+        :class:`BoxTarget` says which frame) in the stored image's pixels: turned as pack turned
+        the pixels (EXIF) when drawn on the raw ones, scaled by pack's resize. A size that fits
+        neither frame is ``(None, {"reject": why})``."""
         from PIL import Image
 
+        target = item.target if isinstance(item.target, BoxTarget) else BoxTarget(item.target or ())
+        rows = np.asarray(target.rows, np.float64).reshape(-1, COLUMNS)
+        more: dict[str, Any] = {}
+        if target.size is not None:
+            orientation = getattr(res, "orientation", 1)
+            frame = frame_of(target, orientation, (res.width, res.height))
+            if frame not in ("raw", "upright"):
+                return None, {"reject": frame}
+            if frame == "raw" and orientation != 1:
+                rows = orient_rows(rows, orientation)
+            if orientation != 1:
+                more["box_frame"] = frame
+        if target.image_id is not None:
+            more["image_id"] = target.image_id
         with Image.open(io.BytesIO(res.jpg)) as im:  # the stored size: the header alone
             w, h = im.size
-        rows = np.asarray(item.target or (), np.float64).reshape(-1, COLUMNS) * (w, h, w, h, 1, 1)
+        rows = rows * (w, h, w, h, 1, 1)
         rows[:, :4] = np.clip(rows[:, :4], 0, (w, h, w, h))  # a share of exactly 1.0 stays on the image
         rows = rows.astype(np.float32)
-        return rows, {"boxes": len(rows)}
+        return rows, {"boxes": len(rows), **more}
 
     def add_seen(self, acc, item, res, value):
         acc.add(value)
@@ -347,4 +424,16 @@ class BoxKind(Target):
 
 register_kind(BoxKind)
 
-__all__ = ["COLUMNS", "MIN_AREA", "MIN_SIZE", "BoxBatch", "BoxKind", "BoxStats", "encode_boxes", "follow_crop"]
+__all__ = [
+    "COLUMNS",
+    "MIN_AREA",
+    "MIN_SIZE",
+    "BoxBatch",
+    "BoxKind",
+    "BoxStats",
+    "BoxTarget",
+    "encode_boxes",
+    "follow_crop",
+    "frame_of",
+    "orient_rows",
+]

@@ -30,6 +30,7 @@ from .remote import Remote
 from .result import PackResult
 from .sanitize import MAX_BYTES, PIL_MAX_PIXELS, Settings
 from .sources import Source, display_path, scan
+from .sources.detection import BOX_FRAMES
 
 DEFAULT_SHARD_SIZE = 256 * 1000**2
 
@@ -67,6 +68,7 @@ def pack(
     weight_column: str | None = None,
     train_list: str | Path | None = None,
     val_list: str | Path | None = None,
+    box_frame: str = "auto",
 ) -> PackResult:
     """Pack ``src`` into shards in ``out`` (see the module doc); rerun the same call to resume.
 
@@ -111,6 +113,10 @@ def pack(
             the official split; images in neither list are skipped.
         val_list: A file naming the val split's images (the rest is train without ``train_list``).
         storage_options: fsspec options of a URL ``out`` or a URL ``src``.
+        box_frame: Boxes: the frame an EXIF-rotated image's boxes were drawn in when the size
+            its annotation gives fits both the file's raw pixels and its upright ones (``"auto"``:
+            upright, as labelling tools show a photo; ``"raw"``; ``"upright"``). A size that fits
+            one of them decides; one that fits neither makes the image a reject.
 
     Returns:
         The :class:`PackResult`.
@@ -124,6 +130,8 @@ def pack(
     check_not_bootstrapping()  # before the part's lock: a worker importing an unguarded script would wait on it
     if not 0 <= part < parts:
         raise UsageError(f"part={part}, parts={parts}: should be 0 <= part < parts")  # the command checks I/N first
+    if box_frame not in BOX_FRAMES:
+        raise UsageError(f"{arg('box_frame', box_frame)} must be one of {', '.join(BOX_FRAMES)}")
     mask_flags = num_classes is not None or ignore_index != IGNORE_INDEX
     default_short_side = short_side is None
     settings, workers = _checked_settings(
@@ -168,6 +176,7 @@ def pack(
         train_list=Path(train_list) if train_list is not None else None,
         val_list=Path(val_list) if val_list is not None else None,
         storage_options=dict(storage_options or {}) if is_url(src) else {},
+        box_frame=box_frame,
     )
     if not scanned.target.spatial and mask_flags:
         raise UsageError(
@@ -333,6 +342,7 @@ def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
         seconds=time.perf_counter() - t0,
         targets=targets,
         targets_found=found,
+        found_label=found_label(target),
     )
     return _checked(result, strict, out)
 
@@ -406,6 +416,7 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
             parts=parts,
             hidden=source.hidden,
             val_only=source.val_only,
+            scan_notes=source.notes,
             image_settings=_image_settings(job["settings"]),
         )
     totals = merge(out, shard_ok)
@@ -422,8 +433,10 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
         seconds=time.perf_counter() - t0,
         targets=targets,
         targets_found=found,
+        found_label=found_label(source.target),
         hidden=source.hidden,
         val_only=source.val_only,
+        scan_notes=source.notes,
         image_settings=_image_settings(job["settings"]),
     )
 
@@ -438,6 +451,12 @@ def write_tables(out: Path, splits: list[str]) -> None:
     rank has to build it from the ``.idx`` files (:mod:`stoker.pipeline.shards.table`)."""
     for split in splits:
         write_split_table(out / split)
+
+
+def found_label(target: Target) -> str:
+    """What the summary's line of what was found starts with: the kind's own name in the plural
+    (``masks:``, ``boxes:``)."""
+    return target.name if target.name.endswith("s") else f"{target.name}s"
 
 
 def describe_targets(target: Target, settings: dict, totals: dict | None = None) -> tuple[str, str]:
@@ -487,6 +506,10 @@ def _settings_identity(
         extra["target"] = source.target.to_json()
     if source.target.spatial:
         extra["mask_classes"] = settings.mask_classes
+    if source.class_ids is not None:  # the dataset's own id of each class (COCO's category ids)
+        extra["category_ids"] = list(source.class_ids)
+    if source.target.follows_crop and source.reader.options.box_frame != "auto":
+        extra["box_frame"] = source.reader.options.box_frame
     return {
         **extra,
         **source.reader.identity(),  # "source": what SRC is (and "masks": a mask tree)

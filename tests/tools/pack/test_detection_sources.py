@@ -104,18 +104,21 @@ def test_bad_boxes_are_listed_rejects(tmp_path):
 
 
 def test_source_is_chosen_by_name_when_not_recognized(scenes, packs, tmp_path):
-    """A COCO file of another name is packed with ``--source coco`` (auto-detection does not
-    take a JSON of any name); a tree of another layout named as VOC is one line, exit 2."""
+    """A COCO JSON of any name given as SRC is recognized by its keys (or named with ``--source
+    coco``); a JSON that is not COCO is one line naming the readers; a tree of another layout
+    named as VOC is one line, exit 2."""
     src = tmp_path / "coco"
     (src / "images").mkdir(parents=True)
     for png in (scenes["coco"] / "images").glob("*.png"):
         (src / "images" / png.name).write_bytes(png.read_bytes())
     doc = (scenes["coco"] / "annotations" / "instances_train.json").read_text()
     (src / "boxes.json").write_text(doc)
-    rc, _, err = run_cli("pack", src / "boxes.json", tmp_path / "auto")
-    assert rc == 2 and "--source" in err
-    rc, out, err = run_cli("pack", src / "boxes.json", tmp_path / "named", "--source", "coco")
-    assert rc == 0, err
-    assert packed_boxes(tmp_path / "named" / "train") == packed_boxes(packs["coco"] / "train")
+    for name, flags in (("auto", ()), ("named", ("--source", "coco"))):
+        rc, out, err = run_cli("pack", src / "boxes.json", tmp_path / name, *flags)
+        assert rc == 0, err
+        assert packed_boxes(tmp_path / name / "train") == packed_boxes(packs["coco"] / "train")
+    (tmp_path / "other.json").write_text(json.dumps({"tasks": [1, 2]}))
+    rc, _, err = run_cli("pack", tmp_path / "other.json", tmp_path / "o1")
+    assert rc == 2 and "COCO JSON" in err and "--source" in err and len(err.strip().splitlines()) == 1
     rc, _, err = run_cli("pack", scenes["yolo"], tmp_path / "o", "--source", "voc")
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -147,6 +147,8 @@ class SourceOptions:
         weight_column: a CSV's column of per-sample sampling weights (``--weight-column``).
         train_list, val_list: official split lists (``--train-list``, ``--val-list``).
         storage_options: fsspec options of a URL SRC.
+        box_frame: boxes: the frame an EXIF-rotated image's boxes were drawn in when its
+            annotated size fits both (``auto``: upright, ``raw``, ``upright``; ``--box-frame``).
     """
 
     targets: str = "auto"
@@ -159,6 +161,7 @@ class SourceOptions:
     train_list: Path | None = None
     val_list: Path | None = None
     storage_options: dict = field(default_factory=dict, compare=False)
+    box_frame: str = "auto"
 
 
 @dataclass
@@ -176,6 +179,10 @@ class Scan:
     val_source: str = "a val/ folder"
     #: hidden folders (``.*``, ``__MACOSX``) left out, relative to SRC with a trailing ``/``
     hidden: list[str] = field(default_factory=list)
+    #: what ``stoker pack`` says of the scan (a split left out, images without a label file)
+    notes: list[str] = field(default_factory=list)
+    #: the dataset's own id of each class (COCO's category ids), in class order; None: the index
+    class_ids: list | None = None
 
 
 class Job(NamedTuple):
@@ -288,6 +295,10 @@ class Source:
     hidden: list[str] = field(default_factory=list)
     #: the classes with val items but no train item (named by ``stoker pack``)
     val_only: list[str] = field(default_factory=list)
+    #: :attr:`Scan.notes`
+    notes: list[str] = field(default_factory=list)
+    #: :attr:`Scan.class_ids`
+    class_ids: list | None = None
 
     def path(self, item: Item) -> str:
         """Where ``item`` is (a file path for file sources)."""
