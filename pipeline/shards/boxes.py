@@ -35,7 +35,7 @@ MIN_AREA = 1.0
 SIZE_EDGES = (0, 8, 16, 32, 64, 96, 128, 256, 512)
 #: COCO's small / medium / large boundaries (area in pixels)
 COCO_AREAS = (32**2, 96**2)
-_MAX_PER_IMAGE_BINS = 64  # images with more boxes share the last bin of the per-image histogram
+_MAX_PER_IMAGE_BINS = 64  # images with more boxes share the last bin of the per-image histogram (max is exact)
 
 
 class BoxTarget(NamedTuple):
@@ -269,6 +269,7 @@ class BoxStats(StatsAccumulator):
     def __init__(self, kind: str = "boxes", width: int = 0):
         super().__init__(kind, width)
         self.per_image = np.zeros(_MAX_PER_IMAGE_BINS + 1, np.int64)
+        self.most = 0  # the most boxes an image holds: exact past the histogram's last bin
         self.per_class: dict[int, int] = {}
         self.sizes = np.zeros(len(SIZE_EDGES), np.int64)
         self.coco = np.zeros(3, np.int64)
@@ -278,6 +279,7 @@ class BoxStats(StatsAccumulator):
         rows = np.asarray(value, np.float64).reshape(-1, COLUMNS)
         self.count += 1
         self.per_image[min(len(rows), _MAX_PER_IMAGE_BINS)] += 1
+        self.most = max(self.most, len(rows))
         for c, n in zip(*np.unique(rows[:, 4].astype(np.int64), return_counts=True), strict=True):
             self.per_class[int(c)] = self.per_class.get(int(c), 0) + int(n)
         area = (rows[:, 2] - rows[:, 0]) * (rows[:, 3] - rows[:, 1])
@@ -287,6 +289,7 @@ class BoxStats(StatsAccumulator):
     def _merge_from(self, other: StatsAccumulator) -> None:
         self.count += other.count
         self.per_image += other.per_image
+        self.most = max(self.most, other.most)
         self.sizes += other.sizes
         self.coco += other.coco
         for c, n in other.per_class.items():
@@ -296,6 +299,7 @@ class BoxStats(StatsAccumulator):
         return {
             **super().state(),
             "per_image": self.per_image.tolist(),
+            "most": self.most,
             "per_class": {str(c): n for c, n in sorted(self.per_class.items())},
             "sizes": self.sizes.tolist(),
             "coco": self.coco.tolist(),
@@ -304,6 +308,8 @@ class BoxStats(StatsAccumulator):
     def _load(self, d: dict) -> None:
         if "per_image" in d:
             self.per_image[: len(d["per_image"])] = d["per_image"]
+            hist = np.flatnonzero(self.per_image)
+            self.most = int(d.get("most", hist[-1] if len(hist) else 0))  # a journal of before: its last bin
             self.per_class = {int(c): int(n) for c, n in d["per_class"].items()}
             self.sizes, self.coco = np.asarray(d["sizes"], np.int64), np.asarray(d["coco"], np.int64)
 
@@ -316,7 +322,12 @@ class BoxStats(StatsAccumulator):
             "images": self.count,
             "boxes": boxes,
             "negatives": int(hist[0]),
-            "per_image": {"mean": boxes / self.count, "max": last, "histogram": hist[: last + 1].tolist()},
+            # histogram[n]: images of n boxes; its bin 64 counts those of 64 or more (max: the exact most)
+            "per_image": {
+                "mean": boxes / self.count,
+                "max": max(self.most, last),
+                "histogram": hist[: last + 1].tolist(),
+            },
             "per_class": {str(c): n for c, n in sorted(self.per_class.items())},
             "size_edges": list(SIZE_EDGES),
             "sizes": self.sizes.tolist(),
@@ -354,8 +365,8 @@ class BoxKind(Target):
                 return None, {"reject": frame}
             if frame == "raw" and orientation != 1:
                 rows = orient_rows(rows, orientation)
-            if orientation != 1:
-                more["box_frame"] = frame
+            if orientation != 1:  # what maps a prediction back to the annotation's pixels
+                more["box_frame"], more["exif_orientation"] = frame, orientation
         if target.image_id is not None:
             more["image_id"] = target.image_id
         with Image.open(io.BytesIO(res.jpg)) as im:  # the stored size: the header alone

@@ -71,7 +71,7 @@ def write_coco(root: Path, photos: list[dict]) -> Path:
 
 
 def stored(out: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """file name -> (stored pixels, stored boxes) read from the shards."""
+    """file name -> (stored pixels, stored boxes, the sample's json) read from the shards."""
     found = {}
     for shard in sorted((out / "train").glob("*.tar")):
         with tarfile.open(shard) as tar:
@@ -80,7 +80,8 @@ def stored(out: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
             if name.endswith(".json"):
                 key = name[: -len(".json")]
                 pixels = np.asarray(Image.open(io.BytesIO(members[key + ".jpg"])).convert("RGB"))
-                found[Path(json.loads(raw)["path"]).name] = (pixels, np.load(io.BytesIO(members[key + ".boxes.npy"])))
+                meta = json.loads(raw)
+                found[Path(meta["path"]).name] = (pixels, np.load(io.BytesIO(members[key + ".boxes.npy"])), meta)
     return found
 
 
@@ -130,7 +131,7 @@ def packed(tmp_path_factory) -> dict:
 def test_the_stored_box_lands_on_the_object(packed, orientation, frame):
     name = f"o{orientation}-{frame}.jpg"
     pack_name = "raw" if frame == "raw" and orientation in SAME_SIZE[1:] else "auto"
-    pixels, boxes = packed[pack_name][1][name]
+    pixels, boxes, _ = packed[pack_name][1][name]
     assert_on_object(pixels, boxes, f"orientation {orientation}, annotated in the {frame} frame")
 
 
@@ -151,7 +152,27 @@ def test_a_size_both_frames_share_is_read_upright_unless_told(packed):
     (as a labelling tool shows the photo) and lands right with ``box_frame="raw"``; the choice is
     recorded in the pack's settings."""
     for orientation in SAME_SIZE[1:]:
-        pixels, boxes = packed["raw-as-auto"][1][f"o{orientation}-raw.jpg"]
+        pixels, boxes, _ = packed["raw-as-auto"][1][f"o{orientation}-raw.jpg"]
         red = (pixels[..., 0] > 150) & (pixels[..., 1] < 100) & (pixels[..., 2] < 100)
         assert iou(boxes[0, :4], _bbox(red)) < 0.5  # the other frame's box: why the option exists
     assert Manifest.load(Path(packed["raw"][0].out) / "train").pack["box_frame"] == "raw"
+
+
+def test_a_stored_box_maps_back_to_the_annotated_pixels(packed, tmp_path):
+    """What ``stoker eval --coco-results`` writes: a box in the stored (upright) pixels, mapped
+    back into the frame and pixels its annotation was drawn in, is the annotation's box."""
+    from stoker.model.train.coco_results import to_original
+
+    checked = 0
+    for name in ("auto", "raw"):
+        doc = json.loads((Path(packed[name][0].out).parent / name / "annotations.json").read_text())
+        wanted = {im["file_name"]: a["bbox"] for im, a in zip(doc["images"], doc["annotations"], strict=True)}
+        for file_name, (pixels, boxes, meta) in packed[name][1].items():
+            h, w = pixels.shape[:2]
+            (x0, y0, x1, y1), (bx, by, bw, bh) = (
+                to_original(boxes[:, :4], meta, np.array([0, 0, w, h]))[0],
+                wanted[file_name],
+            )
+            assert np.allclose([x0, y0, x1 - x0, y1 - y0], [bx, by, bw, bh], atol=1e-3), (file_name, meta)
+            checked += 1
+    assert checked == 16

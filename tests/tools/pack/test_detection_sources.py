@@ -122,3 +122,28 @@ def test_source_is_chosen_by_name_when_not_recognized(scenes, packs, tmp_path):
     assert rc == 2 and "COCO JSON" in err and "--source" in err and len(err.strip().splitlines()) == 1
     rc, _, err = run_cli("pack", scenes["yolo"], tmp_path / "o", "--source", "voc")
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_statistics_are_right_at_300_boxes_an_image(tmp_path):
+    """An image of 300 boxes: the manifest's max and mean and the summary count all 300 (the
+    per-image histogram's last bin holds 64 or more), and the Loader hands out all 300."""
+    from stoker.pipeline import Loader
+
+    src = make_detection_scenes(tmp_path / "s", n=5, seed=3, formats=("coco",))["coco"]
+    ann = src / "annotations" / "instances_train.json"
+    doc = json.loads(ann.read_text())
+    crowded = doc["images"][0]
+    before = sum(a["image_id"] == crowded["id"] for a in doc["annotations"])
+    for k in range(300 - before):
+        x, y = k % 20 * 2, k // 20 * 2
+        doc["annotations"].append({"id": 1000 + k, "image_id": crowded["id"], "bbox": [x, y, 2, 2], "category_id": 1})
+    ann.write_text(json.dumps(doc))
+    result = pack(src, tmp_path / "out")
+    detail = Manifest.load(tmp_path / "out" / "train").target.stats.detail
+    assert detail["per_image"]["max"] == 300 and detail["boxes"] == len(doc["annotations"])
+    assert detail["per_image"]["histogram"][64] == 1 and sum(detail["per_image"]["histogram"]) == 5
+    assert detail["per_image"]["mean"] == pytest.approx(len(doc["annotations"]) / 5)
+    assert "(max 300)" in result.summary() and "max 64" not in result.summary()
+    loader = Loader(tmp_path / "out" / "train", batch_size=5, crop=96, train=False, device="cpu", threads=0)
+    _, targets = next(iter(loader))
+    assert int(targets.counts.max()) == 300
