@@ -65,8 +65,9 @@ def shards(tmp_path_factory):
 def run(shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "r"
     args = ["--epochs", "2", "--optimizer", "adamw", "--lr", "3e-3", "--out", out]
-    rc, _, err = run_cli("train", shards[0], *ARGS, *args)
+    rc, stdout, err = run_cli("train", shards[0], *ARGS, *args)
     assert rc == 0, err
+    (out / "said.txt").write_text(stdout + err)
     return out
 
 
@@ -76,6 +77,12 @@ def test_the_category_id_map_is_in_the_manifest_and_the_checkpoint(shards, run):
     state = torch.load(run / "last.pt", map_location="cpu", weights_only=False)
     assert state["config"]["category_ids"] == [11, 27, 90]
     assert json.loads((run / "config.json").read_text())["category_ids"] == [11, 27, 90]
+
+
+def test_the_small_val_warning_names_the_tasks_own_metric(run):
+    said = (run / "said.txt").read_text()
+    assert "val figures rest on 8 samples: a few samples swing them (mAP)" in said, said
+    assert "R²" not in said and "top-1" not in said
 
 
 def test_pycocotools_scores_the_results_file_as_stoker_eval_prints(shards, run, tmp_path):
