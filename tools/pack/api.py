@@ -30,7 +30,6 @@ from .remote import Remote
 from .result import PackResult
 from .sanitize import MAX_BYTES, PIL_MAX_PIXELS, Settings
 from .sources import Source, display_path, scan
-from .sources.detection import BOX_FRAMES
 
 DEFAULT_SHARD_SIZE = 256 * 1000**2
 
@@ -130,8 +129,6 @@ def pack(
     check_not_bootstrapping()  # before the part's lock: a worker importing an unguarded script would wait on it
     if not 0 <= part < parts:
         raise UsageError(f"part={part}, parts={parts}: should be 0 <= part < parts")  # the command checks I/N first
-    if box_frame not in BOX_FRAMES:
-        raise UsageError(f"{arg('box_frame', box_frame)} must be one of {', '.join(BOX_FRAMES)}")
     mask_flags = num_classes is not None or ignore_index != IGNORE_INDEX
     default_short_side = short_side is None
     settings, workers = _checked_settings(
@@ -155,10 +152,7 @@ def pack(
         engine=engine,
         ray_address=ray_address,
     )
-    if not is_url(src):
-        src = Path(src)
-        if not src.exists():
-            raise UsageError(f"SRC {src} does not exist")
+    src = _existing_src(src)
     local, remote = _out_place(src, out, parts=parts, storage_options=storage_options, staging=staging)
     t0 = time.perf_counter()
     scanned = scan(
@@ -210,6 +204,15 @@ def pack(
     except OSError as e:
         raise _write_failed(e, local) from None
     return _checked(result, strict, local, scanned.reader.describe_path_rule())
+
+
+def _existing_src(src: str | Path) -> str | Path:
+    """``src`` as a Path (a URL as it is); one line when a local SRC does not exist."""
+    if is_url(src):
+        return src
+    if not Path(src).exists():
+        raise UsageError(f"SRC {src} does not exist")
+    return Path(src)
 
 
 def _checked_settings(

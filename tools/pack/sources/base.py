@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
+from stoker.errors import UsageError, arg
 from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
 from stoker.pipeline.storage import is_url
 
@@ -33,6 +34,9 @@ from ..sanitize import Sanitized, Settings, _sanitize_read, read_input
 
 SPLITS = ("train", "val")
 MAX_LABEL = 1_000_000  # integer labels above this are rejects: a class list that long is a typo
+#: ``box_frame``: which frame an EXIF-rotated image's boxes were drawn in when its annotated size
+#: fits both (``auto``: the upright one, as labelling tools show a photo)
+BOX_FRAMES = ("auto", "raw", "upright")
 
 
 def repeated_row(
@@ -162,6 +166,10 @@ class SourceOptions:
     val_list: Path | None = None
     storage_options: dict = field(default_factory=dict, compare=False)
     box_frame: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.box_frame not in BOX_FRAMES:
+            raise UsageError(f"{arg('box_frame', self.box_frame)} must be one of {', '.join(BOX_FRAMES)}")
 
 
 @dataclass

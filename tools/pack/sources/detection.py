@@ -30,14 +30,11 @@ from stoker.errors import UsageError, arg
 from stoker.pipeline.shards.boxes import BoxTarget
 from stoker.pipeline.shards.kinds import Target
 
-from .base import SPLITS, FileReader, Item, Scan
+from .base import BOX_FRAMES, SPLITS, FileReader, Item, Scan
 
 #: how far (pixels) a box may reach past its image before it is a reject; within it, it is clipped
 EDGE_SLACK = 0.5
 _KIND = "boxes"
-#: --box-frame: which frame the boxes of an EXIF-rotated image were drawn in when its annotated
-#: size fits both (``auto``: the upright one, as labelling tools show a photo)
-BOX_FRAMES = ("auto", "raw", "upright")
 #: folders that hold a detection format's labels, and the reader of that format
 _ANNOTATION_DIRS = {"labels": "yolo", "Annotations": "voc", "annotations": "coco"}
 
