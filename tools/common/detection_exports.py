@@ -11,7 +11,7 @@ the Detection page pack; every layout holds the same images and boxes as the can
 ``cvat``                   ``annotations/instances_default.json`` + ``images/``
 ``cvat-default``           ``annotations/instances_default.json`` + ``images/default/``
 ``ultralytics``            ``data.yaml`` beside the dataset folder: ``path`` relative, names a list
-``ultralytics-lists``      ``data.yaml`` with an absolute ``path``, a train list file, a val list
+``ultralytics-lists``      ``data.yaml`` beside ``dataset/``: absolute ``path``, a train list file
 ``yolo-flat``              ``images/{train,val}/`` with every label file flat in ``labels/``
 ``roboflow-yolo``          ``train/images``, ``train/labels``, ``valid/...``; ``../train/images``
 =========================  ==========================================================================
@@ -110,14 +110,14 @@ def yolo_relative_path(scenes, root: Path) -> Path:
 
 
 def yolo_absolute_lists(scenes, root: Path) -> Path:
-    """An absolute ``path``; train as a list file of ``./`` paths, val as a list of a folder;
-    names a dict."""
-    data = yolo_tree(scenes, root / "data")
+    """``data.yaml`` beside ``dataset/``: an absolute ``path``, train a list file of ``./`` paths
+    (relative to the list), val a list holding a folder; names a dict."""
+    data = yolo_tree(scenes, root / "dataset")
     listed = sorted((data / "images" / "train").glob("*.png"))
     (data / "train.txt").write_text("".join(f"./images/train/{p.name}\n" for p in listed))
     names = "".join(f"  {k}: {s}\n" for k, s in enumerate(SHAPES))
-    (data / "data.yaml").write_text(f"path: {data.resolve()}\ntrain: train.txt\nval: [images/val]\nnames:\n{names}")
-    return data
+    (root / "data.yaml").write_text(f"path: {data.resolve()}\ntrain: train.txt\nval: [images/val]\nnames:\n{names}")
+    return root
 
 
 def yolo_flat_labels(scenes, root: Path) -> Path:
