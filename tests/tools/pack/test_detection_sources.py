@@ -147,3 +147,22 @@ def test_statistics_are_right_at_300_boxes_an_image(tmp_path):
     loader = Loader(tmp_path / "out" / "train", batch_size=5, crop=96, train=False, device="cpu", threads=0)
     _, targets = next(iter(loader))
     assert int(targets.counts.max()) == 300
+
+
+def test_a_coco_file_missing_what_a_box_needs_is_one_line_or_a_reject(tmp_path):
+    """An annotation without a bbox makes its image a listed reject; a category without a name
+    is one line naming the file (exit 2), never a traceback."""
+    src = make_detection_scenes(tmp_path / "s", n=5, seed=2, formats=("coco",))["coco"]
+    ann = src / "annotations" / "instances_train.json"
+    doc = json.loads(ann.read_text())
+    doc["annotations"].append({"id": 77, "image_id": doc["images"][1]["id"], "category_id": 1, "segmentation": []})
+    ann.write_text(json.dumps(doc))
+    rc, out, err = run_cli("pack", src, tmp_path / "out")
+    assert rc == 0, err
+    reasons = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").open()]
+    assert [r["path"] for r in reasons] == [f"images/{doc['images'][1]['file_name']}"]
+    assert reasons[0]["reason"] == "annotation 77 has no bbox [x, y, w, h] (got None)"
+    del doc["categories"][0]["name"]
+    ann.write_text(json.dumps(doc))
+    rc, _, err = run_cli("pack", src, tmp_path / "out2")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "instances_train.json" in err and "'name'" in err, err

@@ -123,11 +123,10 @@ class CocoReader(FileReader):
             found.split(role)
             for im in doc["images"]:
                 rel = (folder / str(im["file_name"])).relative_to(self.base).as_posix()
-                boxes = []
-                for a in by_image.get(im["id"], []):
-                    x, y, bw, bh = (float(v) for v in a["bbox"])
-                    cls = index.get(a.get("category_id"), len(cats))
-                    boxes.append((x, y, x + bw, y + bh, cls, a.get("iscrowd", 0)))
+                boxes, why = _boxes(by_image.get(im["id"], []), index, len(cats))
+                if why:
+                    found.add(role, rel, (), why)
+                    continue
                 size = (float(im.get("width") or 0), float(im.get("height") or 0))
                 found.add_pixels(role, rel, boxes, size, len(cats), self.options, image_id=im["id"])
         return found.scan(classes or [], val_source="a val COCO file")
@@ -147,6 +146,19 @@ class CocoReader(FileReader):
         return next((c for c in candidates if c.is_dir()), here)
 
 
+def _boxes(anns: list, index: dict, num_classes: int) -> tuple[list, str | None]:
+    """An image's annotations as ``(x0, y0, x1, y1, class, crowd)`` pixel rows (an unknown
+    category is class ``num_classes``: a reject later), or why they are not boxes."""
+    boxes = []
+    for a in anns:
+        try:
+            x, y, bw, bh = (float(v) for v in a["bbox"])
+        except (KeyError, TypeError, ValueError):
+            return [], f"annotation {a.get('id')} has no bbox [x, y, w, h] (got {a.get('bbox')!r})"
+        boxes.append((x, y, x + bw, y + bh, index.get(a.get("category_id"), num_classes), a.get("iscrowd", 0)))
+    return boxes, None
+
+
 def _load(path: Path) -> dict:
     """A COCO JSON's document, checked for the lists a detection pack reads."""
     try:
@@ -155,10 +167,13 @@ def _load(path: Path) -> dict:
             if not isinstance(doc.get(key), list):
                 raise KeyError(key)
         doc.setdefault("annotations", [])
-        for c in doc["categories"]:
-            c["id"], c["name"]  # noqa: B018 - a category without them is no COCO category
-        for im in doc["images"]:
-            im["id"], im["file_name"]  # noqa: B018
+        for key, items, fields in (
+            ("categories", doc["categories"], ("id", "name")),
+            ("images", doc["images"], ("id", "file_name")),
+        ):
+            missing = next((f for it in items for f in fields if f not in it), None)
+            if missing is not None:
+                raise KeyError(f"one of its {key} has no {missing!r}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UsageError(
             f"{path} is not a COCO instances file (images, annotations, categories): {type(e).__name__} {e}"
