@@ -2,12 +2,16 @@
 
 Builds the network as its run built it, reads SPLIT (a packed split: DATA/val, DATA/train, another
 pack with the same classes) with the run's val transform, and prints the task's figures (top-1/top-5,
-MSE/MAE/R², mIoU/pixel accuracy, mAP) and, where the split's targets have classes, a row per class.
+MSE/MAE/R², mIoU/pixel accuracy, mAP) and, where the split's targets have classes, a row per class
+(a detection run: each class's COCO AP). ``--coco-results FILE`` writes a detection run's detections
+as a COCO results file (the COCO JSON's image and category ids, ``[x, y, w, h]`` in the original
+pixels) that pycocotools' ``COCOeval`` scores.
 
 examples:
   stoker eval runs/a packed/val          # the run's best.pt (its last.pt when it has none)
   stoker eval runs/a/best.pt packed/val
   stoker eval runs/a/last.pt packed/train --json > train-figures.json
+  stoker eval runs/det/best.pt coco-packed/val --coco-results detections.json
 """
 
 from __future__ import annotations
@@ -33,6 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 (default: auto)")
     add_decode_flags(p)
     p.add_argument("--json", action="store_true", help="print the figures and the per-class rows as JSON")
+    p.add_argument(
+        "--coco-results",
+        metavar="FILE",
+        help="a detection run: write its detections on SPLIT as a COCO results file (the COCO JSON's image and "
+        "category ids, [x, y, w, h] in the original pixels)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -53,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
         device=args.device,
         backend=backend,
         threads=args.threads,
+        coco_results=args.coco_results,
     )
     print(json.dumps(result, indent=1) if args.json else format_result(result))
     return 0
@@ -93,4 +104,6 @@ def format_result(r: dict) -> str:
         width = max(len("class"), *(len(row["class"]) for row in rows))
         lines.append(f"  {'class':<{width}}  {heading:>7}  {count_heading:>9}")
         lines += [f"  {row['class']:<{width}}  {_pct(row[key]):>7}  {row[count]:>9}" for row in rows]
+    if r.get("coco_results"):
+        lines.append(f"wrote {r['detections']:,} detections to {r['coco_results']} (COCO image and category ids)")
     return "\n".join(lines)

@@ -193,13 +193,18 @@ def make_loaders(
             f"{train_dir}: too few samples for one batch of {cfg.batch_size} x {dist.world_size} rank(s); "
             "lower --batch-size"
         )
-    say_when_small(data, cfg.batch_size, dist.world_size, log)
+    say_when_small(data, cfg.batch_size, dist.world_size, log, metric=task.metric)
     return data
 
 
-def say_when_small(data: RunData, batch_size: int, world_size: int, log: Log) -> None:
+#: how the val line names each task's metric (what the warning of a small val split names)
+_METRIC_NAMES = {"top1": "top-1", "r2": "R²", "miou": "mIoU", "map": "mAP"}
+
+
+def say_when_small(data: RunData, batch_size: int, world_size: int, log: Log, *, metric: str = "") -> None:
     """One line when an epoch is a handful of steps, or a val figure rests on a handful of
-    samples: a run that cannot learn, or a figure that means little, is said at the start."""
+    samples: a run that cannot learn, or a figure that means little (the task's own ``metric``,
+    named), is said at the start."""
     if data.steps_per_epoch < FEW_STEPS:
         n = _samples(data.train)
         share = n // world_size if n else batch_size * data.steps_per_epoch
@@ -214,8 +219,9 @@ def say_when_small(data: RunData, batch_size: int, world_size: int, log: Log) ->
     if data.val is not None:
         n = _samples(data.val)
         if n and n < FEW_VAL:
+            name = _METRIC_NAMES.get(metric, "its figures")
             log(
-                f"val figures rest on {n} samples: a few samples swing them (R², mIoU, top-1); "
+                f"val figures rest on {n} samples: a few samples swing them ({name}); "
                 "pack with a larger --val-fraction for figures to trust"
             )
 

@@ -164,6 +164,7 @@ class Run:
             "num_classes": num_classes,
             "num_outputs": self.num_outputs,
             "classes": classes,
+            "category_ids": getattr(self, "category_ids", None),
             "task": self.task.name,
             "task_requested": cfg.task,
             "arch": self.arch,
@@ -319,6 +320,8 @@ class Run:
         try:
             manifest = read_manifest(train_dir, cfg.storage_options)
             target, names = manifest.target, list(manifest.classes)
+            # a detection pack's COCO category id of each class: predictions map back to the dataset's ids
+            self.category_ids = manifest.pack.get("category_ids")
         except ManifestError:
             if cfg.num_classes is None:
                 raise

@@ -5,7 +5,9 @@ The network is built as its run built it (:meth:`~stoker.model.inference.Predict
 the split is read with the run's val transform (its val crop, ``crop_pct``/``val_resize``), and the
 figures are the task's own (:mod:`.tasks`), so ``stoker eval RUN/last.pt DATA/val`` gives the
 figures the run's last epoch reported. Per class: top-1 and the sample count (classify), IoU and
-the pixel count (segment), average precision and the positives (multilabel).
+the pixel count (segment), average precision and the positives (multilabel; detect: COCO AP over
+IoU .5:.95 and the boxes not marked crowd). A detection run can also write a COCO results file in
+the dataset's own image and category ids (:mod:`.coco_results`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,18 @@ from typing import Any
 
 import torch
 
-from stoker.errors import ArgumentError, UsageError
+from stoker.errors import ArgumentError, UsageError, arg
 
 from .runtime import Dist, resolve_amp, resolve_device
-from .tasks import ClassifyMetrics, MultilabelMetrics, SegmentMetrics, Task, average_precision, resolve_task
+from .tasks import (
+    ClassifyMetrics,
+    DetectMetrics,
+    MultilabelMetrics,
+    SegmentMetrics,
+    Task,
+    average_precision,
+    resolve_task,
+)
 
 
 def run_checkpoint(path: str | Path) -> tuple[Path, str]:
@@ -104,6 +114,15 @@ def per_class(task: Task, metrics: Any, classes: list[str], seen: torch.Tensor, 
             {"class": names[k], "pixels": int(conf[k].sum()), "iou": float(tp[k] / union[k]) if union[k] else None}
             for k in range(c)
         ]
+    if isinstance(metrics, DetectMetrics):
+        positives = torch.zeros(task.num_outputs, dtype=torch.int64)
+        for t in metrics.targets:  # the boxes scored: crowd ones are "ignore"
+            labels = t["labels"][~t["iscrowd"].bool()] if "iscrowd" in t else t["labels"]
+            positives += torch.bincount(labels.cpu(), minlength=task.num_outputs)[: task.num_outputs]
+        return [
+            {"class": names[k], "positives": int(positives[k]), "ap": metrics.class_ap.get(k) if positives[k] else None}
+            for k in range(task.num_outputs)
+        ]
     if isinstance(metrics, MultilabelMetrics) and metrics.scores:
         scores, targets = torch.cat(metrics.scores).cpu(), torch.cat(metrics.targets).cpu()
         rows = []
@@ -114,18 +133,24 @@ def per_class(task: Task, metrics: Any, classes: list[str], seen: torch.Tensor, 
     return []
 
 
-def _val_loader(config: dict, split: str, *, batch_size: int, device: torch.device, options: dict) -> Any:
-    """The split read as the run's val split: its val crop and resize, its channels, every sample once."""
-    from stoker.pipeline import Loader
+def _val_crops(config: dict) -> Any:
+    """The run's val crop (:class:`~stoker.pipeline.augment.CropSpec`), as its config says."""
     from stoker.pipeline.augment import CropSpec
 
     crop = config.get("val_crop") or config.get("crop", 224)
-    crops = CropSpec.of(
+    return CropSpec.of(
         tuple(crop) if isinstance(crop, list) else crop,
         crop_pct=config.get("crop_pct"),
         val_resize=config.get("val_resize"),
         val_fit=config.get("val_fit", "auto"),
     )
+
+
+def _val_loader(config: dict, split: str, *, batch_size: int, device: torch.device, options: dict) -> Any:
+    """The split read as the run's val split: its val crop and resize, its channels, every sample once."""
+    from stoker.pipeline import Loader
+
+    crops = _val_crops(config)
     channels = int(config.get("channels") or 3)
     return Loader(
         split,
@@ -142,11 +167,20 @@ def _val_loader(config: dict, split: str, *, batch_size: int, device: torch.devi
 
 @torch.no_grad()
 def evaluate_checkpoint(
-    checkpoint: str | Path, split: str, *, batch_size: int = 64, device: str = "auto", **loader_options: Any
+    checkpoint: str | Path,
+    split: str,
+    *,
+    batch_size: int = 64,
+    device: str = "auto",
+    coco_results: str | Path | None = None,
+    **loader_options: Any,
 ) -> dict[str, Any]:
     """The task's figures of ``checkpoint`` over the whole ``split``, and ``per_class`` rows.
 
     ``loader_options`` go to the :class:`~stoker.pipeline.Loader` (``backend=``, ``threads=``, ...).
+    ``coco_results``: a detection run's detections are also written there as a COCO results file
+    (the split's COCO image and category ids, boxes ``[x, y, w, h]`` in the original pixels;
+    ``coco_results`` and its detection count are then in the result).
 
     Returns:
         ``checkpoint``, ``split``, ``arch``, ``task``, ``n``, ``loss`` and the task's
@@ -172,6 +206,10 @@ def evaluate_checkpoint(
     loader = _val_loader(config, split, batch_size=batch_size, device=dev, options=loader_options)
     amp = resolve_amp(config.get("amp_requested", "auto"), dev)
     metrics = task.metrics(dev)
+    if isinstance(metrics, DetectMetrics):
+        metrics.class_metrics = True  # the per-class rows
+    elif coco_results is not None:
+        raise ArgumentError(f"{arg('coco_results')} is for a detection run; {checkpoint} is a {task.name} run")
     seen = torch.zeros(task.num_outputs, dtype=torch.float64, device=dev)
     hits = torch.zeros_like(seen)
     for images, targets in loader:
@@ -183,6 +221,13 @@ def evaluate_checkpoint(
             seen += torch.bincount(targets, minlength=task.num_outputs).double()
             hits += torch.bincount(targets[out.argmax(1) == targets], minlength=task.num_outputs).double()
     figures = metrics.compute(Dist())
+    written = {}
+    if coco_results is not None:
+        from .coco_results import write_coco_results
+
+        crops = _val_crops(config)  # as the loader read the split: its letterbox undone
+        n = write_coco_results(coco_results, metrics.preds, split, crops.size, crops.letterbox("letterbox"))
+        written = {"coco_results": str(coco_results), "detections": n}
     return {
         "checkpoint": str(checkpoint),
         "split": str(split),
@@ -190,6 +235,7 @@ def evaluate_checkpoint(
         "task": task.name,
         **figures,
         "per_class": per_class(task, metrics, list(manifest.classes), seen, hits),
+        **written,
     }
 
 

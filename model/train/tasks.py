@@ -296,10 +296,13 @@ class DetectMetrics(Metrics):
     """COCO mAP (``map``, over IoU .5:.95) and ``map50`` of every val image, by torchmetrics'
     ``MeanAveragePrecision`` (crowd boxes scored as "ignore"); the images of every rank gathered."""
 
-    def __init__(self, task: Task, device: torch.device):
+    def __init__(self, task: Task, device: torch.device, *, class_metrics: bool = False):
         self.task, self.device = task, device
         self.preds: list = []
         self.targets: list = []
+        #: also each class's AP (``stoker eval``): :attr:`class_ap` after :meth:`compute`
+        self.class_metrics = class_metrics
+        self.class_ap: dict[int, float] = {}
 
     def update(self, out, y):
         y = y.to("cpu")
@@ -318,7 +321,7 @@ class DetectMetrics(Metrics):
         try:
             from torchmetrics.detection import MeanAveragePrecision
 
-            metric = MeanAveragePrecision(iou_type="bbox")
+            metric = MeanAveragePrecision(iou_type="bbox", class_metrics=self.class_metrics)
         except (ImportError, ModuleNotFoundError) as e:
             raise ArgumentError(
                 f"--task detect scores COCO mAP with torchmetrics and pycocotools: pip install 'stoker[detect]' ({e})"
@@ -328,6 +331,10 @@ class DetectMetrics(Metrics):
             r = metric.compute()
             figure = lambda k: float(r[k]) if float(r[k]) >= 0 else float("nan")  # noqa: E731  (-1: no box at all)
             mean_ap, ap50 = figure("map"), figure("map_50")
+            if self.class_metrics:  # -1: a class with no box in the split
+                aps = r["map_per_class"].reshape(-1).tolist()
+                classes = r["classes"].reshape(-1).tolist()
+                self.class_ap = {int(c): a if a >= 0 else float("nan") for c, a in zip(classes, aps, strict=True)}
         else:
             mean_ap = ap50 = float("nan")
         return {"n": len(preds), "map": mean_ap, "map50": ap50}  # no loss: a detector in eval mode computes none

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -35,7 +35,68 @@ MIN_AREA = 1.0
 SIZE_EDGES = (0, 8, 16, 32, 64, 96, 128, 256, 512)
 #: COCO's small / medium / large boundaries (area in pixels)
 COCO_AREAS = (32**2, 96**2)
-_MAX_PER_IMAGE_BINS = 64  # images with more boxes share the last bin of the per-image histogram
+_MAX_PER_IMAGE_BINS = 64  # images with more boxes share the last bin of the per-image histogram (max is exact)
+
+
+class BoxTarget(NamedTuple):
+    """A pack source's boxes of one image, in the frame they were drawn in.
+
+    Attributes:
+        rows: ``(x0, y0, x1, y1, class, crowd)`` rows, corners as shares (``[0, 1]``) of the image
+            the annotation was drawn on.
+        size: that image's ``(width, height)`` as the annotation gives it: it tells the file's raw
+            pixels from its EXIF-upright ones (:func:`frame_of`). None: shares of the upright image.
+        frame: which frame to take when ``size`` fits both (``auto``: upright, ``raw``, ``upright``).
+        image_id: the dataset's own id of the image (COCO's), recorded in the sample's ``json``.
+    """
+
+    rows: tuple
+    size: tuple | None = None
+    frame: str = "auto"
+    image_id: Any = None
+
+
+#: EXIF orientations whose upright image swaps width and height
+_SWAPS = (5, 6, 7, 8)
+
+
+def frame_of(target: BoxTarget, orientation: int, upright: tuple[int, int]) -> str:
+    """``"raw"`` or ``"upright"``: the frame ``target``'s boxes were drawn in, told by the size the
+    annotation gives against the file's raw and upright (EXIF-oriented) sizes; or a reject reason
+    when it fits neither (never rescaled: a box scaled to a wrong size lands beside its object)."""
+    uw, uh = upright
+    raw = (uh, uw) if orientation in _SWAPS else (uw, uh)
+    size = tuple(target.size)
+    fits = [name for name, wh in (("upright", (uw, uh)), ("raw", raw)) if size == wh]
+    if not fits:
+        if orientation == 1:
+            return f"the annotation's size {size[0]}x{size[1]} is not the image's {uw}x{uh}"
+        return (
+            f"the annotation's size {size[0]}x{size[1]} is neither the image's {raw[0]}x{raw[1]} pixels nor "
+            f"its {uw}x{uh} upright by EXIF orientation {orientation}"
+        )
+    if len(fits) == 2 and target.frame in ("raw", "upright"):
+        return target.frame
+    return fits[0]
+
+
+def orient_rows(rows: np.ndarray, orientation: int) -> np.ndarray:
+    """Rows whose corners are shares of a file's raw pixels, as shares of its upright image: the
+    transpose that EXIF ``orientation`` asks for (what pack does to the pixels) done to the boxes."""
+    x0, y0, x1, y1 = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
+    corners = {  # each orientation's upright (x0, y0, x1, y1) from the raw corners
+        1: (x0, y0, x1, y1),
+        2: (1 - x1, y0, 1 - x0, y1),  # FLIP_LEFT_RIGHT
+        3: (1 - x1, 1 - y1, 1 - x0, 1 - y0),  # ROTATE_180
+        4: (x0, 1 - y1, x1, 1 - y0),  # FLIP_TOP_BOTTOM
+        5: (y0, x0, y1, x1),  # TRANSPOSE
+        6: (1 - y1, x0, 1 - y0, x1),  # ROTATE_270: a quarter turn clockwise
+        7: (1 - y1, 1 - x1, 1 - y0, 1 - x0),  # TRANSVERSE
+        8: (y0, 1 - x1, y1, 1 - x0),  # ROTATE_90: a quarter turn counter-clockwise
+    }[orientation]
+    out = rows.copy()
+    out[:, :4] = np.stack(corners, axis=1) if len(rows) else out[:, :4]
+    return out
 
 
 def encode_boxes(rows: Any) -> bytes:
@@ -208,6 +269,7 @@ class BoxStats(StatsAccumulator):
     def __init__(self, kind: str = "boxes", width: int = 0):
         super().__init__(kind, width)
         self.per_image = np.zeros(_MAX_PER_IMAGE_BINS + 1, np.int64)
+        self.most = 0  # the most boxes an image holds: exact past the histogram's last bin
         self.per_class: dict[int, int] = {}
         self.sizes = np.zeros(len(SIZE_EDGES), np.int64)
         self.coco = np.zeros(3, np.int64)
@@ -217,6 +279,7 @@ class BoxStats(StatsAccumulator):
         rows = np.asarray(value, np.float64).reshape(-1, COLUMNS)
         self.count += 1
         self.per_image[min(len(rows), _MAX_PER_IMAGE_BINS)] += 1
+        self.most = max(self.most, len(rows))
         for c, n in zip(*np.unique(rows[:, 4].astype(np.int64), return_counts=True), strict=True):
             self.per_class[int(c)] = self.per_class.get(int(c), 0) + int(n)
         area = (rows[:, 2] - rows[:, 0]) * (rows[:, 3] - rows[:, 1])
@@ -226,6 +289,7 @@ class BoxStats(StatsAccumulator):
     def _merge_from(self, other: StatsAccumulator) -> None:
         self.count += other.count
         self.per_image += other.per_image
+        self.most = max(self.most, other.most)
         self.sizes += other.sizes
         self.coco += other.coco
         for c, n in other.per_class.items():
@@ -235,6 +299,7 @@ class BoxStats(StatsAccumulator):
         return {
             **super().state(),
             "per_image": self.per_image.tolist(),
+            "most": self.most,
             "per_class": {str(c): n for c, n in sorted(self.per_class.items())},
             "sizes": self.sizes.tolist(),
             "coco": self.coco.tolist(),
@@ -243,6 +308,8 @@ class BoxStats(StatsAccumulator):
     def _load(self, d: dict) -> None:
         if "per_image" in d:
             self.per_image[: len(d["per_image"])] = d["per_image"]
+            hist = np.flatnonzero(self.per_image)
+            self.most = int(d.get("most", hist[-1] if len(hist) else 0))  # a journal of before: its last bin
             self.per_class = {int(c): int(n) for c, n in d["per_class"].items()}
             self.sizes, self.coco = np.asarray(d["sizes"], np.int64), np.asarray(d["coco"], np.int64)
 
@@ -255,7 +322,12 @@ class BoxStats(StatsAccumulator):
             "images": self.count,
             "boxes": boxes,
             "negatives": int(hist[0]),
-            "per_image": {"mean": boxes / self.count, "max": last, "histogram": hist[: last + 1].tolist()},
+            # histogram[n]: images of n boxes; its bin 64 counts those of 64 or more (max: the exact most)
+            "per_image": {
+                "mean": boxes / self.count,
+                "max": max(self.most, last),
+                "histogram": hist[: last + 1].tolist(),
+            },
             "per_class": {str(c): n for c, n in sorted(self.per_class.items())},
             "size_edges": list(SIZE_EDGES),
             "sizes": self.sizes.tolist(),
@@ -277,16 +349,32 @@ class BoxKind(Target):
         return encode_boxes(value)
 
     def pack_value(self, item, res, classes):
-        """Rows the source gave in shares of the image (``x0 y0 x1 y1`` in ``[0, 1]``) in the
-        stored image's pixels: pack's resize scales them with the image."""
+        """Rows the source gave in shares of the image (``x0 y0 x1 y1`` in ``[0, 1]``; a
+        :class:`BoxTarget` says which frame) in the stored image's pixels: turned as pack turned
+        the pixels (EXIF) when drawn on the raw ones, scaled by pack's resize. A size that fits
+        neither frame is ``(None, {"reject": why})``."""
         from PIL import Image
 
+        target = item.target if isinstance(item.target, BoxTarget) else BoxTarget(item.target or ())
+        rows = np.asarray(target.rows, np.float64).reshape(-1, COLUMNS)
+        more: dict[str, Any] = {}
+        if target.size is not None:
+            orientation = getattr(res, "orientation", 1)
+            frame = frame_of(target, orientation, (res.width, res.height))
+            if frame not in ("raw", "upright"):
+                return None, {"reject": frame}
+            if frame == "raw" and orientation != 1:
+                rows = orient_rows(rows, orientation)
+            if orientation != 1:  # what maps a prediction back to the annotation's pixels
+                more["box_frame"], more["exif_orientation"] = frame, orientation
+        if target.image_id is not None:
+            more["image_id"] = target.image_id
         with Image.open(io.BytesIO(res.jpg)) as im:  # the stored size: the header alone
             w, h = im.size
-        rows = np.asarray(item.target or (), np.float64).reshape(-1, COLUMNS) * (w, h, w, h, 1, 1)
+        rows = rows * (w, h, w, h, 1, 1)
         rows[:, :4] = np.clip(rows[:, :4], 0, (w, h, w, h))  # a share of exactly 1.0 stays on the image
         rows = rows.astype(np.float32)
-        return rows, {"boxes": len(rows)}
+        return rows, {"boxes": len(rows), **more}
 
     def add_seen(self, acc, item, res, value):
         acc.add(value)
@@ -347,4 +435,16 @@ class BoxKind(Target):
 
 register_kind(BoxKind)
 
-__all__ = ["COLUMNS", "MIN_AREA", "MIN_SIZE", "BoxBatch", "BoxKind", "BoxStats", "encode_boxes", "follow_crop"]
+__all__ = [
+    "COLUMNS",
+    "MIN_AREA",
+    "MIN_SIZE",
+    "BoxBatch",
+    "BoxKind",
+    "BoxStats",
+    "BoxTarget",
+    "encode_boxes",
+    "follow_crop",
+    "frame_of",
+    "orient_rows",
+]

@@ -135,6 +135,19 @@ def shapes(work: Workdir) -> None:
     make_detection_scenes(work.root / "shapes", n=24, val=6, min_side=48, max_side=80)
 
 
+@setup("exports")
+def exports(work: Workdir) -> None:
+    """``exports/<layout>/``: 12 + 4 of the Detection page's shapes in each folder shape a
+    labelling tool or dataset library exports (:mod:`stoker.tools.common.detection_exports`),
+    beside ``exports/coco`` (the canonical COCO layout) and ``exports/yolo``."""
+    from stoker.tools.common.detection_exports import EXPORTS, make_detection_export
+    from stoker.tools.common.synth import make_detection_scenes
+
+    scenes = make_detection_scenes(work.root / "exports", n=12, val=4, formats=("coco", "yolo"))  # coco/: canonical
+    for layout in EXPORTS:
+        make_detection_export(scenes, layout, work.root / "exports" / layout)
+
+
 @setup("scans")
 def scans(work: Workdir) -> None:
     """``scans/``: an ImageFolder of 60 one-channel images (6 classes)."""

@@ -349,7 +349,8 @@ def _write_yolo(folder: Path, scenes: list) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(line + "\n" for line in lines))
     names = "".join(f"  {c}: {s}\n" for c, s in enumerate(SHAPES))
-    (folder / "data.yaml").write_text(f"train: images/train\nval: images/val\nnames:\n{names}")
+    splits = "".join(f"{s}: images/{s}\n" for s in ("train", "val") if any(sc[0] == s for sc in scenes))
+    (folder / "data.yaml").write_text(f"{splits}names:\n{names}")
 
 
 def _write_voc(folder: Path, scenes: list) -> None:

@@ -67,6 +67,7 @@ def pack(
     weight_column: str | None = None,
     train_list: str | Path | None = None,
     val_list: str | Path | None = None,
+    box_frame: str = "auto",
 ) -> PackResult:
     """Pack ``src`` into shards in ``out`` (see the module doc); rerun the same call to resume.
 
@@ -111,6 +112,10 @@ def pack(
             the official split; images in neither list are skipped.
         val_list: A file naming the val split's images (the rest is train without ``train_list``).
         storage_options: fsspec options of a URL ``out`` or a URL ``src``.
+        box_frame: Boxes: the frame an EXIF-rotated image's boxes were drawn in when the size
+            its annotation gives fits both the file's raw pixels and its upright ones (``"auto"``:
+            upright, as labelling tools show a photo; ``"raw"``; ``"upright"``). A size that fits
+            one of them decides; one that fits neither makes the image a reject.
 
     Returns:
         The :class:`PackResult`.
@@ -147,10 +152,7 @@ def pack(
         engine=engine,
         ray_address=ray_address,
     )
-    if not is_url(src):
-        src = Path(src)
-        if not src.exists():
-            raise UsageError(f"SRC {src} does not exist")
+    src = _existing_src(src)
     local, remote = _out_place(src, out, parts=parts, storage_options=storage_options, staging=staging)
     t0 = time.perf_counter()
     scanned = scan(
@@ -168,6 +170,7 @@ def pack(
         train_list=Path(train_list) if train_list is not None else None,
         val_list=Path(val_list) if val_list is not None else None,
         storage_options=dict(storage_options or {}) if is_url(src) else {},
+        box_frame=box_frame,
     )
     if not scanned.target.spatial and mask_flags:
         raise UsageError(
@@ -201,6 +204,15 @@ def pack(
     except OSError as e:
         raise _write_failed(e, local) from None
     return _checked(result, strict, local, scanned.reader.describe_path_rule())
+
+
+def _existing_src(src: str | Path) -> str | Path:
+    """``src`` as a Path (a URL as it is); one line when a local SRC does not exist."""
+    if is_url(src):
+        return src
+    if not Path(src).exists():
+        raise UsageError(f"SRC {src} does not exist")
+    return Path(src)
 
 
 def _checked_settings(
@@ -333,6 +345,7 @@ def merge_parts(out: str | Path, *, strict: bool = False) -> PackResult:
         seconds=time.perf_counter() - t0,
         targets=targets,
         targets_found=found,
+        found_label=found_label(target),
     )
     return _checked(result, strict, out)
 
@@ -406,6 +419,7 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
             parts=parts,
             hidden=source.hidden,
             val_only=source.val_only,
+            scan_notes=source.notes,
             image_settings=_image_settings(job["settings"]),
         )
     totals = merge(out, shard_ok)
@@ -422,8 +436,10 @@ def _run(out: Path, source: Source, identity: dict, t0: float, job: dict) -> Pac
         seconds=time.perf_counter() - t0,
         targets=targets,
         targets_found=found,
+        found_label=found_label(source.target),
         hidden=source.hidden,
         val_only=source.val_only,
+        scan_notes=source.notes,
         image_settings=_image_settings(job["settings"]),
     )
 
@@ -438,6 +454,12 @@ def write_tables(out: Path, splits: list[str]) -> None:
     rank has to build it from the ``.idx`` files (:mod:`stoker.pipeline.shards.table`)."""
     for split in splits:
         write_split_table(out / split)
+
+
+def found_label(target: Target) -> str:
+    """What the summary's line of what was found starts with: the kind's own name in the plural
+    (``masks:``, ``boxes:``)."""
+    return target.name if target.name.endswith("s") else f"{target.name}s"
 
 
 def describe_targets(target: Target, settings: dict, totals: dict | None = None) -> tuple[str, str]:
@@ -487,6 +509,10 @@ def _settings_identity(
         extra["target"] = source.target.to_json()
     if source.target.spatial:
         extra["mask_classes"] = settings.mask_classes
+    if source.class_ids is not None:  # the dataset's own id of each class (COCO's category ids)
+        extra["category_ids"] = list(source.class_ids)
+    if source.target.follows_crop and source.reader.options.box_frame != "auto":
+        extra["box_frame"] = source.reader.options.box_frame
     return {
         **extra,
         **source.reader.identity(),  # "source": what SRC is (and "masks": a mask tree)

@@ -186,8 +186,15 @@ def _source_flags(p: argparse.ArgumentParser) -> None:
         "--source",
         default="auto",
         metavar="NAME",
-        help="the reader of SRC: folder, train-val, csv, pairs, mask-tree, parquet, or one registered by a "
-        "plugin (default auto: recognized from SRC)",
+        help="the reader of SRC: folder, train-val, csv, pairs, mask-tree, parquet, coco, yolo, voc, or one "
+        "registered by a plugin (default auto: recognized from SRC)",
+    )
+    g.add_argument(
+        "--box-frame",
+        default="auto",
+        choices=("auto", "raw", "upright"),
+        help="boxes of an EXIF-rotated image whose annotated size fits both frames: drawn on the file's raw "
+        "pixels or on its upright ones (default auto: upright; a size that fits one frame decides)",
     )
     g.add_argument(
         "--train-list",
@@ -301,6 +308,7 @@ def main(args: argparse.Namespace) -> int:
                 weight_column=args.weight_column,
                 train_list=args.train_list,
                 val_list=args.val_list,
+                box_frame=args.box_frame,
                 short_side=args.short_side,
                 max_side=args.max_side,
                 quality=args.quality,

@@ -67,14 +67,17 @@ def _sanitizer(settings: Settings, workers: int, source: Source, engine: str):
     return _Sanitizer(settings, workers, source)
 
 
-def _components(it: Item, res: Sanitized, source: Source) -> dict[str, bytes]:
+def _components(it: Item, res: Sanitized, source: Source) -> dict[str, bytes] | str:
     """The tar members of one packed sample (:mod:`stoker.pipeline.shards.targets`; file names
-    stored as valid UTF-8)."""
+    stored as valid UTF-8), or why its target does not fit its image (a kind's ``pack_value``
+    saying ``{"reject": why}``)."""
     meta = {"path": display_path(it.rel), "width": res.width, "height": res.height}
     if it.weight is not None:  # --weight-column: read by Loader(balance="weights")
         meta["weight"] = it.weight
     target = source.target
     value, more = target.pack_value(it, res, source.classes)
+    if "reject" in more:
+        return more["reject"]
     meta.update({k: display_path(v) if isinstance(v, str) else v for k, v in more.items()})
     return {target.member: target.encode(value), "jpg": res.jpg, "json": json.dumps(meta).encode()}
 
@@ -146,10 +149,11 @@ def _pack_part_locked(
             for i, res in enumerate(sanitizer.results(items[pos:end]), start=pos):
                 it = items[i]
                 bar.update(1)
-                if res.jpg is None:
-                    shards.reject(it, res)
+                comps = None if res.jpg is None else _components(it, res, source)
+                if comps is None or isinstance(comps, str):  # unreadable, or its target does not fit it
+                    shards.reject(it, res if comps is None else res._replace(jpg=None, reason=comps))
                     continue
-                shards.add(i, it, res, _components(it, res, source))
+                shards.add(i, it, res, comps)
             if shards.writer is not None or shards.rejects:
                 shards.close(end)
             journal.append({"done": True, "end": end})
@@ -308,8 +312,9 @@ def _restore(
             path = split_dir / info["name"]
             with ShardWriter(path) as writer:
                 for i, res in enumerate(sanitizer.results(items[first:end]), start=first):
-                    if res.jpg is not None:
-                        writer.write(f"{i:09d}", _components(items[i], res, source))
+                    comps = None if res.jpg is None else _components(items[i], res, source)
+                    if comps is not None and not isinstance(comps, str):  # as the first run: rejects stay out
+                        writer.write(f"{i:09d}", comps)
             if writer.info.sha256 != info["sha256"]:
                 path.unlink(missing_ok=True)
                 idx_path(path).unlink(missing_ok=True)

@@ -33,6 +33,9 @@ class PackResult(Result):
             relative to SRC: never packed, named in the summary. Empty after a merge.
         val_only: The classes with val images but no train image (a split list, a val/ folder of
             their own): no model trained on train/ learns them; named in :meth:`notes`.
+        found_label: What the ``targets_found`` line starts with (``masks``, ``boxes``).
+        scan_notes: What the scan of SRC has to say (a test split left out, images without a
+            label file): printed by :meth:`notes`.
     """
 
     out: str
@@ -47,6 +50,8 @@ class PackResult(Result):
     targets_found: str = ""
     hidden: list = dataclasses.field(default_factory=list)
     val_only: list = dataclasses.field(default_factory=list)
+    found_label: str = "masks"
+    scan_notes: list = dataclasses.field(default_factory=list)
     #: how images were stored: ``short_side``, ``max_side``, ``quality`` (for the ``stored:`` line)
     image_settings: dict = dataclasses.field(default_factory=dict)
 
@@ -68,6 +73,8 @@ class PackResult(Result):
     def notes(self) -> list[str]:
         """The lines ``stoker pack`` prints on stderr: shards restored, splits left empty."""
         lines = [f"restored {self.restored} missing or damaged shard(s) of {self.out}"] if self.restored else []
+        if not self.up_to_date:
+            lines += [f"note: {line}" for line in self.scan_notes]
         if self.val_only and not self.up_to_date:
             lines.append(self.val_only_line())
         if self.up_to_date or self.parts > 1 or not self.packed:  # nothing packed: the pack's error says why
@@ -165,7 +172,7 @@ class PackResult(Result):
         if "train" in self.splits and "val" not in self.splits:
             lines.append(self.no_val_line())
         if self.targets_found:
-            lines.append(f"masks: {self.targets_found}")
+            lines.append(f"{self.found_label}: {self.targets_found}")
         lines += hidden
         if self.run:  # not after a merge
             n = sum(r["packed"] + r["rejected"] for r in self.run.values())

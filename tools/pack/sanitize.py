@@ -103,6 +103,7 @@ class Sanitized(NamedTuple):
     mask: bytes | None = None
     mask_counts: tuple = ()  # ((value, pixels), ...) of the stored mask: the split's class shares
     resized: bool = False  # stored smaller than it came (--short-side, --max-side)
+    orientation: int = 1  # the file's EXIF orientation, undone in the stored pixels (boxes follow it)
 
 
 def target_size(width: int, height: int, short_side: int, max_side: int) -> tuple[int, int]:
@@ -304,4 +305,4 @@ def _convert(im, data: bytes, settings: Settings) -> tuple[Sanitized, dict | Non
         im = im.resize(stored_target, Image.Resampling.BICUBIC)
     if orientation != 1:
         im = im.transpose(getattr(Image.Transpose, _ORIENT[orientation]))
-    return Sanitized(encode_jpeg(im, settings.quality), uw, uh, resized=resize), geometry
+    return Sanitized(encode_jpeg(im, settings.quality), uw, uh, resized=resize, orientation=orientation), geometry

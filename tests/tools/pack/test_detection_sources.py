@@ -104,18 +104,65 @@ def test_bad_boxes_are_listed_rejects(tmp_path):
 
 
 def test_source_is_chosen_by_name_when_not_recognized(scenes, packs, tmp_path):
-    """A COCO file of another name is packed with ``--source coco`` (auto-detection does not
-    take a JSON of any name); a tree of another layout named as VOC is one line, exit 2."""
+    """A COCO JSON of any name given as SRC is recognized by its keys (or named with ``--source
+    coco``); a JSON that is not COCO is one line naming the readers; a tree of another layout
+    named as VOC is one line, exit 2."""
     src = tmp_path / "coco"
     (src / "images").mkdir(parents=True)
     for png in (scenes["coco"] / "images").glob("*.png"):
         (src / "images" / png.name).write_bytes(png.read_bytes())
     doc = (scenes["coco"] / "annotations" / "instances_train.json").read_text()
     (src / "boxes.json").write_text(doc)
-    rc, _, err = run_cli("pack", src / "boxes.json", tmp_path / "auto")
-    assert rc == 2 and "--source" in err
-    rc, out, err = run_cli("pack", src / "boxes.json", tmp_path / "named", "--source", "coco")
-    assert rc == 0, err
-    assert packed_boxes(tmp_path / "named" / "train") == packed_boxes(packs["coco"] / "train")
+    for name, flags in (("auto", ()), ("named", ("--source", "coco"))):
+        rc, out, err = run_cli("pack", src / "boxes.json", tmp_path / name, *flags)
+        assert rc == 0, err
+        assert packed_boxes(tmp_path / name / "train") == packed_boxes(packs["coco"] / "train")
+    (tmp_path / "other.json").write_text(json.dumps({"tasks": [1, 2]}))
+    rc, _, err = run_cli("pack", tmp_path / "other.json", tmp_path / "o1")
+    assert rc == 2 and "COCO JSON" in err and "--source" in err and len(err.strip().splitlines()) == 1
     rc, _, err = run_cli("pack", scenes["yolo"], tmp_path / "o", "--source", "voc")
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_statistics_are_right_at_300_boxes_an_image(tmp_path):
+    """An image of 300 boxes: the manifest's max and mean and the summary count all 300 (the
+    per-image histogram's last bin holds 64 or more), and the Loader hands out all 300."""
+    from stoker.pipeline import Loader
+
+    src = make_detection_scenes(tmp_path / "s", n=5, seed=3, formats=("coco",))["coco"]
+    ann = src / "annotations" / "instances_train.json"
+    doc = json.loads(ann.read_text())
+    crowded = doc["images"][0]
+    before = sum(a["image_id"] == crowded["id"] for a in doc["annotations"])
+    for k in range(300 - before):
+        x, y = k % 20 * 2, k // 20 * 2
+        doc["annotations"].append({"id": 1000 + k, "image_id": crowded["id"], "bbox": [x, y, 2, 2], "category_id": 1})
+    ann.write_text(json.dumps(doc))
+    result = pack(src, tmp_path / "out")
+    detail = Manifest.load(tmp_path / "out" / "train").target.stats.detail
+    assert detail["per_image"]["max"] == 300 and detail["boxes"] == len(doc["annotations"])
+    assert detail["per_image"]["histogram"][64] == 1 and sum(detail["per_image"]["histogram"]) == 5
+    assert detail["per_image"]["mean"] == pytest.approx(len(doc["annotations"]) / 5)
+    assert "(max 300)" in result.summary() and "max 64" not in result.summary()
+    loader = Loader(tmp_path / "out" / "train", batch_size=5, crop=96, train=False, device="cpu", threads=0)
+    _, targets = next(iter(loader))
+    assert int(targets.counts.max()) == 300
+
+
+def test_a_coco_file_missing_what_a_box_needs_is_one_line_or_a_reject(tmp_path):
+    """An annotation without a bbox makes its image a listed reject; a category without a name
+    is one line naming the file (exit 2), never a traceback."""
+    src = make_detection_scenes(tmp_path / "s", n=5, seed=2, formats=("coco",))["coco"]
+    ann = src / "annotations" / "instances_train.json"
+    doc = json.loads(ann.read_text())
+    doc["annotations"].append({"id": 77, "image_id": doc["images"][1]["id"], "category_id": 1, "segmentation": []})
+    ann.write_text(json.dumps(doc))
+    rc, out, err = run_cli("pack", src, tmp_path / "out")
+    assert rc == 0, err
+    reasons = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").open()]
+    assert [r["path"] for r in reasons] == [f"images/{doc['images'][1]['file_name']}"]
+    assert reasons[0]["reason"] == "annotation 77 has no bbox [x, y, w, h] (got None)"
+    del doc["categories"][0]["name"]
+    ann.write_text(json.dumps(doc))
+    rc, _, err = run_cli("pack", src, tmp_path / "out2")
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "instances_train.json" in err and "'name'" in err, err

@@ -11,6 +11,9 @@
 ``trainval``       a ``train/`` + ``val/`` tree
 ``csvlist``        a CSV/TSV of ``path,label`` or ``path,values`` rows
 ``masktree``       images and a parallel mask tree (``--masks``)
+``coco``           COCO JSON boxes in the layouts tools export (Label Studio, FiftyOne, Roboflow, CVAT)
+``yolo``           YOLO boxes: ``images/`` + ``labels/``, or Ultralytics' ``data.yaml``
+``detection``      what the box readers share (frames, splits, refusals), and Pascal VOC
 =================  ======================================================================
 """
 

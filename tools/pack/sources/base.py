@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
+from stoker.errors import UsageError, arg
 from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
 from stoker.pipeline.storage import is_url
 
@@ -33,6 +34,9 @@ from ..sanitize import Sanitized, Settings, _sanitize_read, read_input
 
 SPLITS = ("train", "val")
 MAX_LABEL = 1_000_000  # integer labels above this are rejects: a class list that long is a typo
+#: ``box_frame``: which frame an EXIF-rotated image's boxes were drawn in when its annotated size
+#: fits both (``auto``: the upright one, as labelling tools show a photo)
+BOX_FRAMES = ("auto", "raw", "upright")
 
 
 def repeated_row(
@@ -147,6 +151,8 @@ class SourceOptions:
         weight_column: a CSV's column of per-sample sampling weights (``--weight-column``).
         train_list, val_list: official split lists (``--train-list``, ``--val-list``).
         storage_options: fsspec options of a URL SRC.
+        box_frame: boxes: the frame an EXIF-rotated image's boxes were drawn in when its
+            annotated size fits both (``auto``: upright, ``raw``, ``upright``; ``--box-frame``).
     """
 
     targets: str = "auto"
@@ -159,6 +165,11 @@ class SourceOptions:
     train_list: Path | None = None
     val_list: Path | None = None
     storage_options: dict = field(default_factory=dict, compare=False)
+    box_frame: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.box_frame not in BOX_FRAMES:
+            raise UsageError(f"{arg('box_frame', self.box_frame)} must be one of {', '.join(BOX_FRAMES)}")
 
 
 @dataclass
@@ -176,6 +187,10 @@ class Scan:
     val_source: str = "a val/ folder"
     #: hidden folders (``.*``, ``__MACOSX``) left out, relative to SRC with a trailing ``/``
     hidden: list[str] = field(default_factory=list)
+    #: what ``stoker pack`` says of the scan (a split left out, images without a label file)
+    notes: list[str] = field(default_factory=list)
+    #: the dataset's own id of each class (COCO's category ids), in class order; None: the index
+    class_ids: list | None = None
 
 
 class Job(NamedTuple):
@@ -288,6 +303,10 @@ class Source:
     hidden: list[str] = field(default_factory=list)
     #: the classes with val items but no train item (named by ``stoker pack``)
     val_only: list[str] = field(default_factory=list)
+    #: :attr:`Scan.notes`
+    notes: list[str] = field(default_factory=list)
+    #: :attr:`Scan.class_ids`
+    class_ids: list | None = None
 
     def path(self, item: Item) -> str:
         """Where ``item`` is (a file path for file sources)."""

@@ -34,13 +34,15 @@ from stoker.pipeline.registry import Registry
 from stoker.pipeline.storage import is_url
 
 from .base import Item, Scan, Source, SourceOptions, SourceReader, display_path
+from .coco import CocoReader
 from .csvlist import CsvReader
-from .detection import CocoReader, VocReader, YoloReader
+from .detection import VocReader, annotations_beside
 from .folder import FolderReader
 from .masktree import MaskTreeReader
 from .pairs import PairsReader
 from .parquet import ParquetReader
 from .trainval import TrainValReader
+from .yolo import YoloReader
 
 #: the entry-point group a package names its readers in (``[project.entry-points."stoker.pack_sources"]
 #: mine = "mypkg.source:MyReader"``): registered the first time the registry is asked
@@ -78,10 +80,15 @@ def choose_reader(src: str | Path, options: SourceOptions, name: str = "auto") -
         return cls(src, options)
     for cls in readers():
         if cls.recognizes(src, options):
+            if cls.name in ("folder", "train-val"):  # plain classes: unless SRC holds an annotation file
+                from .walk import class_dirs
+
+                annotations_beside(src, class_dirs(src))
             return cls(src, options)
     if isinstance(src, Path) and src.is_file():
         raise UsageError(
-            f"SRC {src} is a file but not a .csv/.tsv list of 'path,label' (or name its reader: {arg('source')})"
+            f"SRC {src} is a file but not a .csv/.tsv list of 'path,label' nor a COCO JSON (images, annotations, "
+            f"categories) nor a YOLO data.yaml (or name its reader: {arg('source')})"
         )
     names = ", ".join(reader_names()[1:])
     raise UsageError(f"no pack source reads SRC {src} (sources: {names}); choose one with {arg('source')}")
@@ -151,6 +158,8 @@ def scan(
         target=found.target,
         hidden=list(found.hidden),
         val_only=val_only_classes(splits, classes),
+        notes=list(found.notes),
+        class_ids=found.class_ids,
     )
 
 
