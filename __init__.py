@@ -36,8 +36,7 @@ from .errors import (
     UsageError,
     WorkerDiedError,
 )
-
-__version__ = "0.2.0"
+from .version import __version__
 
 _LAZY = {
     "Loader": "pipeline.loader",

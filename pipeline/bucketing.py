@@ -91,11 +91,10 @@ def bucket_order(
     return made
 
 
-def bucketed(buckets: Any, *, inner: Any, options: Any, mix: Any, source: Any, **kw: Any) -> BucketOrder:
+def bucketed(buckets: Any, *, inner: Any, base: Any, shuffle: str, source: Any, **kw: Any) -> BucketOrder:
     """The Loader's ``buckets=`` over its order ``inner``: refused in one line where it does not
-    apply, else :func:`bucket_order` over the split, or over a mix's (or a balance's) draws: the
-    policy's epoch read whole on one rank, at the Loader's global batch, is what gets bucketed."""
-    shuffle = options.shuffle
+    apply, else :func:`bucket_order` over the split, or over ``base``'s draws (a mix's or a
+    balance's epoch, read whole as on one rank at the Loader's global batch)."""
     if shuffle != "global":
         raise ArgumentError(f"buckets= orders the whole split (shuffle='global'), not shuffle={shuffle!r}")
     if source.cache is not None:
@@ -103,12 +102,6 @@ def bucketed(buckets: Any, *, inner: Any, options: Any, mix: Any, source: Any, *
             f"buckets= needs the image sizes a local split's table records; {source.path} is a URL: "
             "bucket a local copy of it"
         )
-    base = None
-    if mix is not None and kw["train"]:
-        from .stages import sample_order
-
-        one_rank = {"rank": 0, "world_size": 1, "train": True, "batch_size": kw["batch_size"] * kw["world_size"]}
-        base = sample_order(options, source, **one_rank)
     made = bucket_order(buckets, index=source.index, path=source.path, base=base, **kw)
     made.inner = inner  # the order bucketed (a mix's plan and summary read it)
     return made

@@ -240,8 +240,12 @@ class Loader(EpochState, DataLoaderSurface):
             opts.order, self.source, rank=self.rank, world_size=self.world_size, train=self.train, batch_size=batch_size
         )
         if buckets is not None:  # every batch one shape, by the images' own aspect (pipeline/bucketing.py)
+            base = None  # a mix's or a balance's epoch, read whole as on one rank at the global batch
+            if mix is not None and self.train:
+                whole = {"rank": 0, "world_size": 1, "train": True, "batch_size": batch_size * self.world_size}
+                base = sample_order(opts.order, self.source, **whole)
             self.order = bucketed(
-                buckets, inner=self.order, options=opts.order, mix=mix, source=self.source, crops=opts.crops,
+                buckets, inner=self.order, base=base, shuffle=self.shuffle, source=self.source, crops=opts.crops,
                 sync=bucket_sync, rank=self.rank, world_size=self.world_size, train=self.train, batch_size=batch_size,
             )  # fmt: skip
         self.drop_last = self.order.drop_last

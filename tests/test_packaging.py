@@ -251,3 +251,23 @@ def test_the_wheel_never_imports_the_benchmarks():
         module = _module_name(path)
         if not _is_benchmark(module):
             assert {m for m in _imports(path, module, modules) if _is_benchmark(m)} == set(), module
+
+
+def test_the_version_lives_in_a_leaf_module():
+    """One version number, in a module that imports nothing (pyproject reads it from there)."""
+    import stoker.version
+
+    tree = ast.parse((ROOT / "version.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    dynamic = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["dynamic"]
+    assert dynamic["version"] == {"attr": "stoker.version.__version__"}
+    assert stoker.__version__ == stoker.version.__version__
+
+
+#: the most lines a module of the package holds (a longer one is two concerns)
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_is_over_600_lines():
+    long = {p.relative_to(ROOT).as_posix(): n for p in _sources() if (n := len(p.read_text().splitlines())) > 600}
+    assert long == {}, f"split these by concern (at most {MAX_MODULE_LINES} lines a module)"

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from stoker import __version__
 from stoker.errors import StokerError, UsageError, close_names, unknown_choice
+from stoker.version import __version__
 
 # name -> module; the order is the order in --help.
 COMMANDS = {

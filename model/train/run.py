@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from stoker import __version__
 from stoker.errors import ArgumentError, CheckpointError, arg
 from stoker.pipeline.fsutil import atomic_write
 from stoker.pipeline.storage import redact_options
+from stoker.version import __version__
 
 from ..checkpoint import (
     load_checkpoint,

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stoker import __version__
 from stoker.errors import ManifestError
+from stoker.version import __version__
 
 from ..fsutil import PathLike, atomic_write, sha256_file
 from .paths import MANIFEST_NAME, check_path

@@ -159,9 +159,9 @@ def run_diagnosis(
     """
     import torch
 
-    from stoker import __version__
     from stoker.model.audit import audit_model
     from stoker.model.train.runtime import resolve_amp as train_amp
+    from stoker.version import __version__
 
     from .measure import environment
     from .report import caveats_of, judge, next_steps

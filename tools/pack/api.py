@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from stoker import __version__
 from stoker.errors import InputsRejectedError, StokerError, UsageError, WriteFailedError, arg
 from stoker.pipeline.shards.table import write_split_table
 from stoker.pipeline.shards.targets import IGNORE_INDEX, Target, TargetStats
 from stoker.pipeline.storage import Store, default_cache_dir, is_url, url_key
 from stoker.pipeline.workers import check_not_bootstrapping
+from stoker.version import __version__
 
 from .engine import pack_part
 from .journal import REJECTS_NAME, claim, merge, merged_totals, read_settings

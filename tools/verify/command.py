@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from stoker import __version__
 from stoker.errors import CheckFailedError, UsageError, arg
 from stoker.pipeline.fsutil import sha256_file
 from stoker.pipeline.shards.idx import (
@@ -52,6 +51,7 @@ from stoker.pipeline.shards.paths import check_path
 from stoker.pipeline.shards.table import manifest_digest
 from stoker.pipeline.shards.targets import Target
 from stoker.pipeline.storage import Store, is_url, parse_storage_options, storage_errors
+from stoker.version import __version__
 
 from .imagecheck import ImageChecker
 from .report import ShardReport, VerifyResult

@@ -40,7 +40,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from stoker import __version__
 from stoker.errors import CheckFailedError, ManifestError, MostSkippedError, NotPackedError, UsageError, arg
 from stoker.pipeline.shards.idx import MAX_CLASSES
 from stoker.pipeline.shards.kinds import get_kind, kind_names
@@ -49,6 +48,7 @@ from stoker.pipeline.shards.packstate import unfinished_pack
 from stoker.pipeline.shards.paths import check_path, contents_problem
 from stoker.pipeline.shards.table import write_split_table
 from stoker.pipeline.shards.targets import IGNORE_INDEX, StatsAccumulator, Target
+from stoker.version import __version__
 
 from ..common.results import Result
 from .index_shard import index_one
