@@ -13,7 +13,7 @@ role           names        what it makes
 
 A policy of one's own is one class and one :func:`register_policy` (or a
 ``stoker.sampling_policies`` entry point): ``shuffle=`` then takes its name
-(``tests/pipeline/test_policies.py`` registers one from the test and reads through it).
+(``tests/pipeline/test_sampling_policies.py`` registers one from the test and reads through it).
 """
 
 from __future__ import annotations

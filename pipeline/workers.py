@@ -129,6 +129,33 @@ if sys.platform != "win32":  # the fork server's classes; pickled to the workers
         Process = _NoMainProcess
 
 
+#: the longest path of a unix socket (Linux: 108 bytes with the NUL)
+SOCKET_PATH_MAX = 107
+#: what multiprocessing adds to its temp folder for the fork server's socket ("/pymp-XXXXXXXX/listener-XXXXXXXX")
+_SOCKET_SUFFIX = 34
+
+
+def _short_socket_folder() -> None:
+    """multiprocessing puts the fork server's socket in a folder it makes under ``TMPDIR``; under a
+    long one (a cluster job's scratch folder, a test's ``tmp_path``) that path is longer than a
+    socket's may be, and every worker's start fails with "AF_UNIX path too long". Such a folder is
+    replaced, for this process, by one under ``/tmp`` (removed at exit, as multiprocessing's is)."""
+    import shutil
+    import tempfile
+    from multiprocessing import process, util
+
+    config = process.current_process()._config
+    where = config.get("tempdir") or tempfile.gettempdir()
+    if len(where) + _SOCKET_SUFFIX <= SOCKET_PATH_MAX:
+        return
+    try:
+        short = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+    except OSError:  # no /tmp to write: multiprocessing's own error names the path
+        return
+    util.Finalize(None, shutil.rmtree, args=[short], exitpriority=-100)
+    config["tempdir"] = short
+
+
 def _start_fork_server_deaf_to_ctrl_c(ctx: multiprocessing.context.BaseContext) -> None:
     """Start the fork server (when ``ctx`` uses one and it is not running) with Ctrl-C ignored, a
     disposition it keeps across its ``exec`` (a blocked mask is not kept): a terminal's Ctrl-C
@@ -138,6 +165,7 @@ def _start_fork_server_deaf_to_ctrl_c(ctx: multiprocessing.context.BaseContext) 
     are deaf in this process."""
     if ctx.get_start_method() != "forkserver" or threading.current_thread() is not threading.main_thread():
         return
+    _short_socket_folder()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _forkserver.ensure_running()

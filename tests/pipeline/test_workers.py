@@ -164,3 +164,22 @@ def test_an_unguarded_script_is_not_run_again_by_the_workers(tmp_path):
     assert proc.stdout.splitlines() == ["top level ran", "samples 24"]
     proc = run([sys.executable, str(tmp_path / "own_work.py")])
     assert (proc.returncode, proc.stdout) == (0, "[0, 1, 8, 27, 64]\n"), proc.stderr[-3000:]
+
+
+def test_workers_start_under_a_temp_folder_too_long_for_a_socket(tmp_path):
+    """A long TMPDIR (a cluster job's scratch folder) would put the fork server's socket past the
+    108 bytes a unix socket path may have: every worker's start failed with "AF_UNIX path too
+    long". The socket goes under /tmp instead (a fresh process: the fork server starts there)."""
+    long = tmp_path / ("scratch-" + "x" * 60) / ("job-" + "y" * 40)
+    long.mkdir(parents=True)
+    code = (
+        "from helpers import square\n"
+        "from stoker.pipeline.workers import Workers\n"
+        "with Workers(1, doing='squaring', resume='rerun') as pool:\n"
+        "    print(list(pool.map(square, [3])))\n"
+    )
+    tests = os.path.dirname(os.path.abspath(__file__ + "/.."))
+    env = {**os.environ, "TMPDIR": str(long), "PYTHONPATH": tests + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[9]" and len(str(long)) > 107
