@@ -169,10 +169,10 @@ class PackResult(Result):
         ]
         if self.targets:
             lines.append(f"targets: {self.targets}")
+        if self.targets_found:  # right under the targets line: what the packed targets hold
+            lines.append(f"{self.found_label}: {self.targets_found}")
         if "train" in self.splits and "val" not in self.splits:
             lines.append(self.no_val_line())
-        if self.targets_found:
-            lines.append(f"{self.found_label}: {self.targets_found}")
         lines += hidden
         if self.run:  # not after a merge
             n = sum(r["packed"] + r["rejected"] for r in self.run.values())
