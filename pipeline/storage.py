@@ -183,7 +183,8 @@ def _describe(e: BaseException, url: str) -> StorageError:
     """One line for any failure of a storage request."""
     name = type(e).__name__
     text = one_line(e)
-    if isinstance(e, PermissionError) or "AccessDenied" in text or "Forbidden" in text or "403" in text:
+    # a 403 status as a word: a port in the message ("127.0.0.1:40312") is no refusal
+    if isinstance(e, PermissionError) or "AccessDenied" in text or "Forbidden" in text or re.search(r"\b403\b", text):
         return StorageError(
             f"access denied to {url}: check the credentials (AWS_ACCESS_KEY_ID, ...) and the bucket's permissions"
         )
