@@ -1,24 +1,39 @@
+import contextlib
+import io
 import json
 
 import pytest
 
+from helpers import write_split
 from stoker.errors import UsageError
 from stoker.pipeline.deps import HAS_DALI
 from stoker.tools import cli
 from stoker.tools.common.synth import make_image_folder
 
-TINY = ["--seconds", "2", "--epochs", "1", "--warmup", "1", "--batch-size", "8", "--crop", "32", "--workers", "1"]
+TINY = ["--seconds", "0.5", "--epochs", "1", "--warmup", "1", "--batch-size", "8", "--crop", "32", "--workers", "1"]
+
+
+@pytest.fixture(scope="module")
+def every_row(tmp_path_factory):
+    """One `stoker bench --json` of every row this machine runs (the pixel tier's too), shared by
+    the tests that read it: each row is a process of its own, seconds each."""
+    tmp = tmp_path_factory.mktemp("bench")
+    root = tmp / "data"
+    write_split(root / "train", num_samples=48, samples_per_shard=16)
+    src = make_image_folder(tmp / "src", per_class=8, min_side=40, max_side=80)
+    plot, px = tmp / "bench.png", tmp / "px"
+    argv = ["bench", str(root), "--images", str(src), "--json", "--plot", str(plot), "--pixel-cache", str(px)]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main([*argv, *TINY]) == 0
+    return json.loads(out.getvalue()), plot, px
 
 
 @pytest.mark.slow
-def test_bench_json_has_every_column(tiny_shards, tmp_path, capsys):
-    root = tiny_shards(n=48, per_shard=16)
-    src = make_image_folder(tmp_path / "src", per_class=8, min_side=40, max_side=80)
-    plot = tmp_path / "bench.png"
-    assert cli.main(["bench", str(root), "--images", str(src), "--json", "--plot", str(plot), *TINY]) == 0
-    result = json.loads(capsys.readouterr().out)
+def test_bench_json_has_every_column(every_row):
+    result, plot, px = every_row
     kinds = [r["pipeline"] for r in result["rows"]]
-    expected = ["torchvision", "wds", "stoker-pil", "ceiling"]
+    expected = ["torchvision", "wds", "stoker-pil", "ceiling", "stoker-pixels-fill", "stoker-pixels"]
     if HAS_DALI:
         expected += ["dali-reader", "stoker-dali"]
     assert set(expected) <= set(kinds)
@@ -36,18 +51,27 @@ def test_bench_json_has_every_column(tiny_shards, tmp_path, capsys):
     assert {"vs_torchvision", "of_ceiling"} <= set(result["summary"])
     assert any("FFCV" in n for n in result["notes"]) or "ffcv" in kinds
     assert plot.stat().st_size > 1000
+    # the pixel tier: its filling epoch and its warm one, each run's store removed
+    assert by["stoker-pixels"]["bytes_per_batch"] == by["stoker-pixels-fill"]["bytes_per_batch"] == 8 * 3 * 32 * 32
+    assert "fill_vs_jpeg" in result["summary"] and list(px.iterdir()) == []
 
 
-def test_bench_table_and_usage_errors(tiny_shards, tmp_path, capsys):
-    root = tiny_shards(n=32, per_shard=16)
-    assert cli.main(["bench", str(root / "train"), "--only", "stoker-pil,ceiling", *TINY]) == 0
-    out = capsys.readouterr().out
-    lines = out.splitlines()
+def test_bench_table_of_the_same_run(every_row):
+    from stoker.tools.bench.loader import BenchResult
+
+    lines = BenchResult(**every_row[0]).format_table().splitlines()  # what `stoker bench` prints without --json
     assert "img/s" in lines[1] and "CPU %" in lines[1] and "peak RSS" in lines[1] and "bytes/batch" in lines[1]
     assert "CPU s/1k" in lines[1]
     assert any(line.startswith("(5) stoker Loader (pil)") for line in lines)
     assert any(line.startswith("decode-only ceiling") for line in lines)
-    assert "24.0 KB" in out  # 8 x 3 x 32 x 32 uint8 per batch
+    assert "24.0 KB" in "\n".join(lines)  # 8 x 3 x 32 x 32 uint8 per batch
+
+
+def test_bench_prints_its_table_and_refuses_usage_errors(tiny_shards, tmp_path, capsys):
+    root = tiny_shards(n=32, per_shard=16)
+    assert cli.main(["bench", str(root / "train"), "--only", "ceiling", *TINY]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "img/s" in lines[1] and any(line.startswith("decode-only ceiling") for line in lines)
     assert cli.main(["bench", str(tmp_path), *TINY]) == 2
     assert cli.main(["bench", str(root), "--only", "nope", *TINY]) == 2
     assert "unknown pipeline" in capsys.readouterr().err
@@ -58,9 +82,9 @@ def test_bench_nvjpeg_column_is_skipped_without_cuda(tiny_shards, capsys, monkey
 
     monkeypatch.setattr(deps, "has_cuda", lambda: False)
     root = tiny_shards(n=32, per_shard=16)
-    assert cli.main(["bench", str(root), "--only", "stoker-nvjpeg,stoker-pil", "--json", *TINY]) == 0
+    assert cli.main(["bench", str(root), "--only", "stoker-nvjpeg,ceiling", "--json", *TINY]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert [r["pipeline"] for r in result["rows"]] == ["stoker-pil"]
+    assert [r["pipeline"] for r in result["rows"]] == ["ceiling"]
     assert result["notes"] == ["(5) stoker Loader (nvjpeg, GPU): skipped (torch sees no CUDA device)"]
 
 
@@ -190,18 +214,10 @@ def test_summary_puts_the_pixel_tier_against_both_ffcv_storages():
     assert "pixel tier, filling epoch: 0.90x the best stoker Loader (JPEG)" in table
 
 
-def test_bench_pixel_tier_rows_need_a_folder_and_measure_fill_and_warm(tiny_shards, tmp_path, capsys):
+def test_bench_pixel_tier_rows_need_a_folder(tiny_shards, capsys):
     root = tiny_shards(n=32, per_shard=16)
     assert cli.main(["bench", str(root), "--only", "stoker-pixels", "--json", *TINY]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["rows"] == [] and result["notes"] == [
         "(6) stoker pixel tier, warm: skipped (give --pixel-cache DIR, where its store may go)"
-    ]
-    px = tmp_path / "px"
-    assert cli.main(["bench", str(root), "--only", "stoker-pil,stoker-pixels-fill,stoker-pixels", "--json",
-                     "--pixel-cache", str(px), *TINY]) == 0  # fmt: skip
-    result = json.loads(capsys.readouterr().out)
-    by = {r["pipeline"]: r for r in result["rows"]}
-    assert by["stoker-pixels"]["img_s"] > 0 and by["stoker-pixels-fill"]["img_s"] > 0
-    assert by["stoker-pixels"]["bytes_per_batch"] == 8 * 3 * 32 * 32
-    assert "fill_vs_jpeg" in result["summary"] and list(px.iterdir()) == []  # each run's store is removed
+    ]  # the rows it measures with one: test_bench_json_has_every_column
