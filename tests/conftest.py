@@ -7,8 +7,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # set before torch is imported; the tests' subprocesses inherit it.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import select
+import subprocess
+import sys
+import warnings
+
 import pytest
 
+from command_server import CLIENT
 from helpers import write_split
 from stoker.pipeline.deps import has_cuda
 from storage_servers import S3Server, s3_server
@@ -76,3 +82,46 @@ def s3(s3_session, monkeypatch, tmp_path) -> S3Server:
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "stoker-cache"))
     return s3_session
+
+
+@pytest.fixture(scope="session")
+def command_server(tmp_path_factory):
+    """``(folder, socket)``: a folder of clients (``stoker``, ``python``, ``python3``) whose
+    ``stoker`` and ``python -m stoker...`` fork from one server that imported torch once
+    (command_server.py); ``socket`` is None when it could not start (the clients then run
+    ``python -m ...`` themselves)."""
+    folder = tmp_path_factory.mktemp("command-bin")
+    for name in ("stoker", "python", "python3"):
+        (folder / name).write_text(CLIENT.format(python=sys.executable))
+        (folder / name).chmod(0o755)
+    socket_path = folder / "stoker.sock"
+    server_py = Path(__file__).with_name("command_server.py")
+    server = subprocess.Popen(
+        [sys.executable, str(server_py), str(socket_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    ready = select.select([server.stdout], [], [], 120)[0] and server.stdout.readline().strip() == "ready"
+    if not ready:  # correct without it, only slower
+        warnings.warn("the test command server did not start: each `stoker` imports torch itself", stacklevel=1)
+    yield folder, (str(socket_path) if ready else None)
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture(scope="module")
+def fast_python(command_server):
+    """For a module whose code under test starts ``sys.executable -m stoker...`` processes (the
+    benchmarks, bench's rows): those fork from the command server instead of importing torch
+    each. Not for a test that signals or waits on such a process by its pid (the client stands
+    between them)."""
+    folder, socket_path = command_server
+    if socket_path is None:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "executable", str(folder / "python"))
+        mp.setenv("STOKER_TEST_COMMAND_SERVER", socket_path)
+        yield

@@ -28,7 +28,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -224,12 +223,3 @@ def _restorer(module) -> Callable[[], None]:
         module._REGISTRY.restore(saved)
 
     return restore
-
-
-def client_bin(folder: Path, client: str) -> Path:
-    """``folder`` with the shell blocks' ``stoker``, ``python`` and ``python3`` (the fork server's client)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in ("stoker", "python", "python3"):
-        (folder / name).write_text(client.format(python=sys.executable))
-        (folder / name).chmod(0o755)
-    return folder

@@ -14,18 +14,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import select
 import shlex
-import subprocess
-import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
-from docs_forkserver import CLIENT
 from docs_pages import Block, block_problems, console_script, parse_page
-from docs_runner import ABSOLUTE_ROOTS, BlockFailed, EarlierFailed, PageRun, Workdir, client_bin
+from docs_runner import ABSOLUTE_ROOTS, BlockFailed, EarlierFailed, PageRun, Workdir
 from docs_setups import SETUPS
 from stoker.pipeline.deps import has_cuda
 
@@ -34,40 +29,18 @@ PAGES = [
     parse_page(REPO / n, n) for n in ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
 ]
 BLOCKS = [b for page in PAGES for b in page.blocks if b.runs or block_problems(b)]
-SERVER = Path(__file__).with_name("docs_forkserver.py")
 
 
 @pytest.fixture(scope="session")
-def docs_bin(tmp_path_factory):
-    """The shell blocks' PATH folder (``stoker``, ``python``) and the fork server behind ``stoker``;
-    its socket path, or None when it could not start (``stoker`` then runs ``python -m stoker``)."""
-    folder = client_bin(tmp_path_factory.mktemp("docs-bin"), CLIENT)
-    socket_path = folder / "stoker.sock"
-    server = subprocess.Popen(
-        [sys.executable, str(SERVER), str(socket_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    ready = select.select([server.stdout], [], [], 120)[0] and server.stdout.readline().strip() == "ready"
-    if not ready:  # correct without it, only slower
-        warnings.warn("the docs fork server did not start: each `stoker` imports torch itself", stacklevel=1)
-    yield folder, (str(socket_path) if ready else None)
-    server.terminate()
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-
-
-@pytest.fixture(scope="session")
-def page_runs(tmp_path_factory, docs_bin):
+def page_runs(tmp_path_factory, command_server):
     """One :class:`PageRun` per page, made when its first block runs."""
-    folder, socket_path = docs_bin
+    folder, socket_path = command_server
 
     def shell_env(work: Workdir) -> dict:
         env = {k: v for k, v in os.environ.items() if k not in ("XDG_CACHE_HOME", "STOKER_CACHE_DIR")}
         env.update(HOME=str(work.home), PATH=f"{folder}{os.pathsep}{env.get('PATH', '')}", MPLBACKEND="Agg")
         if socket_path:
-            env["STOKER_DOCS_FORKSERVER"] = socket_path
+            env["STOKER_TEST_COMMAND_SERVER"] = socket_path
         return env
 
     runs: dict[str, PageRun] = {}

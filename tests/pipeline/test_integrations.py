@@ -106,7 +106,7 @@ def test_bench_frameworks_rejects_unknown_framework():
 
 
 @pytest.mark.slow
-def test_bench_frameworks_measures_both_loaders(tmp_path):
+def test_bench_frameworks_measures_both_loaders(tmp_path, fast_python):
     from stoker.benchmarks.frameworks import main
 
     make_image_folder(tmp_path / "images", per_class=4, min_side=40, max_side=100)

@@ -14,7 +14,7 @@ TINY = ["--seconds", "0.5", "--epochs", "1", "--warmup", "1", "--batch-size", "8
 
 
 @pytest.fixture(scope="module")
-def every_row(tmp_path_factory):
+def every_row(tmp_path_factory, fast_python):
     """One `stoker bench --json` of every row this machine runs (the pixel tier's too), shared by
     the tests that read it: each row is a process of its own, seconds each."""
     tmp = tmp_path_factory.mktemp("bench")

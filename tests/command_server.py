@@ -1,15 +1,20 @@
-"""The ``stoker`` command of the docs tests' shell blocks, without paying the imports each time.
+"""Test subprocesses of stoker's commands without paying the imports each time.
 
 Every ``stoker`` command that touches torch spends ~3 s importing torch, torchvision and DALI
-before it does anything; the docs run a few dozen of them. This server imports them once, then
-forks one child per command (the zygote pattern): the ``stoker`` and ``python`` on the shell
-blocks' PATH are a small client (:data:`CLIENT`) that sends its argv, working directory,
-environment and its stdin/stdout/stderr file descriptors over a Unix socket and exits with the
-child's status. The child runs the module as ``python -m`` would (``stoker``: its ``__main__``,
-what the console script runs). Without the server (``STOKER_DOCS_FORKSERVER`` unset or
-unreachable) the client runs ``python -m ...`` itself.
+before it does anything, and the multiprocessing fork server of its workers ~3 s more; the docs
+run a few dozen such commands and the benchmarks' tests many ``python -m stoker...`` processes.
+This server imports them once and starts one multiprocessing fork server (which every command's
+workers share), then forks one child per command (the zygote pattern). The client
+(:data:`CLIENT`, the docs shell blocks' ``stoker`` and ``python``, and ``sys.executable`` of a test
+that asks for it: the ``fast_python`` fixture) sends its argv, working directory, environment and
+its stdin/stdout/stderr file descriptors over a Unix socket and exits with the child's status.
+The child runs the module as ``python -m`` would (``stoker``: its ``__main__``, what the console
+script runs), its own ``sys.executable`` the client, so the processes a command starts (a bench
+row, a benchmark's runs) are forked too. Without the server (``STOKER_TEST_COMMAND_SERVER``
+unset or unreachable) the client runs ``python -m ...`` itself. A client killed (a timeout)
+takes its command's process group with it.
 
-Run as ``python docs_forkserver.py SOCKET``; it prints ``ready`` once listening and exits when
+Run as ``python command_server.py SOCKET``; it prints ``ready`` once listening and exits when
 its parent (the test session) is gone.
 """
 
@@ -28,8 +33,8 @@ import traceback
 #: the shell blocks' ``stoker`` and ``python`` (``{python}``: this interpreter): ``stoker ARGS`` and
 #: ``python -m stoker[.MODULE] ARGS`` go to the server, any other python command to the interpreter
 CLIENT = """#!{python} -S
-# The docs tests' `stoker` (and `python`): this checkout's commands, forked from a server that
-# imported torch once (tests/docs/docs_forkserver.py).
+# The tests' `stoker` (and `python`): this checkout's commands, forked from a server that
+# imported torch once (tests/command_server.py).
 import json, os, socket, sys
 
 args = sys.argv[1:]
@@ -41,10 +46,11 @@ else:
     os.execv(sys.executable, [sys.executable, *args])
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 try:
-    sock.connect(os.environ.get("STOKER_DOCS_FORKSERVER") or "")
+    sock.connect(os.environ.get("STOKER_TEST_COMMAND_SERVER") or "")
 except OSError:
     os.execv(sys.executable, [sys.executable, "-m", module, *args])
-request = {{"module": module, "argv": args, "path0": path0, "cwd": os.getcwd(), "env": dict(os.environ)}}
+request = {{"module": module, "argv": args, "path0": path0, "cwd": os.getcwd(), "env": dict(os.environ),
+           "python": os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "python")}}
 request = json.dumps(request).encode()
 socket.send_fds(sock, [len(request).to_bytes(8, "big")], [0, 1, 2])
 sock.sendall(request)
@@ -52,7 +58,7 @@ status = b""
 while len(status) < 4:
     chunk = sock.recv(4 - len(status))
     if not chunk:
-        sys.exit("stoker: the docs fork server's child died without an exit status")
+        sys.exit("stoker: the test command server's child died without an exit status")
     status += chunk
 sys.exit(int.from_bytes(status, "big", signed=True))
 """
@@ -96,6 +102,8 @@ def _child(conn: socket.socket) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         sys.argv = [request["module"], *request["argv"]]
+        sys.executable = request["python"]  # the processes it starts (a bench row, a benchmark's runs): forked too
+        _share_the_worker_server()
         if request["path0"]:
             sys.path.insert(0, request["path0"])
 
@@ -134,6 +142,39 @@ def _child(conn: socket.socket) -> None:
             os._exit(int(code) & 0xFF)
 
 
+def _start_the_worker_server() -> None:
+    """stoker's worker fork server, started here with what this server imported: every command's
+    workers fork from it (each command would start its own and import torch into it again)."""
+    try:
+        from stoker.pipeline.workers import _start_fork_server_deaf_to_ctrl_c, context
+
+        _start_fork_server_deaf_to_ctrl_c(context())
+    except Exception:  # correct without it, only slower
+        traceback.print_exc()
+
+
+def _share_the_worker_server() -> None:
+    """In a child: use the server's worker fork server. multiprocessing asks whether its fork
+    server lives with ``waitpid``, which only its parent (this server) may call: ask the kernel."""
+    from multiprocessing import forkserver, resource_tracker
+
+    shared = forkserver._forkserver
+    pid = shared._forkserver_pid
+    if pid is None:
+        return
+    own = type(shared).ensure_running.__get__(shared)
+
+    def ensure_running() -> None:
+        try:
+            os.kill(pid, 0)
+        except OSError:  # gone: a server of its own
+            shared._forkserver_pid = shared._forkserver_address = shared._forkserver_alive_fd = None
+            return own()
+        resource_tracker.ensure_running()
+
+    shared.ensure_running = forkserver.ensure_running = ensure_running
+
+
 def serve(path: str) -> None:
     import importlib
 
@@ -142,6 +183,7 @@ def serve(path: str) -> None:
             importlib.import_module(name)
         except ImportError:
             pass
+    _start_the_worker_server()
     parent = os.getppid()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
@@ -175,6 +217,11 @@ def _reap(block: bool = False) -> None:
 
 
 def _exit() -> None:
+    from multiprocessing import forkserver, resource_tracker
+
+    # the worker fork server and the resource tracker end once every holder of their pipes let go
+    forkserver._forkserver._stop()
+    resource_tracker._resource_tracker._stop()
     _reap(block=True)
     os._exit(0)
 
