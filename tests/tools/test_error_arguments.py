@@ -45,6 +45,17 @@ def test_arg_is_the_python_name_in_the_message_and_only_marked_names_are_spelled
     assert UsageError("plain words").spelled(flags.get) == "plain words"
 
 
+def test_a_field_of_an_options_object_is_its_python_spelling_and_the_flag_of_its_name():
+    e = UsageError(
+        f"{arg('shard_size', python='Shards.size')} must be positive; "
+        f"{arg('source', 'coco', python='Reading.source')} reads it; {arg('workers')}"
+    )
+    assert str(e) == "Shards.size must be positive; Reading(source='coco') reads it; workers"
+    flags = {"shard_size": "--shard-size", "source": "--source", "workers": "--workers"}
+    assert e.spelled(flags.get) == "--shard-size must be positive; --source coco reads it; --workers"
+    assert pickle.loads(pickle.dumps(e)).spelled(flags.get) == e.spelled(flags.get)
+
+
 def test_the_command_spells_an_argument_as_its_own_flag():
     spell = flag_spelling(get_args_parser(), "pack")
     assert [spell(n) for n in ("workers", "val_fraction", "src", "out", "storage_options")] == [
