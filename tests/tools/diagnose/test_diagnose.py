@@ -691,14 +691,14 @@ def test_amp_auto_advice_agrees_with_training(monkeypatch, native):
 def test_float_and_mask_splits_train_their_own_task(capsys, tmp_path, kind):
     # the task stoker train would pick: its head (per pixel for masks), its loss, its targets
     from stoker.tools.common.synth import make_regression_csv, make_segmentation_tree
-    from stoker.tools.pack import pack
+    from stoker.tools.pack import Masks, pack
 
     if kind == "float":
         pack(make_regression_csv(tmp_path / "src", n=24, seed=1), tmp_path / "data", workers=1)
         task, outputs = "regress", 1
     else:
         images, masks = make_segmentation_tree(tmp_path / "src", n=12, seed=2, min_side=40, max_side=64)
-        pack(images, tmp_path / "data", masks=masks, num_classes=4, workers=1)
+        pack(images, tmp_path / "data", masks=Masks(masks, num_classes=4), workers=1)
         task, outputs = "segment", 4
     args = ("--batch-size", 4, "--crop", 32, "--seconds", 0.2, "--device", "cpu", "--amp", "off", "--json")
     rc, out, err = _cli(capsys, tmp_path / "data", *args)

@@ -177,7 +177,7 @@ def test_hidden_folders_are_left_out_and_named_in_the_summary(tmp_path, capsys):
         result.hidden == [".git/", "val/.cache/"]
         and "left out 2 hidden folders: .git/, val/.cache/" in result.summary()
     )
-    assert pack_api(src, tmp_path / "out3", workers=1, parts=2, part=0).hidden == [
+    assert pack_api(src, tmp_path / "out3", workers=1, part=(0, 2)).hidden == [
         ".ipynb_checkpoints/",
         "rings/.thumbs/",
         "squares/__MACOSX/",
