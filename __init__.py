@@ -6,6 +6,7 @@ device with an exact, resumable, distributed order (:class:`Loader`), and normal
 
 >>> import stoker
 >>> stoker.pack("photos/", "shards/", val_fraction=0.1)          # doctest: +SKIP
+>>> stoker.pack("photos/", "small/", images=stoker.Images(short_side=128))  # doctest: +SKIP
 >>> loader = stoker.Loader("shards/train", batch_size=256, device="cuda")  # doctest: +SKIP
 
 The names here are what a user reaches for; each is imported on first use, so ``import
@@ -45,6 +46,11 @@ _LAZY = {
     "with_normalize": "model.normalize",
     "pack": "tools.pack.api",
     "merge_parts": "tools.pack.api",
+    "Images": "tools.pack.options",
+    "Masks": "tools.pack.options",
+    "Ray": "tools.pack.options",
+    "Reading": "tools.pack.options",
+    "Shards": "tools.pack.options",
     "verify": "tools.verify.command",
     "index": "tools.verify.indexing",
 }
@@ -57,19 +63,25 @@ if TYPE_CHECKING:
     from .pipeline.loader import Loader
     from .pipeline.options import Source
     from .tools.pack.api import merge_parts, pack
+    from .tools.pack.options import Images, Masks, Ray, Reading, Shards
     from .tools.verify.command import verify
     from .tools.verify.indexing import index
 
 __all__ = [
     "CheckFailedError",
     "CheckpointError",
+    "Images",
     "InputsRejectedError",
     "Loader",
     "LoaderError",
     "ManifestError",
+    "Masks",
     "MissingExtraError",
     "NoBatchError",
     "Normalize",
+    "Ray",
+    "Reading",
+    "Shards",
     "Source",
     "StokerError",
     "StorageError",

@@ -8,8 +8,9 @@ missing extra) or ``RuntimeError`` (a failure while running) say so, so code wri
 builtin kinds keeps catching them.
 
 A message names the arguments it is about with :func:`arg`: Python callers read the Python
-spelling (``workers must be >= 1``), the ``stoker`` command prints the command's own flag
-(``--workers must be >= 1``), from its parser (:meth:`StokerError.spelled`).
+spelling (``workers must be >= 1``; a field of an options object as ``Shards.size``), the
+``stoker`` command prints the command's own flag (``--workers must be >= 1``), from its parser
+(:meth:`StokerError.spelled`).
 
 This module imports nothing heavy: ``from stoker.errors import ...`` is instant.
 """
@@ -19,35 +20,47 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 
-# An argument named in a message: MARK name [SEP repr(value) SEP str(value)] MARK. Control
-# characters no user text holds, so the command rewrites exactly the marked names, never prose.
-_MARK, _SEP = "\x1f", "\x1e"
-_MARKED = re.compile("\x1f([^\x1e\x1f]+)(?:\x1e([^\x1e\x1f]*)\x1e([^\x1e\x1f]*))?\x1f")
+# An argument named in a message: MARK name [ALIAS python] [SEP repr(value) SEP str(value)] MARK.
+# Control characters no user text holds, so the command rewrites exactly the marked names, never prose.
+_MARK, _SEP, _ALIAS = "\x1f", "\x1e", "\x1d"
+_MARKED = re.compile("\x1f([^\x1d\x1e\x1f]+)(?:\x1d([^\x1d\x1e\x1f]+))?(?:\x1e([^\x1e\x1f]*)\x1e([^\x1e\x1f]*))?\x1f")
 _NO_VALUE = object()
 
 
-def arg(name: str, value: object = _NO_VALUE) -> str:
+def arg(name: str, value: object = _NO_VALUE, *, python: str | None = None) -> str:
     """Name the Python argument ``name`` (with its ``value``) in a :class:`StokerError` message.
 
     Python callers read ``name`` (``name='value'``); the ``stoker`` command reads the flag of its
-    own that sets ``name`` (``--name value``, ``SRC value`` for a positional).
+    own that sets ``name`` (``--name value``, ``SRC value`` for a positional). ``python`` is what
+    Python callers read instead when the setting is not a keyword of its own but a field of an
+    options object: ``Shards.size`` (with a value: ``Shards(size=0)``); the command still reads
+    the flag of ``name``.
 
     Example:
         ``UsageError(f"{arg('workers')} must be >= 1, got {workers}")``
     """
+    alias = "" if python is None else f"{_ALIAS}{python}"
     if value is _NO_VALUE:
-        return f"{_MARK}{name}{_MARK}"
-    return f"{_MARK}{name}{_SEP}{value!r}{_SEP}{value}{_MARK}"
+        return f"{_MARK}{name}{alias}{_MARK}"
+    return f"{_MARK}{name}{alias}{_SEP}{value!r}{_SEP}{value}{_MARK}"
+
+
+def _python_spelling(name: str, value: str | None) -> str:
+    """``name`` (``name=value``), or for a field ``Group.field``: itself (``Group(field=value)``)."""
+    if value is None:
+        return name
+    group, dot, field = name.rpartition(".")
+    return f"{group}({field}={value})" if dot else f"{name}={value}"
 
 
 def _spell(marked: str, flag: Callable[[str], str | None]) -> str:
     """``marked`` with each :func:`arg` as ``flag(name)`` (its Python spelling where that is None)."""
 
     def one(m: re.Match) -> str:
-        name, python_value, value = m.groups()
+        name, python, python_value, value = m.groups()
         spelled = flag(name)
         if spelled is None:
-            return name if python_value is None else f"{name}={python_value}"
+            return _python_spelling(python or name, python_value)
         return spelled if value is None else f"{spelled} {value}"
 
     return _MARKED.sub(one, marked)

@@ -27,15 +27,15 @@ import numpy as np
 def _packs(out: Path, n: int, side: int) -> tuple[Path, Path]:
     """``(box pack, class pack)`` of the same generated pictures (made once, kept in ``out``)."""
     from stoker.tools.common.synth import make_detection_scenes
-    from stoker.tools.pack import pack
+    from stoker.tools.pack import Images, pack
 
     boxes, classes = out / "boxes", out / "classes"
     if not (classes / "train" / "stoker.json").is_file():
         src = make_detection_scenes(out / "src", n=n, min_side=side * 3 // 4, max_side=side, formats=("coco",))
-        pack(src["coco"], boxes, short_side=0)
+        pack(src["coco"], boxes, images=Images(short_side=0))
         images = sorted((src["coco"] / "images").glob("*.png"))
         (out / "classes.csv").write_text("".join(f"{p.resolve()},{k % 3}\n" for k, p in enumerate(images)))
-        pack(out / "classes.csv", classes, short_side=0)
+        pack(out / "classes.csv", classes, images=Images(short_side=0))
     return boxes / "train", classes / "train"
 
 

@@ -32,22 +32,22 @@ import numpy as np
 
 
 def _photo_pack(images: Path, out: Path) -> Path:
-    from stoker.tools.pack import pack
+    from stoker.tools.pack import Images, pack
 
     if not (out / "photos" / "train" / "stoker.json").is_file():
         rows = [f"{p.resolve()},{k % 10}\n" for k, p in enumerate(sorted(images.iterdir()))]
         (out / "photos.csv").write_text("".join(rows))
-        pack(out / "photos.csv", out / "photos", short_side=256)
+        pack(out / "photos.csv", out / "photos", images=Images(short_side=256))
     return out / "photos" / "train"
 
 
 def _scene_pack(out: Path, n: int) -> Path:
     from stoker.tools.common.synth import make_detection_scenes
-    from stoker.tools.pack import pack
+    from stoker.tools.pack import Images, pack
 
     if not (out / "scenes" / "train" / "stoker.json").is_file():
         src = make_detection_scenes(out / "scenes-src", n=n, min_side=96, max_side=256, formats=("coco",))
-        pack(src["coco"], out / "scenes", short_side=0)
+        pack(src["coco"], out / "scenes", images=Images(short_side=0))
     return out / "scenes" / "train"
 
 
@@ -56,7 +56,7 @@ def _edge_data(out: Path, n: int, val: int, side: int) -> Path:
     end (which end at random) is the class; the pack has a val split."""
     from PIL import Image
 
-    from stoker.tools.pack import pack
+    from stoker.tools.pack import Images, pack
 
     packed = out / "edge"
     if (packed / "val" / "stoker.json").is_file():
@@ -80,7 +80,7 @@ def _edge_data(out: Path, n: int, val: int, side: int) -> Path:
         folder = src / ("red" if label == 0 else "green")
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray(pixels).save(folder / f"{k:05d}.png")
-    pack(src, packed, short_side=0, val_fraction=val / (n + val))
+    pack(src, packed, images=Images(short_side=0), val_fraction=val / (n + val))
     return packed
 
 

@@ -86,16 +86,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from stoker.pipeline.deps import HAS_DALI
     from stoker.tools.bench.loader import bench
-    from stoker.tools.pack import pack
+    from stoker.tools.pack import Masks, Reading, pack
 
     images, out = Path(args.images), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     masks = _masks(images, out)
     classes_csv, floats_csv = _csvs(images, out)
     packs = {
-        "class": pack(classes_csv, out / "class", targets="class"),
-        "float": pack(floats_csv, out / "float", targets="float"),
-        "mask": pack(images, out / "mask", masks=masks, num_classes=3),
+        "class": pack(classes_csv, out / "class", reading=Reading(targets="class")),
+        "float": pack(floats_csv, out / "float", reading=Reading(targets="float")),
+        "mask": pack(images, out / "mask", masks=Masks(masks, num_classes=3)),
     }
     ours = "stoker-dali" if HAS_DALI else "stoker-pil"
     common = dict(batch_size=args.batch_size, seconds=args.seconds, epochs=100, warmup=3)

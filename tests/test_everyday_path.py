@@ -38,9 +38,13 @@ def test_normalize_refuses_a_float_batch_and_a_second_wrap():
 
 def test_a_crop_larger_than_the_pack_stored_is_said_once(tmp_path):
     from stoker.tools.common.synth import make_image_folder
-    from stoker.tools.pack import pack
+    from stoker.tools.pack import Images, pack
 
-    pack(make_image_folder(tmp_path / "src", per_class=2, classes=("circles", "rings")), tmp_path / "p", short_side=40)
+    pack(
+        make_image_folder(tmp_path / "src", per_class=2, classes=("circles", "rings")),
+        tmp_path / "p",
+        images=Images(short_side=40),
+    )
     with pytest.warns(UserWarning, match=r"crop=96 needs a shorter side of 110px.*--short-side 40.*--short-side 110"):
         Loader(tmp_path / "p" / "train", batch_size=2, crop=96, train=False, backend="pil", threads=0)
     with warnings.catch_warnings():

@@ -1,6 +1,7 @@
 """What a user installs: every subpackage is in the wheel's package list (and the research
 benchmarks are not), the public surface is where the README says, the house has no import cycles,
-and every function of pipeline/, model/ and tools/ is short enough to hold in mind."""
+and every function of pipeline/, model/ and tools/ (and every module, test modules too) is short
+enough to hold in mind."""
 
 import ast
 import os
@@ -271,3 +272,14 @@ MAX_MODULE_LINES = 600
 def test_no_module_is_over_600_lines():
     long = {p.relative_to(ROOT).as_posix(): n for p in _sources() if (n := len(p.read_text().splitlines())) > 600}
     assert long == {}, f"split these by concern (at most {MAX_MODULE_LINES} lines a module)"
+
+
+def test_no_test_module_is_over_600_lines():
+    """The tests are held to the same rule: a longer test module is two themes (split it, the
+    shared fixtures in a conftest.py, the shared helpers in a module both import)."""
+    modules = sorted((ROOT / "tests").rglob("test_*.py"))
+    assert len(modules) > 50 and ROOT / "tests" / "test_packaging.py" in modules
+    long = {
+        p.relative_to(ROOT).as_posix(): n for p in modules if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"split these by theme (at most {MAX_MODULE_LINES} lines a test module)"

@@ -361,14 +361,14 @@ def _prepare_segment(cache: Path, per_class: int, say: Callable[[str], None]) ->
     from PIL import Image
 
     from .common.synth import make_segmentation_tree
-    from .pack import pack
+    from .pack import Masks, pack
 
     n = per_class
     root, shards = cache / f"segment-{n}", cache / f"segment-{n}-shards"
     say(f"[1/4] dataset: {root} ({n} grayscale pictures of textured shapes, and their masks)")
     _make_once(root, root / "masks", lambda tmp: make_segmentation_tree(tmp, n=n, seed=0))
     say(f"[2/4] pack: {shards}")
-    packed = pack(root / "images", shards, masks=root / "masks", num_classes=4, val_fraction=0.2)
+    packed = pack(root / "images", shards, masks=Masks(root / "masks", num_classes=4), val_fraction=0.2)
     counts = np.zeros(4)
     for path in sorted((root / "masks").glob("*.png")):
         counts += np.bincount(np.asarray(Image.open(path)).ravel(), minlength=4)[:4]

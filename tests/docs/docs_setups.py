@@ -164,11 +164,11 @@ def scans(work: Workdir) -> None:
 def packed_tasks(work: Workdir) -> None:
     """``ages-packed/`` (float targets, 80 + 20) and ``seg-packed/`` (masks, 4 classes, 32 + 8):
     what the Regression and Segmentation pages pack."""
-    from stoker.tools.pack.api import pack
+    from stoker.tools.pack import Masks, pack
 
     pack(_ages(work.root / ".sources" / "ages"), work.root / "ages-packed", val_fraction=0.2, workers=1)
     pictures, masks = _seg(work.root / ".sources" / "seg")
-    pack(pictures, work.root / "seg-packed", masks=masks, num_classes=4, val_fraction=0.2, workers=1)
+    pack(pictures, work.root / "seg-packed", masks=Masks(masks, num_classes=4), val_fraction=0.2, workers=1)
 
 
 @setup("pack-sources")

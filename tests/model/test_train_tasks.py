@@ -14,7 +14,7 @@ from stoker.model.train.tasks import Task, average_precision, resolve_task
 from stoker.pipeline import Loader
 from stoker.pipeline.shards.targets import Target
 from stoker.tools.common.synth import make_regression_csv, make_segmentation_tree
-from stoker.tools.pack import pack
+from stoker.tools.pack import Masks, pack
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def reg_data(tmp_path_factory):
 def seg_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("seg")
     images, masks = make_segmentation_tree(root / "src", n=16, seed=5, min_side=40, max_side=64)
-    pack(images, root / "data", masks=masks, num_classes=4, val_fraction=0.25, workers=1)
+    pack(images, root / "data", masks=Masks(masks, num_classes=4), val_fraction=0.25, workers=1)
     return root / "data"
 
 

@@ -232,10 +232,10 @@ def test_ddp_two_processes_exact_epochs(tmp_path):
 
 def test_the_datamodule_serves_a_mask_split_with_its_target(tmp_path):
     from stoker.tools.common.synth import make_segmentation_tree
-    from stoker.tools.pack import pack
+    from stoker.tools.pack import Masks, pack
 
     images, masks = make_segmentation_tree(tmp_path / "src", n=10, seed=2, min_side=40, max_side=60)
-    pack(images, tmp_path / "data", masks=masks, num_classes=4, val_fraction=0.2, workers=1)
+    pack(images, tmp_path / "data", masks=Masks(masks, num_classes=4), val_fraction=0.2, workers=1)
     dm = StokerDataModule(tmp_path / "data", batch_size=4, crop=32, backend="pil", threads=0, augment="ta_wide")
     assert dm.target.kind == "mask" and dm.num_classes == 4
     x, m = next(iter(dm.train_dataloader()))

@@ -419,7 +419,7 @@ def test_url_splits_in_a_mix_fill_the_pixel_tier_once_fetched(splits, tmp_path):
 def weighted(tmp_path_factory):
     """A CSV split packed with ``--weight-column w``: weights 0..5 and a row whose weight is bad."""
     from stoker.tools.common.synth import make_regression_csv
-    from stoker.tools.pack.api import pack
+    from stoker.tools.pack import Reading, pack
 
     root = tmp_path_factory.mktemp("weighted")
     csv = make_regression_csv(root / "src", n=13, seed=2)
@@ -427,7 +427,7 @@ def weighted(tmp_path_factory):
     weights = {f"images/{k:05d}.jpg": [0, 1, 2, 3, 5, 0.5][k % 6] for k in range(12)}
     rows = [f"{lines[0]},w"] + [f"{ln},{weights.get(ln.split(',')[0], 'heavy')}" for ln in lines[1:]]
     csv.write_text("\n".join(rows) + "\n")
-    pack(csv, root / "out", workers=1, weight_column="w")
+    pack(csv, root / "out", workers=1, reading=Reading(weight_column="w"))
     return root / "out" / "train", weights
 
 
@@ -450,14 +450,14 @@ def test_balance_weights_reads_each_sample_its_exact_share_of_the_packed_weights
 
 def test_weights_of_a_split_packed_without_them_and_a_bad_weight_column_are_one_line(splits, weighted, tmp_path):
     from stoker.errors import UsageError
-    from stoker.tools.pack.api import pack
+    from stoker.tools.pack import Reading, pack
 
     with pytest.raises(ValueError, match=r"balance='weights' draws by the weights `stoker pack --weight-column`"):
         _loader(splits / "big", balance="weights")
     csv = weighted[0].parent.parent / "src" / "targets.csv"
     named = r"weight.column 'weight' is not a column of .*targets.csv \(its header names path, temperature, w\)"
     with pytest.raises(UsageError, match=named):
-        pack(csv, tmp_path / "o", workers=1, weight_column="weight")
+        pack(csv, tmp_path / "o", workers=1, reading=Reading(weight_column="weight"))
 
 
 def test_a_weighted_state_resumes_at_its_epoch_length_only(weighted):
@@ -483,14 +483,14 @@ def test_a_weighted_state_resumes_at_its_epoch_length_only(weighted):
 def test_balance_classes_of_a_multilabel_split_gives_each_rarest_label_its_share(tmp_path):
     """Each sample counts for its rarest label: a (on all 12), b (on 4), c (on 2) each a third."""
     from stoker.tools.common.synth import make_regression_csv
-    from stoker.tools.pack.api import pack
+    from stoker.tools.pack import Reading, pack
 
     csv = make_regression_csv(tmp_path / "src", n=12, seed=3)
     lines = csv.read_text().splitlines()
     cells = ["a|c" if k in (1, 2) else "a|b" if k % 3 == 0 else "a" for k in range(12)]
     rows = [f"{ln.split(',')[0]},{c}" for ln, c in zip(lines[1:], cells, strict=True)]
     csv.write_text("\n".join(["path,label", *rows]) + "\n")
-    pack(csv, tmp_path / "out", workers=1, targets="multilabel")
+    pack(csv, tmp_path / "out", workers=1, reading=Reading(targets="multilabel"))
     split = tmp_path / "out" / "train"
     for world in (1, 2, 3):
         got = []

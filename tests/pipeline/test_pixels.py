@@ -294,7 +294,7 @@ def test_bad_settings_are_refused_in_one_line(split, tmp_path):
 # ---- masks -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def segmentation(tmp_path_factory):
-    from stoker.tools.pack import pack
+    from stoker.tools.pack import Images, Masks, pack
 
     root = tmp_path_factory.mktemp("seg")
     rng = random.Random(3)
@@ -309,7 +309,9 @@ def segmentation(tmp_path_factory):
         (root / "masks").mkdir(exist_ok=True)
         Image.fromarray(colours[mask]).save(root / "images" / f"{k}.png")
         Image.fromarray(mask, "L").save(root / "masks" / f"{k}.png")
-    pack(root / "images", root / "out", masks=root / "masks", num_classes=4, quality=100, workers=1)
+    pack(
+        root / "images", root / "out", masks=Masks(root / "masks", num_classes=4), images=Images(quality=100), workers=1
+    )
     return root / "out" / "train"
 
 

@@ -450,10 +450,10 @@ def test_bench_and_diagnose_take_a_url(remote, tmp_path, monkeypatch):
 
 def test_a_mask_split_from_s3_in_block_mode_reads_like_the_local_copy(tmp_path, s3env):
     from stoker.tools.common.synth import make_segmentation_tree
-    from stoker.tools.pack import pack
+    from stoker.tools.pack import Masks, Shards, pack
 
     images, masks = make_segmentation_tree(tmp_path / "src", n=12, seed=1, min_side=40, max_side=60)
-    pack(images, tmp_path / "local", masks=masks, num_classes=4, samples_per_shard=3, workers=1)
+    pack(images, tmp_path / "local", masks=Masks(masks, num_classes=4), shards=Shards(samples=3), workers=1)
     url = upload(s3env, tmp_path / "local" / "train", s3env.bucket(), "seg/train")
     kw = dict(KW, shuffle="block", block_shards=2, seed=3)
     local = Loader(tmp_path / "local" / "train", **kw)

@@ -23,7 +23,7 @@ def packed(tmp_path_factory):
         folder = root / "src" / f"c{k % 2}"
         folder.mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (w, h), (20 * k, 90, 160)).save(folder / f"{k}.jpg", quality=90)
-    stoker.pack(root / "src", root / "out", samples_per_shard=5, workers=1)
+    stoker.pack(root / "src", root / "out", shards=stoker.Shards(samples=5), workers=1)
     return root / "out" / "train"
 
 

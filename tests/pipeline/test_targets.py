@@ -15,7 +15,7 @@ from stoker.pipeline.backends import runner_class
 from stoker.pipeline.deps import HAS_DALI
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.tools.common.synth import make_regression_csv, make_segmentation_tree
-from stoker.tools.pack import pack
+from stoker.tools.pack import Images, Masks, Reading, pack
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 BACKENDS = ["pil"] + (["dali"] if HAS_DALI else [])
@@ -160,7 +160,7 @@ def test_targets_flag_forces_floats_and_refuses_classes_of_fractions(tmp_path, c
     paths = _images(tmp_path / "im", 4)
     (tmp_path / "ages.csv").write_text("".join(f"{p},{20 + k}\n" for k, p in enumerate(paths)))
     assert pack(tmp_path / "ages.csv", tmp_path / "cls", workers=1).targets == "class, 24 classes"
-    forced = pack(tmp_path / "ages.csv", tmp_path / "flt", workers=1, targets="float")
+    forced = pack(tmp_path / "ages.csv", tmp_path / "flt", workers=1, reading=Reading(targets="float"))
     assert forced.targets == "float, 1 column (y: mean 21.5, std 1.12, 20..23)" and Manifest.load(
         tmp_path / "flt" / "train"
     ).target.columns == ("y",)
@@ -244,7 +244,9 @@ def segmentation(tmp_path_factory):
         (root / "masks").mkdir(exist_ok=True)
         Image.fromarray(picture).save(root / "images" / f"{k}.png")
         Image.fromarray(mask, "L").save(root / "masks" / f"{k}.png")
-    result = pack(root / "images", root / "out", masks=root / "masks", num_classes=4, quality=100, workers=1)
+    result = pack(
+        root / "images", root / "out", masks=Masks(root / "masks", num_classes=4), images=Images(quality=100), workers=1
+    )
     assert result.rejected == 0 and result.targets == "mask, 4 classes, 255 ignored"
     return root / "out" / "train"
 
@@ -323,7 +325,7 @@ def test_mask_loader_resumes_and_keeps_len(segmentation):
 def gray_split(tmp_path_factory):
     root = tmp_path_factory.mktemp("gray")
     images, masks = make_segmentation_tree(root / "src", n=12, seed=2)
-    pack(images, root / "out", masks=masks, num_classes=4, workers=1)
+    pack(images, root / "out", masks=Masks(masks, num_classes=4), workers=1)
     return root / "out" / "train"
 
 

@@ -91,7 +91,7 @@ import pyarrow.parquet as pq
 import torch
 
 from stoker.pipeline.loader import Loader
-from stoker.tools.pack import pack
+from stoker.tools.pack import Shards, pack
 
 if __name__ == "__main__":
     src, work, rounds = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
@@ -102,7 +102,7 @@ if __name__ == "__main__":
     torch.randn(256, 256) @ torch.randn(256, 256)  # torch's intra-op threads
     for k in range(rounds):
         out = work / f"out{k}"
-        assert pack(src, out, workers=2, samples_per_shard=8).packed == 24
+        assert pack(src, out, workers=2, shards=Shards(samples=8)).packed == 24
         loader = Loader(out / "train", batch_size=8, crop=32, backend="pil", threads=2, device="cpu", train=False)
         assert sum(len(y) for _, y in loader) == 24
         loader.close()

@@ -12,7 +12,7 @@ from stoker.errors import ArgumentError, UsageError, arg
 from stoker.tools.cli import flag_spelling, get_args_parser
 from stoker.tools.cli import main as cli
 from stoker.tools.common.synth import make_image_folder
-from stoker.tools.pack import pack
+from stoker.tools.pack import Reading, Shards, pack
 from stoker.tools.verify.command import verify
 from stoker.tools.verify.indexing import index
 
@@ -45,6 +45,17 @@ def test_arg_is_the_python_name_in_the_message_and_only_marked_names_are_spelled
     assert UsageError("plain words").spelled(flags.get) == "plain words"
 
 
+def test_a_field_of_an_options_object_is_its_python_spelling_and_the_flag_of_its_name():
+    e = UsageError(
+        f"{arg('shard_size', python='Shards.size')} must be positive; "
+        f"{arg('source', 'coco', python='Reading.source')} reads it; {arg('workers')}"
+    )
+    assert str(e) == "Shards.size must be positive; Reading(source='coco') reads it; workers"
+    flags = {"shard_size": "--shard-size", "source": "--source", "workers": "--workers"}
+    assert e.spelled(flags.get) == "--shard-size must be positive; --source coco reads it; --workers"
+    assert pickle.loads(pickle.dumps(e)).spelled(flags.get) == e.spelled(flags.get)
+
+
 def test_the_command_spells_an_argument_as_its_own_flag():
     spell = flag_spelling(get_args_parser(), "pack")
     assert [spell(n) for n in ("workers", "val_fraction", "src", "out", "storage_options")] == [
@@ -67,10 +78,14 @@ def test_pack_names_workers_from_python_and_the_flag_from_the_command(packed, tm
         2,
         "stoker pack: error: --workers must be >= 1, got 0\n",
     )
-    with pytest.raises(UsageError) as e:
-        pack(src, tmp_path / "o", ray_address="auto")
-    assert str(e.value) == "ray_address needs engine='ray'"
-    rc, err = run("pack", src, tmp_path / "o", "--ray-address", "auto")
+    with pytest.raises(UsageError) as e:  # a field of a group: the group's name and the field's
+        pack(src, tmp_path / "o", shards=Shards(samples=-1))
+    assert str(e.value) == "Shards.samples must be >= 0, got -1"
+    assert run("pack", src, tmp_path / "o", "--samples-per-shard", "-1") == (
+        2,
+        "stoker pack: error: --samples-per-shard must be >= 0, got -1\n",
+    )
+    rc, err = run("pack", src, tmp_path / "o", "--ray-address", "auto")  # Ray(address=) is engine ray
     assert (rc, err) == (2, "stoker pack: error: --ray-address needs --engine ray\n")
     assert not (tmp_path / "o").exists()
 
@@ -78,8 +93,8 @@ def test_pack_names_workers_from_python_and_the_flag_from_the_command(packed, tm
 def test_a_source_option_is_named_as_the_python_argument(packed, tmp_path):
     src, _ = packed
     with pytest.raises(UsageError) as e:
-        pack(src, tmp_path / "o", source="nope")
-    assert str(e.value).startswith("source 'nope' must be one of auto, ")
+        pack(src, tmp_path / "o", reading=Reading(source="nope"))
+    assert str(e.value).startswith("Reading.source 'nope' must be one of auto, ")
     rc, err = run("pack", src, tmp_path / "o", "--source", "nope")
     assert rc == 2 and err.startswith("stoker pack: error: --source 'nope' must be one of auto, ")
     with pytest.raises(UsageError) as e:

@@ -108,9 +108,9 @@ def plain_pack(src: Path, out: Path, *, workers: int, short_side: int, quality: 
 
 def stoker_pack(src: Path, out: Path, *, workers: int, short_side: int, quality: int) -> int:
     """Pack ``src`` with ``stoker pack --reencode``; returns the number of samples."""
-    from ..pack import pack
+    from ..pack import Images, pack
 
-    result = pack(src, out, reencode=True, short_side=short_side, quality=quality, workers=workers)
+    result = pack(src, out, images=Images(short_side=short_side, quality=quality, reencode=True), workers=workers)
     return result.splits["train"]["samples"]
 
 

@@ -2,6 +2,8 @@
 
 =================  ======================================================================
 ``api``            :func:`pack` and :func:`merge_parts`, the library functions
+``options``        the groups of :func:`pack`'s settings: :class:`Reading`, :class:`Images`,
+                   :class:`Shards`, :class:`Masks`, :class:`Ray`
 ``command``        the flags and ``main`` (its docstring is ``stoker pack --help``)
 ``sources``        the pack sources, readers in a registry: scan SRC, read an item's bytes
 ``sanitize``       one input's bytes → stored bytes (decode, upright, RGB, resize, encode)
@@ -15,7 +17,18 @@
 =================  ======================================================================
 """
 
-from .api import DEFAULT_SHARD_SIZE, merge_parts, pack
+from .api import merge_parts, pack
+from .options import DEFAULT_SHARD_SIZE, Images, Masks, Ray, Reading, Shards
 from .result import PackResult
 
-__all__ = ["DEFAULT_SHARD_SIZE", "PackResult", "merge_parts", "pack"]
+__all__ = [
+    "DEFAULT_SHARD_SIZE",
+    "Images",
+    "Masks",
+    "PackResult",
+    "Ray",
+    "Reading",
+    "Shards",
+    "merge_parts",
+    "pack",
+]

@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import errno
 import json
+import operator
 import os
 import time
 from collections.abc import Mapping
@@ -26,50 +27,36 @@ from stoker.version import __version__
 
 from .engine import pack_part
 from .journal import REJECTS_NAME, claim, merge, merged_totals, read_settings
+from .options import Images, Masks, Ray, Reading, Shards, setting
 from .remote import Remote
 from .result import PackResult
-from .sanitize import MAX_BYTES, PIL_MAX_PIXELS, Settings
+from .sanitize import Settings
 from .sources import Source, display_path, scan
-
-DEFAULT_SHARD_SIZE = 256 * 1000**2
 
 
 def pack(
     src: str | Path,
     out: str | Path,
     *,
-    short_side: int | None = None,
-    max_side: int = 0,
-    quality: int = 90,
-    reencode: bool = False,
-    max_pixels: int = PIL_MAX_PIXELS,
-    max_file_size: int = MAX_BYTES,
-    shard_size: int = DEFAULT_SHARD_SIZE,
-    samples_per_shard: int = 0,
-    seed: int = 0,
     val_fraction: float = 0.0,
+    seed: int = 0,
+    masks: str | Path | Masks | None = None,
+    reading: Reading | None = None,
+    images: Images | None = None,
+    shards: Shards | None = None,
     workers: int | None = None,
-    part: int = 0,
-    parts: int = 1,
-    engine: str = "local",
-    ray_address: str | None = None,
+    engine: str | Ray = "local",
+    part: tuple[int, int] | None = None,
     strict: bool = False,
+    progress: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     staging: str | Path | None = None,
-    progress: bool = False,
-    targets: str = "auto",
-    masks: str | Path | None = None,
-    num_classes: int | None = None,
-    ignore_index: int = IGNORE_INDEX,
-    source: str = "auto",
-    image_column: str | None = None,
-    target_column: str | None = None,
-    weight_column: str | None = None,
-    train_list: str | Path | None = None,
-    val_list: str | Path | None = None,
-    box_frame: str = "auto",
 ) -> PackResult:
     """Pack ``src`` into shards in ``out`` (see the module doc); rerun the same call to resume.
+
+    Each group of settings is a frozen dataclass of :mod:`~stoker.tools.pack.options` (also
+    ``stoker.Images``, ...), None meaning its defaults: ``images=Images(short_side=0)``,
+    ``shards=Shards(samples=64)``, ``reading=Reading(source="coco")``.
 
     Args:
         src: An ImageFolder tree, a tree with train/ and val/, a CSV/TSV of path,label (or
@@ -77,45 +64,27 @@ def pack(
             or with ``masks`` a folder of images at any depth; any source a registered reader
             recognizes (:mod:`~stoker.tools.pack.sources`).
         out: The output folder (created), or a URL (s3://bucket/ds, gs://..., any fsspec URL).
-        short_side: Resize down so the shorter side is at most this (0: keep the size; None: 256,
-            or 0 with ``masks``: segmentation crops are usually larger than 256).
-        max_side: Resize down so the longer side is at most this (0: no limit).
-        quality: JPEG quality of re-encoded images.
-        reencode: Re-encode every image, even JPEGs that could be copied as they are.
-        max_pixels: Reject images larger than this many pixels, before decoding.
-        max_file_size: Reject input files larger than this many bytes, before reading.
-        shard_size: Start a new shard before one would exceed this many bytes.
-        samples_per_shard: Exactly this many samples per shard (0: by ``shard_size``).
-        seed: Seed of the sample shuffle and of the val split.
         val_fraction: A seeded, stratified fraction of the images for val/ (when SRC has no val/).
+        seed: Seed of the sample shuffle and of the val split.
+        masks: A mask tree parallel to ``src`` (same relative paths and stems): a segmentation
+            pack, each image stored with its mask; or a :class:`~.options.Masks` (the tree, the
+            class count and the ignored value; without a path, for a source that carries its
+            own masks: a CSV of image,mask pairs).
+        reading: How SRC is read (:class:`~.options.Reading`: the reader, what a CSV's targets
+            hold, a table's columns, official split lists, the frame of boxes).
+        images: What is done to each image (:class:`~.options.Images`: size, quality,
+            re-encoding, the limits an input must keep).
+        shards: How the shards are cut (:class:`~.options.Shards`: bytes or samples per shard).
         workers: Processes (or Ray CPUs) sanitizing images (None: the CPU count).
-        part: Pack only this part of ``parts`` of the shuffled list (0-based); then :func:`merge_parts`.
-        parts: Into how many parts the list is cut (1: the whole).
-        engine: ``"local"`` (a process pool) or ``"ray"`` (Ray tasks; the output is the same).
-        ray_address: The Ray cluster of ``engine="ray"`` (None: a local Ray).
+        engine: ``"local"`` (a process pool) or ``"ray"`` (Ray tasks on a local Ray; the output
+            is the same), or a :class:`~.options.Ray` naming the cluster (``Ray(address="auto")``).
+        part: ``(i, n)``: pack only part i (0-based) of n of the shuffled list, then
+            :func:`merge_parts` (None: the whole).
         strict: Raise :class:`InputsRejectedError` when any input was rejected.
+        progress: Show a progress bar on stderr.
+        storage_options: fsspec options of a URL ``out`` or a URL ``src``.
         staging: The local folder of a URL ``out`` for the journal and the shards on their way up
             (None: under ~/.cache/stoker/pack-staging).
-        progress: Show a progress bar on stderr.
-        targets: What a CSV's target columns hold: ``"auto"`` (decided from the cells, said in
-            the summary), ``"class"``, ``"float"`` or ``"multilabel"``
-            (:mod:`~stoker.tools.pack.csvlist`).
-        masks: A mask tree parallel to ``src`` (same relative paths and stems): a segmentation
-            pack, each image stored with its mask (:mod:`~stoker.tools.pack.masks`).
-        num_classes: Masks: mask values must be below it (or ``ignore_index``).
-        ignore_index: Masks: the "no class" pixel value (255).
-        source: The reader of SRC by name (``"auto"``: the first that recognizes it).
-        image_column: A table's image column (parquet; None: the one image column).
-        target_column: A table's target column, or comma-separated float columns (None: decided).
-        weight_column: A CSV's column of per-sample sampling weights (``Loader(balance="weights")``).
-        train_list: A file naming the train split's images (one name, path or stem a line):
-            the official split; images in neither list are skipped.
-        val_list: A file naming the val split's images (the rest is train without ``train_list``).
-        storage_options: fsspec options of a URL ``out`` or a URL ``src``.
-        box_frame: Boxes: the frame an EXIF-rotated image's boxes were drawn in when the size
-            its annotation gives fits both the file's raw pixels and its upright ones (``"auto"``:
-            upright, as labelling tools show a photo; ``"raw"``; ``"upright"``). A size that fits
-            one of them decides; one that fits neither makes the image a reject.
 
     Returns:
         The :class:`PackResult`.
@@ -127,30 +96,20 @@ def pack(
         CheckFailedError: A shard deleted since it was packed rebuilds differently (SRC changed).
     """
     check_not_bootstrapping()  # before the part's lock: a worker importing an unguarded script would wait on it
-    if not 0 <= part < parts:
-        raise UsageError(f"part={part}, parts={parts}: should be 0 <= part < parts")  # the command checks I/N first
-    mask_flags = num_classes is not None or ignore_index != IGNORE_INDEX
-    default_short_side = short_side is None
+    reading, images, shards = _group(reading, Reading), _group(images, Images), _group(shards, Shards)
+    masks = _masks(masks)
+    engine, ray_address = _engine(engine)
+    part, parts = _part(part)  # the command checks I/N first
+    mask_flags = masks.num_classes is not None or masks.ignore_index != IGNORE_INDEX
     settings, workers = _checked_settings(
         src,
         masks=masks,
         mask_flags=mask_flags,
-        source=source,
-        targets=targets,
-        num_classes=num_classes,
-        ignore_index=ignore_index,
-        short_side=short_side,
-        max_side=max_side,
-        quality=quality,
-        reencode=reencode,
-        max_pixels=max_pixels,
-        max_file_size=max_file_size,
-        shard_size=shard_size,
-        samples_per_shard=samples_per_shard,
+        reading=reading,
+        images=images,
+        shards=shards,
         val_fraction=val_fraction,
         workers=workers,
-        engine=engine,
-        ray_address=ray_address,
     )
     src = _existing_src(src)
     local, remote = _out_place(src, out, parts=parts, storage_options=storage_options, staging=staging)
@@ -159,32 +118,33 @@ def pack(
         src,
         seed=seed,
         val_fraction=val_fraction,
-        source=source,
-        targets=targets,
-        masks=Path(masks) if masks is not None else None,
-        num_classes=num_classes,
-        ignore_index=ignore_index,
-        image_column=image_column,
-        target_column=target_column,
-        weight_column=weight_column,
-        train_list=Path(train_list) if train_list is not None else None,
-        val_list=Path(val_list) if val_list is not None else None,
+        source=reading.source,
+        targets=reading.targets,
+        masks=Path(masks.path) if masks.path is not None else None,
+        num_classes=masks.num_classes,
+        ignore_index=masks.ignore_index,
+        image_column=reading.image_column,
+        target_column=reading.target_column,
+        weight_column=reading.weight_column,
+        train_list=Path(reading.train_list) if reading.train_list is not None else None,
+        val_list=Path(reading.val_list) if reading.val_list is not None else None,
         storage_options=dict(storage_options or {}) if is_url(src) else {},
-        box_frame=box_frame,
+        box_frame=reading.box_frame,
     )
     if not scanned.target.spatial and mask_flags:
         raise UsageError(
-            f"{arg('num_classes')} and {arg('ignore_index')} are for masks ({arg('masks')}, or a source of masks)"
+            f"{setting('num_classes')} and {setting('ignore_index')} are for masks ({arg('masks')}, or a source "
+            "of masks)"
         )
-    if scanned.target.spatial and default_short_side and settings.short_side:
+    if scanned.target.spatial and images.short_side is None and settings.short_side:
         settings = dataclasses.replace(settings, short_side=0)  # segmentation crops: keep the size
     _make_out(local, arg("staging") if remote else "OUT")
     identity = _settings_identity(
         scanned,
         settings,
         seed=seed,
-        shard_size=shard_size,
-        samples_per_shard=samples_per_shard,
+        shard_size=shards.size,
+        samples_per_shard=shards.samples,
         val_fraction=val_fraction,
         parts=parts,
     )
@@ -192,8 +152,8 @@ def pack(
         part=part,
         parts=parts,
         settings=settings,
-        shard_size=shard_size,
-        samples_per_shard=samples_per_shard,
+        shard_size=shards.size,
+        samples_per_shard=shards.samples,
         workers=workers,
         progress=progress,
         engine=engine,
@@ -204,6 +164,52 @@ def pack(
     except OSError as e:
         raise _write_failed(e, local) from None
     return _checked(result, strict, local, scanned.reader.describe_path_rule())
+
+
+def _group(value, kind: type):
+    """``value``, a group of :func:`pack`'s settings (None: the defaults); another type is one line."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise UsageError(
+            f"{arg(kind.__name__.lower())} must be stoker.{kind.__name__}(...) or None, got {type(value).__name__}"
+        )
+    return value
+
+
+def _masks(masks) -> Masks:
+    """:func:`pack`'s ``masks`` as a :class:`Masks` (a path is ``Masks(path)``; None: no masks)."""
+    if masks is None:
+        return Masks()
+    if isinstance(masks, (str, os.PathLike)):
+        return Masks(masks)
+    if not isinstance(masks, Masks):
+        raise UsageError(f"{arg('masks')} must be a path, stoker.Masks(...) or None, got {type(masks).__name__}")
+    return masks
+
+
+def _engine(engine) -> tuple[str, str | None]:
+    """:func:`pack`'s ``engine`` as ``(name, Ray address)``: ``"ray"`` is ``Ray()``."""
+    if isinstance(engine, Ray):
+        return "ray", engine.address
+    if not isinstance(engine, str):
+        raise UsageError(f"{arg('engine')} must be local, ray or stoker.Ray(...), got {type(engine).__name__}")
+    if engine not in ("local", "ray"):
+        raise UsageError(f"{arg('engine')} must be local or ray, got {engine!r}")
+    return engine, None
+
+
+def _part(part) -> tuple[int, int]:
+    """:func:`pack`'s ``part`` as ``(i, n)`` (None: ``(0, 1)``, the whole)."""
+    if part is None:
+        return 0, 1
+    try:
+        i, n = (operator.index(x) for x in part)
+    except (TypeError, ValueError):
+        raise UsageError(f"{arg('part')} must be (i, n), two ints, or None, got {part!r}") from None
+    if not 0 <= i < n:
+        raise UsageError(f"{arg('part', (i, n))}: should be (i, n) with 0 <= i < n")
+    return i, n
 
 
 def _existing_src(src: str | Path) -> str | Path:
@@ -218,61 +224,47 @@ def _existing_src(src: str | Path) -> str | Path:
 def _checked_settings(
     src,
     *,
-    masks,
-    mask_flags,
-    source,
-    targets,
-    num_classes,
-    ignore_index,
-    short_side,
-    max_side,
-    quality,
-    reencode,
-    max_pixels,
-    max_file_size,
-    shard_size,
-    samples_per_shard,
-    val_fraction,
-    workers,
-    engine,
-    ray_address,
+    masks: Masks,
+    mask_flags: bool,
+    reading: Reading,
+    images: Images,
+    shards: Shards,
+    val_fraction: float,
+    workers: int | None,
 ) -> tuple[Settings, int]:
     """:func:`pack`'s arguments checked (a bad one is a one-line UsageError): the image settings
     (``short_side`` None: 256, or 0 with masks) and the worker count."""
-    if masks is None and mask_flags and not (is_url(src) or Path(src).is_file() or source != "auto"):
-        raise UsageError(f"{arg('num_classes')} and {arg('ignore_index')} are for masks (give {arg('masks')})")
-    if masks is not None and targets != "auto":
-        raise UsageError(f"{arg('targets')} is for a CSV's columns; with {arg('masks')} the target is the mask")
-    if num_classes is not None and not 1 <= num_classes <= 256:
-        raise UsageError(f"{arg('num_classes')} must be in 1..256 (masks are uint8), got {num_classes}")
+    if masks.path is None and mask_flags and not (is_url(src) or Path(src).is_file() or reading.source != "auto"):
+        raise UsageError(f"{setting('num_classes')} and {setting('ignore_index')} are for masks (give {arg('masks')})")
+    if masks.path is not None and reading.targets != "auto":
+        raise UsageError(f"{setting('targets')} is for a CSV's columns; with {arg('masks')} the target is the mask")
+    if masks.num_classes is not None and not 1 <= masks.num_classes <= 256:
+        raise UsageError(f"{setting('num_classes')} must be in 1..256 (masks are uint8), got {masks.num_classes}")
+    short_side = images.short_side
     if short_side is None:
-        short_side = 0 if masks is not None else 256
+        short_side = 0 if masks.path is not None else 256
     try:
         settings = Settings(
             short_side=short_side,
-            max_side=max_side,
-            quality=quality,
-            reencode=reencode,
-            max_pixels=max_pixels,
-            max_bytes=max_file_size,
-            mask_classes=num_classes or 0,
-            ignore_index=ignore_index,
+            max_side=images.max_side,
+            quality=images.quality,
+            reencode=images.reencode,
+            max_pixels=images.max_pixels,
+            max_bytes=images.max_file_size,
+            mask_classes=masks.num_classes or 0,
+            ignore_index=masks.ignore_index,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if shard_size < 1:
-        raise UsageError(f"{arg('shard_size')} must be positive, got {shard_size}")
-    if samples_per_shard < 0:
-        raise UsageError(f"{arg('samples_per_shard')} must be >= 0, got {samples_per_shard}")
+    if shards.size < 1:
+        raise UsageError(f"{setting('shard_size')} must be positive, got {shards.size}")
+    if shards.samples < 0:
+        raise UsageError(f"{setting('samples_per_shard')} must be >= 0, got {shards.samples}")
     if not 0.0 <= val_fraction < 1.0:
         raise UsageError(f"{arg('val_fraction')} must be in [0, 1), got {val_fraction}")
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
         raise UsageError(f"{arg('workers')} must be >= 1, got {workers}")
-    if engine not in ("local", "ray"):
-        raise UsageError(f"{arg('engine')} must be local or ray, got {engine!r}")
-    if engine != "ray" and ray_address:
-        raise UsageError(f"{arg('ray_address')} needs {arg('engine', 'ray')}")
     return settings, workers
 
 

@@ -54,12 +54,13 @@ import json
 import os
 import sys
 
-from stoker.errors import InputsRejectedError, UsageError
+from stoker.errors import InputsRejectedError, UsageError, arg
 from stoker.pipeline.shards.targets import IGNORE_INDEX
 from stoker.pipeline.storage import parse_storage_options
 
 from ..common.units import parse_part, parse_size
 from .api import merge_parts, pack
+from .options import Images, Masks, Ray, Reading, Shards
 from .result import PackResult
 from .sanitize import MAX_BYTES, PIL_MAX_PIXELS
 from .sources import MAX_LABEL
@@ -292,48 +293,49 @@ def main(args: argparse.Namespace) -> int:
         else:
             if not args.src or not args.out:
                 raise UsageError("need SRC and OUT (or --merge OUT)")
-            part, parts = parse_part(args.part)
-            max_file_size = parse_size(args.max_file_size, "--max-file-size")
-            shard_size = parse_size(args.shard_size)
-            result = pack(
-                args.src,
-                args.out,
-                targets=args.targets,
-                masks=args.masks,
-                num_classes=args.num_classes,
-                ignore_index=args.ignore_index,
-                source=args.source,
-                image_column=args.image_column,
-                target_column=args.target_column,
-                weight_column=args.weight_column,
-                train_list=args.train_list,
-                val_list=args.val_list,
-                box_frame=args.box_frame,
-                short_side=args.short_side,
-                max_side=args.max_side,
-                quality=args.quality,
-                reencode=args.reencode,
-                max_pixels=args.max_pixels,
-                max_file_size=max_file_size,
-                shard_size=shard_size,
-                samples_per_shard=args.samples_per_shard,
-                seed=args.seed,
-                val_fraction=args.val_fraction,
-                workers=args.workers,
-                part=part,
-                parts=parts,
-                engine=args.engine,
-                ray_address=args.ray_address,
-                strict=args.strict,
-                storage_options=parse_storage_options(args.storage_option),
-                staging=args.staging,
-                progress=not args.quiet,
-            )
+            result = pack(args.src, args.out, **_pack_settings(args), progress=not args.quiet)
     except InputsRejectedError as e:  # the pack is done: its summary, then the error
         _print(e.result, args.json)
         raise
     _print(result, args.json)
     return 0
+
+
+def _pack_settings(args: argparse.Namespace) -> dict:
+    """:func:`pack`'s settings from the flags, each flag the group field of its name (docs/pack.md)."""
+    part = parse_part(args.part)
+    if args.ray_address and args.engine != "ray":
+        raise UsageError(f"{arg('ray_address')} needs {arg('engine', 'ray')}")
+    return dict(
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        masks=Masks(args.masks, num_classes=args.num_classes, ignore_index=args.ignore_index),
+        reading=Reading(
+            source=args.source,
+            targets=args.targets,
+            image_column=args.image_column,
+            target_column=args.target_column,
+            weight_column=args.weight_column,
+            train_list=args.train_list,
+            val_list=args.val_list,
+            box_frame=args.box_frame,
+        ),
+        images=Images(
+            short_side=args.short_side,
+            max_side=args.max_side,
+            quality=args.quality,
+            reencode=args.reencode,
+            max_pixels=args.max_pixels,
+            max_file_size=parse_size(args.max_file_size, "--max-file-size"),
+        ),
+        shards=Shards(size=parse_size(args.shard_size), samples=args.samples_per_shard),
+        workers=args.workers,
+        engine=Ray(args.ray_address) if args.engine == "ray" else args.engine,
+        part=part,
+        strict=args.strict,
+        storage_options=parse_storage_options(args.storage_option),
+        staging=args.staging,
+    )
 
 
 def _print(result: PackResult, as_json: bool = False) -> None:

@@ -143,7 +143,7 @@ class MaskKind(Target):
         if not n:
             raise ArgumentError(
                 f"the masks' class count is not in the manifest: pass {arg('num_classes')} (pack with "
-                f"{arg('num_classes')})"
+                f"{arg('num_classes', python='Masks.num_classes')})"
             )
         return n
 

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from stoker.pipeline.shards.manifest import Manifest
-from stoker.tools.pack import pack
+from stoker.tools.pack import Reading, pack
 
 UPRIGHT = (80, 48)  # width, height of the upright picture: not square, so a quarter turn shows in the size
 OBJECT = (10, 6, 34, 20)  # x0 y0 x1 y1 of the red object in the upright picture
@@ -120,7 +120,7 @@ def packed(tmp_path_factory) -> dict:
     photos["auto"].append(write_photo(auto / "images", "wrong-size-plain.jpg", 1, "raw", size=(96, 64)))
     out = {
         "auto": pack(write_coco(auto, photos["auto"]), root / "out-auto"),
-        "raw": pack(write_coco(raw, photos["raw"]), root / "out-raw", box_frame="raw"),
+        "raw": pack(write_coco(raw, photos["raw"]), root / "out-raw", reading=Reading(box_frame="raw")),
         "raw-as-auto": pack(raw, root / "out-raw-as-auto"),
     }
     return {name: (result, stored(root / f"out-{name}")) for name, result in out.items()}

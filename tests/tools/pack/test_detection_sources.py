@@ -13,7 +13,7 @@ import pytest
 from helpers import run_cli
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.tools.common.synth import SHAPES, make_detection_scenes
-from stoker.tools.pack import pack
+from stoker.tools.pack import Images, pack
 
 
 def packed_boxes(split: Path) -> dict[str, tuple]:
@@ -65,7 +65,7 @@ def test_negatives_are_kept_and_counted(packs, scenes):
 
 
 def test_pack_resize_scales_the_boxes(scenes, packs, tmp_path):
-    small = pack(scenes["coco"], tmp_path / "small", max_side=40)
+    small = pack(scenes["coco"], tmp_path / "small", images=Images(max_side=40))
     assert small.splits["train"]["samples"] == 10
     full, half = packed_boxes(packs["coco"] / "train"), packed_boxes(tmp_path / "small" / "train")
     for stem, rows in full.items():

@@ -9,11 +9,11 @@ import pytest
 from stoker.errors import CheckFailedError, InputsRejectedError, StokerError, UsageError
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.tools.common.synth import make_image_folder
-from stoker.tools.pack import PackResult, merge_parts, pack
+from stoker.tools.pack import Images, PackResult, Ray, Shards, merge_parts, pack
 from stoker.tools.verify.command import VerifyResult, verify
 
 CLASSES = ("circles", "rings", "squares")
-SMALL = {"samples_per_shard": 4, "val_fraction": 0.25, "workers": 1}
+SMALL = {"shards": Shards(samples=4), "val_fraction": 0.25, "workers": 1}
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +90,20 @@ def test_verify_reports_a_flipped_byte_without_raising(src, tmp_path):
 @pytest.mark.parametrize(
     "kw, words",
     [
-        ({"quality": 0}, "quality must be in 1..100"),
+        ({"images": Images(quality=0)}, "quality must be in 1..100"),
         ({"workers": 0}, "workers must be >= 1, got 0"),
         ({"val_fraction": 1.0}, "val_fraction must be in [0, 1), got 1.0"),
-        ({"shard_size": 0}, "shard_size must be positive"),
-        ({"samples_per_shard": -1}, "samples_per_shard must be >= 0"),
-        ({"part": 2, "parts": 2}, "part=2, parts=2: should be 0 <= part < parts"),
+        ({"shards": Shards(size=0)}, "Shards.size must be positive"),
+        ({"shards": Shards(samples=-1)}, "Shards.samples must be >= 0"),
+        ({"part": (2, 2)}, "part=(2, 2): should be (i, n) with 0 <= i < n"),
+        ({"part": 2}, "part must be (i, n), two ints, or None, got 2"),
         ({"engine": "spark"}, "engine must be local or ray"),
-        ({"ray_address": "auto"}, "ray_address needs engine='ray'"),
+        ({"engine": 3}, "engine must be local, ray or stoker.Ray(...), got int"),
+        ({"engine": Ray}, "engine must be local, ray or stoker.Ray(...), got type"),
+        ({"images": {"short_side": 1}}, "images must be stoker.Images(...) or None, got dict"),
+        ({"shards": Images()}, "shards must be stoker.Shards(...) or None, got Images"),
+        ({"reading": "coco"}, "reading must be stoker.Reading(...) or None, got str"),
+        ({"masks": 3}, "masks must be a path, stoker.Masks(...) or None, got int"),
         ({"storage_options": {"anon": True}}, "staging and storage_options are for a URL out"),
     ],
 )
@@ -133,12 +139,12 @@ def test_strict_raises_after_the_pack_is_finished(src, tmp_path):
 
 def test_parts_then_merge_parts_equal_a_plain_pack(src, tmp_path):
     plain = pack(src, tmp_path / "plain", **SMALL)
-    first = pack(src, tmp_path / "parts", part=0, parts=2, **SMALL)
+    first = pack(src, tmp_path / "parts", part=(0, 2), **SMALL)
     assert first.splits == {} and (first.part, first.parts) == (0, 2) and first.run["train"]["packed"] > 0
     with pytest.raises(UsageError) as e:
         merge_parts(tmp_path / "parts")
     assert "parts not finished: 1/2" in one_line(e)
-    pack(src, tmp_path / "parts", part=1, parts=2, **SMALL)
+    pack(src, tmp_path / "parts", part=(1, 2), **SMALL)
     merged = merge_parts(tmp_path / "parts")
     assert merged.run == {} and merged.inputs == plain.inputs
     assert {s: (t["samples"], t["rejected"]) for s, t in merged.splits.items()} == {

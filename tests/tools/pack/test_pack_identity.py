@@ -16,7 +16,7 @@ from PIL import Image
 from helpers import run_cli as run
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.tools.common.synth import draw, encode
-from stoker.tools.pack import pack
+from stoker.tools.pack import Reading, pack
 from stoker.tools.pack.sources import base
 
 
@@ -143,7 +143,7 @@ def test_a_mask_tree_lists_a_second_path_to_an_image_and_a_split_list_keeps_that
     Image.new("RGB", (40, 30), (0, 200, 0)).save(images / "5.png")
     os.symlink("1.png", masks / "5.png")  # one mask may serve two images
     (tmp_path / "val.txt").write_text("3\n4\n")
-    pack(images, tmp_path / "out", masks=masks, val_list=tmp_path / "val.txt", workers=1)
+    pack(images, tmp_path / "out", masks=masks, reading=Reading(val_list=tmp_path / "val.txt"), workers=1)
     assert sorted(samples(tmp_path / "out" / "train")) == ["0.png", "1.png", "2.png", "5.png"]
     assert sorted(samples(tmp_path / "out" / "val")) == ["3.png"]
     got = rejects(tmp_path / "out")

@@ -11,7 +11,7 @@ from PIL import Image
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.pipeline.shards.samples import open_split
 from stoker.tools.cli import main as cli
-from stoker.tools.pack import pack
+from stoker.tools.pack import Images, Masks, Shards, pack
 
 
 def _pair(images, masks, name, size=(40, 30), mask=None, image=None, mask_ext="png"):
@@ -51,7 +51,7 @@ def test_hostile_mask_trees_are_listed_rejects_with_reasons(tmp_path):
     _pair(im, mk, "ignored", mask=Image.fromarray(np.full((30, 40), 255, np.uint8), "L"))
     (mk / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
     Image.new("RGB", (40, 30)).save(im / "broken.jpg")
-    result = pack(im, tmp_path / "out", masks=mk, num_classes=5, workers=1)
+    result = pack(im, tmp_path / "out", masks=Masks(mk, num_classes=5), workers=1)
     rejects = _rejects(tmp_path / "out")
     assert rejects == {
         "nomask.jpg": f"no mask: expected nomask.png in {mk}",
@@ -88,9 +88,9 @@ def test_a_bug_in_the_mask_path_raises_and_a_broken_mask_is_still_a_reject(tmp_p
 
     monkeypatch.setattr(imagedecode, "open_image", bug_for_masks)
     with pytest.raises(TypeError, match="a bug in stoker's own code"):  # not "mask does not decode"
-        pack(im, tmp_path / "out", masks=mk, num_classes=5, workers=1)
+        pack(im, tmp_path / "out", masks=Masks(mk, num_classes=5), workers=1)
     monkeypatch.undo()
-    pack(im, tmp_path / "again", masks=mk, num_classes=5, workers=1)
+    pack(im, tmp_path / "again", masks=Masks(mk, num_classes=5), workers=1)
     rejects = _rejects(tmp_path / "again")
     assert set(rejects) == {"broken.jpg", "cut.jpg"}
     assert all(why.startswith("mask does not decode") for why in rejects.values()), rejects
@@ -122,7 +122,7 @@ def test_pack_time_resize_resizes_the_mask_with_nearest_neighbour(tmp_path):
     mask[:, 60:] = 2
     mask[45:, :] = 3
     _pair(im, mk, "big", size=(120, 90), mask=Image.fromarray(mask, "L"))
-    pack(im, tmp_path / "out", masks=mk, short_side=30, workers=1)
+    pack(im, tmp_path / "out", masks=mk, images=Images(short_side=30), workers=1)
     ((image, stored),) = _stored(tmp_path / "out" / "train").values()
     assert image.size == stored.size == (40, 30)
     a = np.asarray(stored)
@@ -193,10 +193,10 @@ def test_a_mask_pack_resumes_byte_identical(tmp_path):
     im, mk = tmp_path / "im", tmp_path / "mk"
     for k in range(6):
         _pair(im, mk, f"s{k}", size=(30 + k, 20 + k))
-    pack(im, tmp_path / "a", masks=mk, samples_per_shard=2, workers=1)
-    pack(im, tmp_path / "b", masks=mk, samples_per_shard=2, workers=1)
+    pack(im, tmp_path / "a", masks=mk, shards=Shards(samples=2), workers=1)
+    pack(im, tmp_path / "b", masks=mk, shards=Shards(samples=2), workers=1)
     shard = tmp_path / "b" / "train" / "train-000001.tar"
     shard.unlink()
-    assert pack(im, tmp_path / "b", masks=mk, samples_per_shard=2, workers=1).restored == 1
+    assert pack(im, tmp_path / "b", masks=mk, shards=Shards(samples=2), workers=1).restored == 1
     for name in ("train-000000.tar", "train-000001.tar", "train-000002.tar"):
         assert (tmp_path / "a" / "train" / name).read_bytes() == (tmp_path / "b" / "train" / name).read_bytes()

@@ -16,7 +16,7 @@ from helpers import run_cli as run
 from stoker.errors import UsageError
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.tools.common.synth import draw, encode
-from stoker.tools.pack import pack
+from stoker.tools.pack import Reading, pack
 from stoker.tools.pack.sources import FileReader, Item, Scan, reader_names, register_reader, registry
 
 pa = pytest.importorskip("pyarrow")
@@ -130,8 +130,8 @@ def test_parquet_columns_chosen_by_flag_or_a_one_line_error(tmp_path):
     assert rc == 0 and "targets: float, 2 columns (age: mean 1.5" in out
     rc, _, err = run("pack", tmp_path / "two.parquet", tmp_path / "o3", "-q", "--image-column", "nope")
     assert rc == 2 and "--image-column 'nope' is not a column of" in err and len(err.splitlines()) == 1
-    with pytest.raises(UsageError, match="^image_column 'nope' is not a column of"):  # from Python: the argument
-        pack(tmp_path / "two.parquet", tmp_path / "o4", image_column="nope")
+    with pytest.raises(UsageError, match="^Reading.image_column 'nope' is not a column of"):  # from Python: the field
+        pack(tmp_path / "two.parquet", tmp_path / "o4", reading=Reading(image_column="nope"))
 
 
 def test_a_missing_pyarrow_names_the_extra(tmp_path, monkeypatch):
@@ -265,7 +265,7 @@ def test_official_split_lists_choose_the_splits(tmp_path):
     assert sorted(samples(tmp_path / "out" / "val")) == ["00006.png", "00007.png"]
     assert rejects(tmp_path / "out") == {"00042": "listed in val.txt line 4 but not in SRC"}
     # val list alone: the rest is train; with --val-fraction it is one line
-    pack(images, tmp_path / "v", masks=masks, val_list=tmp_path / "val.txt", workers=1)
+    pack(images, tmp_path / "v", masks=masks, reading=Reading(val_list=tmp_path / "val.txt"), workers=1)
     assert len(samples(tmp_path / "v" / "train")) == 8
     rc, _, err = run("pack", images, tmp_path / "x", "--masks", masks, "--val-list", tmp_path / "val.txt",
                      "--val-fraction", "0.2", "-q")  # fmt: skip

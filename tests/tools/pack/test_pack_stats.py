@@ -14,7 +14,7 @@ from helpers import run_cli as run
 from stoker.errors import InputsRejectedError, ManifestError
 from stoker.pipeline.shards.manifest import Manifest
 from stoker.tools.common.synth import make_regression_csv, make_segmentation_tree
-from stoker.tools.pack import merge_parts, pack
+from stoker.tools.pack import Masks, Reading, Shards, merge_parts, pack
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +49,10 @@ def test_float_statistics_per_split_match_the_packed_values(ages, tmp_path):
 
 
 def test_statistics_merge_across_parts_engines_and_a_resumed_pack(ages, tmp_path):
-    pack(ages, tmp_path / "one", samples_per_shard=4, workers=1)
+    pack(ages, tmp_path / "one", shards=Shards(samples=4), workers=1)
     whole = Manifest.load(tmp_path / "one" / "train").target.stats
     for p in range(3):
-        pack(ages, tmp_path / "parts", samples_per_shard=4, workers=2, part=p, parts=3)
+        pack(ages, tmp_path / "parts", shards=Shards(samples=4), part=(p, 3), workers=2)
     merge_parts(tmp_path / "parts")
     parts = Manifest.load(tmp_path / "parts" / "train").target.stats
     assert parts.count == whole.count and parts.min == whole.min and parts.max == whole.max
@@ -62,7 +62,7 @@ def test_statistics_merge_across_parts_engines_and_a_resumed_pack(ages, tmp_path
     lines = journal.read_text().splitlines()
     journal.write_text("\n".join(lines[:3]) + "\n")
     (tmp_path / "one" / "train" / "stoker.json").unlink()
-    pack(ages, tmp_path / "one", samples_per_shard=4, workers=1)
+    pack(ages, tmp_path / "one", shards=Shards(samples=4), workers=1)
     assert Manifest.load(tmp_path / "one" / "train").target.stats == whole
 
 
@@ -80,7 +80,7 @@ def test_a_mask_split_records_the_classes_found_and_keeps_the_declared_count(tmp
     pixels[255] = 0
     assert m.target.stats.count == 9
     assert m.target.stats.class_share == pytest.approx(tuple(pixels[:4] / pixels.sum()))
-    pack(images, tmp_path / "declared", masks=masks, num_classes=6, workers=1)
+    pack(images, tmp_path / "declared", masks=Masks(masks, num_classes=6), workers=1)
     declared = Manifest.load(tmp_path / "declared" / "train").target
     assert declared.num_classes == 6 and len(declared.stats.class_share) == 4
 
@@ -114,12 +114,12 @@ def test_a_pack_that_packs_nothing_or_rejects_most_inputs_for_one_reason_fails(a
     ]
     mixed = ages.parent / "mixed.csv"
     mixed.write_text("\n".join(rows) + "\n")
-    assert pack(mixed, tmp_path / "mixed", workers=1, targets="float").packed == 18
+    assert pack(mixed, tmp_path / "mixed", workers=1, reading=Reading(targets="float")).packed == 18
 
 
 def test_an_unfinished_pack_is_named_by_the_loader_and_refused_by_index(ages, tmp_path):
     out = tmp_path / "out"
-    pack(ages, out, samples_per_shard=4, workers=1, val_fraction=0.2)
+    pack(ages, out, shards=Shards(samples=4), workers=1, val_fraction=0.2)
     journal = out / ".stoker-pack" / "train-p0of1.jsonl"
     done = journal.read_text()
     journal.write_text("".join(done.splitlines(keepends=True)[:2]))  # killed after two shards
@@ -139,13 +139,13 @@ def test_an_unfinished_pack_is_named_by_the_loader_and_refused_by_index(ages, tm
     rc, _, err = run("index", out / "train", "-q")
     assert rc == 2 and err.strip() == f"stoker index: error: {expect}"  # the line of every command
     assert not (out / "train" / "stoker.json").exists()
-    assert pack(ages, out, samples_per_shard=4, workers=1, val_fraction=0.2).packed == 30  # the rerun finishes it
+    assert pack(ages, out, shards=Shards(samples=4), workers=1, val_fraction=0.2).packed == 30  # the rerun finishes it
     assert Manifest.load(out / "train").num_samples == 24
     # parts: each unfinished, then all finished but not merged
     parts = tmp_path / "parts"
-    pack(ages, parts, workers=1, part=0, parts=2)
+    pack(ages, parts, workers=1, part=(0, 2))
     with pytest.raises(ManifestError, match=r"--part I/2 into .* is in progress or was stopped: rerun the same"):
         Manifest.load(parts / "train")
-    pack(ages, parts, workers=1, part=1, parts=2)
+    pack(ages, parts, workers=1, part=(1, 2))
     with pytest.raises(ManifestError, match=r"is finished: run `stoker pack --merge .*parts` to finish it"):
         Manifest.load(parts / "train")

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from stoker.tools.common.synth import bomb_png, draw, encode, make_image_folder, nasty_files
-from stoker.tools.pack import pack
+from stoker.tools.pack import Images, Shards, pack
 from stoker.tools.pack import sanitize as sanitize_module
 from stoker.tools.pack.sanitize import Settings, sanitize, sanitize_bytes, target_size
 
@@ -139,9 +139,9 @@ def test_a_bug_in_the_sanitizer_raises_through_pack_and_damage_is_still_a_reject
     monkeypatch.setattr(sanitize_module, where, bug)
     assert sanitize_bytes(truncated, Settings(reencode=True)).reason == "truncated"  # fails before the bug
     with pytest.raises(TypeError, match="a bug in stoker's own code"):  # not every image a reject
-        pack(src, tmp_path / "out", reencode=True, workers=1, samples_per_shard=4)
+        pack(src, tmp_path / "out", images=Images(reencode=True), shards=Shards(samples=4), workers=1)
     monkeypatch.undo()
-    result = pack(src, tmp_path / "again", reencode=True, workers=1, samples_per_shard=4)
+    result = pack(src, tmp_path / "again", images=Images(reencode=True), shards=Shards(samples=4), workers=1)
     rejects = (tmp_path / "again" / "rejects.jsonl").read_text()
     assert result.packed == 3 and '"truncated"' in rejects and "0-truncated.jpg" in rejects
 

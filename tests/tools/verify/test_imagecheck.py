@@ -7,7 +7,7 @@ import pytest
 from PIL import ImageFile
 
 from stoker.tools.common.synth import draw, encode, make_image_folder
-from stoker.tools.pack import pack
+from stoker.tools.pack import Shards, pack
 from stoker.tools.verify.command import verify
 from stoker.tools.verify.imagecheck import ImageChecker, decode_check
 
@@ -21,7 +21,7 @@ def test_pillow_damage_is_a_finding_and_a_bug_raises_through_verify(tmp_path, mo
     assert decode_check(good) is None
     assert decode_check(good[: len(good) // 2]).startswith("does not decode with pillow: ")
     src = make_image_folder(tmp_path / "src", classes=("circles", "rings"), per_class=2, min_side=32, max_side=48)
-    pack(src, tmp_path / "out", workers=1, samples_per_shard=2)
+    pack(src, tmp_path / "out", workers=1, shards=Shards(samples=2))
     assert verify(tmp_path / "out", workers=1).to_dict()["ok"] is True
 
     monkeypatch.setattr(ImageFile.ImageFile, "load", _bug)

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
-from stoker.errors import UsageError, arg
+from stoker.errors import UsageError
 from stoker.pipeline.shards.targets import IGNORE_INDEX, Target
 from stoker.pipeline.storage import is_url
 
+from ..options import setting
 from ..sanitize import Sanitized, Settings, _sanitize_read, read_input
 
 SPLITS = ("train", "val")
@@ -169,7 +170,7 @@ class SourceOptions:
 
     def __post_init__(self) -> None:
         if self.box_frame not in BOX_FRAMES:
-            raise UsageError(f"{arg('box_frame', self.box_frame)} must be one of {', '.join(BOX_FRAMES)}")
+            raise UsageError(f"{setting('box_frame', self.box_frame)} must be one of {', '.join(BOX_FRAMES)}")
 
 
 @dataclass

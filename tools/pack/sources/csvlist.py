@@ -47,10 +47,11 @@ import os
 import re
 from pathlib import Path
 
-from stoker.errors import UsageError, arg
+from stoker.errors import UsageError
 from stoker.pipeline.shards.kinds import ClassKind, FloatKind, MultilabelKind, get_kind
 from stoker.pipeline.shards.targets import MAX_COLUMNS, Target, finite_number
 
+from ..options import setting
 from ..sanitize import IMAGE_EXTS
 from .base import MAX_LABEL, FileReader, Item, Scan, input_identity, repeated_row
 
@@ -152,7 +153,7 @@ def scan_csv(
     target kind)``; bad rows are appended to ``rejects``. ``weight_column`` (a header's name) is
     taken out of the target columns: each item's sampling weight."""
     if targets not in TARGET_MODES:
-        raise UsageError(f"{arg('targets')} {targets!r} must be one of {', '.join(TARGET_MODES)}")
+        raise UsageError(f"{setting('targets')} {targets!r} must be one of {', '.join(TARGET_MODES)}")
     delim, rows, header = csv_rows(path)
     rows, header, weights = _weight_cells(path, rows, header, weight_column)
     items_of = _scan_rows(path, rows, header, delim, targets, rejects)
@@ -168,7 +169,7 @@ def _weight_cells(path: Path, rows: list, header: list[str] | None, column: str 
         return rows, header, {}
     if header is None or column not in header[1:]:
         named = f"its header names {', '.join(header)}" if header else "it has no header"
-        raise UsageError(f"{arg('weight_column')} {column!r} is not a column of {path} ({named})")
+        raise UsageError(f"{setting('weight_column')} {column!r} is not a column of {path} ({named})")
     j = header.index(column)
     cut = [(n, r[:j] + r[j + 1 :]) for n, r in rows]
     cells: dict[str, str] = {}
@@ -247,16 +248,19 @@ def _kind(path: Path, targets: str, ncols: int, cells: list[str]) -> type[Target
     """The kind the target columns hold (``--targets auto`` decides from the cells)."""
     if targets == ClassKind.name and ncols > 1:
         raise UsageError(
-            f"{arg('targets', 'class')} takes one label column; {path} has {ncols} (use {arg('targets', 'float')})"
+            f"{setting('targets', 'class')} takes one label column; {path} has {ncols} "
+            f"(use {setting('targets', 'float')})"
         )
     if targets == MultilabelKind.name and ncols > 1:
-        raise UsageError(f"{arg('targets', 'multilabel')} takes one column of |-separated labels; {path} has {ncols}")
+        raise UsageError(
+            f"{setting('targets', 'multilabel')} takes one column of |-separated labels; {path} has {ncols}"
+        )
     numeric = bool(cells) and all(_is_number(c) for c in cells if c)
     fractional = [c for c in cells if c and _is_number(c) and not _INT.fullmatch(c)]
     if targets == ClassKind.name and numeric and fractional:
         raise UsageError(
-            f"{path}: {arg('targets', 'class')} but labels are non-integer numbers (e.g. {fractional[0]!r}); "
-            f"use {arg('targets', 'float')} for float targets, or integer class indices"
+            f"{path}: {setting('targets', 'class')} but labels are non-integer numbers (e.g. {fractional[0]!r}); "
+            f"use {setting('targets', 'float')} for float targets, or integer class indices"
         )
     if targets != "auto":
         return get_kind(targets)

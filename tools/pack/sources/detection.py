@@ -26,10 +26,11 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from stoker.errors import UsageError, arg
+from stoker.errors import UsageError
 from stoker.pipeline.shards.boxes import BoxTarget
 from stoker.pipeline.shards.kinds import Target
 
+from ..options import setting
 from .base import BOX_FRAMES, SPLITS, FileReader, Item, Scan
 
 #: how far (pixels) a box may reach past its image before it is a reject; within it, it is clipped
@@ -142,18 +143,19 @@ def annotations_beside(src: Path, classes: list[str]) -> None:
     for name in sorted(os.listdir(src)):
         path, ext = src / name, os.path.splitext(name)[1].lower()
         if ext == ".json" and path.is_file():
-            hint = (name, f"{arg('source', 'coco')} (stoker pack {path} OUT {arg('source', 'coco')}) if it is COCO")
+            coco = setting("source", "coco")
+            hint = (name, f"{coco} (stoker pack {path} OUT {coco}) if it is COCO")
         elif ext in (".yaml", ".yml") and path.is_file():
-            hint = (name, f"{arg('source', 'yolo')} if it is a YOLO data.yaml")
+            hint = (name, f"{setting('source', 'yolo')} if it is a YOLO data.yaml")
         elif name in _ANNOTATION_DIRS and path.is_dir():
-            hint = (f"{name}/", arg("source", _ANNOTATION_DIRS[name]))
+            hint = (f"{name}/", setting("source", _ANNOTATION_DIRS[name]))
         if hint:
             break
     if hint:
         listed = ", ".join(f"{c}/" for c in classes[:3]) + (", ..." if len(classes) > 3 else "")
         raise UsageError(
             f"SRC {src} would pack as {len(classes)} image class(es) ({listed}) but holds {hint[0]}: "
-            f"for its boxes pack with {hint[1]}; for classes, {arg('source', 'folder')}"
+            f"for its boxes pack with {hint[1]}; for classes, {setting('source', 'folder')}"
         )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from stoker.errors import UsageError, arg
 from stoker.pipeline.shards.kinds import ClassKind
 
+from ..options import setting
 from ..sanitize import IMAGE_EXTS
 from .base import FileReader, Item, Scan, SourceOptions
 from .walk import Seen, Walker, class_dirs, hidden, hidden_dirs, is_dir, loose_files, scandir_sorted
@@ -45,7 +46,7 @@ def scan_class_folders(
 def check_class_targets(options: SourceOptions) -> None:
     if options.targets not in ("auto", ClassKind.name):
         raise UsageError(
-            f"{arg('targets', options.targets)} needs a CSV of path,values (a folder's subfolders are classes; "
+            f"{setting('targets', options.targets)} needs a CSV of path,values (a folder's subfolders are classes; "
             f"a mask tree is {arg('masks')})"
         )
 

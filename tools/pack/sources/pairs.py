@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stoker.errors import UsageError, arg
+from stoker.errors import UsageError
 from stoker.pipeline.shards.kinds import MaskKind
 
+from ..options import setting
 from ..sanitize import IMAGE_EXTS
 from .base import FileReader, Item, Scan, input_identity, repeated_row
 from .csvlist import csv_rows
@@ -71,7 +72,7 @@ class PairsReader(FileReader):
     def scan(self) -> Scan:
         path, opts = self.src, self.options
         if opts.targets != "auto":
-            raise UsageError(f"{arg('targets')} is for a CSV's target columns; in {path} the target is the mask")
+            raise UsageError(f"{setting('targets')} is for a CSV's target columns; in {path} the target is the mask")
         delim, rows, _ = _pairs_rows(path)
         rejects: list[tuple[str, str]] = []
         first: dict[tuple, tuple[int, str, str]] = {}  # an image's first row: (line, mask, path)

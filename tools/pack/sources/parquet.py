@@ -41,11 +41,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import MissingExtraError, StokerError, UsageError, arg, one_line
+from stoker.errors import MissingExtraError, StokerError, UsageError, one_line
 from stoker.pipeline.shards.kinds import ClassKind, FloatKind, MaskKind, MultilabelKind
 from stoker.pipeline.shards.targets import MAX_COLUMNS
 from stoker.pipeline.storage import filesystem, is_url, storage_errors
 
+from ..options import setting
 from .base import MAX_LABEL, FirstSeen, Item, Scan, SourceReader, input_identity, same_file
 
 _LABEL_WORDS = ("label", "labels", "class", "cls", "target", "category", "y", "fine_label", "class_name")
@@ -337,7 +338,7 @@ class ParquetReader(SourceReader):
         if opts.image_column is not None:
             if opts.image_column not in names:
                 raise UsageError(
-                    f"{arg('image_column')} {opts.image_column!r} is not a column of {self.src} ({listing})"
+                    f"{setting('image_column')} {opts.image_column!r} is not a column of {self.src} ({listing})"
                 )
             image = opts.image_column
         else:
@@ -347,12 +348,12 @@ class ParquetReader(SourceReader):
             elif not images:
                 raise UsageError(
                     f"{self.src} has no image column (a struct of bytes and path, or binary): choose one "
-                    f"with {arg('image_column')} (columns: {listing})"
+                    f"with {setting('image_column')} (columns: {listing})"
                 )
             else:
                 raise UsageError(
                     f"{self.src} has several image columns ({', '.join(images)}): choose one with "
-                    f"{arg('image_column')} "
+                    f"{setting('image_column')} "
                     f"(columns: {listing})"
                 )
         self.image_column = image
@@ -362,7 +363,7 @@ class ParquetReader(SourceReader):
             missing = [c for c in wanted if c not in names]
             if missing or not wanted:
                 raise UsageError(
-                    f"{arg('target_column')} {opts.target_column!r} is not a column of {self.src} ({listing})"
+                    f"{setting('target_column')} {opts.target_column!r} is not a column of {self.src} ({listing})"
                 )
             if len(wanted) == 1 and _is_image_type(schema.field(wanted[0]).type):
                 self.mask_column, self.target_columns = wanted[0], []
@@ -381,7 +382,7 @@ class ParquetReader(SourceReader):
             self.target_columns = candidates
         else:
             raise UsageError(
-                f"{self.src}: which column is the target? choose with {arg('target_column')} NAME "
+                f"{self.src}: which column is the target? choose with {setting('target_column')} NAME "
                 f"(columns: {listing}; the image is {image!r})"
             )
 
@@ -407,7 +408,9 @@ class ParquetReader(SourceReader):
         mode = opts.targets
         if len(cols) > 1 or mode == FloatKind.name or all(pa.types.is_floating(t) for t in types):
             if mode not in ("auto", FloatKind.name):
-                raise UsageError(f"{arg('targets', mode)} takes one label column; {self.src} names {', '.join(cols)}")
+                raise UsageError(
+                    f"{setting('targets', mode)} takes one label column; {self.src} names {', '.join(cols)}"
+                )
             return self._floats(cols, types, values)
         t = types[0]
         names = _class_names(features.get(cols[0]))

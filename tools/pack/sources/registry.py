@@ -33,6 +33,7 @@ from stoker.errors import UsageError, arg
 from stoker.pipeline.registry import Registry
 from stoker.pipeline.storage import is_url
 
+from ..options import setting
 from .base import Item, Scan, Source, SourceOptions, SourceReader, display_path
 from .coco import CocoReader
 from .csvlist import CsvReader
@@ -76,7 +77,7 @@ def choose_reader(src: str | Path, options: SourceOptions, name: str = "auto") -
     if name != "auto":
         cls = _REGISTRY.get(name)
         if cls is None:
-            raise UsageError(f"{arg('source')} {name!r} must be one of {', '.join(reader_names())}")
+            raise UsageError(f"{setting('source')} {name!r} must be one of {', '.join(reader_names())}")
         return cls(src, options)
     for cls in readers():
         if cls.recognizes(src, options):
@@ -88,10 +89,10 @@ def choose_reader(src: str | Path, options: SourceOptions, name: str = "auto") -
     if isinstance(src, Path) and src.is_file():
         raise UsageError(
             f"SRC {src} is a file but not a .csv/.tsv list of 'path,label' nor a COCO JSON (images, annotations, "
-            f"categories) nor a YOLO data.yaml (or name its reader: {arg('source')})"
+            f"categories) nor a YOLO data.yaml (or name its reader: {setting('source')})"
         )
     names = ", ".join(reader_names()[1:])
-    raise UsageError(f"no pack source reads SRC {src} (sources: {names}); choose one with {arg('source')}")
+    raise UsageError(f"no pack source reads SRC {src} (sources: {names}); choose one with {setting('source')}")
 
 
 def scan(
@@ -119,7 +120,7 @@ def scan(
     )
     reader = choose_reader(src, opts, source)
     if opts.weight_column is not None and reader.name != "csv":
-        raise UsageError(f"{arg('weight_column')} reads a CSV/TSV SRC; {src} is read by the {reader.name} source")
+        raise UsageError(f"{setting('weight_column')} reads a CSV/TSV SRC; {src} is read by the {reader.name} source")
     found = reader.scan()
     splits = found.splits
     if "val" in splits and val_fraction:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from stoker.errors import UsageError, arg
 
+from ..options import setting
 from .base import Item, Scan
 from .csvlist import read_text
 
@@ -42,9 +43,9 @@ def _names(path: Path) -> list[tuple[int, str]]:
 def apply_split_lists(found: Scan, train_list: Path | None, val_list: Path | None, val_fraction: float) -> None:
     """Split ``found``'s train items by the lists, in place (scan order kept)."""
     if "val" in found.splits:
-        raise UsageError(f"{arg('train_list')}/{arg('val_list')} given but SRC already has {found.val_source}")
+        raise UsageError(f"{setting('train_list')}/{setting('val_list')} given but SRC already has {found.val_source}")
     if val_list is not None and val_fraction:
-        raise UsageError(f"{arg('val_list')} and {arg('val_fraction')} both choose the val split: give one")
+        raise UsageError(f"{setting('val_list')} and {arg('val_fraction')} both choose the val split: give one")
     for lst in (train_list, val_list):
         if lst is not None and not lst.is_file():
             raise UsageError(f"split list {lst} is not a file (one image name, path or stem a line)")
@@ -102,7 +103,7 @@ def apply_split_lists(found: Scan, train_list: Path | None, val_list: Path | Non
     found.splits = {"train": train, "val": val} if val_list is not None else {"train": train}
     found.skipped["train"] = found.skipped.get("train", 0) + skipped
     found.rejects = rejects if val_list is not None else {"train": rejects["train"]}
-    found.val_source = arg("val_list")
+    found.val_source = setting("val_list")
 
 
 __all__ = ["apply_split_lists"]
