@@ -269,6 +269,23 @@ def signal_name(exitcode: int | None) -> str:
     return f"exit status {exitcode}"
 
 
+#: how often a wait on the workers wakes to let a Ctrl-C through (see :func:`_first_done`)
+_WAKE_S = 0.25
+
+
+def _first_done(futures: list) -> set:
+    """The done ones of ``futures``, once one is. Waits in slices: the kernel hands a Ctrl-C to any
+    thread of the process (the pool's manager thread, a queue feeder), and then Python raises
+    KeyboardInterrupt only when the main thread next runs, which a wait without a timeout never
+    does while a worker hangs on an input (a pack stuck on Ctrl-C until killed)."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    while True:
+        done, _ = wait(futures, timeout=_WAKE_S, return_when=FIRST_COMPLETED)
+        if done:
+            return done
+
+
 class Workers:
     """A pool of ``workers`` processes mapping a function over items, chunked, with a bounded window.
 
@@ -350,11 +367,10 @@ class Workers:
                 if ordered:
                     t, fut = pending.popleft()
                 else:
-                    from concurrent.futures import FIRST_COMPLETED, wait
-
-                    done, _ = wait([f for _, f in pending], return_when=FIRST_COMPLETED)
+                    done = _first_done([f for _, f in pending])
                     t, fut = next((t, f) for t, f in pending if f in done)
                     pending.remove((t, fut))
+                _first_done([fut])
                 results = fut.result()
                 first = starts.pop(t)
                 del held[t]

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -80,6 +81,45 @@ def test_a_killed_pil_worker_is_a_loader_error_not_a_hang(tmp_path):
 
 # Run as a script: a process that already runs fsspec's IO loop, pyarrow's pools and torch's
 # threads packs and loads ROUNDS times with worker processes.
+CTRL_C_ELSEWHERE = """
+import functools, os, signal, sys, threading, time
+from helpers import block_on
+from stoker.pipeline.workers import Workers
+
+if __name__ == "__main__":
+    pidfile = sys.argv[1]
+
+    def ctrl_c_to_this_thread():  # as the kernel may do: the signal lands on a thread that is not main
+        while not os.path.exists(pidfile):
+            time.sleep(0.02)
+        time.sleep(1)  # the main thread waits on the hung worker by now
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_to_this_thread, daemon=True).start()
+    try:
+        with Workers(2, doing="squaring", resume="rerun it") as pool:
+            for ordered in (True, False):
+                list(pool.map(functools.partial(block_on, target=3, pidfile=pidfile), range(8), ordered=ordered))
+    except KeyboardInterrupt:
+        sys.exit(130)
+"""
+
+
+def test_ctrl_c_on_another_thread_interrupts_a_wait_on_a_hung_worker(tmp_path):
+    # a terminal's Ctrl-C may reach any thread; the main thread, waiting on a worker stuck on its
+    # input, must still raise KeyboardInterrupt (it waited forever, and the pack with it)
+    (tmp_path / "ctrl_c.py").write_text(CTRL_C_ELSEWHERE)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
+    )
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "ctrl_c.py"), str(tmp_path / "pid")], env=env, capture_output=True, timeout=60
+    )
+    assert proc.returncode == 130, proc.stderr.decode()[-2000:]
+    assert time.monotonic() - t0 < 30
+
+
 THREADED = """
 import sys
 from pathlib import Path
