@@ -77,6 +77,16 @@ WARM = (
 )
 
 
+def routed(server: tuple, monkeypatch) -> None:
+    """``sys.executable`` and the environment of this test process pointed at ``server`` (the
+    ``command_server`` fixture's ``(folder, socket)``), through ``monkeypatch``; nothing when the
+    server did not start."""
+    folder, socket_path = server
+    if socket_path is not None:
+        monkeypatch.setattr(sys, "executable", os.path.join(folder, "python"))
+        monkeypatch.setenv("STOKER_TEST_COMMAND_SERVER", socket_path)
+
+
 def _recv_exactly(conn: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:

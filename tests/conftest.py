@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-from command_server import CLIENT
+from command_server import CLIENT, routed
 from helpers import write_split
 from stoker.pipeline.deps import has_cuda
 from storage_servers import S3Server, s3_server
@@ -111,17 +111,10 @@ def command_server(tmp_path_factory):
         server.wait()
 
 
-@pytest.fixture(scope="module")
-def fast_python(command_server):
-    """For a module whose code under test starts ``sys.executable -m stoker...`` processes (the
+@pytest.fixture
+def fast_python(command_server, monkeypatch):
+    """For a test whose code under test starts ``sys.executable -m stoker...`` processes (the
     benchmarks, bench's rows): those fork from the command server instead of importing torch
     each. Not for a test that signals or waits on such a process by its pid (the client stands
-    between them)."""
-    folder, socket_path = command_server
-    if socket_path is None:
-        yield
-        return
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sys, "executable", str(folder / "python"))
-        mp.setenv("STOKER_TEST_COMMAND_SERVER", socket_path)
-        yield
+    between them). A module-scoped fixture uses :func:`command_server.routed` itself."""
+    routed(command_server, monkeypatch)

@@ -154,7 +154,7 @@ def test_json_on_pack_verify_and_index(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["num_samples"] == 4
 
 
-def test_no_progress_bar_into_a_log_file(data, tmp_path):
+def test_no_progress_bar_into_a_log_file(data, tmp_path, fast_python):
     run = [sys.executable, "-m", "stoker", "train", str(data), "--out", str(tmp_path / "r"), "--epochs", "1"]
     run += ["--batch-size", "8", "--crop", "32", "--threads", "0"]
     p = subprocess.run(run, capture_output=True, text=True, timeout=300)  # stderr is a pipe, not a terminal

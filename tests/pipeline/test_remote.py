@@ -433,7 +433,7 @@ def test_stoker_train_on_s3_gives_the_weights_of_the_local_copy(tmp_path, s3env)
     assert cached == [f"train/shard-00000{i}.tar" for i in range(4)] + [f"val/shard-00000{i}.tar" for i in range(2)]
 
 
-def test_bench_and_diagnose_take_a_url(remote, tmp_path, monkeypatch):
+def test_bench_and_diagnose_take_a_url(remote, tmp_path, monkeypatch, fast_python):
     from stoker.tools.bench.loader import bench
     from stoker.tools.diagnose.inputs import resolve_data
 

@@ -58,7 +58,7 @@ def test_the_commands_share_the_flags():
     assert len(set(map(tuple, choices.values()))) == 1  # one list: the registry's
 
 
-def test_a_rectangular_crop_in_bench_and_diagnose(tiny_shards, capsys):
+def test_a_rectangular_crop_in_bench_and_diagnose(tiny_shards, capsys, fast_python):
     root = tiny_shards(n=32, per_shard=16)
     bench = ["bench", str(root), "--only", "stoker-pil", "--crop", "24,32", "--batch-size", "8", "--warmup", "1"]
     assert cli([*bench, "--json", "--seconds", "1", "--epochs", "1"]) == 0

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from command_server import routed
 from helpers import run_cli, write_split
 
 #: a tiny run: 6 steps an epoch, a window of 2 steps
@@ -29,11 +30,12 @@ def data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def logged_run(data):
+def logged_run(data, command_server):
     """`stoker train ... > train.out 2>&1`, one epoch, csv and TensorBoard: what a cluster job does."""
     run = data.parent / "logged"
     log = data.parent / "train.out"
-    with open(log, "w") as out:
+    with open(log, "w") as out, pytest.MonkeyPatch.context() as mp:
+        routed(command_server, mp)  # forked from the command server: the same files, no second torch import
         p = subprocess.run(
             [sys.executable, "-m", "stoker", "train", str(data), "--out", str(run), "--epochs", "1", *ARGS]
             + ["--logger", "csv,tensorboard"],

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from command_server import routed
 from helpers import write_split
 from stoker.errors import UsageError
 from stoker.pipeline.deps import HAS_DALI
@@ -14,7 +15,7 @@ TINY = ["--seconds", "0.5", "--epochs", "1", "--warmup", "1", "--batch-size", "8
 
 
 @pytest.fixture(scope="module")
-def every_row(tmp_path_factory, fast_python):
+def every_row(tmp_path_factory, command_server):
     """One `stoker bench --json` of every row this machine runs (the pixel tier's too), shared by
     the tests that read it: each row is a process of its own, seconds each."""
     tmp = tmp_path_factory.mktemp("bench")
@@ -24,7 +25,8 @@ def every_row(tmp_path_factory, fast_python):
     plot, px = tmp / "bench.png", tmp / "px"
     argv = ["bench", str(root), "--images", str(src), "--json", "--plot", str(plot), "--pixel-cache", str(px)]
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        routed(command_server, mp)  # each row forks from the command server
         assert cli.main([*argv, *TINY]) == 0
     return json.loads(out.getvalue()), plot, px
 
