@@ -195,8 +195,13 @@ class SampleIndex:
             if got is not None:
                 st = os.fstat(got[0])
                 if (st.st_size, st.st_mtime_ns) != got[1]:
-                    was = got[1][0]
-                    raise self._changed(s, f"rewritten: {st.st_size:,} bytes now, {was:,} when first read, a new mtime")
+                    now, was = st.st_size, got[1][0]
+                    raise self._changed(
+                        s,
+                        f"{now:,} of its {was:,} bytes left: truncated"  # as a short pread says it
+                        if now < was
+                        else f"rewritten: {now:,} bytes now, {was:,} when first read, a new mtime",
+                    )
 
     def _changed(self, shard: int, why: str) -> ShardChangedError:
         path = self.split_dir / self.shard_names[shard]
