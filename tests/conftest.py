@@ -8,6 +8,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import select
+import signal
 import subprocess
 import sys
 import warnings
@@ -29,6 +30,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Ctrl-C as this process had it before each test, after it: a process of the suite that ended
+    up ignoring SIGINT handed that to every command a later test started (seen: three Ctrl-C tests
+    failing together on one xdist worker, never alone). Put back, and said, naming the test."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    if signal.getsignal(signal.SIGINT) is not before or _ignores_ctrl_c():
+        signal.signal(signal.SIGINT, before if callable(before) else signal.default_int_handler)
+        item.warn(pytest.PytestWarning(f"{item.nodeid} left this process's Ctrl-C changed; put back"))
+
+
+def _ignores_ctrl_c() -> bool:
+    """Whether this process ignores SIGINT in the kernel (a library may set it without Python knowing)."""
+    try:
+        with open("/proc/self/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask & (1 << (signal.SIGINT - 1)))
 
 
 def _heavy_files_first(items: list) -> None:
