@@ -145,7 +145,8 @@ class MixPlan:
         cycle, t = d // size, d % size
         streams, which = _streams(slot, cycle, len(self.slot_size))  # one bijection per (slot, cycle)
         keys = stream_keys(seed, streams)
-        if len(streams) > FEW_STREAMS:  # many slots (a balanced split's classes): one pass, keys per element
+        if len(streams) > FEW_STREAMS or len(t) < SMALL_DRAWS * len(streams):
+            # many slots (a balanced split's classes), or a few draws each (a batch): one pass, keys per element
             return slot, permute_many(t, size, keys, which)
         out = np.empty_like(t)
         for u in range(len(streams)):  # few: a pass each with its scalar keys, a third of the work
@@ -177,6 +178,9 @@ class MixPlan:
 
 #: up to this many (slot, cycle) bijections in a batch of draws, each is evaluated on its own
 FEW_STREAMS = 16
+#: ... when they hold this many draws each on average: fewer, and the passes' fixed cost is most of
+#: the work (a batch of 256 from 2 splits took 4 passes of the rounds, 6x the plain order's batch)
+SMALL_DRAWS = 4096
 
 
 def _streams(slot: np.ndarray, cycle: np.ndarray, slots: int) -> tuple[np.ndarray, np.ndarray]:
