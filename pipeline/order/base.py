@@ -201,13 +201,21 @@ class SampleOrder:
         return EpochBatches(self, seed, epoch, offset, start, stop, to_global)
 
 
+#: batches an :class:`EpochBatches` computes at once: an order's call has a fixed cost (a few dozen
+#: numpy passes: 0.4 ms of the plain order's 0.45 ms a batch of 256, 1.5 ms of a 2-split mix's),
+#: shared by this many batches
+BLOCK_BATCHES = 16
+
+
 class EpochBatches(Sequence):
-    """A rank's batches of one epoch (arrays of sample positions in the split), computed one at a
-    time as they are read: an epoch's start and a resume cost a batch, not the rank's share."""
+    """A rank's batches of one epoch (arrays of sample positions in the split), computed a block of
+    :data:`BLOCK_BATCHES` at a time as they are read: an epoch's start and a resume cost a block,
+    not the rank's share."""
 
     def __init__(self, order: SampleOrder, seed: int, epoch: int, offset: int, start: int, stop: int, to_global):
         self.order, self.seed, self.epoch, self.offset = order, seed, epoch, offset
         self.start, self.stop, self.to_global = start, stop, to_global
+        self._block: tuple[int, np.ndarray] | None = None  # (block number, its positions)
 
     def __len__(self) -> int:
         return max(0, -(-(self.stop - self.start) // self.order.batch_size))
@@ -227,6 +235,12 @@ class EpochBatches(Sequence):
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"batch {i} of {n}")
-        lo = self.start + (i % n) * self.order.batch_size
-        hi = min(lo + self.order.batch_size, self.stop)
-        return self.to_global(self.order.positions(self.seed, self.epoch, self.offset, lo, hi))
+        bs, k = self.order.batch_size, i % n
+        b = k // BLOCK_BATCHES
+        block = self._block
+        if block is None or block[0] != b:  # positions are per draw: a block's slice is the batch's own
+            lo = self.start + b * BLOCK_BATCHES * bs
+            hi = min(lo + BLOCK_BATCHES * bs, self.stop)
+            block = self._block = (b, self.to_global(self.order.positions(self.seed, self.epoch, self.offset, lo, hi)))
+        at = (k - b * BLOCK_BATCHES) * bs
+        return block[1][at : at + bs].copy()

@@ -88,3 +88,22 @@ def test_an_unknown_policy_names_the_registered_ones(split, registered):
 def test_a_policy_not_registered_is_refused(split):
     with pytest.raises(ArgumentError, match=r"shuffle='stored' must be one of \('global', 'block'\)"):
         Loader(split, shuffle="stored", batch_size=4)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"shuffle": "block"}, {"balance": "classes"}, {"weights": [0.7, 0.3], "epoch_length": 900}]
+)
+def test_an_epochs_batches_computed_a_block_at_a_time_are_each_batch_s_own(tmp_path, options):
+    from stoker.pipeline.order.base import BLOCK_BATCHES, EpochBatches
+
+    write_split(tmp_path / "a", num_samples=700, samples_per_shard=50)
+    write_split(tmp_path / "b", num_samples=300, samples_per_shard=50, seed=3)
+    split = [tmp_path / "a", tmp_path / "b"] if "weights" in options else tmp_path / "a"
+    for rank, world in [(0, 1), (1, 3)]:
+        loader = Loader(split, batch_size=8, crop=16, backend="pil", threads=0, rank=rank, world_size=world, **options)
+        o, stop = loader.order, loader.order.stop(0)
+        batches = EpochBatches(o, 5, 2, 0, 0, stop, lambda p: p)
+        alone = [o.positions(5, 2, 0, lo, min(lo + 8, stop)) for lo in range(0, stop, 8)]
+        assert len(batches) == len(alone) > BLOCK_BATCHES + 2  # more than one block, the last one partial
+        for i in [*range(len(alone)), len(alone) - 1, 3, BLOCK_BATCHES + 1, 0]:  # in order, then jumping back
+            assert np.array_equal(batches[i], alone[i]), (options, rank, i)
