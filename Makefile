@@ -33,8 +33,8 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict -q
 
-# The suite in TEST_JOBS processes (pytest-xdist), a test file to each: most tests wait on the
-# processes they start, so two share two cores (12.7 min against 17.9 one at a time, 2 cores).
+# The suite in TEST_JOBS processes (pytest-xdist), a test file to each (9.9 min on 2 cores, 2026-12-07;
+# three processes took as long: the suite is CPU-bound since its commands fork from one server).
 TEST_JOBS ?= 2
 
 test: lint docs

@@ -179,10 +179,11 @@ def overhead(args: argparse.Namespace) -> dict:
             rows[name]["batch_ms"].append((time.perf_counter() - t0) / args.batches * 1e3)
             it.close()
             o = loader.order
+            batches = o.batches(0, 0, 0, 0, o.stop(0), lambda p: p)  # the Loader's own path to its positions
             t0 = time.perf_counter()
-            for k in range(args.batches):
-                o.positions(0, 0, 0, k * args.overhead_batch, (k + 1) * args.overhead_batch)
-            rows[name]["order_ms"].append((time.perf_counter() - t0) / args.batches * 1e3)
+            for k in range(min(args.batches, len(batches))):
+                batches[k]
+            rows[name]["order_ms"].append((time.perf_counter() - t0) / min(args.batches, len(batches)) * 1e3)
     base = statistics.median(rows["one split"]["batch_ms"])
     for r in rows.values():
         r["batch_ms_median"] = statistics.median(r["batch_ms"])
@@ -192,6 +193,39 @@ def overhead(args: argparse.Namespace) -> dict:
     for loader in loaders.values():
         loader.close()
     return {"samples": args.overhead_samples, "batch": args.overhead_batch, "rows": rows}
+
+
+def order_alone(args: argparse.Namespace) -> dict:
+    """The order alone at scale: one rank of ``--world`` over ``--order-samples`` samples, the plain
+    order against a 2-split mix (0.9/0.1 of the samples at 0.7/0.3): the rank's whole epoch, and a
+    batch of ``--overhead-batch`` as the Loader takes it (its epoch batches). Interleaved rounds."""
+    from stoker.pipeline.order.global_order import GlobalOrder
+    from stoker.pipeline.order.mix import MixOrder, MixPlan
+
+    n, w, bs = args.order_samples, args.world, args.overhead_batch
+    a = n * 9 // 10
+    plan = MixPlan([a, n - a], [0.7, 0.3], length=n, class_counts=[None, None], class_weights=[None, None])
+    orders = {
+        "plain": GlobalOrder([n], rank=0, world_size=w, train=True, batch_size=bs, drop_last=True),
+        "2-split mix 0.7/0.3": MixOrder(
+            plan, [None, None], [0, a], rank=0, world_size=w, train=True, batch_size=bs, drop_last=True
+        ),
+    }
+    rows: dict = {name: {"epoch_ms": [], "batch_ms": []} for name in orders}
+    for r in range(args.repeat):
+        for name, o in orders.items():
+            t0 = time.perf_counter()
+            o.positions(0, r)
+            rows[name]["epoch_ms"].append((time.perf_counter() - t0) * 1e3)
+            batches = o.batches(0, r, 0, 0, o.stop(0), lambda p: p)
+            k = min(len(batches), 10 * args.batches)
+            t0 = time.perf_counter()
+            for i in range(k):
+                batches[i]
+            rows[name]["batch_ms"].append((time.perf_counter() - t0) / k * 1e3)
+    for r in rows.values():
+        r["epoch_ms_median"], r["batch_ms_median"] = statistics.median(r["epoch_ms"]), statistics.median(r["batch_ms"])
+    return {"samples": n, "world": w, "share": orders["plain"].share(), "batch": bs, "rows": rows}
 
 
 def accuracy(args: argparse.Namespace) -> dict:
@@ -259,6 +293,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--overhead-samples", type=int, default=20_000, help="samples of the overhead's split")
     p.add_argument("--batches", type=int, default=20, help="batches timed per round (default 20)")
     p.add_argument("--repeat", type=int, default=5, help="rounds of the overhead (median reported)")
+    p.add_argument("--order-samples", type=int, default=1_000_000, help="samples of the order-alone rows")
     p.add_argument("--no-overhead", dest="overhead", action="store_false", help="skip the Loader overhead")
     p.add_argument("--accuracy", action="store_true", help="also the balanced vs plain time-to-accuracy runs")
     p.add_argument("--accuracy-epochs", type=int, default=8)
@@ -295,6 +330,13 @@ def _print(result: dict) -> None:
                 f"| {name} | {r['batch_ms_median']:.2f} | {100 * r['vs_one_split']:+.1f}% | "
                 f"{r['order_ms_median']:.3f} |"
             )
+    if "order" in result:
+        o = result["order"]
+        print(f"\nthe order alone: {o['samples']:,} samples, rank 0 of {o['world']} ({o['share']:,} a rank), median")
+        print(f"| order | the rank's epoch, ms | a batch of {o['batch']} as the Loader takes it, ms |")
+        print("|---|---|---|")
+        for name, r in o["rows"].items():
+            print(f"| {name} | {r['epoch_ms_median']:.1f} | {r['batch_ms_median']:.3f} |")
     if "accuracy" in result:
         a = result["accuracy"]
         print(f"\ntarget: balanced top-1 {100 * a['target_balanced_top1']:.1f}% (the lowest best of the runs)")
@@ -316,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.overhead:
         result["overhead"] = overhead(args)
+        result["order"] = order_alone(args)
     if args.accuracy:
         result["accuracy"] = accuracy(args)
     if args.json:
