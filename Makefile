@@ -33,13 +33,13 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict -q
 
-# The suite in TEST_JOBS processes (pytest-xdist), a test file to each (9.9 min on 2 cores, 2026-12-07;
-# three processes took as long: the suite is CPU-bound since its commands fork from one server).
+# Lint, then the suite in TEST_JOBS processes (pytest-xdist, a test file to each) with the site and
+# the wheel check beside it (tests/run_checks.sh). Three processes took as long as two on 2 cores:
+# the suite is CPU-bound since its commands fork from one server.
 TEST_JOBS ?= 2
 
-test: lint docs
-	$(PY) -m pytest -q -n $(TEST_JOBS)
-	$(MAKE) --no-print-directory wheel-check
+test: $(STAMP)
+	bash tests/run_checks.sh $(PY) $(TEST_JOBS)
 
 wheel-check: $(STAMP)
 	bash tests/wheel_check.sh $(PY)

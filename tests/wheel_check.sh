@@ -15,7 +15,18 @@ DIST=build/dist
 
 rm -rf "$DIST"
 mkdir -p build
-"$PY" -m build --sdist --wheel --outdir "$DIST" . >build/wheel-build.log 2>&1 \
+# Built from a copy of the checkout's files (tracked, and untracked but not ignored): setuptools
+# rewrites stoker.egg-info where it builds, and `make test` runs this beside the suite, whose
+# processes read that folder's metadata (a checkout that is no git work tree builds in place).
+SRC=.
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    SRC=build/wheel-src
+    rm -rf "$SRC" && mkdir -p "$SRC"
+    git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
+        [ -e "$f" ] && printf '%s\0' "$f"
+    done | xargs -0 cp --parents -t "$SRC"
+fi
+"$PY" -m build --sdist --wheel --outdir "$DIST" "$SRC" >build/wheel-build.log 2>&1 \
     || { tail -20 build/wheel-build.log; echo "wheel-check: building the sdist/wheel failed"; exit 1; }
 wheel=$(ls "$DIST"/stoker-*.whl)
 sdist=$(ls "$DIST"/stoker-*.tar.gz)
