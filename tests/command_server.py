@@ -37,20 +37,30 @@ CLIENT = """#!{python} -S
 # imported torch once (tests/command_server.py).
 import json, os, socket, sys
 
-args = sys.argv[1:]
+args = sys.argv[1:]  # what the interpreter runs without the server
+module = script = None
+# launchers too (torchrun, its ranks, a script that starts its own ranks) when the test asks
+launchers = os.environ.get("STOKER_TEST_COMMAND_SERVER_LAUNCHERS") == "1"
+rest = args[1:] if args[:1] == ["-u"] else args  # torchrun starts its ranks as `python -u ...`
 if os.path.basename(sys.argv[0]) == "stoker":
-    module, path0 = "stoker", None  # the console script: its folder, not the cwd, on sys.path
-elif args[:1] == ["-m"] and len(args) > 1 and args[1].split(".")[0] == "stoker":
-    module, args, path0 = args[1], args[2:], os.getcwd()  # python -m: the cwd first on sys.path
+    module, argv, path0 = "stoker", args, None  # the console script: its folder, not the cwd, on sys.path
+    args = ["-m", "stoker", *args]
+elif rest[:1] == ["-m"] and len(rest) > 1 and (
+    rest[1].split(".")[0] == "stoker" or (launchers and rest[1] == "torch.distributed.run")
+):
+    module, argv, path0 = rest[1], rest[2:], os.getcwd()  # python -m: the cwd first on sys.path
+elif launchers and rest[:1] and rest[0].endswith(".py"):
+    script = os.path.abspath(rest[0])
+    argv, path0 = rest[1:], os.path.dirname(script)  # python SCRIPT: its folder first on sys.path
 else:
     os.execv(sys.executable, [sys.executable, *args])
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 try:
     sock.connect(os.environ.get("STOKER_TEST_COMMAND_SERVER") or "")
 except OSError:
-    os.execv(sys.executable, [sys.executable, "-m", module, *args])
-request = {{"module": module, "argv": args, "path0": path0, "cwd": os.getcwd(), "env": dict(os.environ),
-           "python": os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "python")}}
+    os.execv(sys.executable, [sys.executable, *args])
+request = {{"module": module, "script": script, "argv": argv, "path0": path0, "cwd": os.getcwd(),
+           "env": dict(os.environ), "python": os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "python")}}
 request = json.dumps(request).encode()
 socket.send_fds(sock, [len(request).to_bytes(8, "big")], [0, 1, 2])
 sock.sendall(request)
@@ -77,14 +87,18 @@ WARM = (
 )
 
 
-def routed(server: tuple, monkeypatch) -> None:
+def routed(server: tuple, monkeypatch, launchers: bool = False) -> None:
     """``sys.executable`` and the environment of this test process pointed at ``server`` (the
     ``command_server`` fixture's ``(folder, socket)``), through ``monkeypatch``; nothing when the
-    server did not start."""
+    server did not start. ``launchers``: ``python -m torch.distributed.run`` and ``python
+    SCRIPT.py`` (torchrun, the ranks it starts, a script that starts its own) fork from the
+    server too, not only stoker's commands."""
     folder, socket_path = server
     if socket_path is not None:
         monkeypatch.setattr(sys, "executable", os.path.join(folder, "python"))
         monkeypatch.setenv("STOKER_TEST_COMMAND_SERVER", socket_path)
+        if launchers:
+            monkeypatch.setenv("STOKER_TEST_COMMAND_SERVER_LAUNCHERS", "1")
 
 
 def _recv_exactly(conn: socket.socket, n: int) -> bytes:
@@ -111,7 +125,7 @@ def _child(conn: socket.socket) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.argv = [request["module"], *request["argv"]]
+        sys.argv = [request["script"] or request["module"], *request["argv"]]
         sys.executable = request["python"]  # the processes it starts (a bench row, a benchmark's runs): forked too
         _share_the_worker_server()
         if request["path0"]:
@@ -125,7 +139,10 @@ def _child(conn: socket.socket) -> None:
 
         threading.Thread(target=watch, daemon=True).start()
         try:
-            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            if request["script"]:
+                runpy.run_path(request["script"], run_name="__main__")
+            else:
+                runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as e:
             code = e.code

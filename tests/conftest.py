@@ -141,3 +141,12 @@ def fast_python(command_server, monkeypatch):
     each. Not for a test that signals or waits on such a process by its pid (the client stands
     between them). A module-scoped fixture uses :func:`command_server.routed` itself."""
     routed(command_server, monkeypatch)
+
+
+@pytest.fixture
+def fast_launchers(command_server, monkeypatch):
+    """:func:`fast_python`, and ``python -m torch.distributed.run`` and ``python SCRIPT.py`` fork
+    from the server too: torchrun, the ranks it starts, and a test's script that starts its own
+    (Lightning's DDP). A launched process killed as a group (``helpers.run_in_group``) takes its
+    forked command with it."""
+    routed(command_server, monkeypatch, launchers=True)

@@ -55,7 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--per-class", type=int, default=200, help="training images per class (default: %(default)s)")
     p.add_argument(
-        "--epochs", type=int, default=None, help="training epochs (default: classify 4, regress 12, segment 8)"
+        "--epochs",
+        type=int,
+        default=None,
+        help="training epochs (default: classify 4, regress 12, segment 8, detect 12)",
     )
     p.add_argument("--batch-size", type=int, default=64, help="(default: %(default)s)")
     p.add_argument("--crop", type=int, default=None, help="crop side (default: 224 on a GPU, 64 on the CPU)")
@@ -113,9 +116,9 @@ class DemoResult(Result):
             ``seconds``, ``device``, ``amp``.
         chance_top1: Top-1 of guessing (1 / classes); classification only.
         seconds: The whole run.
-        task: ``classify``, ``regress`` or ``segment``.
+        task: ``classify``, ``regress``, ``segment`` or ``detect``.
         chance: The task's figure when nothing is learnt: top-1 of guessing, R² 0 (predicting the
-            mean), mIoU of calling every pixel background.
+            mean), mIoU of calling every pixel background, mAP@50 of guessing boxes (0).
     """
 
     images: str
@@ -208,15 +211,15 @@ def demo(
         cache: Where data, shards and runs go (None: :func:`default_cache`).
         per_class: Training images per class (val gets a fifth, at least 4); ``regress`` makes
             three times as many pictures, ``segment`` as many.
-        epochs: Training epochs (None: 4 to classify, 12 to regress, 8 to segment).
+        epochs: Training epochs (None: 4 to classify, 12 to regress, 8 to segment, 12 to detect).
         batch_size: Batch size of the benchmark and of training (segment: at most 16).
         crop: Crop side (None: 224 on a GPU, 64 on the CPU).
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
         bench_seconds: Time per loader measured.
         tiny: A smoke run of a few seconds: 12 per class, 1 epoch, 1 s per loader, batch <= 16.
         say: Called with a line as each of the four steps starts.
-        task: ``"classify"``, ``"regress"`` (float targets) or ``"segment"`` (grayscale images and
-            masks).
+        task: ``"classify"``, ``"regress"`` (float targets), ``"segment"`` (grayscale images and
+            masks) or ``"detect"`` (pictures of shapes with their boxes, in COCO JSON).
 
     Returns:
         The :class:`DemoResult`.

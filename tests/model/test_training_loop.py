@@ -176,7 +176,7 @@ with open(os.path.join({out!r}, "rank%s.json" % os.environ["RANK"]), "w") as f:
 
 
 @pytest.mark.slow
-def test_ddp_two_ranks_gloo_keep_identical_weights(tmp_path):
+def test_ddp_two_ranks_gloo_keep_identical_weights(tmp_path, fast_launchers):
     """torchrun, 2 processes, gloo, the real Loader: same weights on both ranks, val counted once."""
     data = tmp_path / "data"
     write_split(data / "train", num_samples=37, samples_per_shard=16)

@@ -66,7 +66,7 @@ def test_run_in_group_kills_grandchildren_on_timeout(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_two_gloo_ranks(tmp_path):
+def test_torchrun_two_gloo_ranks(tmp_path, fast_launchers):
     split = tmp_path / "val"
     write_split(split, num_samples=23, samples_per_shard=8, classes=list(CLASSES) * 4)  # unique labels
     script = tmp_path / "ddp_check.py"

@@ -143,7 +143,7 @@ def _torchrun(tmp_path, split, nproc, batch, steps, state_in, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("old", "new"), [(2, 1), (1, 2)])
-def test_real_torchrun_resumes_on_another_process_count(tmp_path, split, old, new):
+def test_real_torchrun_resumes_on_another_process_count(tmp_path, split, old, new, fast_launchers):
     first = _torchrun(tmp_path, split, old, GLOBAL // old, STEPS, "-", "cut")
     state = tmp_path / "state.json"
     state.write_text(json.dumps(first[0]["state"]))  # rank 0's, as a checkpoint holds it

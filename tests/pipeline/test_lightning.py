@@ -1,5 +1,6 @@
 """PyTorch Lightning over stoker Loaders: exact epochs (issue 13), the sanity check, DDP."""
 
+import importlib.util
 import json
 import sys
 import textwrap
@@ -14,8 +15,23 @@ from stoker.model import with_normalize
 from stoker.pipeline.deps import HAS_DALI
 from stoker.tools.common.synth import CLASSES
 
-pl = pytest.importorskip("pytorch_lightning")
-from stoker.pipeline.lightning import StokerDataModule  # noqa: E402 - needs the extra
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("pytorch_lightning") is None, reason="needs stoker[lightning] (pytorch-lightning)"
+)
+pl = StokerDataModule = Counting = None  # imported as the first test runs: _lightning, below
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _lightning():
+    """pytorch_lightning (with torchmetrics, 4 s) imported when this module's first test runs,
+    not in every test process that collects it."""
+    global pl, StokerDataModule, Counting
+    import pytorch_lightning as pl
+
+    from stoker.pipeline.lightning import StokerDataModule
+
+    Counting = _counting_module(pl)
+
 
 BACKENDS = ["pil"] + (["dali"] if HAS_DALI else [])
 UNIQUE = list(CLASSES) * 20  # 120 classes: sample i has label i, so labels name samples
@@ -30,31 +46,34 @@ def make_root(tmp_path, train=43, val=21):
     return root
 
 
-class Counting(pl.LightningModule):
-    """Records the labels (= sample positions) every step sees, per epoch."""
+def _counting_module(pl):
+    class Counting(pl.LightningModule):
+        """Records the labels (= sample positions) every step sees, per epoch."""
 
-    def __init__(self):
-        super().__init__()
-        self.net = with_normalize(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, len(UNIQUE))))
-        self.train_seen: dict = {}
-        self.val_seen: dict = {}
-        self.sanity_seen: list = []
+        def __init__(self):
+            super().__init__()
+            self.net = with_normalize(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, len(UNIQUE))))
+            self.train_seen: dict = {}
+            self.val_seen: dict = {}
+            self.sanity_seen: list = []
 
-    def training_step(self, batch, _):
-        x, y = batch
-        assert x.dtype == torch.uint8 and x.shape[1:] == (3, CROP, CROP)
-        self.train_seen.setdefault(self.current_epoch, []).append(y.tolist())
-        return nn.functional.cross_entropy(self.net(x), y)
+        def training_step(self, batch, _):
+            x, y = batch
+            assert x.dtype == torch.uint8 and x.shape[1:] == (3, CROP, CROP)
+            self.train_seen.setdefault(self.current_epoch, []).append(y.tolist())
+            return nn.functional.cross_entropy(self.net(x), y)
 
-    def validation_step(self, batch, _):
-        x, y = batch
-        if self.trainer.sanity_checking:
-            self.sanity_seen.append(y.tolist())
-        else:
-            self.val_seen.setdefault(self.current_epoch, []).extend(y.tolist())
+        def validation_step(self, batch, _):
+            x, y = batch
+            if self.trainer.sanity_checking:
+                self.sanity_seen.append(y.tolist())
+            else:
+                self.val_seen.setdefault(self.current_epoch, []).extend(y.tolist())
 
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Counting
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -200,7 +219,7 @@ DDP_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_exact_epochs(tmp_path):
+def test_ddp_two_processes_exact_epochs(tmp_path, fast_launchers):
     """strategy="ddp" (gloo, 2 CPU processes): train shares disjoint and reshuffled every epoch,
     val summed over ranks = the split, every epoch, after the sanity check. 17 val samples:
     rank 0 evaluates 3 batches, rank 1 2 (which the sanity check's 2 batches use up)."""

@@ -95,7 +95,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_stoker_train_on_two_nodes_from_s3(tmp_path):
+def test_stoker_train_on_two_nodes_from_s3(tmp_path, fast_launchers):
     """`stoker train` on two simulated nodes, each with its own cache, reading one s3:// dataset:
     identical weights on both ranks, val counted once over the ranks."""
     root = tmp_path / "local"
@@ -121,7 +121,7 @@ def test_stoker_train_on_two_nodes_from_s3(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_nodes_read_one_s3_split(tmp_path):
+def test_two_nodes_read_one_s3_split(tmp_path, fast_launchers):
     split = tmp_path / "local" / "train"
     write_split(split, num_samples=46, samples_per_shard=6, classes=list(CLASSES) * 8)  # unique labels
     script = tmp_path / "multinode.py"

@@ -244,7 +244,7 @@ def test_cli_choices_are_the_configs():
 
 
 @pytest.mark.slow
-def test_resume_on_another_process_count_keeps_the_global_batch(data, tmp_path, capsys):
+def test_resume_on_another_process_count_keeps_the_global_batch(data, tmp_path, capsys, fast_launchers):
     from helpers import run_in_group
 
     # one process, batch 8, killed mid-epoch 2 (last.pt at step 8: epoch 2, batch 2 of 6)
