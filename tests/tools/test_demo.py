@@ -49,12 +49,13 @@ def test_demo_segment_learns_well_above_background_everywhere(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_demo_detect_learns_the_shapes_boxes(tmp_path, capsys):
-    # the claim: the detection demo is clearly above guessing (about 0) on a CPU in under a minute
+    # the detection demo at its defaults is clearly above guessing (about 0); its time on a CPU is
+    # in docs/benchmarks.md ("The demos, from nothing"), not asserted here
     assert main(["demo", "--task", "detect", "--per-class", "200", "--cache", str(tmp_path), "--json"]) == 0
     out = capsys.readouterr().out
     result = json.loads(out[out.index("{") :])
     assert result["task"] == "detect" and result["packed"] == {"train": 240, "val": 50}
-    assert result["train"]["val"]["map50"] > 0.1 and result["seconds"] < 120
+    assert result["train"]["val"]["map50"] > 0.1
 
 
 def test_demo_help_names_every_task_with_an_example(capsys):
