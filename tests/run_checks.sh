@@ -24,11 +24,16 @@ make --no-print-directory lint || { echo "make test: lint failed (ruff, above)";
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 declare -A pid
 for check in docs wheel-check; do
-    make --no-print-directory "$check" >"$LOGS/$check.log" 2>&1 &
+    # a session of its own, so the whole check (make, pip, the build) can be ended as one group
+    setsid make --no-print-directory "$check" >"$LOGS/$check.log" 2>&1 &
     pid[$check]=$!
 done
 # Ctrl-C or a kill ends the background checks too, not only the suite
-trap 'kill "${pid[@]}" 2>/dev/null; exit 130' INT TERM
+stop_checks() {
+    for p in "${pid[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done
+    exit 130
+}
+trap stop_checks INT TERM
 
 failed=()
 "$PY" -m pytest -q -n "$JOBS" || failed+=("the test suite")
