@@ -34,9 +34,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Ctrl-C as this process had it before each test, after it: a process of the suite that ended
-    up ignoring SIGINT handed that to every command a later test started (seen: three Ctrl-C tests
-    failing together on one xdist worker, never alone). Put back, and said, naming the test."""
+    """Ctrl-C as this process had it before each test, after it: a process of the suite that ends
+    up ignoring SIGINT hands that to every command a later test starts, and the Ctrl-C tests fail
+    together. Put back, and said, naming the test. (A suite started with Ctrl-C ignored is put
+    right once at start: :func:`_take_ctrl_c`.)"""
     before = signal.getsignal(signal.SIGINT)
     yield
     if signal.getsignal(signal.SIGINT) is not before or _ignores_ctrl_c():
@@ -52,6 +53,19 @@ def _ignores_ctrl_c() -> bool:
     except (OSError, StopIteration):
         return False
     return bool(mask & (1 << (signal.SIGINT - 1)))
+
+
+def _take_ctrl_c() -> None:
+    """A suite started as a background job of a non-interactive shell (``make test &``, a script's
+    ``cmd &``) starts with Ctrl-C ignored, as bash starts such jobs, and every process it starts
+    inherits that: the Ctrl-C tests' commands would ignore the Ctrl-C they are sent. The suite
+    takes Ctrl-C as a terminal's process does (Python's handler), in its main process and each
+    xdist worker."""
+    if _ignores_ctrl_c():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_take_ctrl_c()
 
 
 def _heavy_files_first(items: list) -> None:
