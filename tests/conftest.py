@@ -2,7 +2,7 @@ import os
 from pathlib import Path
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Test processes share the cores (make test: two on two): torch's OpenMP threads, one per core
+    # Test processes share the cores (make test: three on two): torch's OpenMP threads, one per core
     # in each, spin against each other (a docs block's training ran 4x slower). One thread each,
     # set before torch is imported; the tests' subprocesses inherit it.
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -10,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${1:-.venv/bin/python}
-JOBS=${2:-2}
+JOBS=${2:-3}
 LOGS=build/checks
 
 make --no-print-directory lint || { echo "make test: lint failed (ruff, above)"; exit 1; }
